@@ -1,0 +1,1 @@
+"""shadow-reader: an exact incremental Qwen3.5 reader beside a serving engine."""

@@ -1,0 +1,52 @@
+"""Write stored tensors as a Hugging Face directory (config.json + safetensors shards).
+
+Used by the tests (transformers loads what we wrote) and by users who want the random presets as a
+checkpoint. Names: `model.*` (Qwen3_5ForCausalLM) or `model.language_model.*`
+(Qwen3_5ForConditionalGeneration).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+
+PREFIXES = {"causal": "model.", "conditional": "model.language_model."}
+
+
+def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme="causal",
+                num_shards: int = 1, text_config: bool = False) -> Path:
+    """Write `tensors` (stripped names, as `weights.random_tensors` returns) to `path`.
+
+    Args: scheme "causal" or "conditional" (name prefix); num_shards >= 1 (an index json is written
+    when > 1); text_config: nest the config under `text_config` as released checkpoints do.
+    Returns the directory. Raises ValueError for an unknown scheme.
+    """
+    if scheme not in PREFIXES:
+        raise ValueError(f"unknown scheme {scheme!r}; expected one of {sorted(PREFIXES)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf = cfg.to_hf()
+    if text_config:
+        hf = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "text_config": {**hf, "model_type": "qwen3_5_text"},
+              "tie_word_embeddings": cfg.tie_word_embeddings}
+    (path / "config.json").write_text(json.dumps(hf, indent=2))
+    named = {(n if n == "lm_head.weight" else PREFIXES[scheme] + n): t.contiguous()
+             for n, t in tensors.items()}
+    names = sorted(named)
+    shards = [names[i::num_shards] for i in range(num_shards)]
+    if num_shards == 1:
+        save_file(named, str(path / "model.safetensors"), metadata={"format": "pt"})
+        return path
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
+        save_file({n: named[n] for n in shard}, str(path / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in shard})
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    return path

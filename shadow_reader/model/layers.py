@@ -1,0 +1,159 @@
+"""Qwen3.5 layers: zero-centred RMSNorm, SwiGLU MLP, gated full attention, Gated DeltaNet.
+
+Every forward takes one sequence chunk x [T, hidden] and its state explicitly (no hidden caches),
+following specs/qwen35.md sections 3 (attention), 4 (GDN) and 5 (norms, MLP). Parameter names are
+the Hugging Face names, so a checkpoint's state dict loads as it is.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from .config import ModelConfig
+from .kernels import KernelSet
+from .ref import l2norm
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm: (x * rsqrt(mean(x^2) + eps) * (1 + w)) in fp32, cast to x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """The GDN output norm over one value head: plain weight (fp32), gate silu(z) (section 4.8)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * n * F.silu(z.float())).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [T, rotary_dim] for absolute positions [T], computed in fp32, cast to `dtype`
+    (rotate-half layout: the 32 frequencies repeated twice; specs section 3.4)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=positions.device,
+                                            dtype=torch.float32) / rotary_dim)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotate the first rotary_dim dims (rotate-half), pass the rest through."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    xr = xr * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([xr, xp], dim=-1)
+
+
+def sdpa_backends(device: torch.device) -> list[SDPBackend]:
+    """The pinned SDPA backend (backends differ in bits, section 9.6): flash on CUDA, math on CPU."""
+    return [SDPBackend.FLASH_ATTENTION] if device.type == "cuda" else [SDPBackend.MATH]
+
+
+class Attention(nn.Module):
+    """Gated full attention with partial RoPE over a KV buffer of layout [capacity, Hkv, D]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
+        """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
+        cap >= pos + T. Writes rows [pos, pos + T) of both buffers, attends over rows
+        [0, pos + T) (causal, bottom-right aligned) and returns [T, hidden].
+
+        Rows sliced from the buffer's front are contiguous whatever its capacity, so the kernel
+        sees the same strides for the same (pos, T): results never depend on capacity.
+        """
+        cfg, t = self.cfg, x.shape[0]
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qg = self.q_proj(x).view(t, h, 2 * d)            # per head: [query 256 | gate 256]
+        q, gate = qg[..., :d], qg[..., d:].reshape(t, h * d)
+        q = apply_rope(self.q_norm(q), *rope)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(t, hkv, d)), *rope)
+        end = pos + t
+        k_buf[pos:end] = k
+        v_buf[pos:end] = self.v_proj(x).view(t, hkv, d)
+        keys = k_buf[:end].permute(1, 0, 2)[None]         # [1, Hkv, end, D]
+        values = v_buf[:end].permute(1, 0, 2)[None]
+        with sdpa_kernel(sdpa_backends(x.device)):
+            o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values,
+                                               attn_mask=causal_lower_right(t, end),
+                                               enable_gqa=hkv != h)
+        o = o[0].permute(1, 0, 2).reshape(t, h * d)
+        return self.o_proj(o * torch.sigmoid(gate))
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5 linear-attention layer (section 4): conv -> L2-normed q/k -> gated delta rule."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hv = cfg.linear_num_value_heads
+        self.cfg = cfg
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, cfg.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, cfg.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=cfg.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(hv))
+        self.A_log = nn.Parameter(torch.zeros(hv))
+        self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, conv_state, rec_state, kernels: KernelSet):
+        """x [T, hidden]; conv_state [conv_dim, W] (x's dtype); rec_state [HV, K, V] fp32.
+        Returns (out [T, hidden], new conv_state, new rec_state); the inputs are not modified."""
+        cfg, t = self.cfg, x.shape[0]
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed, conv_state = kernels.conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :],
+                                         conv_state)
+        q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+        q = l2norm(q.reshape(t, hk, kd))
+        k = l2norm(k.reshape(t, hk, kd))
+        beta = torch.sigmoid(self.in_proj_b(x))
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        o, rec_state = kernels.gdn(q, k, v.reshape(t, hv, vd), g, beta, rec_state)
+        z = self.in_proj_z(x).view(t, hv, vd)
+        o = self.norm(o, z).reshape(t, cfg.value_dim)
+        return self.out_proj(o), conv_state, rec_state

@@ -1,0 +1,71 @@
+"""Checks of caller input; each raises ValueError (or KeyError) naming what was wrong, before any
+state is touched."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+MAX_SESSION_ID_CHARS = 256
+
+
+def session_id(session) -> str:
+    """A session id is any non-empty str of at most 256 characters (never used as a path)."""
+    if not isinstance(session, str):
+        raise ValueError(f"session id must be a str, got {type(session).__name__}")
+    if not 1 <= len(session) <= MAX_SESSION_ID_CHARS:
+        raise ValueError(f"session id must have 1 to {MAX_SESSION_ID_CHARS} characters, "
+                         f"got {len(session)}")
+    return session
+
+
+def token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
+    """A 1-D sequence of ints in [0, vocab_size) as a list of Python ints.
+
+    Accepts lists, tuples, numpy arrays and torch tensors of integer type. Raises ValueError naming
+    the value and its position for a negative, out-of-vocabulary, non-integer or boolean id, and
+    naming the shape for input that is not 1-D.
+    """
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {list(ids.shape)}")
+        is_int = (not ids.dtype.is_floating_point and ids.dtype != torch.bool
+                  if isinstance(ids, torch.Tensor) else np.issubdtype(ids.dtype, np.integer))
+        if not is_int:
+            raise ValueError(f"{name} must be integers, got dtype {ids.dtype}")
+        ids = ids.tolist()
+    elif isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got {type(ids).__name__}")
+    out = []
+    for i, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"{name}[{i}] = {x!r} is not an integer token id")
+        x = int(x)
+        if not 0 <= x < vocab_size:
+            raise ValueError(f"{name}[{i}] = {x} is outside the vocabulary [0, {vocab_size})")
+        out.append(x)
+    return out
+
+
+def choices(values, max_choices: int = 26) -> list[str]:
+    """2 to 26 choices, each a non-empty str."""
+    if isinstance(values, str) or not hasattr(values, "__len__"):
+        raise ValueError("choices must be a list of strings")
+    if not 2 <= len(values) <= max_choices:
+        raise ValueError(f"choices must number 2 to {max_choices}, got {len(values)}")
+    for i, c in enumerate(values):
+        if not isinstance(c, str) or not c.strip():
+            raise ValueError(f"choices[{i}] = {c!r} must be a non-empty string")
+    return list(values)
+
+
+def position(at, length: int) -> int:
+    """`at` in [0, length], or None for `length`."""
+    if at is None:
+        return length
+    if isinstance(at, bool) or not isinstance(at, numbers.Integral):
+        raise ValueError(f"at = {at!r} must be an integer position")
+    if not 0 <= at <= length:
+        raise ValueError(f"at = {at} is outside the session's ids [0, {length}]")
+    return int(at)

@@ -1,0 +1,82 @@
+"""The model against transformers' Qwen3_5ForCausalLM and the GDN kernels against each other."""
+import pytest
+import torch
+
+from shadow_reader.model import ref
+from shadow_reader.model.config import PRESETS
+from shadow_reader.model.export import save_hf_dir
+from shadow_reader.state import zero_gdn
+
+transformers = pytest.importorskip("transformers")
+
+
+def _empty_kv(cfg, rows):
+    shape = (rows, cfg.num_key_value_heads, cfg.head_dim)
+    return [(torch.zeros(shape), torch.zeros(shape)) for _ in cfg.full_layers]
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_tensors, tmp_path_factory):
+    path = save_hf_dir(PRESETS["tiny"], tiny_tensors, tmp_path_factory.mktemp("hf"))
+    return transformers.Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def test_logits_and_states_match_transformers(tiny, hf_model):
+    cfg = tiny.cfg
+    ids = torch.randint(0, 248000, (200,), generator=torch.Generator().manual_seed(1))
+    cache = transformers.DynamicCache(config=hf_model.config)
+    with torch.no_grad():
+        want = hf_model(ids[None], cache=cache, use_cache=True).logits[0]
+    kv, gdn, pos, got = _empty_kv(cfg, 256), zero_gdn(cfg, "cpu", torch.float32), 0, []
+    for n in (64, 64, 64, 8):                      # chunked, with a ragged last chunk
+        h, gdn = tiny(ids[pos:pos + n], pos, kv, gdn)
+        got.append(tiny.logits(h))
+        pos += n
+    got = torch.cat(got)
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+    for j, layer in enumerate(cfg.linear_layers):
+        rec = cache.layers[layer].recurrent_states[0][0]
+        assert torch.allclose(gdn[j][1], rec, atol=1e-6, rtol=1e-4)
+        conv = cache.layers[layer].conv_states[0][0]
+        assert torch.allclose(gdn[j][0], conv, atol=1e-6)
+    for j, layer in enumerate(cfg.full_layers):
+        assert torch.allclose(kv[j][0][:200].transpose(0, 1), cache.layers[layer].keys[0],
+                              atol=1e-5)
+
+
+def _gdn_inputs(t, hk=2, hv=4, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = ref.l2norm(torch.randn(t, hk, d, generator=g))
+    k = ref.l2norm(torch.randn(t, hk, d, generator=g))
+    v = torch.randn(t, hv, d, generator=g)
+    gate = -torch.rand(t, hv, generator=g) * 0.5
+    beta = torch.rand(t, hv, generator=g)
+    s0 = torch.randn(hv, d, d, generator=g) * 0.1
+    return q, k, v, gate, beta, s0
+
+
+@pytest.mark.parametrize("t", [1, 63, 64, 65, 200])
+def test_chunked_gdn_equals_token_recurrence(t):
+    q, k, v, g, b, s0 = _gdn_inputs(t)
+    o1, s1 = ref.chunk_gated_delta_rule(q, k, v, g, b, s0)
+    o2, s2 = ref.recurrent_gated_delta_rule(q, k, v, g, b, s0)
+    assert torch.allclose(o1, o2, atol=1e-5) and torch.allclose(s1, s2, atol=1e-5)
+
+
+def test_chunked_gdn_split_on_64_grid_is_bit_exact():
+    q, k, v, g, b, s0 = _gdn_inputs(256)
+    o, s = ref.chunk_gated_delta_rule(q, k, v, g, b, s0)
+    oa, sa = ref.chunk_gated_delta_rule(q[:128], k[:128], v[:128], g[:128], b[:128], s0)
+    ob, sb = ref.chunk_gated_delta_rule(q[128:], k[128:], v[128:], g[128:], b[128:], sa)
+    assert torch.equal(torch.cat([oa, ob]), o) and torch.equal(sb, s)
+
+
+def test_conv_with_carried_state_equals_whole():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(50, 12, generator=g), torch.randn(12, 4, generator=g)
+    zero = torch.zeros(12, 4)
+    y, s = ref.causal_conv1d(x, w, zero)
+    ya, sa = ref.causal_conv1d(x[:2], w, zero)      # shorter than the kernel width
+    yb, sb = ref.causal_conv1d(x[2:], w, sa)
+    assert torch.allclose(torch.cat([ya, yb]), y, atol=1e-6) and torch.equal(sb, s)
+    assert torch.equal(s, x[-4:].t())               # the state is the last W raw inputs
