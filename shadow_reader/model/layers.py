@@ -76,9 +76,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([xr, xp], dim=-1)
 
 
-def sdpa_backends(device: torch.device) -> list[SDPBackend]:
-    """The pinned SDPA backend (backends differ in bits, section 9.6): flash on CUDA, math on CPU."""
-    return [SDPBackend.FLASH_ATTENTION] if device.type == "cuda" else [SDPBackend.MATH]
+def sdpa_backends(device: torch.device, dtype: torch.dtype) -> list[SDPBackend]:
+    """The pinned SDPA backend (backends differ in bits, section 9.6): flash on CUDA in bf16/fp16,
+    math otherwise (the CPU, and fp32 on CUDA, which flash does not take)."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return [SDPBackend.FLASH_ATTENTION] if device.type == "cuda" and half else [SDPBackend.MATH]
 
 
 class Attention(nn.Module):
@@ -114,7 +116,7 @@ class Attention(nn.Module):
         v_buf[pos:end] = self.v_proj(x).view(t, hkv, d)
         keys = k_buf[:end].permute(1, 0, 2)[None]         # [1, Hkv, end, D]
         values = v_buf[:end].permute(1, 0, 2)[None]
-        with sdpa_kernel(sdpa_backends(x.device)):
+        with sdpa_kernel(sdpa_backends(x.device, x.dtype)):
             o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values,
                                                attn_mask=causal_lower_right(t, end),
                                                enable_gqa=hkv != h)
