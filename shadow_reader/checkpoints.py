@@ -12,10 +12,11 @@ the oldest other one goes.
 from __future__ import annotations
 
 from .state import Checkpoint
+from .tokenizer import CHAT_TOKENS
 
-# Qwen3.5 vocabulary ids (specs/qwen35-chat-format.md section 11): <|im_start|>, 'user',
-# 'assistant', '\\n', <tool_response>.
-IM_START, USER, ASSISTANT, NEWLINE, TOOL_RESPONSE = 248045, 846, 74455, 198, 248066
+IM_START, TOOL_RESPONSE = CHAT_TOKENS.im_start, CHAT_TOKENS.tool_response
+# Ordinary BPE ids of the Qwen3.5 vocabulary (specs/qwen35-chat-format.md section 11 example).
+USER, ASSISTANT, NEWLINE = 846, 74455, 198
 
 
 def prompt_line(prompt: list[int], grid: int) -> int:

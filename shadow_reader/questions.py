@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-IM_END = 248046
+from .tokenizer import CHAT_TOKENS
+
+IM_END = CHAT_TOKENS.im_end
 INSTRUCTION = "Answer with the letter of one choice only."
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

