@@ -42,9 +42,9 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
     t0 = time.perf_counter()
     backlog = st.backlog
     line = at // rcfg.grid * rcfg.grid
-    num_scratch = 0
+    num_scratch = num_committed = 0
     if at >= st.committed:
-        num_scratch = max(0, line - st.committed)     # committed on the way: read, not scratch
+        num_committed = line - st.committed           # whole chunks committed on the way
         while st.committed < line:
             read_chunk(model, rcfg, st)
         base = st
@@ -61,5 +61,6 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
     best = max(range(len(probs)), key=probs.__getitem__)
     return Answer(label=choices[best], letter=chr(65 + best), probs=tuple(probs),
                   ms=(time.perf_counter() - t0) * 1e3,
-                  num_forwarded_tokens=num_scratch + len(fwd), backlog=backlog, at=at,
+                  num_forwarded_tokens=num_committed + num_scratch + len(fwd),
+                  num_committed=num_committed, backlog=backlog, at=at,
                   beyond_max_positions=line + len(fwd) > model.cfg.max_position_embeddings)

@@ -23,7 +23,8 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 class Answer:
     """label: the chosen choice's text; letter: its letter; probs: one per choice (sum 1);
     ms: wall time of the ask; num_forwarded_tokens: ids run through the model (scratch chunks,
-    the pending tail and the question); backlog: len(ids) - C when asked; at: the position asked
+    the pending tail and the question); num_committed: ids the session committed on the way
+    (whole chunks up to the grid line at or below `at`); backlog: len(ids) - C when asked; at: the position asked
     at; beyond_max_positions: the forward went past the model's max_position_embeddings."""
 
     label: str
@@ -31,6 +32,7 @@ class Answer:
     probs: tuple[float, ...]
     ms: float
     num_forwarded_tokens: int
+    num_committed: int
     backlog: int
     at: int
     beyond_max_positions: bool = False
