@@ -17,9 +17,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from shadow_reader.messages import normalize_messages
+from shadow_reader.templates import (
+    compile_template, find_chat_template, render_compiled, render_with_template,
+)
 from shadow_reader.tokenizer import (
-    CHAT_TOKENS, SPECIAL_TOKENS, ChatTemplateError, ChatTokens, compile_template,
-    find_chat_template, load_tokenizer, render_compiled, render_with_template,
+    CHAT_TOKENS, SPECIAL_TOKENS, ChatTemplateError, ChatTokens, load_tokenizer,
 )
 
 __all__ = [
@@ -80,70 +83,6 @@ def _template_spec(template: str | TemplateSpec) -> TemplateSpec:
     if spec is None:
         raise ValueError(f"unknown chat template {template!r}; known: {sorted(TEMPLATES)}")
     return spec
-
-
-# ---------------------------------------------------------------- message clean-up
-
-
-def _decode_arguments(args: Any) -> dict:
-    """vLLM's rule: falsy -> {}; JSON text -> decoded; anything not an object -> {}."""
-    if not args:
-        return {}
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return {}
-    return args if isinstance(args, Mapping) else {}
-
-
-def _normalize_tool_call(call: Any) -> Any:
-    if not isinstance(call, Mapping):
-        return call
-    call = dict(call)
-    if isinstance(call.get("function"), Mapping):
-        call["function"] = {**call["function"],
-                            "arguments": _decode_arguments(call["function"].get("arguments"))}
-    elif "function" not in call:
-        call["arguments"] = _decode_arguments(call.get("arguments"))
-    return call
-
-
-def _normalize_message(message: Any) -> Any:
-    if not isinstance(message, Mapping):
-        return message
-    out = {k: v for k, v in message.items() if v is not None}
-    if "reasoning_content" not in out:
-        alias = out.get("thinking", out.get("reasoning"))
-        if alias is not None:
-            out["reasoning_content"] = alias
-    calls = out.get("tool_calls")
-    if out.get("role") == "assistant" and isinstance(calls, (list, tuple)):
-        if calls:
-            out["tool_calls"] = [_normalize_tool_call(c) for c in calls]
-        else:
-            del out["tool_calls"]
-    return out
-
-
-def normalize_messages(messages: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Clean messages the way a vLLM + transformers server does before its template runs.
-
-    - top-level keys whose value is ``None`` are dropped (transformers);
-    - ``reasoning_content`` is filled from ``thinking`` / ``reasoning`` when absent
-      (transformers' reasoning aliases; vLLM's ``reasoning`` field);
-    - assistant ``tool_calls``: an empty list is dropped; each call's ``arguments`` is
-      decoded from a JSON string, and empty/``None``/undecodable/non-object arguments
-      become ``{}`` (vLLM ``_postprocess_messages``).
-
-    Args:
-        messages: OpenAI-style message dicts. Not modified.
-    Returns:
-        A new list of new dicts (nested tool-call dicts copied where changed).
-    Raises:
-        Nothing; items that are not mappings are passed through unchanged.
-    """
-    return [_normalize_message(m) for m in messages]
 
 
 # ---------------------------------------------------------------- built-in renderer
@@ -351,7 +290,7 @@ class Renderer:
                        template: str = "qwen3.5-27b") -> Renderer:
         """Pick the model directory's chat template, else the built-in one.
 
-        See ``shadow_reader.tokenizer.find_chat_template`` for where it looks.
+        See ``shadow_reader.templates.find_chat_template`` for where it looks.
 
         Args:
             model_dir: a model directory, or ``None`` for the built-in renderer.

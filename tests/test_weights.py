@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from shadow_reader.model import load_model
 from shadow_reader.model.config import PRESETS, ModelConfig
 from shadow_reader.model.export import save_hf_dir
-from shadow_reader.model.weights import fingerprint, random_tensors
+from shadow_reader.model.weights import fingerprint
 
 CFG = PRESETS["tiny"]
 
