@@ -6,13 +6,15 @@ equals a fresh prefill of ids[:C] on the same grid, bit for bit (`check_exact`).
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
 import torch
 
-from . import checkpoints, exact, fork, questions, validate
+from . import checkpoints, exact, fork, questions, store, validate
 from .model.qwen35 import Qwen35
+from .residency import Residency, StoreConfig
 from .state import SessionState, check_layout, clone_gdn, new_state, state_bytes, zero_gdn
 from .step import ReaderConfig, read_chunk, sync, take_checkpoint
 from .tokenizer import load_tokenizer
@@ -46,36 +48,72 @@ class Reader:
 
     Args: model (shadow_reader.model.Qwen35); grid (G, a multiple of 64); kv_step (KV growth in
     rows); max_checkpoints; tokenizer (an object with encode(text) -> ids; default:
-    shadow_reader.tokenizer.load_tokenizer(), loaded on the first text question).
-    Raises ValueError for a bad grid, kv_step or max_checkpoints.
+    shadow_reader.tokenizer.load_tokenizer(), loaded on the first text question);
+    resident_bytes (cap on resident session bytes, 4 GiB); disk_dir (where sessions past the
+    cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
+    folder, None: none); disk_ttl_s (files older than this are deleted, 48 h).
+    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
-                 max_checkpoints: int = 6, tokenizer=None):
+                 max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
+                 disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600):
         self.model = model
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
+        self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
         self._tokenizer = tokenizer
         self._sessions: dict[str, SessionState] = {}
         self._clock = 0
+        self._residency = Residency(self.store_config, model, grid, kv_step, self._identity())
+
+    def _identity(self) -> store.FileIdentity:
+        dev = self.model.device
+        kind = f"cuda:{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
+        return store.FileIdentity(self.model.info.fingerprint,
+                                  json.dumps(self.model.cfg.to_dict(), sort_keys=True),
+                                  self.config.grid, str(self.model.dtype).removeprefix("torch."),
+                                  kind, self.model.kernels.name)
 
     # -- sessions -------------------------------------------------------------------------------
     def _get(self, session) -> SessionState:
+        """The session's state, restored from disk when parked; it becomes the most recently
+        used and the others are parked past the cap. Raises KeyError for an unknown session."""
         validate.session_id(session)
         st = self._sessions.get(session)
         if st is None:
-            raise KeyError(f"unknown session {session!r}")
+            st = self._residency.restore(session)
+            if st is None:
+                raise KeyError(f"unknown session {session!r}")
+            self._sessions[session] = st
         self._clock += 1
         st.last_used = self._clock
+        self._settle(session)
         return st
 
+    def _settle(self, session: str | None) -> None:
+        """Keep resident bytes within the cap, sparing the session in use."""
+        self._residency.make_room(self._sessions, session)
+
     def sessions(self) -> list[str]:
-        """Session ids, most recently used first."""
-        return sorted(self._sessions, key=lambda s: -self._sessions[s].last_used)
+        """Resident session ids, most recently used first, then parked ones."""
+        resident = sorted(self._sessions, key=lambda s: -self._sessions[s].last_used)
+        return resident + [s for s in self._residency.parked if s not in self._sessions]
 
     def drop(self, session: str) -> None:
-        """Forget a session and free its tensors. Raises KeyError for an unknown session."""
-        self._get(session)
-        del self._sessions[session]
+        """Forget a session: its tensors, its record and its file. KeyError when unknown."""
+        validate.session_id(session)
+        if session not in self._sessions and not self._residency.knows(session):
+            raise KeyError(f"unknown session {session!r}")
+        self._sessions.pop(session, None)
+        self._residency.forget(session)
+
+    def stats(self) -> dict:
+        """Residency and counters: see residency.Residency.stats."""
+        return self._residency.stats(self._sessions)
+
+    def close(self) -> None:
+        """A planned stop: park every resident session (written to disk when there is one)."""
+        self._residency.close(self._sessions)
 
     def committed(self, session: str) -> int:
         return self._get(session).committed
@@ -113,10 +151,12 @@ class Reader:
             return FeedResult(None, None, None, st.backlog)
         if not new:
             raise ValueError("a prompt must hold at least one id")
-        if session not in self._sessions:
+        if session not in self._sessions and not self._residency.knows(session):
             self._sessions[session] = new_state(self.model.cfg, self.model.device, self.model.dtype)
         st = self._get(session)
-        return self._feed_prompt(st, new, episode_start)
+        result = self._feed_prompt(st, new, episode_start)
+        self._settle(session)
+        return result
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
         grid = self.config.grid
@@ -142,17 +182,20 @@ class Reader:
 
     # -- reading --------------------------------------------------------------------------------
     def read(self, session: str | None = None, max_chunks: int | None = None) -> ReadResult:
-        """Advance whole chunks only: the given session, or every session with a backlog of a
-        chunk or more, most recently used first; at most `max_chunks` chunks in all."""
+        """Advance whole chunks only: the given session, or every resident session with a
+        backlog of a chunk or more, most recently used first; at most `max_chunks` chunks in
+        all. Returns ReadResult."""
         if max_chunks is not None and max_chunks < 0:
             raise ValueError(f"max_chunks must be >= 0, got {max_chunks}")
-        names = [session] if session is not None else self.sessions()
-        states = [self._get(s) for s in names]
+        names = [session] if session is not None else [
+            s for s in self.sessions() if s in self._sessions]
         t0, n = time.perf_counter(), 0
-        for st in states:
+        for name in names:
+            st = self._get(name)
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
                 read_chunk(self.model, self.config, st)
                 n += 1
+            self._settle(name)
         sync(self.model.device)
         return ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
 
@@ -180,7 +223,9 @@ class Reader:
             if not q_ids:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
-        return fork.answer(self.model, self.config, st, q_ids, letters, choices, at)
+        answer = fork.answer(self.model, self.config, st, q_ids, letters, choices, at)
+        self._settle(session)
+        return answer
 
     # -- exactness ------------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:

@@ -1,0 +1,252 @@
+"""Spill and restore: the exactness property with sessions parked between any two steps,
+restores in a new process, writers killed mid-write, refused files, byte accounting."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shadow_reader import store
+from shadow_reader.model.qwen35 import ModelInfo
+from shadow_reader.reader import Reader
+from shadow_reader.state import state_bytes
+
+G = 64
+SIZES = st.one_of(st.sampled_from([1, G - 1, G, G + 1, 2 * G + 3]), st.integers(0, 150))
+op = st.tuples(st.sampled_from(["a", "b", "c"]),
+               st.sampled_from(["prompt", "rewrite", "output", "read", "ask"]), SIZES)
+
+
+def _rand(rng, n):
+    return [rng.randrange(248320) for _ in range(n)]
+
+
+def _check_accounting(reader, in_use):
+    s = reader.stats()
+    per = s["sessions"]
+    assert s["resident_bytes"] == sum(v["bytes"] for v in per.values())
+    assert s["resident_bytes"] == sum(state_bytes(st) for st in reader._sessions.values())
+    others = sum(v["bytes"] for k, v in per.items() if k != in_use)
+    assert others <= s["resident_cap_bytes"] or others == 0
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(op, min_size=1, max_size=10), seed=st.integers(0, 2**32 - 1),
+       cap=st.sampled_from([0, 1, 300_000]), disk=st.booleans())
+def test_any_history_with_spills_equals_fresh_prefill(tiny, tmp_path_factory, ops, seed, cap,
+                                                      disk):
+    rng = random.Random(seed)
+    disk_dir = tmp_path_factory.mktemp("disk") if disk else None
+    reader = Reader(tiny, grid=G, kv_step=128, max_checkpoints=3, resident_bytes=cap,
+                    disk_dir=disk_dir)
+    for sid in "abc":
+        reader.feed(sid, _rand(rng, rng.randrange(1, 200)), "prompt")
+    for sid, kind, n in ops:
+        if kind == "prompt":
+            reader.feed(sid, reader.ids(sid) + _rand(rng, n), "prompt")
+        elif kind == "rewrite":
+            ids = reader.ids(sid)
+            cut = rng.randrange(0, len(ids) + 1)
+            reader.feed(sid, ids[:cut] + _rand(rng, max(n, 1)), "prompt")
+        elif kind == "output":
+            reader.feed(sid, _rand(rng, n), "output")
+        elif kind == "read":
+            reader.read(sid, max_chunks=n % 4 or None)
+        else:
+            reader.ask(sid, "Which?", ["x", "y"], at=rng.randrange(1, len(reader.ids(sid)) + 1))
+        _check_accounting(reader, sid)
+        assert reader.check_exact(sid)
+    stats = reader.stats()
+    if cap == 0:
+        assert stats["spills"] + stats["drops"] > 0
+    for sid in "abc":                        # every session, wherever it is, is still exact
+        assert reader.check_exact(sid)
+    assert stats["refusals"] == 0
+
+
+def _reader(model, disk, **kw):
+    return Reader(model, grid=G, kv_step=128, resident_bytes=0, disk_dir=disk, **kw)
+
+
+def _session(reader, sid, n=300, seed=0):
+    rng = random.Random(seed)
+    reader.feed(sid, _rand(rng, n), "prompt")
+    reader.read(sid)
+    reader.feed(sid, _rand(rng, 40), "output")
+
+
+def test_spill_and_restore_is_bitwise(tiny, tmp_path):
+    r = _reader(tiny, tmp_path)
+    _session(r, "a")
+    before = {k: v.clone() for k, v in r.state_tensors("a").items()}
+    cps = r.checkpoint_positions("a")
+    _session(r, "b", seed=1)                  # cap 0: "a" is parked when "b" is used
+    assert r.stats()["sessions"]["a"]["residency"] == "disk"
+    after = r.state_tensors("a")              # restored
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert r.checkpoint_positions("a") == cps and r.stats()["restores"] == 1
+
+
+def test_without_disk_a_session_is_read_again_from_zero(tiny):
+    r = _reader(tiny, None)
+    _session(r, "a")
+    ids = r.ids("a")
+    _session(r, "b", seed=1)
+    assert r.stats()["sessions"]["a"]["residency"] == "dropped"
+    assert r.committed("a") == 0 and r.ids("a") == ids
+    r.read("a")
+    assert r.committed("a") == 320 and r.check_exact("a")
+
+
+RESTORE_SCRIPT = """
+import json, sys
+from shadow_reader.model import load_model
+from shadow_reader.reader import Reader
+r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=0, disk_dir=sys.argv[1])
+ids = r.ids("s")
+r.feed("s", ids + list(range(1000, 1200)), "prompt")
+r.read("s")
+print(json.dumps({"committed": r.committed("s"), "exact": r.check_exact("s"),
+                  "restores": r.stats()["restores"]}))
+"""
+
+
+def test_restore_in_a_new_process_continues_exactly(tiny, tmp_path):
+    r = _reader(tiny, tmp_path)
+    _session(r, "s")
+    r.close()
+    out = subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, str(tmp_path)],
+                         capture_output=True, text=True, check=True, timeout=300)
+    res = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"committed": 512, "exact": True, "restores": 1}
+
+
+WRITER_SCRIPT = """
+import random, sys
+from shadow_reader.model import load_model
+from shadow_reader.reader import Reader
+r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=10**12,
+           disk_dir=sys.argv[1])
+rng = random.Random(1)
+r.feed("s", r.ids("s") + [rng.randrange(248000) for _ in range(700)], "prompt")
+r.read("s")
+print("ready", flush=True)
+while True:
+    r._residency.park(r._sessions, "s")      # write, then bring back, forever
+    r._get("s")
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.2, 0.5])
+def test_writer_killed_mid_write_leaves_a_loadable_file(tiny, tmp_path, delay_s):
+    r = _reader(tiny, tmp_path)
+    _session(r, "s")
+    r.close()                                 # the previous good file
+    proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(delay_s)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fresh = _reader(tiny, tmp_path)           # removes stale temporary files
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert fresh.check_exact("s") and fresh.committed("s") in (320, 1024)
+    assert fresh.stats()["refusals"] == 0
+
+
+def _parked_file(tiny, tmp_path):
+    r = _reader(tiny, tmp_path)
+    _session(r, "s")
+    r.close()
+    return tmp_path / store.file_name("s")
+
+
+def _refused(reader, reason):
+    s = reader.stats()
+    assert s["refusals"] == 1 and s["refusal_reasons"] == {reason: 1}
+    aside = list((reader.store_config.disk_dir / "refused").glob(f"*.{reason}.*"))
+    assert len(aside) == 1
+
+
+def test_refuses_another_fingerprint_and_grid(tiny, tmp_path):
+    path = _parked_file(tiny, tmp_path)
+    other = type(tiny).__new__(type(tiny))
+    other.__dict__.update(tiny.__dict__)
+    other.info = ModelInfo("other", "0" * 32, True)
+    r = _reader(other, tmp_path)
+    with pytest.raises(KeyError):             # its ids cannot be trusted: unknown session
+        r.ids("s")
+    _refused(r, "fingerprint")
+    assert not path.exists()
+    path = _parked_file(tiny, tmp_path)
+    r = Reader(tiny, grid=128, resident_bytes=0, disk_dir=tmp_path)
+    with pytest.raises(KeyError):
+        r.ids("s")
+    _refused(r, "grid")
+
+
+@pytest.mark.parametrize("damage,reason", [("truncate", "unreadable"), ("flip_data", "checksum"),
+                                           ("flip_header", "unreadable")])
+def test_refuses_damaged_files(tiny, tmp_path, damage, reason):
+    path = _parked_file(tiny, tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip_data":
+        data[-100] ^= 0x01
+    else:
+        data[20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    r = _reader(tiny, tmp_path)
+    with pytest.raises(KeyError):
+        r.ids("s")
+    _refused(r, reason)
+
+
+def test_refused_file_of_a_known_session_reads_again_from_zero(tiny, tmp_path):
+    r = _reader(tiny, tmp_path)
+    _session(r, "a")
+    ids = r.ids("a")
+    _session(r, "b", seed=1)                  # "a" parked on disk
+    path = tmp_path / store.file_name("a")
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert r.ids("a") == ids and r.committed("a") == 0
+    _refused(r, "checksum")
+    r.read("a")
+    assert r.check_exact("a")
+
+
+def test_hostile_session_ids_stay_inside_disk_dir(tiny, tmp_path):
+    disk = tmp_path / "disk"
+    r = _reader(tiny, disk)
+    hostile = ["../x", "/etc/passwd", "a" * 256, "ü🙂\u202e", "..", "a\x00b"]
+    for i, sid in enumerate(hostile):
+        _session(r, sid, n=100, seed=i)
+    r.close()
+    names = sorted(p.name for p in disk.iterdir())
+    assert names == sorted(store.file_name(s) for s in hostile)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
+    for sid in hostile:
+        assert r.check_exact(sid)
+
+
+def test_ttl_and_disk_cap(tiny, tmp_path):
+    r = _reader(tiny, tmp_path)
+    for i, sid in enumerate("abc"):
+        _session(r, sid, seed=i)
+    r.close()
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert len(files) == 3
+    old = time.time() - 49 * 3600
+    os.utime(files[0], (old, old))
+    r2 = _reader(tiny, tmp_path, disk_bytes=files[1].stat().st_size + 10)
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1      # one expired, one over the cap
+    assert r2.stats()["deleted_files"] == 2
