@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from safetensors.torch import save_file
 from .state import Checkpoint, SessionState, alloc_kv, round_up
 
 FORMAT_VERSION = "1"
+HASH_THREADS = min(8, os.cpu_count() or 1)
 SUFFIX = ".safetensors"
 
 
@@ -114,11 +116,11 @@ def _check_meta(meta: dict[str, str], session: str, ident: FileIdentity) -> None
                                    f"{want[:80]!r}")
 
 
-def _load_checked(f, name: str, checksums: dict[str, str]) -> torch.Tensor:
-    t = f.get_tensor(name)
-    if checksums.get(name) != checksum(t):
-        raise RefusedFile("checksum", f"tensor {name} does not match its checksum")
-    return t
+def _verify(futures: dict, checksums: dict[str, str]) -> None:
+    """Raise RefusedFile unless every tensor's hash (a future) matches its checksum."""
+    for name, fut in futures.items():
+        if checksums.get(name) != fut.result():
+            raise RefusedFile("checksum", f"tensor {name} does not match its checksum")
 
 
 def read_session(path: Path, session: str, ident: FileIdentity, names: list[str], cfg,
@@ -128,18 +130,24 @@ def read_session(path: Path, session: str, ident: FileIdentity, names: list[str]
     Returns a SessionState on `device`. Raises RefusedFile (with the reason) for any file that
     does not fit, including truncated or unreadable files."""
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="pt") as f:     # tensors map the file, no copy
             meta = f.metadata() or {}
             _check_meta(meta, session, ident)
             checksums = json.loads(meta["checksums"])
             if set(checksums) != set(f.keys()):
                 raise RefusedFile("tensors", "the tensors differ from the checksum list")
-            tensors = {k: _load_checked(f, k, checksums) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        # Hash in threads (xxhash releases the GIL) while the tensors are copied to the device;
+        # the state is returned only once every checksum matched.
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            futures = {k: pool.submit(checksum, t) for k, t in tensors.items()}
+            st = _build_state(meta, tensors, names, cfg, device, dtype, kv_step)
+            _verify(futures, checksums)
+        return st
     except RefusedFile:
         raise
     except Exception as e:                 # truncated, not safetensors, bad JSON: all refused
         raise RefusedFile("unreadable", f"{type(e).__name__}: {e}") from e
-    return _build_state(meta, tensors, names, cfg, device, dtype, kv_step)
 
 
 def _build_state(meta, tensors, names, cfg, device, dtype, kv_step) -> SessionState:
@@ -156,8 +164,8 @@ def _build_state(meta, tensors, names, cfg, device, dtype, kv_step) -> SessionSt
     for name in names:
         if name.endswith(".key"):
             k, v = next(kv_it)
-            k[:committed] = tensors[name].to(device)
-            v[:committed] = tensors[name[:-4] + ".value"].to(device)
+            k[:committed].copy_(tensors[name])
+            v[:committed].copy_(tensors[name[:-4] + ".value"])
         elif name.endswith(".conv"):
             gdn.append((tensors[name].to(device), tensors[name[:-5] + ".recurrent"].to(device)))
     cps = []
