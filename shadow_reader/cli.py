@@ -1,4 +1,8 @@
-"""`shadow-reader` command line: replay (more commands join as they are built)."""
+"""shadow-reader: an exact incremental Qwen3.5 reader that follows the sessions a big model serves.
+
+Commands:
+  replay   replay a recorded agent session turn by turn through the reader
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
+from jinja2 import TemplateError
 
 HF_NAME = "models--Qwen--Qwen3.5-0.8B"
 
@@ -32,36 +37,56 @@ def _replay(args) -> int:
     from .exact import ExactnessError
     from .model import load_model
     from .reader import Reader
-    from .replay import replay_file
+    from .replay import load_session, replay_file
     from .router import load_question
+    from .step import ReaderConfig
     from .tokenizer import load_tokenizer
 
+    ReaderConfig(args.grid)                          # bad flags and files fail before the model
+    messages, tools = load_session(args.session)
+    question = load_question(args.question)
+    renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
+    if args.template_dir and not renderer.uses_model_template:
+        print(f"note: {args.template_dir} has no chat template; using {args.template}",
+              file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     spec = args.model or default_model(device)
     model = load_model(spec, device=device)
-    model_dir = None if spec.startswith("random:") else spec
-    tokenizer = load_tokenizer(model_dir)
-    renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
+    tokenizer = load_tokenizer(None if spec.startswith("random:") else spec)
     reader = Reader(model, grid=args.grid, tokenizer=tokenizer)
     print(f"model {model.info.name} ({'random' if model.info.is_random else 'real'} weights, "
           f"fingerprint {model.info.fingerprint[:12]}), device {device}, grid {args.grid}, "
           f"kernels {model.kernels.name}", file=sys.stderr)
-    exact_failed = None
     try:
-        totals = replay_file(reader, args.session, renderer, tokenizer,
-                             load_question(args.question), args.check_exact,
-                             enable_thinking=False if args.no_thinking else None)
+        totals = replay_file(reader, args.session, renderer, tokenizer, question,
+                             args.check_exact, False if args.no_thinking else None,
+                             messages=messages, tools=tools)
     except ExactnessError as e:
-        exact_failed = str(e)
-        raise
+        print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(totals.as_dict()))
-    return 0 if totals.exact is not False and exact_failed is None else 1
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__)
+    ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    rp = sub.add_parser("replay", help="replay a recorded session turn by turn through the reader")
+    rp = sub.add_parser(
+        "replay", help="replay a recorded agent session turn by turn through the reader",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replay a session as its host served it: per assistant message, feed the "
+        "prompt (rendered with the host's chat template, tokenised whole) and the output, read "
+        "all whole chunks, ask the question. One row a turn, then one JSON line of totals.",
+        epilog="models: a Hugging Face Qwen3.5 directory, or random:tiny, random:qwen3.5-0.8b, "
+        "random:qwen3.5-2b, random:qwen3.5-4b (seeded random weights)\n"
+        "templates: qwen3.5-27b (default, thinking on), qwen3.5-0.8b, qwen3.6-27b, ...\n"
+        "question file: {\"question\": str, \"choices\": [str, ...], \"labels\": [str, ...]}\n"
+        "columns: turn, prompt ids, ids read (this turn, asks included), rollback (C from -> "
+        "to), read ms, C (committed), tail (ids not yet read), checkpoints, answer, its "
+        "probability, ask ms")
     rp.add_argument("session", help="a session JSON file ({'messages': [...], 'tools': [...]})")
     rp.add_argument("--model", help="a HF model directory or random:NAME (default: a local "
                     "Qwen3.5-0.8B, else random:qwen3.5-0.8b on CUDA, random:tiny on the CPU)")
@@ -83,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except TemplateError as e:
+        print(f"shadow-reader: error: chat template: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, OSError, ImportError) as e:
         print(f"shadow-reader: error: {e}", file=sys.stderr)
         return 2
 

@@ -142,6 +142,7 @@ class Reader:
         to an unknown session.
         """
         validate.session_id(session)
+        validate.flag(episode_start, "episode_start")
         if kind not in ("prompt", "output"):
             raise ValueError(f"kind must be 'prompt' or 'output', got {kind!r}")
         new = validate.token_ids(ids, self.model.cfg.vocab_size)
@@ -185,8 +186,7 @@ class Reader:
         """Advance whole chunks only: the given session, or every resident session with a
         backlog of a chunk or more, most recently used first; at most `max_chunks` chunks in
         all. Returns ReadResult."""
-        if max_chunks is not None and max_chunks < 0:
-            raise ValueError(f"max_chunks must be >= 0, got {max_chunks}")
+        max_chunks = validate.count(max_chunks, "max_chunks")
         names = [session] if session is not None else [
             s for s in self.sessions() if s in self._sessions]
         t0, n = time.perf_counter(), 0
@@ -216,6 +216,8 @@ class Reader:
         choices = validate.choices(choices)
         at = validate.position(at, len(st.ids))
         if isinstance(question, str):
+            if not question.strip():
+                raise ValueError("question must not be empty")
             prev = st.ids[at - 1] if at else None
             q_ids = questions.question_ids(self._tok(), question, choices, prev)
         else:

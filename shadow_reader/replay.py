@@ -100,6 +100,7 @@ def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Ques
         ans = reader.ask(sid, question.question, list(question.choices))
         totals.ask_ms.append(ans.ms)
         totals.num_read += ans.num_committed
+        num += ans.num_committed
         label = question.labels[question.choices.index(ans.label)]
         if out:
             print(f"{n:>4} {len(turn.prompt_ids):>7} {num:>6} {rollback:>15} {ms:>8.1f} "
@@ -117,14 +118,29 @@ def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Ques
 def load_session(path: str | Path) -> tuple[list[dict], list]:
     """(messages, tools) of a session file ({"messages": [...], "tools": [...]}).
     Raises ValueError for a file without a messages list."""
-    raw = json.loads(Path(path).read_text())
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from e
     if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
         raise ValueError(f"{path}: expected an object with a 'messages' list")
-    return raw["messages"], raw.get("tools") or []
+    for i, m in enumerate(raw["messages"]):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"{path}: messages[{i}] must be an object with a 'role'")
+    tools = raw.get("tools") or []
+    if not isinstance(tools, list):
+        raise ValueError(f"{path}: 'tools' must be a list")
+    return raw["messages"], tools
 
 
 def replay_file(reader: Reader, path, renderer, tokenizer, question: Question,
-                check_exact: bool, enable_thinking=None, out=sys.stdout) -> Totals:
-    messages, tools = load_session(path)
+                check_exact: bool, enable_thinking=None, out=sys.stdout,
+                messages=None, tools=None) -> Totals:
+    """Replay a session file (or its already loaded `messages` and `tools`)."""
+    if messages is None:
+        messages, tools = load_session(path)
     turns = host_turns(messages, tools or None, renderer, tokenizer, enable_thinking)
+    if not turns:
+        print(f"{path}: no assistant message after the first: nothing to replay",
+              file=sys.stderr)
     return replay_turns(reader, Path(path).stem, turns, question, tokenizer, check_exact, out)

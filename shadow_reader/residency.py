@@ -36,7 +36,7 @@ class StoreConfig:
         if self.resident_bytes < 0:
             raise ValueError(f"resident_bytes must be >= 0, got {self.resident_bytes}")
         if self.disk_dir is not None:
-            object.__setattr__(self, "disk_dir", Path(self.disk_dir))
+            object.__setattr__(self, "disk_dir", Path(self.disk_dir).expanduser())
 
 
 @dataclass

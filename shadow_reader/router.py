@@ -45,11 +45,14 @@ def load_question(path: str | Path | None) -> Question:
     """The router question, or the one in a JSON file. Raises ValueError for a malformed file."""
     if path is None:
         return ROUTER
-    raw = json.loads(Path(path).read_text())
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from e
     if not isinstance(raw, dict) or not isinstance(raw.get("question"), str):
         raise ValueError(f"{path}: expected an object with a 'question' string")
     choices = validate.choices(raw.get("choices"))
     labels = raw.get("labels") or choices
-    if len(labels) != len(choices):
-        raise ValueError(f"{path}: {len(labels)} labels for {len(choices)} choices")
+    if len(labels) != len(choices) or len(set(labels)) != len(labels):
+        raise ValueError(f"{path}: need {len(choices)} distinct labels, got {labels!r}")
     return Question(raw["question"], tuple(choices), tuple(str(x) for x in labels))

@@ -35,8 +35,9 @@ def token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
         if not is_int:
             raise ValueError(f"{name} must be integers, got dtype {ids.dtype}")
         ids = ids.tolist()
-    elif isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-        raise ValueError(f"{name} must be a 1-D sequence of token ids, got {type(ids).__name__}")
+    elif not isinstance(ids, (list, tuple, range)):
+        raise ValueError(f"{name} must be a 1-D sequence of token ids (list, tuple, numpy "
+                         f"array or tensor), got {type(ids).__name__}")
     out = []
     for i, x in enumerate(ids):
         if isinstance(x, bool) or not isinstance(x, numbers.Integral):
@@ -50,14 +51,32 @@ def token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
 
 def choices(values, max_choices: int = 26) -> list[str]:
     """2 to 26 choices, each a non-empty str."""
-    if isinstance(values, str) or not hasattr(values, "__len__"):
+    if not isinstance(values, (list, tuple)):
         raise ValueError("choices must be a list of strings")
     if not 2 <= len(values) <= max_choices:
         raise ValueError(f"choices must number 2 to {max_choices}, got {len(values)}")
     for i, c in enumerate(values):
         if not isinstance(c, str) or not c.strip():
             raise ValueError(f"choices[{i}] = {c!r} must be a non-empty string")
+        if c in values[:i]:
+            raise ValueError(f"choices[{i}] = {c!r} repeats an earlier choice")
     return list(values)
+
+
+def flag(value, name: str) -> bool | None:
+    """None or a real bool (not a truthy string)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def count(value, name: str) -> int | None:
+    """None or an int >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
+    return int(value)
 
 
 def position(at, length: int) -> int:

@@ -46,6 +46,8 @@ def _unchanged(reader, before_ids, before_c, before_state):
     (np.zeros(3, dtype=np.float32), "must be integers"),
     ("hello", "1-D sequence"),
     (5, "1-D sequence"),
+    ({1: 2}, "1-D sequence"),
+    ({1, 2}, "1-D sequence"),
 ])
 def test_bad_ids_raise_and_change_nothing(reader, ids, match):
     before = (reader.ids("s"), reader.committed("s"),
@@ -77,6 +79,16 @@ def test_bad_calls(reader):
         reader.feed("", [1], "prompt")
     with pytest.raises(ValueError, match="multiple of 64"):
         Reader(reader.model, grid=100)
+    with pytest.raises(ValueError, match="repeats an earlier choice"):
+        reader.ask("s", "q", ["a", "a"])
+    with pytest.raises(ValueError, match="question must not be empty"):
+        reader.ask("s", " ", ["a", "b"])
+    with pytest.raises(ValueError, match="episode_start"):
+        reader.feed("s", [1], "prompt", episode_start="no")
+    for bad in ("2", 0.5, -1):
+        with pytest.raises(ValueError, match="max_chunks"):
+            reader.read("s", max_chunks=bad)
+    assert reader.committed("s") == 128 and len(reader.ids("s")) == 150
 
 
 def test_hostile_session_ids_are_plain_keys(tiny):

@@ -83,8 +83,27 @@ def test_cli_replay(tmp_path, capsys):
     assert totals["exact"] is True and totals["turns"] == 7
 
 
-def test_cli_errors(tmp_path, capsys):
+@pytest.mark.parametrize("content,message", [
+    ("[]", "expected an object with a 'messages' list"),
+    ("x", "not a JSON file"),
+    ('{"messages": [1]}', "messages[0] must be an object"),
+    ('{"messages": [], "tools": 3}', "'tools' must be a list"),
+])
+def test_cli_errors(tmp_path, capsys, content, message):
     path = tmp_path / "bad.json"
-    path.write_text("[]")
+    path.write_text(content)
     assert main(["replay", str(path), "--model", "random:tiny", "--device", "cpu"]) == 2
-    assert "expected an object with a 'messages' list" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_cli_bad_flags_fail_before_loading(tmp_path, capsys):
+    assert main(["replay", str(tmp_path), "--model", "random:tiny"]) == 2      # a directory
+    assert main(["replay", "missing.json", "--grid", "100"]) == 2
+    broken = tmp_path / "tdir"
+    broken.mkdir()
+    (broken / "chat_template.jinja").write_text("{% for %}")
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"messages": _session()}))
+    assert main(["replay", str(path), "--template-dir", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "Is a directory" in err and "multiple of 64" in err and "chat template" in err
