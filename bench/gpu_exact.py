@@ -79,8 +79,9 @@ def replay(reader: Reader, ids: list[int], plan, rng: random.Random, rewrite_eve
     return stats
 
 
-def logits_of(model, ids: list[int], grid: int) -> torch.Tensor:
-    """Logits [len(ids) % grid or grid, vocab] of the last chunk after a plain chunked prefill."""
+def last_hidden(model, ids: list[int], grid: int) -> torch.Tensor:
+    """Hidden states [T, hidden] (before the final norm) of the last chunk of a plain chunked
+    prefill of `ids`, on the model's device."""
     cfg, dev = model.cfg, model.device
     shape = (len(ids), cfg.num_key_value_heads, cfg.head_dim)
     kv = [(torch.zeros(shape, device=dev, dtype=model.dtype),
@@ -88,7 +89,12 @@ def logits_of(model, ids: list[int], grid: int) -> torch.Tensor:
     gdn = zero_gdn(cfg, dev, model.dtype)
     for s in range(0, len(ids), grid):
         h, gdn = model(torch.tensor(ids[s:s + grid], device=dev), s, kv, gdn)
-    return model.logits(h).float().cpu()
+    return h
+
+
+def logits_of(model, ids: list[int], grid: int) -> torch.Tensor:
+    """Logits [T, vocab] (fp32, CPU) of the last chunk of a plain chunked prefill."""
+    return model.logits(last_hidden(model, ids, grid)).float().cpu()
 
 
 def main() -> None:

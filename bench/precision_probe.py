@@ -12,17 +12,12 @@ import torch
 from shadow_reader.model.config import PRESETS
 from shadow_reader.model.qwen35 import ModelInfo
 from shadow_reader.model.weights import build_model, random_tensors
-from shadow_reader.state import zero_gdn
+from gpu_exact import last_hidden  # bench/ is on sys.path when run as a script
 
 
 def run(model, ids, grid):
-    cfg, dev = model.cfg, model.device
-    shape = (len(ids), cfg.num_key_value_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, device=dev, dtype=model.dtype),
-           torch.zeros(shape, device=dev, dtype=model.dtype)) for _ in cfg.full_layers]
-    gdn = zero_gdn(cfg, dev, model.dtype)
-    for s in range(0, len(ids), grid):
-        h, gdn = model(torch.tensor(ids[s:s + grid], device=dev), s, kv, gdn)
+    """(logits, hidden) of the last chunk, as floats on the CPU."""
+    h = last_hidden(model, ids, grid)
     return model.logits(h).float().cpu(), h.float().cpu()
 
 

@@ -6,7 +6,6 @@ totals as one JSON object. Used by `shadow-reader replay`.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import validate
 from .host_view import HostTurn, host_turns
 from .reader import Reader
 from .router import Question
@@ -118,10 +118,7 @@ def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Ques
 def load_session(path: str | Path) -> tuple[list[dict], list]:
     """(messages, tools) of a session file ({"messages": [...], "tools": [...]}).
     Raises ValueError for a file without a messages list."""
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON file ({e})") from e
+    raw = validate.json_file(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
         raise ValueError(f"{path}: expected an object with a 'messages' list")
     for i, m in enumerate(raw["messages"]):

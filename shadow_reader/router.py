@@ -6,7 +6,6 @@ with labels optional (default: the choices themselves).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +44,7 @@ def load_question(path: str | Path | None) -> Question:
     """The router question, or the one in a JSON file. Raises ValueError for a malformed file."""
     if path is None:
         return ROUTER
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON file ({e})") from e
+    raw = validate.json_file(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("question"), str):
         raise ValueError(f"{path}: expected an object with a 'question' string")
     choices = validate.choices(raw.get("choices"))

@@ -2,7 +2,9 @@
 state is touched."""
 from __future__ import annotations
 
+import json
 import numbers
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,3 +90,12 @@ def position(at, length: int) -> int:
     if not 0 <= at <= length:
         raise ValueError(f"at = {at} is outside the session's ids [0, {length}]")
     return int(at)
+
+
+def json_file(path) -> object:
+    """The decoded content of a UTF-8 JSON file. Raises ValueError naming the file when it is
+    not JSON, OSError when it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from e

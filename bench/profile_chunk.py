@@ -1,0 +1,71 @@
+"""Where one eager 512-id chunk spends its time at a given context (groundwork for issue 5).
+
+    python bench/profile_chunk.py --ids .devdata/claudecode_vsla_5f8cbb78.npz --context 16384
+
+Reads a real session's ids up to --context, then times the next chunks with CUDA events,
+profiles two of them with torch.profiler (top kernels by device time, the number of kernel
+launches a chunk, the host time a chunk), and times the 9-class question there. Prints the
+profile table and, last, one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from shadow_reader.model import load_model
+from shadow_reader.reader import Reader
+from shadow_reader.router import ROUTER
+
+
+def chunk_ms(reader: Reader, n: int) -> list[float]:
+    """Device time of each of the next n chunks (CUDA events around one read)."""
+    out = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        reader.read("s", max_chunks=1)
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ids", required=True)
+    ap.add_argument("--model", default="random:qwen3.5-0.8b")
+    ap.add_argument("--context", type=int, default=16384)
+    args = ap.parse_args()
+    ids = np.load(args.ids)["ids"].tolist()
+    reader = Reader(load_model(args.model, device="cuda"), grid=512)
+    reader.feed("s", ids[:args.context + 512 * 12], "prompt")
+    while reader.committed("s") < args.context:
+        reader.read("s", max_chunks=1)
+    times = chunk_ms(reader, 6)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        reader.read("s", max_chunks=2)
+        host_ms = (time.perf_counter() - t0) * 1e3 / 2
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    print(table)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    reader.feed("s", ids[:reader.committed("s") + 330], "prompt")
+    ask = [reader.ask("s", ROUTER.question, list(ROUTER.choices)).ms for _ in range(6)][1:]
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                      "model": args.model, "context": args.context,
+                      "chunk_ms": [round(t, 2) for t in times],
+                      "chunk_ms_median": round(statistics.median(times), 2),
+                      "host_ms_per_chunk_profiled": round(host_ms, 2),
+                      "kernel_launches_per_chunk": len(kernels) // 2,
+                      "ask_ms_median": round(statistics.median(ask), 2),
+                      "date": time.strftime("%Y-%m-%d")}))
+
+
+if __name__ == "__main__":
+    main()
