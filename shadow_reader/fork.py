@@ -11,6 +11,7 @@ Both paths give the same bits: the same ids on the same grid from equal states.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -22,16 +23,34 @@ from .step import ReaderConfig, ids_tensor, read_chunk, sync
 
 
 def scratch_state(model: Qwen35, rcfg: ReaderConfig, st: SessionState, line: int,
-                  extra_rows: int) -> tuple[SessionState, int]:
+                  rows: int) -> tuple[SessionState, int]:
     """A scratch session at the newest checkpoint P <= line (or 0), with KV rows [0, P) copied
-    and room for `extra_rows` rows; returns it and the number of ids it will read to reach line."""
+    and room for `rows` rows; returns it and the number of ids it will read to reach line."""
     cp = checkpoints.rollback_target(st.checkpoints, line)
     p = cp.pos if cp else 0
-    kv = alloc_kv(model.cfg, round_up(max(extra_rows, 1), rcfg.kv_step), model.device, model.dtype)
+    kv = alloc_kv(model.cfg, round_up(max(rows, 1), rcfg.kv_step), model.device, model.dtype)
     for (nk, nv), (ok, ov) in zip(kv, st.kv):
         nk[:p], nv[:p] = ok[:p], ov[:p]
     gdn = clone_gdn(cp.gdn) if cp else zero_gdn(model.cfg, model.device, model.dtype)
     return SessionState(ids=st.ids[:line], committed=p, kv=kv, gdn=gdn), line - p
+
+
+def fork_base(model: Qwen35, rcfg: ReaderConfig, st: SessionState, at: int,
+              rows: int) -> tuple[SessionState, int, int, int]:
+    """The state a fork starts from: at the grid line L at or below `at` (see the module doc),
+    with KV room for `rows` rows. Returns (state, L, ids committed on the way, ids read in
+    scratch); the state is the session's own when at >= C (use only rows above C)."""
+    line = at // rcfg.grid * rcfg.grid
+    if at >= st.committed:
+        num_committed = line - st.committed
+        while st.committed < line:
+            read_chunk(model, rcfg, st)
+        ensure_capacity(st, model.cfg, rows, rcfg.kv_step)
+        return st, line, num_committed, 0
+    base, num_scratch = scratch_state(model, rcfg, st, line, rows)
+    while base.committed < line:
+        read_chunk(model, rcfg, base)
+    return base, line, 0, num_scratch
 
 
 def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int],
@@ -41,19 +60,8 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
     Returns an Answer whose probs are the softmax (fp32) over the letters' logits."""
     t0 = time.perf_counter()
     backlog = st.backlog
-    line = at // rcfg.grid * rcfg.grid
-    num_scratch = num_committed = 0
-    if at >= st.committed:
-        num_committed = line - st.committed           # whole chunks committed on the way
-        while st.committed < line:
-            read_chunk(model, rcfg, st)
-        base = st
-    else:
-        base, num_scratch = scratch_state(model, rcfg, st, line, at + len(q_ids))
-        while base.committed < line:
-            read_chunk(model, rcfg, base)
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, at + len(q_ids))
     fwd = st.ids[line:at] + q_ids
-    ensure_capacity(base, model.cfg, line + len(fwd), rcfg.kv_step)
     hidden, _ = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     logits = model.logits(hidden[-1:], ids_tensor(letters, model.device))[0].float()
     probs = torch.softmax(logits, dim=-1).tolist()
@@ -64,3 +72,40 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
                   num_forwarded_tokens=num_committed + num_scratch + len(fwd),
                   num_committed=num_committed, backlog=backlog, at=at,
                   beyond_max_positions=line + len(fwd) > model.cfg.max_position_embeddings)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """ids: the greedy continuation (ending with a stop id when one came); prefill_ms: the fork's
+    first forward (tail and prompt, after any chunks it had to read); ms_per_token: mean wall
+    time of the one-token decode steps; num_forwarded_tokens: as Answer's; at: the position."""
+
+    ids: tuple[int, ...]
+    prefill_ms: float
+    ms_per_token: float
+    num_forwarded_tokens: int
+    at: int
+
+
+def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: list[int],
+             at: int, max_new_tokens: int, stop_ids: set[int]) -> Generation:
+    """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
+    the GDN states it produces are dropped. Depends only on ids[:at] and the prompt."""
+    t0 = time.perf_counter()
+    rows = at + len(prompt_ids) + max_new_tokens
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows)
+    fwd = st.ids[line:at] + prompt_ids
+    hidden, gdn = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
+    token = int(model.logits(hidden[-1:])[0].argmax())
+    t1 = time.perf_counter()
+    out, pos = [token], line + len(fwd)
+    while len(out) < max_new_tokens and token not in stop_ids:
+        hidden, gdn = model(ids_tensor([token], model.device), pos, base.kv, gdn)
+        token = int(model.logits(hidden)[0].argmax())
+        out.append(token)
+        pos += 1
+    sync(model.device)
+    steps = len(out) - 1
+    return Generation(tuple(out), (t1 - t0) * 1e3,
+                      (time.perf_counter() - t1) * 1e3 / steps if steps else 0.0,
+                      num_committed + num_scratch + len(fwd) + steps, at)

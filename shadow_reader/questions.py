@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .tokenizer import CHAT_TOKENS
 
 IM_END = CHAT_TOKENS.im_end
+STOP_IDS = (CHAT_TOKENS.im_end, CHAT_TOKENS.endoftext)     # where a fork's decoding stops
 INSTRUCTION = "Answer with the letter of one choice only."
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -44,17 +45,26 @@ def question_text(question: str, choices: list[str], prefix: str) -> str:
             "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def turn_prefix(previous_id: int | None) -> str:
+    """What closes the ids before a new user turn: "" for an empty session, "\n" after
+    <|im_end|>, "<|im_end|>\n" inside a message."""
+    if previous_id is None:
+        return ""
+    return "\n" if previous_id == IM_END else "<|im_end|>\n"
+
+
 def question_ids(tokenizer, question: str, choices: list[str], previous_id: int | None) -> list[int]:
     """Token ids of the question on top of ids ending with `previous_id` (None: empty session).
 
     `tokenizer.encode(text) -> list[int]` must map special tokens to their ids."""
-    if previous_id is None:
-        prefix = ""
-    elif previous_id == IM_END:
-        prefix = "\n"
-    else:
-        prefix = "<|im_end|>\n"
-    return tokenizer.encode(question_text(question, choices, prefix))
+    return tokenizer.encode(question_text(question, choices, turn_prefix(previous_id)))
+
+
+def instruction_ids(tokenizer, instruction: str, previous_id: int | None) -> list[int]:
+    """A user turn holding `instruction`, then the assistant generation prompt without thinking
+    (the prompt of a summary fork)."""
+    return tokenizer.encode(f"{turn_prefix(previous_id)}<|im_start|>user\n{instruction}"
+                            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 def letter_ids(tokenizer, num_choices: int) -> list[int]:

@@ -229,6 +229,37 @@ class Reader:
         self._settle(session)
         return answer
 
+    def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
+                 stop_ids=questions.STOP_IDS) -> fork.Generation:
+        """Greedy decoding in a fork on top of ids[:at] (default: all ids) and `prompt`: an
+        instruction text (rendered as a user turn plus the generation prompt, thinking off) or
+        ids already rendered. Stops after `max_new_tokens` or at a stop id (<|im_end|>,
+        <|endoftext|>). Nothing at or below C changes. Returns fork.Generation.
+        Raises KeyError for an unknown session, ValueError for bad input."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        if validate.count(max_new_tokens, "max_new_tokens") == 0:
+            raise ValueError("max_new_tokens must be >= 1")
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt must not be empty")
+            p_ids = questions.instruction_ids(self._tok(), prompt, st.ids[at - 1] if at else None)
+        else:
+            p_ids = validate.token_ids(prompt, self.model.cfg.vocab_size, "prompt")
+            if not p_ids:
+                raise ValueError("prompt ids must not be empty")
+        out = fork.generate(self.model, self.config, st, p_ids, at, max_new_tokens,
+                            set(stop_ids))
+        self._settle(session)
+        return out
+
+    def summarize(self, session: str, instruction: str = "Summarize this session in a few "
+                  "sentences.", max_tokens: int = 128, at: int | None = None) -> tuple[str, fork.Generation]:
+        """`generate` with an instruction; returns (text without the stop id, generation)."""
+        gen = self.generate(session, instruction, max_tokens, at)
+        ids = [i for i in gen.ids if i not in questions.STOP_IDS]
+        return self._tok().decode(ids), gen
+
     # -- exactness ------------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
         """name -> tensor of the committed state (exact.state_names): KV rows [0, C) and the
