@@ -2,6 +2,7 @@
 
 Commands:
   replay   replay a recorded agent session turn by turn through the reader
+  bench    the read benchmark
 """
 from __future__ import annotations
 
@@ -100,7 +101,43 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--template-dir", help="a model directory whose chat template the host uses")
     rp.add_argument("--no-thinking", action="store_true", help="the host runs with thinking off")
     rp.set_defaults(func=_replay)
+    bp = sub.add_parser("bench", help="the read benchmark (read rate, chunk and question "
+                        "latency, decode, the transformers peer, the GEMM floor)")
+    bp.add_argument("--model", default="random:qwen3.5-0.8b")
+    bp.add_argument("--device", choices=["cpu", "cuda"])
+    bp.add_argument("--ids", nargs="+", default=_default_sessions(),
+                    help=".npz (bench/session_ids.py) or session .json files, used in order")
+    bp.add_argument("--max-context", type=int, default=32768)
+    bp.add_argument("--grids", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[512, 1024, 2048])
+    bp.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[8192, 32768, 102400])
+    bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
+                    help="comma-separated parts to run")
+    bp.add_argument("--out", help="also write the JSON object to this file")
+    bp.set_defaults(func=_bench)
     return ap
+
+
+def _default_sessions() -> list[str]:
+    """The shared sessions beside the checkout, longest first, when present."""
+    d = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions"
+    files = sorted(d.glob("*.json"), key=lambda p: -p.stat().st_size) if d.is_dir() else []
+    return [str(p) for p in files]
+
+
+def _bench(args) -> int:
+    from .bench import run
+    if not args.ids:
+        raise ValueError("--ids: no session files given and none found beside the checkout")
+    res = run(args)
+    for key, value in res.items():
+        print(f"{key:>32}  {value}", file=sys.stderr)
+    line = json.dumps(res)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    print(line)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,199 @@
+"""The read benchmark (issue 5): read rate per context band and grid, per-chunk latency,
+question latency, fork decode, the transformers peer, the dense-GEMM floor, exactness after the
+timed runs, and how far answers move between grids. `shadow-reader bench` and bench/read.py.
+
+Ids come from real sessions (.npz files of bench/session_ids.py, or session JSON files
+tokenised here), concatenated until the longest context. Times are device times (CUDA events)
+on CUDA and wall times on the CPU. Prints a table and, last, one JSON object.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .model import load_model
+from .reader import Reader
+from .router import ROUTER
+
+BANDS = ((0, 8192), (8192, 32768), (32768, 65536), (65536, 102400))
+
+
+class Timer:
+    """Device-accurate timing: CUDA events on CUDA, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end)
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1e3
+
+
+def load_ids(paths: list[str], num_ids: int) -> list[int]:
+    """Concatenated ids of the given sessions (.npz ids or .json sessions), first num_ids."""
+    ids: list[int] = []
+    tok = None
+    for p in paths:
+        if p.endswith(".npz"):
+            ids += np.load(p)["ids"].tolist()
+        else:
+            from .tokenizer import load_tokenizer
+            tok = tok or load_tokenizer()
+            msgs = json.loads(Path(p).read_text())["messages"]
+            text = "\n".join(str(m.get("content") or "") for m in msgs)
+            ids += tok.encode(text)
+        if len(ids) >= num_ids:
+            break
+    if len(ids) < num_ids:
+        raise ValueError(f"the sessions hold {len(ids)} ids, {num_ids} asked for")
+    return ids[:num_ids]
+
+
+def read_rates(reader: Reader, ids: list[int], timer: Timer) -> list[tuple[int, float]]:
+    """(context at the chunk's start, ms) for every chunk of reading ids from 0."""
+    reader.feed("bench", ids, "prompt")
+    out = []
+    while reader.backlog("bench") >= reader.config.grid:
+        c = reader.committed("bench")
+        _, ms = timer(lambda: reader.read("bench", max_chunks=1))
+        out.append((c, ms))
+    return out
+
+
+def band_rates(chunks: list[tuple[int, float]], grid: int) -> dict[str, float]:
+    """ms per 1,000 ids for each context band that has chunks."""
+    out = {}
+    for lo, hi in BANDS:
+        sel = [ms for c, ms in chunks if lo <= c < hi]
+        if sel:
+            out[f"{lo // 1024}k-{hi // 1024}k"] = round(sum(sel) / (len(sel) * grid) * 1000, 2)
+    return out
+
+
+def ask_latency(reader: Reader, ids: list[int], at: int, repeats: int = 5) -> float:
+    """Median ms of the router question with C = at and a 330-id pending tail (the seed's
+    measurement). The session 'ask' grows append-only, so calls go in increasing `at`."""
+    reader.feed("ask", ids[:at + 330], "prompt")
+    reader.read("ask")
+    reader.ask("ask", ROUTER.question, list(ROUTER.choices))               # warm-up
+    return statistics.median(reader.ask("ask", ROUTER.question, list(ROUTER.choices)).ms
+                             for _ in range(repeats))
+
+
+def decode_ms(reader: Reader, num_tokens: int = 32) -> float:
+    """Fork decode ms per token on top of the session 'bench' as it stands."""
+    reader.generate("bench", "Summarize the session.", max_new_tokens=4, stop_ids=())
+    return reader.generate("bench", "Summarize the session.", max_new_tokens=num_tokens,
+                           stop_ids=()).ms_per_token
+
+
+def gemm_floor_ms(model, grid: int, timer: Timer) -> float:
+    """Device time of one chunk's dense projections alone (every nn.Linear of the model on
+    [grid, in_features] inputs, lm_head excluded), in a CUDA graph on CUDA."""
+    linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    xs = [torch.randn(grid, m.in_features, device=model.device, dtype=model.dtype) for m in linears]
+
+    def run():
+        for m, x in zip(linears, xs):
+            m(x)
+    run()
+    if timer.cuda:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        graph.replay()
+        return statistics.median(timer(graph.replay)[1] for _ in range(10))
+    return statistics.median(timer(run)[1] for _ in range(3))
+
+
+def grid_movement(model, ids: list[int], positions: list[int]) -> dict:
+    """Top-letter agreement and max KL(p512 || p2048) of the router question between grids."""
+    r1, r2 = Reader(model, grid=512), Reader(model, grid=2048)
+    for r in (r1, r2):
+        r.feed("g", ids, "prompt")
+    same, kls = 0, []
+    for at in positions:
+        p = torch.tensor(r1.ask("g", ROUTER.question, list(ROUTER.choices), at=at).probs)
+        q = torch.tensor(r2.ask("g", ROUTER.question, list(ROUTER.choices), at=at).probs)
+        same += int(p.argmax() == q.argmax())
+        kls.append(float((p * (p / q).log()).sum()))
+    return {"questions": len(positions), "top_letter_same": same, "kl_max": max(kls)}
+
+
+def versions() -> dict:
+    out = {"torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    for name in ("triton", "fla", "transformers"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception as e:                   # absent on the CPU: reported, not fatal
+            out[name] = f"missing ({type(e).__name__})"
+    out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return out
+
+
+def _part(res: dict, key: str, fn) -> None:
+    """Run one part; a failure is recorded under `key` (and the run goes on to the next part)."""
+    try:
+        res[key] = fn()
+    except Exception as e:                       # a benchmark reports, it does not stop
+        res[key] = f"failed: {type(e).__name__}: {e}"[:500]
+
+
+def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer) -> dict:
+    reader = Reader(model, grid=grid)
+    read_rates(reader, ids[:1024], timer)                                # warm-up
+    reader.drop("bench")
+    chunks = read_rates(reader, ids[:args.max_context], timer)
+    out = {"ms_per_1k": band_rates(chunks, grid),
+           "chunk_ms": {f"{c // 1024}k": round(ms, 2) for c, ms in chunks
+                        if c in (8192, 16384, 32768, 65536, 98304)}}
+    if "exact" in parts:
+        out["exact_after_timed_runs"] = reader.check_exact("bench")
+    if "decode" in parts and grid == args.grids[0]:
+        out["decode_ms_per_token"] = round(decode_ms(reader), 2)
+    return out
+
+
+def run(args) -> dict:
+    """Run the parts named in args.parts; returns the JSON object (also printed by main)."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_model(args.model, device=device)
+    timer = Timer(device)
+    ids = load_ids(args.ids, args.max_context + 1024)
+    parts = set(args.parts.split(","))
+    res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
+           "kernels": model.kernels.name, "max_context": args.max_context, **versions()}
+    if "read" in parts:
+        for grid in args.grids:
+            _part(res, f"read_grid{grid}", lambda: _read_part(model, grid, ids, args, parts, timer))
+    if "ask" in parts:
+        reader = Reader(model, grid=args.grids[0])
+        _part(res, "ask_ms", lambda: {f"{at // 1024}k": round(ask_latency(reader, ids, at), 2)
+                                      for at in sorted(args.ask_at) if at <= args.max_context})
+    if "floor" in parts:
+        _part(res, "gemm_floor_ms_per_chunk",
+              lambda: round(gemm_floor_ms(model, args.grids[0], timer), 3))
+    if "grids" in parts:
+        n = min(args.max_context, 32768)
+        _part(res, "grid_512_vs_2048",
+              lambda: grid_movement(model, ids[:n], [n * k // 8 for k in range(1, 9)]))
+    if "peer" in parts:
+        from .peer import transformers_read_ms_per_1k
+        n = min(args.max_context, 32768)
+        _part(res, "peer_transformers_ms_per_1k", lambda: transformers_read_ms_per_1k(
+            args.model, device, ids[:n], args.grids[0], timer))
+    return res

@@ -1,0 +1,22 @@
+"""The read benchmark runs on the CPU with random:tiny (a smoke test: its figures are for the
+device; here only their presence and the exactness after the timed runs are checked)."""
+import json
+from pathlib import Path
+
+from shadow_reader.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "session.json")
+
+
+def test_bench_smoke(capsys):
+    assert main(["bench", "--model", "random:tiny", "--device", "cpu", "--max-context", "2048",
+                 "--grids", "512,1024", "--ask-at", "1024", "--ids", EXAMPLE,
+                 "--parts", "read,exact,decode,ask,floor,grids"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for grid in (512, 1024):
+        part = res[f"read_grid{grid}"]
+        assert part["exact_after_timed_runs"] is True and part["ms_per_1k"]["0k-8k"] > 0
+    assert res["read_grid512"]["decode_ms_per_token"] > 0
+    assert set(res["ask_ms"]) == {"1k"} and res["gemm_floor_ms_per_chunk"] > 0
+    assert res["grid_512_vs_2048"]["questions"] == 8
+    assert res["gpu"] == "cpu" and res["date"]
