@@ -157,15 +157,17 @@ class Residency:
     # -- reporting ------------------------------------------------------------------------------
     def stats(self, sessions: dict[str, SessionState]) -> dict:
         """Per session: residency ("resident", "disk" or "dropped"), resident bytes, C, backlog,
-        checkpoints, ids; totals against the cap; counts of spills, drops, restores, refusals."""
+        checkpoints, ids, whether it is past max_position_embeddings; totals against the cap; counts of spills, drops, restores, refusals."""
+        max_pos = self.model.cfg.max_position_embeddings
         per = {sid: {"residency": "resident", "bytes": state_bytes(st), "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
-                     "num_ids": len(st.ids)} for sid, st in sessions.items()}
+                     "num_ids": len(st.ids), "beyond_max_positions": len(st.ids) > max_pos}
+               for sid, st in sessions.items()}
         for sid, rec in self.parked.items():
             per[sid] = {"residency": "disk" if rec.path else "dropped", "bytes": 0,
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
-                        "num_ids": len(rec.ids)}
+                        "num_ids": len(rec.ids), "beyond_max_positions": len(rec.ids) > max_pos}
         c = self.counters
         return {"sessions": per,
                 "resident_bytes": sum(v["bytes"] for v in per.values()),

@@ -151,3 +151,19 @@ def test_output_before_prompt_and_empty_prompt(tiny):
         r.feed("s", [], "prompt")
     with pytest.raises(KeyError):
         r.ids("s")
+
+
+def test_sessions_past_max_positions_are_read_and_flagged(tiny_tensors):
+    import dataclasses
+
+    from shadow_reader.model.qwen35 import ModelInfo
+    from shadow_reader.model.weights import build_model
+    from shadow_reader.model.config import PRESETS
+    cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=100)
+    model = build_model(cfg, tiny_tensors, ModelInfo("short", "x", True))
+    r = Reader(model, grid=G, kv_step=128)
+    r.feed("s", _rand(150), "prompt")
+    r.read("s")
+    assert r.committed("s") == 128 and r.check_exact("s")
+    assert r.stats()["sessions"]["s"]["beyond_max_positions"] is True
+    assert r.ask("s", "q", ["a", "b"]).beyond_max_positions is True
