@@ -11,7 +11,6 @@ Prints a table of turns and, last, one JSON object (GPU, dtype, versions, date, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import random
 import time
@@ -19,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from shadow_reader.bench import versions
 from shadow_reader.model.config import PRESETS
 from shadow_reader.model.qwen35 import ModelInfo
 from shadow_reader.model.weights import build_model, fingerprint, random_tensors
@@ -28,18 +28,6 @@ from shadow_reader.state import zero_gdn
 CHOICES = ["chat", "code_edit", "debug", "design_ui", "explain", "plan", "refactor", "review",
            "test"]
 QUESTION = "Which kind of request is the user's latest turn?"
-
-
-def versions() -> dict:
-    out = {"torch": torch.__version__, "date": datetime.date.today().isoformat()}
-    for name in ("triton", "fla", "transformers"):
-        try:
-            out[name] = __import__(name).__version__
-        except Exception as e:              # a missing package is reported, not fatal
-            out[name] = f"missing ({type(e).__name__})"
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
 
 
 def turns(ids: np.ndarray, starts: np.ndarray, roles: np.ndarray):
