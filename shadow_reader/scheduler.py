@@ -1,0 +1,212 @@
+"""When the shadow reads: the idle window and the in-turn ration (DESIGN.md, "The host and the
+bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tensors.
+
+- Idle window: `idle_burst()` is called every `poll_s` by a loop; when the host is idle (no
+  request runs or waits, no open turn) it reads for at most `idle_burst_s`, checking
+  `host_busy()` before every chunk, so a host request waits at most one chunk.
+- In-turn ration: `between_rounds(session)` may use `share` of the time since the host's first
+  token of the turn (not since the turn's start: a long prefill must not earn decode time),
+  minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
+  chunk's cost comes from the cost model. Reading goes by position, so the turn's prompt is read
+  before its output.
+- Which session: one with a pending question whose grid line it has not reached, then the
+  session of the most recent turn, then the others by recency. A question asked at position p is
+  answered when its session's C reaches the grid line at or below p, before C moves past it.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that fits exactly
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """poll_s: idle poll period (s); idle_burst_s: longest idle burst (s); share: the turn's
+    ration as a fraction of the time since its first token; slice_ms: longest ration slice;
+    grid: the reader's chunk length. Defaults are the seed's values."""
+
+    poll_s: float = 0.2
+    idle_burst_s: float = 2.0
+    share: float = 0.02
+    slice_ms: float = 150.0
+    grid: int = 512
+
+    @classmethod
+    def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
+        """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS (also with the
+        prefix QWEN38_); ValueError naming a variable that is not a number."""
+        env = os.environ if env is None else env
+        kw = {}
+        for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
+                          ("share", "SHARE"), ("slice_ms", "SLICE_MS")):
+            for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
+                if env.get(var):
+                    try:
+                        kw[name] = float(env[var])
+                    except ValueError:
+                        raise ValueError(f"{var}={env[var]!r} is not a number") from None
+                    break
+        return cls(grid=grid, **kw)
+
+
+class CostModel:
+    """Estimated ms of the next chunk at a context length: the mean of the last `keep` chunks
+    measured in the same band of `band_tokens`, else `default_ms_per_1k` x grid / 1000."""
+
+    def __init__(self, default_ms_per_1k: float, grid: int, band_tokens: int = 8192,
+                 keep: int = 4):
+        self.default_ms = default_ms_per_1k * grid / 1000
+        self.band_tokens, self.keep = band_tokens, keep
+        self.seen: dict[int, deque] = {}
+
+    def estimate(self, context: int) -> float:
+        seen = self.seen.get(context // self.band_tokens)
+        return sum(seen) / len(seen) if seen else self.default_ms
+
+    def observe(self, context: int, ms: float) -> None:
+        self.seen.setdefault(context // self.band_tokens, deque(maxlen=self.keep)).append(ms)
+
+
+class ReaderPort(Protocol):
+    """What the scheduler needs of a reader (the real one, or a simulation)."""
+
+    def backlog(self, session: str) -> int: ...
+    def committed(self, session: str) -> int: ...
+    def read_chunk(self, session: str) -> float: ...          # one chunk; returns its ms
+    def answer(self, session: str, at: int) -> None: ...      # a pending question is due
+
+
+@dataclass
+class Turn:
+    started_s: float
+    first_token_s: float | None = None
+    used_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Slice:
+    """What one call did: kind ("idle" or "ration"), per session the chunks read, the ms spent,
+    and why it stopped ("budget", "host", "fresh", "ration")."""
+
+    kind: str
+    chunks: tuple[tuple[str, int], ...]
+    ms: float
+    stop: str
+
+
+@dataclass
+class Scheduler:
+    """Decides and runs reading slices; `clock()` returns seconds, `host_busy()` the host's
+    load signal (a request runs or waits, or a lock forbids the GPU)."""
+
+    cfg: SchedulerConfig
+    port: ReaderPort
+    clock: Callable[[], float]
+    host_busy: Callable[[], bool]
+    cost: CostModel
+    turns: dict[str, Turn] = field(default_factory=dict)
+    recency: list[str] = field(default_factory=list)
+    questions: list[tuple[str, int]] = field(default_factory=list)
+
+    # -- host events ----------------------------------------------------------------------------
+    def turn_started(self, session: str) -> None:
+        self.turns[session] = Turn(self.clock())
+        self._touch(session)
+
+    def output(self, session: str) -> None:
+        """The host produced ids; the first call of a turn marks its first token."""
+        turn = self.turns.get(session)
+        if turn is not None and turn.first_token_s is None:
+            turn.first_token_s = self.clock()
+
+    def turn_finished(self, session: str) -> None:
+        self.turns.pop(session, None)
+
+    def add_question(self, session: str, at: int) -> None:
+        """A question at position `at`, answered when C reaches the grid line at or below it."""
+        self.questions.append((session, at))
+        self._answer_due(session)
+
+    def _touch(self, session: str) -> None:
+        if session in self.recency:
+            self.recency.remove(session)
+        self.recency.append(session)
+
+    # -- choosing -------------------------------------------------------------------------------
+    def _line(self, at: int) -> int:
+        return at // self.cfg.grid * self.cfg.grid
+
+    def _answer_due(self, session: str) -> None:
+        c = self.port.committed(session)
+        for q in [q for q in self.questions if q[0] == session and self._line(q[1]) <= c]:
+            self.questions.remove(q)
+            self.port.answer(*q)
+
+    def _readable(self, session: str) -> bool:
+        return self.port.backlog(session) >= self.cfg.grid
+
+    def pick(self) -> str | None:
+        """The next session to read in the idle window, or None when all are fresh."""
+        for session, at in self.questions:
+            if self.port.committed(session) < self._line(at) and self._readable(session):
+                return session
+        for session in reversed(self.recency):
+            if self._readable(session):
+                return session
+        return None
+
+    def _read(self, session: str, spent: list, done: dict) -> None:
+        context = self.port.committed(session)
+        ms = self.port.read_chunk(session)
+        self.cost.observe(context, ms)
+        spent[0] += ms
+        done[session] = done.get(session, 0) + 1
+        self._answer_due(session)
+
+    # -- the two windows ------------------------------------------------------------------------
+    def idle_burst(self) -> Slice | None:
+        """One idle-window burst; None when the host is busy or a turn is open."""
+        if self.turns or self.host_busy():
+            return None
+        start, spent, done = self.clock(), [0.0], {}
+        while True:
+            if self.host_busy():
+                stop = "host"
+                break
+            session = self.pick()
+            if session is None:
+                stop = "fresh"
+                break
+            left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
+            if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
+                stop = "budget"
+                break
+            self._read(session, spent, done)
+        return Slice("idle", tuple(done.items()), spent[0], stop)
+
+    def ration_ms(self, session: str) -> float:
+        """What the turn may still spend: share x ms since its first token, minus used."""
+        turn = self.turns.get(session)
+        if turn is None or turn.first_token_s is None:
+            return 0.0
+        earned = self.cfg.share * (self.clock() - turn.first_token_s) * 1e3
+        return max(0.0, earned - turn.used_ms)
+
+    def between_rounds(self, session: str) -> Slice:
+        """One ration slice for the session of an open turn: whole chunks whose estimated cost
+        fits in min(ration, slice_ms)."""
+        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        spent, done = [0.0], {}
+        stop = "fresh"
+        while self._readable(session):
+            if self.cost.estimate(self.port.committed(session)) > budget - spent[0] + EPS_MS:
+                stop = "ration"
+                break
+            self._read(session, spent, done)
+        if session in self.turns:
+            self.turns[session].used_ms += spent[0]
+        return Slice("ration", tuple(done.items()), spent[0], stop)

@@ -1,0 +1,150 @@
+"""The scheduler on virtual time with a fake reader and a fake host: exact slice plans."""
+import pytest
+
+from shadow_reader.scheduler import CostModel, Scheduler, SchedulerConfig, Slice
+
+G = 512
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeReader:
+    """Sessions as (ids held, C); a chunk costs `chunk_ms` of virtual time."""
+
+    def __init__(self, clock, chunk_ms=5.0):
+        self.clock, self.chunk_ms = clock, chunk_ms
+        self.ids, self.c, self.answers = {}, {}, []
+
+    def add(self, session, n):
+        self.ids[session] = self.ids.get(session, 0) + n
+        self.c.setdefault(session, 0)
+
+    def backlog(self, s):
+        return self.ids[s] - self.c[s]
+
+    def committed(self, s):
+        return self.c[s]
+
+    def read_chunk(self, s):
+        assert self.backlog(s) >= G
+        self.c[s] += G
+        self.clock.t += self.chunk_ms / 1e3
+        return self.chunk_ms
+
+    def answer(self, s, at):
+        self.answers.append((s, at, self.c[s]))
+
+
+def make(chunk_ms=5.0, busy=lambda: False, **cfg):
+    clock = FakeClock()
+    reader = FakeReader(clock, chunk_ms)
+    sched = Scheduler(SchedulerConfig(**cfg), reader, clock, busy, CostModel(chunk_ms * 2, G))
+    return sched, reader, clock
+
+
+def test_share_counts_from_the_first_token_not_the_turn_start():
+    sched, reader, clock = make()
+    reader.add("s", 40 * G)
+    sched.turn_started("s")
+    clock.t = 17.0                                   # a 17 s prefill earns nothing
+    sched.output("s")
+    assert sched.between_rounds("s") == Slice("ration", (), 0.0, "ration")
+    clock.t = 17.5                                   # 2 % of 0.5 s = 10 ms: two 5 ms chunks
+    assert sched.between_rounds("s") == Slice("ration", (("s", 2),), 10.0, "ration")
+    assert sched.ration_ms("s") == pytest.approx(0.2)   # the 10 ms it read earned 0.2 ms
+    clock.t = 47.5                                   # 2 % of 30 s = 600 ms earned, slice cap 150
+    assert sched.between_rounds("s") == Slice("ration", (("s", 30),), 150.0, "ration")
+
+
+def test_idle_burst_reads_newest_turn_first_then_by_recency():
+    sched, reader, clock = make(chunk_ms=100.0, idle_burst_s=1.0)
+    for s, n in (("old", 3 * G), ("new", 4 * G)):
+        reader.add(s, n)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    burst = sched.idle_burst()
+    assert burst == Slice("idle", (("new", 4), ("old", 3)), 700.0, "fresh")
+    reader.add("old", 20 * G)
+    burst = sched.idle_burst()                       # 1 s at 100 ms a chunk: 10 chunks
+    assert burst == Slice("idle", (("old", 10),), 1000.0, "budget")
+
+
+def test_a_host_request_mid_burst_stops_it_before_the_next_chunk():
+    arrived = []                                     # a request arrives after the third chunk
+    sched, reader, clock = make(busy=lambda: bool(arrived))
+    reader.add("s", 10 * G)
+    sched.turn_started("s")
+    sched.turn_finished("s")
+    real_read = reader.read_chunk
+
+    def read_then_request(s):
+        ms = real_read(s)
+        if reader.c[s] == 3 * G:
+            arrived.append(clock.t)
+        return ms
+    reader.read_chunk = read_then_request
+    burst = sched.idle_burst()
+    assert burst.stop == "host" and burst.chunks == (("s", 3),)
+
+
+def test_no_idle_reading_while_busy_or_a_turn_is_open():
+    busy = [True]
+    sched, reader, clock = make(busy=lambda: busy[0])
+    reader.add("s", 4 * G)
+    sched.turn_started("s")
+    assert sched.idle_burst() is None                # busy
+    busy[0] = False
+    assert sched.idle_burst() is None                # the turn is still open
+    sched.turn_finished("s")
+    assert sched.idle_burst().chunks == (("s", 4),)
+
+
+def test_back_to_back_requests_leave_only_the_ration():
+    busy = [False]
+    sched, reader, clock = make(busy=lambda: busy[0])
+    reader.add("s", 100 * G)
+    for turn in range(3):                            # requests back to back: never idle
+        sched.turn_started("s")
+        busy[0] = True
+        clock.t += 1.0
+        sched.output("s")
+        clock.t += 10.0
+        sched.between_rounds("s")                    # 2 % of 10 s = 200 ms, capped at 150
+        sched.turn_finished("s")
+        assert sched.idle_burst() is None
+    assert reader.committed("s") == 3 * 30 * G       # one 150 ms slice of 5 ms chunks a turn
+
+
+def test_question_with_an_insertion_point_is_answered_at_its_grid_line():
+    sched, reader, clock = make()
+    for s in "ab":                                   # b is the most recent turn...
+        reader.add(s, 10 * G)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    sched.add_question("a", 3 * G + 100)             # ...but a's question comes first
+    burst = sched.idle_burst()
+    assert reader.answers == [("a", 3 * G + 100, 3 * G)]   # answered at line 3G, not past it
+    assert burst.chunks == (("a", 10), ("b", 10)) and burst.stop == "fresh"   # a 3, b 10, a 7
+    sched.add_question("b", 5)                       # below C now: answered at once
+    assert reader.answers[-1] == ("b", 5, 10 * G)
+
+
+def test_cost_model_uses_recent_chunks_of_similar_context():
+    cost = CostModel(100.0, G, band_tokens=8192, keep=2)
+    assert cost.estimate(1000) == 51.2
+    for ms in (10, 20, 30):
+        cost.observe(1000, ms)
+    assert cost.estimate(5000) == 25.0 and cost.estimate(9000) == 51.2
+
+
+def test_config_from_env():
+    cfg = SchedulerConfig.from_env({"SHADOW_SHARE": "0.05", "QWEN38_SHADOW_SLICE_MS": "80"})
+    assert (cfg.share, cfg.slice_ms, cfg.poll_s, cfg.idle_burst_s) == (0.05, 80.0, 0.2, 2.0)
+    with pytest.raises(ValueError, match="SHADOW_POLL_S"):
+        SchedulerConfig.from_env({"SHADOW_POLL_S": "fast"})
