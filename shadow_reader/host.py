@@ -1,0 +1,118 @@
+"""The in-process host interface: a serving engine tells the shadow what happens, and the
+shadow reads in the idle window and in its ration between the host's decode rounds.
+
+    host = Host(reader, host_busy=engine.has_work)      # host_busy: a request runs or waits
+    host.start_idle_loop()                              # a thread polling every poll_s
+    host.turn_started(session, prompt_ids)              # a new request's whole prompt
+    host.output(session, new_ids)                       # the first call marks the first token
+    host.between_rounds(session)                        # on the host's thread, between rounds
+    host.turn_finished(session)
+
+One lock serialises the reader between the host's thread and the idle loop, so nothing of the
+shadow runs beside the host's decode; the device is synchronised before and after each slice.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .reader import FeedResult, Reader
+from .scheduler import CostModel, Scheduler, SchedulerConfig, Slice
+from .step import sync
+
+DEFAULT_MS_PER_1K = 100.0     # eager read rate measured on the H200 (BENCHMARKS.md) until learnt
+
+
+class _Port:
+    """The reader as the scheduler's ReaderPort."""
+
+    def __init__(self, reader: Reader, on_question: Callable[[str, int], None]):
+        self.reader, self.on_question = reader, on_question
+
+    def backlog(self, session: str) -> int:
+        return self.reader.backlog(session)
+
+    def committed(self, session: str) -> int:
+        return self.reader.committed(session)
+
+    def read_chunk(self, session: str) -> float:
+        return self.reader.read(session, max_chunks=1).ms
+
+    def answer(self, session: str, at: int) -> None:
+        self.on_question(session, at)
+
+
+class Host:
+    """Args: reader; host_busy (callable: True while a host request runs or waits, or a lock
+    forbids the GPU); cfg (SchedulerConfig, default from SHADOW_* variables); clock (seconds);
+    on_question(session, at): called when a question registered with `question_at` is due."""
+
+    def __init__(self, reader: Reader, host_busy: Callable[[], bool] = lambda: False,
+                 cfg: SchedulerConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_question: Callable[[str, int], None] | None = None):
+        cfg = cfg or SchedulerConfig.from_env(grid=reader.config.grid)
+        self.reader = reader
+        self.lock = threading.RLock()
+        self.profiles: dict[str, dict] = {}
+        port = _Port(reader, on_question or (lambda s, at: None))
+        self.scheduler = Scheduler(cfg, port, clock, host_busy,
+                                   CostModel(DEFAULT_MS_PER_1K, reader.config.grid))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def turn_started(self, session: str, prompt_ids, profile: str | None = None,
+                     router_label: str | None = None) -> FeedResult:
+        """A new turn: its whole prompt as served. Raises as Reader.feed (nothing changes)."""
+        with self.lock:
+            result = self.reader.feed(session, prompt_ids, "prompt")
+            self.profiles[session] = {"profile": profile, "router_label": router_label}
+            self.scheduler.turn_started(session)
+            return result
+
+    def output(self, session: str, new_ids) -> FeedResult:
+        """Ids the host produced since its last call; the first call marks the first token."""
+        with self.lock:
+            result = self.reader.feed(session, new_ids, "output")
+            self.scheduler.output(session)
+            return result
+
+    def between_rounds(self, session: str) -> Slice:
+        """The shadow's ration slice, on the host's thread, between two decode rounds."""
+        with self.lock:
+            sync(self.reader.model.device)
+            out = self.scheduler.between_rounds(session)
+            sync(self.reader.model.device)
+            return out
+
+    def turn_finished(self, session: str) -> None:
+        with self.lock:
+            self.scheduler.turn_finished(session)
+
+    def question_at(self, session: str, at: int) -> None:
+        """Register a question at position `at`; on_question fires when C reaches its line."""
+        with self.lock:
+            self.scheduler.add_question(session, at)
+
+    def idle_once(self) -> Slice | None:
+        """One poll of the idle window (what the loop runs every poll_s)."""
+        with self.lock:
+            return self.scheduler.idle_burst()
+
+    def start_idle_loop(self) -> None:
+        """Poll the idle window every poll_s on a daemon thread until `stop_idle_loop`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="shadow-idle", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.scheduler.cfg.poll_s):
+            self.idle_once()
+
+    def stop_idle_loop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

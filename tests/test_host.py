@@ -1,0 +1,56 @@
+"""The in-process host interface over the real reader (random:tiny) on a virtual clock."""
+import random
+import time
+
+from shadow_reader.host import Host
+from shadow_reader.reader import Reader
+from shadow_reader.scheduler import SchedulerConfig
+
+G = 64
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _rand(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+def test_a_turn_read_in_ration_then_idle(tiny):
+    clock, busy, due = Clock(), [True], []
+    host = Host(Reader(tiny, grid=G), host_busy=lambda: busy[0],
+                cfg=SchedulerConfig(grid=G, share=0.5, slice_ms=1e6), clock=clock,
+                on_question=lambda s, at: due.append((s, at)))
+    prompt = _rand(10 * G + 5, 0)
+    host.turn_started("s", prompt)
+    host.question_at("s", 4 * G + 3)
+    assert host.between_rounds("s").chunks == ()        # no first token yet: no ration
+    host.output("s", _rand(3, 1))
+    clock.t = 1000.0                                    # a long decode earns a large ration
+    sl = host.between_rounds("s")
+    assert sl.kind == "ration" and sl.chunks == (("s", 10),)
+    assert due == [("s", 4 * G + 3)]                    # answered at its grid line on the way
+    host.output("s", _rand(2 * G, 2))
+    assert host.idle_once() is None                     # busy, and the turn is open
+    host.turn_finished("s")
+    busy[0] = False
+    assert host.idle_once().chunks == (("s", 2),)
+    assert host.reader.backlog("s") < G and host.reader.check_exact("s")
+
+
+def test_idle_loop_thread_reads_and_stops(tiny):
+    host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, poll_s=0.01))
+    host.turn_started("s", _rand(3 * G, 3))
+    host.turn_finished("s")
+    host.start_idle_loop()
+    deadline = time.monotonic() + 30
+    while host.reader.committed("s") < 3 * G and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host.stop_idle_loop()
+    assert host.reader.committed("s") == 3 * G and host.reader.check_exact("s")
