@@ -3,6 +3,7 @@
 Commands:
   replay   replay a recorded agent session turn by turn through the reader
   bench    the read benchmark
+  fresh    how fresh the shadow stays on recorded request timelines
 """
 from __future__ import annotations
 
@@ -116,7 +117,38 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated parts to run")
     bp.add_argument("--out", help="also write the JSON object to this file")
     bp.set_defaults(func=_bench)
+    fp = sub.add_parser("fresh", help="replay request timelines through the scheduler on "
+                        "virtual time: how fresh the shadow stays, and what it costs the host")
+    fp.add_argument("timelines", nargs="+", help="timeline JSON files (shared/data/timelines)")
+    cost = fp.add_mutually_exclusive_group()
+    cost.add_argument("--read-ms-per-1k", type=float, default=None,
+                      help=f"read cost (default {DEFAULT_READ_MS_PER_1K}: the eager H200 figure)")
+    cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands)")
+    fp.add_argument("--grid", type=int, default=512)
+    fp.set_defaults(func=_fresh)
     return ap
+
+
+DEFAULT_READ_MS_PER_1K = 100.0      # BENCHMARKS.md, eager baseline, grid 512, 0-32k
+
+
+def _fresh(args) -> int:
+    from .fresh import cost_from_bench, fresh_report
+    from .scheduler import SchedulerConfig
+    if args.cost_model:
+        name, ms_per_1k = cost_from_bench(args.cost_model)
+    else:
+        rate = args.read_ms_per_1k or DEFAULT_READ_MS_PER_1K
+        name, ms_per_1k = f"{rate} ms per 1,000 ids", (lambda c: rate)
+    cfg = SchedulerConfig.from_env(grid=args.grid)
+    res = fresh_report(args.timelines, cfg, name, ms_per_1k)
+    print("token counts are the timelines' own (other tokenizers), used as they are",
+          file=sys.stderr)
+    for arm in ("idle", "idle_ration"):
+        print(f"{arm:>12}: " + ", ".join(f"{k} {v}" for k, v in res[arm].items()),
+              file=sys.stderr)
+    print(json.dumps(res))
+    return 0
 
 
 def _default_sessions() -> list[str]:

@@ -1,0 +1,60 @@
+"""The fresh tool: a scripted timeline worked out by hand, and every shared timeline."""
+import json
+from pathlib import Path
+
+import pytest
+
+from shadow_reader.cli import main
+from shadow_reader.fresh import fresh_report, load_timeline, percentile, simulate
+from shadow_reader.scheduler import SchedulerConfig
+
+T0 = 1767225600.0            # 2026-01-01T00:00:00Z
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "timelines"
+
+
+def _iso(s):
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(T0 + s, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _timeline(tmp_path):
+    reqs = [{"request_start": _iso(0), "first_token": _iso(1), "request_end": _iso(11),
+             "prompt_tokens": 4096, "output_tokens": 0},
+            {"request_start": _iso(11.05), "first_token": _iso(12.05), "request_end": _iso(13.05),
+             "prompt_tokens": 4608, "output_tokens": 0}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"sessions": [{"session_id": "s", "requests": reqs}]}))
+    return path
+
+
+def test_scripted_timeline_by_hand(tmp_path):
+    """10 ms per 1,000 ids: a 512-id chunk costs 5.12 ms. Idle alone: the 0.05 s gap before
+    the second request is shorter than a poll, so its 4,096 held ids are all behind. With the
+    ration, 2 % of the first decode pays for the 8 chunks (40.96 ms) after 2.05 s; the second
+    turn's chunk (5.12 ms) after 0.3 s of its decode: 46.08 ms over 11 s of decode."""
+    reqs = load_timeline(_timeline(tmp_path))
+    cfg = SchedulerConfig()
+    idle = simulate(reqs, cfg, lambda c: 10.0, ration=False)
+    assert (idle["fresh_share"], idle["backlog_p50"], idle["backlog_p90"]) == (0.5, 0, 4096)
+    both = simulate(reqs, cfg, lambda c: 10.0, ration=True)
+    assert (both["fresh_share"], both["backlog_p50"], both["backlog_p90"]) == (1.0, 0, 0)
+    assert both["host_share"] == pytest.approx(46.08 / 11000)
+    report = fresh_report([str(_timeline(tmp_path))], cfg, "10 ms per 1k", lambda c: 10.0)
+    assert report["idle"] == {"fresh_share": 0.5, "backlog_p50": 0, "backlog_p90": 4096}
+    assert report["idle_ration"]["host_share"] == round(46.08 / 11000, 5)
+    assert report["turns"] == 2
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 0.5) == 0
+    assert percentile([5, 1, 3], 0.5) == 3 and percentile([0, 4096], 0.9) == 4096
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="no shared timelines")
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shared_timeline(path, capsys):
+    assert main(["fresh", str(path), "--read-ms-per-1k", "100"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["turns"] > 0
+    assert res["idle_ration"]["fresh_share"] >= res["idle"]["fresh_share"]
+    assert 0 <= res["idle_ration"]["host_share"] <= 0.02 + 1e-9
