@@ -153,8 +153,9 @@ def _part(res: dict, key: str, fn) -> None:
         res[key] = f"failed: {type(e).__name__}: {e}"[:500]
 
 
-def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer) -> dict:
-    reader = Reader(model, grid=grid)
+def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
+               graphs: bool = False) -> dict:
+    reader = Reader(model, grid=grid, cuda_graphs=graphs)     # the eager path unless graphs
     read_rates(reader, ids[:1024], timer)                                # warm-up
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
@@ -180,6 +181,10 @@ def run(args) -> dict:
     if "read" in parts:
         for grid in args.grids:
             _part(res, f"read_grid{grid}", lambda: _read_part(model, grid, ids, args, parts, timer))
+    if "graphs" in parts:                   # whole chunks through CUDA graphs, exactness included
+        g = args.grids[0]
+        _part(res, f"read_grid{g}_cuda_graphs",
+              lambda: _read_part(model, g, ids, args, parts | {"exact"}, timer, graphs=True))
     if "ask" in parts:
         reader = Reader(model, grid=args.grids[0])
         _part(res, "ask_ms", lambda: {f"{at // 1024}k": round(ask_latency(reader, ids, at), 2)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checkpoints, exact, fork, questions, store, validate
+from .model.graphs import ChunkGraphs
 from .model.qwen35 import Qwen35
 from .residency import Residency, StoreConfig
 from .state import SessionState, check_layout, clone_gdn, new_state, state_bytes, zero_gdn
@@ -51,14 +52,20 @@ class Reader:
     shadow_reader.tokenizer.load_tokenizer(), loaded on the first text question);
     resident_bytes (cap on resident session bytes, 4 GiB); disk_dir (where sessions past the
     cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
-    folder, None: none); disk_ttl_s (files older than this are deleted, 48 h).
+    folder, None: none); disk_ttl_s (files older than this are deleted, 48 h); cuda_graphs
+    (read whole chunks through model.graphs.ChunkGraphs; default: on CUDA; on the CPU its
+    segments run without graphs).
     Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
-                 disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600):
+                 disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
+                 cuda_graphs: bool | None = None):
         self.model = model
+        if cuda_graphs is None:                 # on by default on CUDA: exact and ~6x faster
+            cuda_graphs = model.device.type == "cuda"
+        self._graphs = ChunkGraphs(model, grid) if cuda_graphs else None
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
         self._tokenizer = tokenizer
@@ -193,7 +200,7 @@ class Reader:
         for name in names:
             st = self._get(name)
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
-                read_chunk(self.model, self.config, st)
+                read_chunk(self.model, self.config, st, self._graphs)
                 n += 1
             self._settle(name)
         sync(self.model.device)

@@ -36,14 +36,16 @@ def ids_tensor(ids: list[int], device) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def read_chunk(model: Qwen35, rcfg: ReaderConfig, st: SessionState) -> None:
-    """Advance C by one grid chunk: forward ids[C:C+G] at C, commit the GDN states, and take the
+def read_chunk(model: Qwen35, rcfg: ReaderConfig, st: SessionState, graphs=None) -> None:
+    """Advance C by one grid chunk: forward ids[C:C+G] at C (through `graphs`, a
+    model.graphs.ChunkGraphs for T = G, when given), commit the GDN states, and take the
     checkpoint due at the new C. Requires a backlog of at least G. KV rows above C are written
     first; C and the GDN states change only after the forward returned."""
     c, g = st.committed, rcfg.grid
     assert st.backlog >= g, "read_chunk needs a whole chunk of backlog"
     ensure_capacity(st, model.cfg, c + g, rcfg.kv_step)
-    _, gdn = model(ids_tensor(st.ids[c:c + g], model.device), c, st.kv, st.gdn)
+    forward = graphs.run if graphs is not None else model
+    _, gdn = forward(ids_tensor(st.ids[c:c + g], model.device), c, st.kv, st.gdn)
     st.gdn = gdn
     st.committed = c + g
     if st.committed in st.pending_lines:

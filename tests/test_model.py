@@ -80,3 +80,26 @@ def test_conv_with_carried_state_equals_whole():
     yb, sb = ref.causal_conv1d(x[2:], w, sa)
     assert torch.allclose(torch.cat([ya, yb]), y, atol=1e-6) and torch.equal(sb, s)
     assert torch.equal(s, x[-4:].t())               # the state is the last W raw inputs
+
+
+def test_graph_segments_equal_the_eager_forward_bitwise(tiny):
+    """The CUDA-graph runner's split of the forward (run without graphs on the CPU) gives the
+    eager forward's bits: hidden, KV rows and GDN states."""
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.reader import Reader
+    cfg, t = tiny.cfg, 64
+    ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for fn in (tiny, ChunkGraphs(tiny, t).run):
+        kv, gdn = _empty_kv(cfg, 3 * t), zero_gdn(cfg, "cpu", torch.float32)
+        for pos in range(0, 3 * t, t):
+            h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
+        runs.append((h, kv, gdn))
+    (h1, kv1, g1), (h2, kv2, g2) = runs
+    assert torch.equal(h1, h2)
+    assert all(torch.equal(a, b) for p, q in zip(kv1, kv2) for a, b in zip(p, q))
+    assert all(torch.equal(a, b) for p, q in zip(g1, g2) for a, b in zip(p, q))
+    r = Reader(tiny, grid=t, cuda_graphs=True)
+    r.feed("s", ids.tolist(), "prompt")
+    r.read("s")
+    assert r.committed("s") == 3 * t and r.check_exact("s")

@@ -97,31 +97,44 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
-        """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
-        cap >= pos + T. Writes rows [pos, pos + T) of both buffers, attends over rows
-        [0, pos + T) (causal, bottom-right aligned) and returns [T, hidden].
-
-        Rows sliced from the buffer's front are contiguous whatever its capacity, so the kernel
-        sees the same strides for the same (pos, T): results never depend on capacity.
-        """
+    def project(self, x: torch.Tensor, rope):
+        """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
+        v [T, Hkv, D], gate [T, H * D]."""
         cfg, t = self.cfg, x.shape[0]
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qg = self.q_proj(x).view(t, h, 2 * d)            # per head: [query 256 | gate 256]
         q, gate = qg[..., :d], qg[..., d:].reshape(t, h * d)
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(self.k_proj(x).view(t, hkv, d)), *rope)
+        return q, k, self.v_proj(x).view(t, hkv, d), gate
+
+    def attend(self, q, k, v, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
+        """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf [cap, Hkv, D] and
+        attend q [T, H, D] over rows [0, pos + T) (causal, bottom-right aligned): [T, H * D].
+
+        Rows sliced from the buffer's front are contiguous whatever its capacity, so the kernel
+        sees the same strides for the same (pos, T): results never depend on capacity."""
+        t, h = q.shape[0], q.shape[1]
         end = pos + t
         k_buf[pos:end] = k
-        v_buf[pos:end] = self.v_proj(x).view(t, hkv, d)
+        v_buf[pos:end] = v
         keys = k_buf[:end].permute(1, 0, 2)[None]         # [1, Hkv, end, D]
         values = v_buf[:end].permute(1, 0, 2)[None]
-        with sdpa_kernel(sdpa_backends(x.device, x.dtype)):
+        with sdpa_kernel(sdpa_backends(q.device, q.dtype)):
             o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values,
                                                attn_mask=causal_lower_right(t, end),
-                                               enable_gqa=hkv != h)
-        o = o[0].permute(1, 0, 2).reshape(t, h * d)
+                                               enable_gqa=k.shape[1] != h)
+        return o[0].permute(1, 0, 2).reshape(t, -1)
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """o [T, H * D] gated by sigmoid(gate) -> o_proj -> [T, hidden]."""
         return self.o_proj(o * torch.sigmoid(gate))
+
+    def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
+        """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
+        cap >= pos + T. Writes KV rows [pos, pos + T), returns [T, hidden] (see `attend`)."""
+        q, k, v, gate = self.project(x, rope)
+        return self.output(self.attend(q, k, v, pos, k_buf, v_buf), gate)
 
 
 class GatedDeltaNet(nn.Module):
