@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"read cost (default {DEFAULT_READ_MS_PER_1K}: the eager H200 figure)")
     cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands)")
     fp.add_argument("--grid", type=int, default=512)
+    fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
+    fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
     fp.set_defaults(func=_fresh)
     return ap
 
@@ -142,6 +144,11 @@ def _fresh(args) -> int:
         name, ms_per_1k = f"{rate} ms per 1,000 ids", (lambda c: rate)
     cfg = SchedulerConfig.from_env(grid=args.grid)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)
+    if args.plot:
+        from .fresh import load_timeline, plot_backlog
+        shown = plot_backlog(load_timeline(args.timelines[0]), cfg, ms_per_1k, args.session,
+                             args.plot)
+        print(f"plot of session {shown} written to {args.plot}", file=sys.stderr)
     print("token counts are the timelines' own (other tokenizers), used as they are",
           file=sys.stderr)
     for arm in ("idle", "idle_ration"):

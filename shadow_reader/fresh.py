@@ -220,3 +220,31 @@ def fresh_report(paths: list[str], cfg: SchedulerConfig, cost_name: str, ms_per_
     out["turns"] = len(arms["idle"])
     out["cost_model"] = cost_name
     return out
+
+
+def plot_backlog(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, session: str | None,
+                 path) -> str:
+    """PNG of one session's backlog at each turn start over time, both arms (matplotlib, the
+    `plot` extra). `session`: None for the session with the most turns. Returns its id."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    counts: dict[str, int] = {}
+    for r in requests:
+        counts[r.session] = counts.get(r.session, 0) + 1
+    session = session or max(counts, key=counts.get)
+    if session not in counts:
+        raise ValueError(f"no session {session!r} in the timeline")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for ration, label in ((False, "idle window"), (True, "idle + ration")):
+        trace = simulate(requests, cfg, ms_per_1k, ration)["trace"]
+        pts = [(t, b) for s, t, b in trace if s == session]
+        t0 = pts[0][0]
+        ax.step([(t - t0) / 60 for t, _ in pts], [b for _, b in pts], where="post", label=label)
+    ax.axhline(cfg.grid, color="grey", linestyle=":", label=f"fresh (< {cfg.grid} ids)")
+    ax.set(xlabel="minutes", ylabel="backlog at turn start (ids)", title=f"session {session}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return session

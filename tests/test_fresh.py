@@ -58,3 +58,11 @@ def test_every_shared_timeline(path, capsys):
     assert res["turns"] > 0
     assert res["idle_ration"]["fresh_share"] >= res["idle"]["fresh_share"]
     assert 0 <= res["idle_ration"]["host_share"] <= 0.02 + 1e-9
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "backlog.png"
+    assert main(["fresh", str(_timeline(tmp_path)), "--read-ms-per-1k", "10",
+                 "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
