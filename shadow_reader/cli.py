@@ -4,6 +4,7 @@ Commands:
   replay   replay a recorded agent session turn by turn through the reader
   bench    the read benchmark
   fresh    how fresh the shadow stays on recorded request timelines
+  serve    the HTTP service for hosts in another process
 """
 from __future__ import annotations
 
@@ -128,7 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
     fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
     fp.set_defaults(func=_fresh)
+    sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)")
+    sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
+    sp.add_argument("--device", choices=["cpu", "cuda"])
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--api-key", help="require this bearer key on every route but /healthz")
+    sp.add_argument("--grid", type=int)
+    sp.set_defaults(func=_serve)
     return ap
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from .config import ServiceConfig
+    from .server.app import create_app
+    cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
+                                                  api_key=args.api_key, grid=args.grid)
+    app = create_app(cfg)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
 
 
 DEFAULT_READ_MS_PER_1K = 100.0      # BENCHMARKS.md, eager baseline, grid 512, 0-32k

@@ -71,6 +71,7 @@ class Reader:
         self._tokenizer = tokenizer
         self._sessions: dict[str, SessionState] = {}
         self._clock = 0
+        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self._residency = Residency(self.store_config, model, grid, kv_step, self._identity())
 
     def _identity(self) -> store.FileIdentity:
@@ -204,7 +205,11 @@ class Reader:
                 n += 1
             self._settle(name)
         sync(self.model.device)
-        return ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
+        result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
+        self.totals["num_read_tokens"] += result.num_read_tokens
+        self.totals["num_chunks"] += n
+        self.totals["read_ms"] += result.ms
+        return result
 
     # -- questions ------------------------------------------------------------------------------
     def _tok(self):

@@ -1,0 +1,75 @@
+"""Service configuration: environment variables read in one place, into a frozen dataclass.
+
+SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW_DIR (journal
+and state), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK ("auto" = a cache folder
+under the home directory, "off", or a path), SHADOW_DISK_GB, SHADOW_API_KEY, SHADOW_MAX_BODY_MB;
+the scheduler's SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS. Every name is
+also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI flags override.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .scheduler import SchedulerConfig
+
+
+def _get(env, key: str) -> str | None:
+    for name in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
+        if env.get(name):
+            return env[name]
+    return None
+
+
+def _num(env, key: str, default, kind=float):
+    raw = _get(env, key)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"SHADOW_{key}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
+    cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
+    disk_gb (None: no cap); api_key (None: no key); max_body_bytes; max_ids (per request);
+    scheduler."""
+
+    model: str = ""
+    device: str = ""
+    state_dir: Path = Path.home() / ".shadow-reader"
+    resident_gb: float = 4.0
+    grid: int = 512
+    disk_dir: Path | None = None
+    disk_gb: float | None = None
+    api_key: str | None = None
+    max_body_bytes: int = 64 * 2**20
+    max_ids: int = 4 * 2**20
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @classmethod
+    def from_env(cls, env=None) -> "ServiceConfig":
+        """Read the variables above; ValueError naming a variable that does not parse."""
+        env = os.environ if env is None else env
+        state_dir = Path(_get(env, "DIR") or Path.home() / ".shadow-reader").expanduser()
+        disk = (_get(env, "DISK") or "off").strip()
+        disk_dir = {"off": None, "auto": Path.home() / ".cache" / "shadow-reader"}.get(
+            disk, Path(disk).expanduser())
+        grid = int(_num(env, "GRID", 512, int))
+        return cls(model=_get(env, "MODEL") or "", device=_get(env, "DEVICE") or "",
+                   state_dir=state_dir, resident_gb=_num(env, "GB", 4.0),
+                   grid=grid, disk_dir=disk_dir, disk_gb=_num(env, "DISK_GB", None),
+                   api_key=_get(env, "API_KEY"),
+                   max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
+                   scheduler=SchedulerConfig.from_env(env, grid=grid))
+
+    def with_overrides(self, **kw) -> "ServiceConfig":
+        """A copy with the CLI flags that were given (None values are ignored)."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "grid" in kw:
+            kw["scheduler"] = replace(self.scheduler, grid=kw["grid"])
+        return replace(self, **kw)

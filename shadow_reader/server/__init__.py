@@ -1,0 +1,1 @@
+"""The HTTP service: `shadow-reader serve` (FastAPI + uvicorn)."""

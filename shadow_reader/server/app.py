@@ -1,0 +1,181 @@
+"""The HTTP API (FastAPI): host events, questions, status and metrics.
+
+Safe by default: binds 127.0.0.1 (cli), a bearer key when configured on every route but
+/healthz, bodies over max_body_bytes -> 413, id lists over max_ids -> 413, session ids in paths
+must match [A-Za-z0-9._:-]{1,128} (400), unknown sessions -> 404, bad values -> 400 or 422
+naming the field, a question while the model loads -> 503 with Retry-After, an ask with `wait`
+that times out -> 504 with the backlog.
+"""
+from __future__ import annotations
+
+import re
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import generate_latest
+
+from ..chat import Renderer
+from ..config import ServiceConfig
+from . import schemas
+from .service import NotReady, Service
+
+SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def create_app(cfg: ServiceConfig) -> FastAPI:
+    """The app; the model starts loading when the app starts (status shows the progress)."""
+    svc = Service(cfg)
+    renderer = Renderer.from_model_dir(None)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        svc.start()
+        yield
+        svc.close()
+
+    app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan)
+    app.state.service = svc
+
+    @app.middleware("http")
+    async def limits(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > cfg.max_body_bytes:
+            return JSONResponse({"detail": f"body over {cfg.max_body_bytes} bytes"}, 413)
+        if cfg.api_key and request.url.path != "/healthz":
+            if request.headers.get("authorization") != f"Bearer {cfg.api_key}":
+                return JSONResponse({"detail": "missing or wrong API key (Bearer)"}, 401)
+        return await call_next(request)
+
+    @app.exception_handler(NotReady)
+    async def not_ready(request, exc):
+        return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
+                            headers={"Retry-After": "5"})
+
+    @app.exception_handler(KeyError)
+    async def unknown(request, exc):
+        return JSONResponse({"detail": str(exc.args[0]) if exc.args else "unknown"}, 404)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request, exc):
+        return JSONResponse({"detail": str(exc)}, 400)
+
+    def session_id(sid: str) -> str:
+        if not SESSION_RE.fullmatch(sid):
+            raise HTTPException(400, "session id must match [A-Za-z0-9._:-]{1,128}")
+        return sid
+
+    def check_ids(ids: list[int], field: str) -> list[int]:
+        if len(ids) > cfg.max_ids:
+            raise HTTPException(413, f"{field}: {len(ids)} ids, at most {cfg.max_ids}")
+        return ids
+
+    def feed_out(host, sid, res) -> schemas.FeedOut:
+        return schemas.FeedOut(first_difference=res.first_difference,
+                               rolled_back_from=res.rolled_back_from,
+                               rolled_back_to=res.rolled_back_to, backlog=res.backlog,
+                               committed=host.reader.committed(sid),
+                               num_ids=len(host.reader.ids(sid)))
+
+    @app.post("/v1/shadow/sessions/{sid}/turn", response_model=schemas.FeedOut)
+    def turn(body: schemas.TurnIn, sid: str = Depends(session_id)):
+        host = svc.require()
+        if body.messages is not None:
+            text = renderer.render(body.messages, body.tools, add_generation_prompt=True)
+            ids = svc.tokenizer.encode(text)
+        else:
+            ids = body.prompt_ids
+        res = host.turn_started(sid, check_ids(ids, "prompt_ids"), body.profile,
+                                body.router_label)
+        return feed_out(host, sid, res)
+
+    @app.post("/v1/shadow/sessions/{sid}/output", response_model=schemas.FeedOut)
+    def output(body: schemas.OutputIn, sid: str = Depends(session_id)):
+        host = svc.require()
+        return feed_out(host, sid, host.output(sid, check_ids(body.ids, "ids")))
+
+    @app.post("/v1/shadow/sessions/{sid}/round", response_model=schemas.SliceOut)
+    def between_rounds(sid: str = Depends(session_id)):
+        host = svc.require()
+        host.reader.committed(sid)                    # 404 for an unknown session
+        sl = host.between_rounds(sid)
+        return schemas.SliceOut(kind=sl.kind, chunks=sum(n for _, n in sl.chunks), ms=sl.ms,
+                                stop=sl.stop)
+
+    @app.post("/v1/shadow/sessions/{sid}/end")
+    def end(sid: str = Depends(session_id)):
+        host = svc.require()
+        host.reader.committed(sid)
+        host.turn_finished(sid)
+        return {"ended": sid}
+
+    @app.delete("/v1/shadow/sessions/{sid}")
+    def delete(sid: str = Depends(session_id)):
+        host = svc.require()
+        with host.lock:
+            host.turn_finished(sid)
+            host.reader.drop(sid)
+        return {"deleted": sid}
+
+    @app.post("/v1/shadow/host")
+    def host_signal(body: schemas.HostIn):
+        svc.busy = body.busy
+        return {"busy": svc.busy}
+
+    @app.post("/v1/shadow/ask", response_model=schemas.AskOut)
+    @app.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
+    def ask(body: schemas.AskIn):
+        host = svc.require()
+        if body.wait:
+            wait_for(host, body)
+        with host.lock:
+            ans = host.reader.ask(body.session, body.question, body.choices, body.at)
+        svc.record_answer(body.session, ans)
+        return schemas.AskOut(label=ans.label, letter=ans.letter, probs=list(ans.probs),
+                              ms=ans.ms, backlog=ans.backlog,
+                              num_forwarded_tokens=ans.num_forwarded_tokens, at=ans.at,
+                              beyond_max_positions=ans.beyond_max_positions)
+
+    @app.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)
+    def summarize(body: schemas.SummarizeIn):
+        host = svc.require()
+        with host.lock:
+            text, gen = host.reader.summarize(body.session, body.instruction, body.max_tokens,
+                                              body.at)
+        return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,
+                                    prefill_ms=gen.prefill_ms)
+
+    @app.get("/v1/shadow/status")
+    @app.get("/v1/conductor/shadow/status", include_in_schema=False)
+    def status():
+        return svc.status()
+
+    @app.get("/metrics")
+    def metrics():
+        return PlainTextResponse(generate_latest(svc.registry).decode())
+
+    @app.get("/healthz")
+    def healthz():
+        return {"ok": svc.state != "failed", "state": svc.state}
+
+    return app
+
+
+def wait_for(host, body: schemas.AskIn) -> None:
+    """Block until the session's C reaches the grid line at or below `at` (the reader's own
+    scheduler reads meanwhile); 504 with the backlog when the timeout passes first."""
+    grid = host.reader.config.grid
+    deadline = time.monotonic() + body.timeout_s
+    while True:
+        with host.lock:
+            n = len(host.reader.ids(body.session))
+            at = n if body.at is None else body.at
+            c = host.reader.committed(body.session)
+            backlog = n - c
+        if c >= at // grid * grid:
+            return
+        if time.monotonic() > deadline:
+            raise HTTPException(504, {"detail": "the reader has not caught up", "backlog": backlog,
+                                      "committed": c})
+        time.sleep(0.05)

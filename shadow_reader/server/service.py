@@ -1,0 +1,129 @@
+"""The service behind the HTTP routes: model loading in the background, the reader and its host
+interface, the busy signal, prometheus metrics, recent answers."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import torch
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..config import ServiceConfig
+from ..host import Host
+from ..model import load_model
+from ..reader import Reader
+from ..tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
+
+
+class NotReady(Exception):
+    """The model is still loading (or failed to load): the route answers 503."""
+
+
+class Service:
+    """Holds the reader once loaded; `state` is "loading", "ready" or "failed"."""
+
+    def __init__(self, cfg: ServiceConfig):
+        if not cfg.model:
+            raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
+                             "random:NAME (or pass --model)")
+        self.cfg = cfg
+        self.state, self.error, self.loaded_s = "loading", None, None
+        self.reader: Reader | None = None
+        self.host: Host | None = None
+        self.tokenizer = None
+        self.busy = False                     # the host's own signal (POST /v1/shadow/host)
+        self.answers: deque = deque(maxlen=20)
+        self.ask_ms: list[float] = []
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(self))
+        self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            cfg = self.cfg
+            device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            model = load_model(cfg.model, device=device)
+            self.tokenizer = load_tokenizer(None if cfg.model.startswith("random:") else cfg.model)
+            disk_bytes = int(cfg.disk_gb * 2**30) if cfg.disk_gb else None
+            self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
+                                 resident_bytes=int(cfg.resident_gb * 2**30),
+                                 disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
+            self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler)
+            self.host.start_idle_loop()
+            self.state, self.loaded_s = "ready", time.perf_counter() - t0
+        except Exception as e:                # reported by /healthz and status, not raised
+            log.exception("model load failed")
+            self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+
+    def require(self) -> Host:
+        if self.state != "ready":
+            raise NotReady(self.error or "the model is loading")
+        return self.host
+
+    def close(self) -> None:
+        """A planned stop: stop the idle loop, then park every resident session."""
+        if self.host is not None:
+            self.host.stop_idle_loop()
+            with self.host.lock:
+                self.reader.close()
+
+    def record_answer(self, session: str, answer) -> None:
+        self.ask_ms.append(answer.ms)
+        self.answers.append({"session": session, "label": answer.label,
+                             "p": max(answer.probs), "ms": round(answer.ms, 2),
+                             "at": answer.at, "time": time.time()})
+
+    def status(self) -> dict:
+        out = {"state": self.state, "error": self.error, "model": self.cfg.model,
+               "grid": self.cfg.grid, "host_busy": self.busy,
+               "last_answers": list(self.answers)}
+        if self.state == "ready":
+            m = self.reader.model
+            with self.host.lock:
+                stats = self.reader.stats()
+            out.update({"fingerprint": m.info.fingerprint, "random_weights": m.info.is_random,
+                        "device": str(m.device), "dtype": str(m.dtype).removeprefix("torch."),
+                        "load_s": round(self.loaded_s, 2), "totals": dict(self.reader.totals),
+                        **stats})
+        return out
+
+
+class _Collector:
+    """Prometheus metrics read from the service at scrape time."""
+
+    def __init__(self, svc: Service):
+        self.svc = svc
+
+    def collect(self):
+        svc = self.svc
+        if svc.state != "ready":
+            return
+        t = svc.reader.totals
+        yield CounterMetricFamily("shadow_ids_read", "ids committed by reads", t["num_read_tokens"])
+        yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
+        yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
+        with svc.host.lock:
+            stats = svc.reader.stats()
+        backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet", labels=["session"])
+        for sid, s in stats["sessions"].items():
+            backlog.add_metric([sid[:128]], s["backlog"])
+        yield backlog
+        for key in ("spills", "restores", "refusals", "drops"):
+            yield CounterMetricFamily(f"shadow_{key}", f"sessions {key}", stats[key])
+        yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
+                                stats["resident_bytes"])
+        ms = list(svc.ask_ms)
+        buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
+                   for b in ASK_BUCKETS_MS]
+        yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",
+                                    buckets=buckets, sum_value=sum(ms))

@@ -1,0 +1,119 @@
+"""The HTTP API in-process (FastAPI TestClient, random:tiny): a scripted multi-turn session,
+questions, status and metrics against the reader's own numbers, and bad inputs."""
+import random
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from shadow_reader.config import ServiceConfig  # noqa: E402
+from shadow_reader.scheduler import SchedulerConfig  # noqa: E402
+from shadow_reader.server.app import create_app  # noqa: E402
+
+G = 64
+KEY = {"Authorization": "Bearer k3y"}
+
+
+def _rand(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def client():
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, api_key="k3y",
+                        max_body_bytes=200_000, max_ids=5000,
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    with TestClient(create_app(cfg)) as c:
+        deadline = time.monotonic() + 60
+        while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get("/healthz").json()["state"] == "ready"
+        yield c
+
+
+def test_a_scripted_session(client):
+    prompt = _rand(5 * G + 10, 0)
+    r = client.post("/v1/shadow/sessions/s1/turn", json={"prompt_ids": prompt}, headers=KEY)
+    assert r.status_code == 200 and r.json()["num_ids"] == len(prompt)
+    r = client.post("/v1/shadow/sessions/s1/output", json={"ids": _rand(30, 1)}, headers=KEY)
+    assert r.json()["num_ids"] == len(prompt) + 30
+    assert client.post("/v1/shadow/sessions/s1/round", headers=KEY).status_code == 200
+    assert client.post("/v1/shadow/sessions/s1/end", headers=KEY).status_code == 200
+    ask = {"session": "s1", "question": "Code?", "choices": ["yes", "no"], "wait": True,
+           "timeout_s": 30}
+    a = client.post("/v1/shadow/ask", json=ask, headers=KEY).json()
+    assert a["label"] in ("yes", "no") and abs(sum(a["probs"]) - 1) < 1e-5 and a["backlog"] < G
+    b = client.post("/v1/conductor/shadow/ask", json=ask, headers=KEY).json()
+    assert b["probs"] == a["probs"]
+    s = client.post("/v1/shadow/summarize", json={"session": "s1", "max_tokens": 3},
+                    headers=KEY).json()
+    assert 1 <= len(s["ids"]) <= 3 and isinstance(s["text"], str)
+    status = client.get("/v1/shadow/status", headers=KEY).json()
+    reader = client.app.state.service.reader
+    assert status["sessions"]["s1"]["committed"] == reader.committed("s1") == 5 * G
+    assert status["last_answers"][-1]["label"] == b["label"]
+    metrics = client.get("/metrics", headers=KEY).text
+    assert f"shadow_ids_read_total {float(reader.totals['num_read_tokens'])}" in metrics
+    assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
+    assert reader.check_exact("s1")
+
+
+@pytest.mark.parametrize("method,path,body,code", [
+    ("post", "/v1/shadow/sessions/bad%20id/turn", {"prompt_ids": [1]}, 400),
+    ("post", "/v1/shadow/sessions/nope/output", {"ids": [1]}, 404),
+    ("post", "/v1/shadow/sessions/s2/turn", {"prompt_ids": [1, -5]}, 400),
+    ("post", "/v1/shadow/sessions/s2/turn", {"prompt_ids": "abc"}, 422),
+    ("post", "/v1/shadow/sessions/s2/turn", {"prompt_ids": [1], "messages": []}, 422),
+    ("post", "/v1/shadow/sessions/s2/turn", {"prompt_ids": [1] * 6000}, 413),
+    ("post", "/v1/shadow/ask", {"session": "nope", "question": "q", "choices": ["a", "b"]}, 404),
+    ("post", "/v1/shadow/ask", {"session": "s1", "question": "q", "choices": ["a"]}, 422),
+    ("post", "/v1/shadow/ask", {"session": "s1", "question": "q", "choices": ["a", "b"],
+                                "at": 10**9}, 400),
+    ("delete", "/v1/shadow/sessions/nope", None, 404),
+])
+def test_bad_inputs_leave_sessions_unchanged(client, method, path, body, code):
+    reader = client.app.state.service.reader
+    before = {s: (reader.ids(s), reader.committed(s)) for s in reader.sessions()}
+    kw = {"json": body} if body is not None else {}
+    r = getattr(client, method)(path, headers=KEY, **kw)
+    assert r.status_code == code, r.text
+    assert {s: (reader.ids(s), reader.committed(s)) for s in before} == before
+
+
+def test_key_size_and_health(client):
+    assert client.get("/v1/shadow/status").status_code == 401
+    assert client.get("/healthz").status_code == 200
+    big = b"[" + b"1," * 150_000 + b"1]"
+    r = client.post("/v1/shadow/sessions/s3/output", content=big,
+                    headers={**KEY, "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_wait_times_out_with_the_backlog(client):
+    client.post("/v1/shadow/host", json={"busy": True}, headers=KEY)
+    client.post("/v1/shadow/sessions/w/turn", json={"prompt_ids": _rand(4 * G, 5)}, headers=KEY)
+    r = client.post("/v1/shadow/ask", headers=KEY, json={
+        "session": "w", "question": "q", "choices": ["a", "b"], "wait": True, "timeout_s": 0.3})
+    assert r.status_code == 504 and r.json()["detail"]["backlog"] == 4 * G
+    client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
+    client.post("/v1/shadow/sessions/w/end", headers=KEY)
+
+
+def test_service_refuses_an_empty_model():
+    with pytest.raises(ValueError, match="SHADOW_MODEL is empty"):
+        create_app(ServiceConfig(model=""))
+
+
+def test_config_from_env(tmp_path):
+    cfg = ServiceConfig.from_env({"QWEN38_SHADOW_MODEL": "random:tiny", "SHADOW_GB": "2",
+                                  "SHADOW_DISK": str(tmp_path), "SHADOW_GRID": "1024",
+                                  "SHADOW_SHARE": "0.03"})
+    assert (cfg.model, cfg.resident_gb, cfg.disk_dir, cfg.grid) == ("random:tiny", 2.0,
+                                                                     tmp_path, 1024)
+    assert cfg.scheduler.share == 0.03 and cfg.scheduler.grid == 1024
+    assert cfg.with_overrides(grid=512, model=None).scheduler.grid == 512
+    with pytest.raises(ValueError, match="SHADOW_GB"):
+        ServiceConfig.from_env({"SHADOW_GB": "lots"})
