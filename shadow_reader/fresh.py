@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .scheduler import CostModel, Scheduler, SchedulerConfig
+from .scheduler import CostModel, Scheduler, SchedulerConfig, VirtualClock
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,6 @@ class SimReader:
         """A new prompt of n ids (a shorter one rewrote the session: C falls back)."""
         self.ids[s] = n
         self.c[s] = min(self.c.get(s, 0), n // self.grid * self.grid)
-
-
-class VirtualClock:
-    def __init__(self, t: float = 0.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def percentile(values: list[int], q: float) -> int:

@@ -71,6 +71,16 @@ class CostModel:
         self.seen.setdefault(context // self.band_tokens, deque(maxlen=self.keep)).append(ms)
 
 
+class VirtualClock:
+    """An injectable clock for tests and simulations: seconds in `t`, moved by hand."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class ReaderPort(Protocol):
     """What the scheduler needs of a reader (the real one, or a simulation)."""
 

@@ -4,17 +4,9 @@ import time
 
 from shadow_reader.host import Host
 from shadow_reader.reader import Reader
-from shadow_reader.scheduler import SchedulerConfig
+from shadow_reader.scheduler import SchedulerConfig, VirtualClock
 
 G = 64
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 def _rand(n, seed):
@@ -23,7 +15,7 @@ def _rand(n, seed):
 
 
 def test_a_turn_read_in_ration_then_idle(tiny):
-    clock, busy, due = Clock(), [True], []
+    clock, busy, due = VirtualClock(), [True], []
     host = Host(Reader(tiny, grid=G), host_busy=lambda: busy[0],
                 cfg=SchedulerConfig(grid=G, share=0.5, slice_ms=1e6), clock=clock,
                 on_question=lambda s, at: due.append((s, at)))

@@ -1,17 +1,9 @@
 """The scheduler on virtual time with a fake reader and a fake host: exact slice plans."""
 import pytest
 
-from shadow_reader.scheduler import CostModel, Scheduler, SchedulerConfig, Slice
+from shadow_reader.scheduler import CostModel, Scheduler, SchedulerConfig, Slice, VirtualClock
 
 G = 512
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 class FakeReader:
@@ -42,7 +34,7 @@ class FakeReader:
 
 
 def make(chunk_ms=5.0, busy=lambda: False, **cfg):
-    clock = FakeClock()
+    clock = VirtualClock()
     reader = FakeReader(clock, chunk_ms)
     sched = Scheduler(SchedulerConfig(**cfg), reader, clock, busy, CostModel(chunk_ms * 2, G))
     return sched, reader, clock
