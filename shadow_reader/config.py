@@ -2,7 +2,7 @@
 
 SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW_DIR (journal
 and state), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK ("auto" = a cache folder
-under the home directory, "off", or a path), SHADOW_DISK_GB, SHADOW_API_KEY, SHADOW_MAX_BODY_MB;
+under the home directory, "off", or a path), SHADOW_DISK_GB, SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file);
 the scheduler's SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS. Every name is
 also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI flags override.
 """
@@ -37,7 +37,7 @@ class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
     disk_gb (None: no cap); api_key (None: no key); max_body_bytes; max_ids (per request);
-    scheduler."""
+    profiles_path (server.router_journal.load_profiles); scheduler."""
 
     model: str = ""
     device: str = ""
@@ -49,6 +49,7 @@ class ServiceConfig:
     api_key: str | None = None
     max_body_bytes: int = 64 * 2**20
     max_ids: int = 4 * 2**20
+    profiles_path: Path | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
@@ -65,6 +66,7 @@ class ServiceConfig:
                    grid=grid, disk_dir=disk_dir, disk_gb=_num(env, "DISK_GB", None),
                    api_key=_get(env, "API_KEY"),
                    max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
+                   profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 
     def with_overrides(self, **kw) -> "ServiceConfig":

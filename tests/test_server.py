@@ -117,3 +117,35 @@ def test_config_from_env(tmp_path):
     assert cfg.with_overrides(grid=512, model=None).scheduler.grid == 512
     with pytest.raises(ValueError, match="SHADOW_GB"):
         ServiceConfig.from_env({"SHADOW_GB": "lots"})
+
+
+def test_router_in_shadow_mode_journals_at_the_insertion_point(tmp_path):
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("coding:\n  shadow: {mode: on, router: shadow, router_min_tokens: 100}\n"
+                        "quiet:\n  shadow: {mode: off}\n")
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        profiles_path=profiles, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    prompt = _rand(3 * G, 7) + [248046, 198] + _rand(G, 8) + [248046, 198, 248045, 74455, 198]
+    with TestClient(create_app(cfg)) as c:
+        while c.get("/healthz").json()["state"] == "loading":
+            time.sleep(0.05)
+        r = c.post("/v1/shadow/sessions/r/turn", json={"prompt_ids": prompt, "profile": "coding",
+                                                      "router_label": "code_edit"})
+        assert r.json()["followed"] is True
+        c.post("/v1/shadow/sessions/r/end")
+        journal = tmp_path / "shadow.jsonl"
+        deadline = time.monotonic() + 30
+        while not journal.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        line = __import__("json").loads(journal.read_text().splitlines()[0])
+        assert line["session"] == "r" and line["turn"] == 1 and line["router_label"] == "code_edit"
+        assert line["agreement"] == (line["label"] == "code_edit")
+        assert line["backlog_at_turn_start"] == 0 and 0 < line["probability"] <= 1
+        status = c.get("/v1/shadow/status").json()
+        assert status["router_agreement"]["total"] == 1
+        assert c.post("/v1/shadow/sessions/q/turn", json={"prompt_ids": [1, 2],
+                                                          "profile": "quiet"}).json() == {
+            "followed": False, "first_difference": None, "rolled_back_from": None,
+            "rolled_back_to": None, "backlog": None, "committed": None, "num_ids": None}
+        assert c.post("/v1/shadow/sessions/q/turn", json={"prompt_ids": [1],
+                                                          "profile": "nope"}).status_code == 400

@@ -86,9 +86,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             ids = svc.tokenizer.encode(text)
         else:
             ids = body.prompt_ids
-        res = host.turn_started(sid, check_ids(ids, "prompt_ids"), body.profile,
-                                body.router_label)
-        return feed_out(host, sid, res)
+        res = svc.turn(sid, check_ids(ids, "prompt_ids"), body.profile, body.router_label)
+        return schemas.FeedOut(followed=False) if res is None else feed_out(host, sid, res)
 
     @app.post("/v1/shadow/sessions/{sid}/output", response_model=schemas.FeedOut)
     def output(body: schemas.OutputIn, sid: str = Depends(session_id)):

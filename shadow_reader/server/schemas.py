@@ -27,12 +27,15 @@ class TurnIn(Strict):
 
 
 class FeedOut(BaseModel):
-    first_difference: int | None
-    rolled_back_from: int | None
-    rolled_back_to: int | None
-    backlog: int
-    committed: int
-    num_ids: int
+    """followed: False when the turn's profile has the shadow off (nothing else is set then)."""
+
+    followed: bool = True
+    first_difference: int | None = None
+    rolled_back_from: int | None = None
+    rolled_back_to: int | None = None
+    backlog: int | None = None
+    committed: int | None = None
+    num_ids: int | None = None
 
 
 class OutputIn(Strict):

@@ -16,6 +16,7 @@ from ..host import Host
 from ..model import load_model
 from ..reader import Reader
 from ..tokenizer import load_tokenizer
+from .router_journal import Profile, RouterJournal, insertion_point, load_profiles
 
 log = logging.getLogger(__name__)
 ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
@@ -33,6 +34,8 @@ class Service:
             raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
                              "random:NAME (or pass --model)")
         self.cfg = cfg
+        self.profiles = load_profiles(cfg.profiles_path)
+        self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
         self.state, self.error, self.loaded_s = "loading", None, None
         self.reader: Reader | None = None
         self.host: Host | None = None
@@ -58,12 +61,33 @@ class Service:
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
-            self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler)
+            self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
+                             on_question=lambda s, at: self.journal.answer(self.reader, s, at))
             self.host.start_idle_loop()
             self.state, self.loaded_s = "ready", time.perf_counter() - t0
         except Exception as e:                # reported by /healthz and status, not raised
             log.exception("model load failed")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+
+    def turn(self, session: str, ids: list[int], profile: str | None, router_label: str | None):
+        """A new turn under its profile: None when the profile's mode is off (not followed);
+        registers the router question at the insertion point when the profile asks for it.
+        Raises ValueError for an unknown profile."""
+        host = self.require()
+        if profile is not None and profile not in self.profiles:
+            raise ValueError(f"unknown profile {profile!r}")
+        prof = self.profiles.get(profile, Profile())
+        if not prof.mode:
+            return None
+        with host.lock:
+            known = session in self.reader.sessions()
+            backlog = self.reader.backlog(session) if known else 0
+            result = host.turn_started(session, ids, profile, router_label)
+            if prof.router and len(ids) >= prof.router_min_tokens:
+                at = insertion_point(ids)
+                self.journal.expect(session, at, router_label, backlog)
+                host.question_at(session, at)
+        return result
 
     def require(self) -> Host:
         if self.state != "ready":
@@ -86,7 +110,8 @@ class Service:
     def status(self) -> dict:
         out = {"state": self.state, "error": self.error, "model": self.cfg.model,
                "grid": self.cfg.grid, "host_busy": self.busy,
-               "last_answers": list(self.answers)}
+               "last_answers": list(self.answers),
+               "router_agreement": {"agree": self.journal.agree, "total": self.journal.total}}
         if self.state == "ready":
             m = self.reader.model
             with self.host.lock:

@@ -1,0 +1,78 @@
+"""The real server in a subprocess on a loopback port: SIGTERM writes the sessions to disk, and
+a restarted server continues them from there."""
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+G = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp_path, port):
+    env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
+           "SHADOW_GRID": str(G), "SHADOW_DISK": str(tmp_path / "disk"),
+           "SHADOW_DIR": str(tmp_path), "SHADOW_POLL_S": "0.02"}
+    proc = subprocess.Popen([sys.executable, "-m", "shadow_reader.cli", "serve", "--port",
+                             str(port)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz").json()["state"] == "ready":
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not become ready")
+
+
+def _wait_committed(url, sid, n):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        s = httpx.get(f"{url}/v1/shadow/status").json()["sessions"][sid]
+        if s["committed"] >= n:
+            return s
+        time.sleep(0.05)
+    raise AssertionError("the reader did not catch up")
+
+
+def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
+    rng = random.Random(0)
+    prompt = [rng.randrange(1000, 240000) for _ in range(5 * G + 7)]
+    port = _free_port()
+    proc, url = _start(tmp_path, port)
+    try:
+        httpx.post(f"{url}/v1/shadow/sessions/s/turn", json={"prompt_ids": prompt})
+        httpx.post(f"{url}/v1/shadow/sessions/s/end")
+        _wait_committed(url, "s", 5 * G)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the captured SIGTERM
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert len(list((tmp_path / "disk").glob("*.safetensors"))) == 1
+    proc, url = _start(tmp_path, port)
+    try:
+        more = prompt + [rng.randrange(1000, 240000) for _ in range(2 * G)]
+        r = httpx.post(f"{url}/v1/shadow/sessions/s/turn", json={"prompt_ids": more}).json()
+        assert r["committed"] == 5 * G and r["rolled_back_to"] is None     # restored, not reread
+        httpx.post(f"{url}/v1/shadow/sessions/s/end")
+        s = _wait_committed(url, "s", 7 * G)
+        status = httpx.get(f"{url}/v1/shadow/status").json()
+        assert status["restores"] == 1 and s["num_ids"] == len(more)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
