@@ -48,7 +48,9 @@ class Service:
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start loading the model (once; a second start, e.g. a second lifespan, is a no-op)."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _load(self) -> None:
         t0 = time.perf_counter()
