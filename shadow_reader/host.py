@@ -46,11 +46,14 @@ class _Port:
 class Host:
     """Args: reader; host_busy (callable: True while a host request runs or waits, or a lock
     forbids the GPU); cfg (SchedulerConfig, default from SHADOW_* variables); clock (seconds);
-    on_question(session, at): called when a question registered with `question_at` is due."""
+    on_question(session, at): called when a question registered with `question_at` is due;
+    idle_hook(): more idle-window work (e.g. the narrator), run by the idle loop after a burst
+    while the host stays idle."""
 
     def __init__(self, reader: Reader, host_busy: Callable[[], bool] = lambda: False,
                  cfg: SchedulerConfig | None = None, clock: Callable[[], float] = time.monotonic,
-                 on_question: Callable[[str, int], None] | None = None):
+                 on_question: Callable[[str, int], None] | None = None,
+                 idle_hook: Callable[[], object] | None = None):
         cfg = cfg or SchedulerConfig.from_env(grid=reader.config.grid)
         self.reader = reader
         self.lock = threading.RLock()
@@ -58,6 +61,7 @@ class Host:
         port = _Port(reader, on_question or (lambda s, at: None))
         self.scheduler = Scheduler(cfg, port, clock, host_busy,
                                    CostModel(DEFAULT_MS_PER_1K, reader.config.grid))
+        self.idle_hook = idle_hook
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -110,6 +114,10 @@ class Host:
     def _loop(self) -> None:
         while not self._stop.wait(self.scheduler.cfg.poll_s):
             self.idle_once()
+            if self.idle_hook is not None:
+                with self.lock:
+                    if not self.scheduler.turns and not self.scheduler.host_busy():
+                        self.idle_hook()
 
     def stop_idle_loop(self) -> None:
         self._stop.set()

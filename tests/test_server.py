@@ -149,3 +149,27 @@ def test_router_in_shadow_mode_journals_at_the_insertion_point(tmp_path):
             "rolled_back_to": None, "backlog": None, "committed": None, "num_ids": None}
         assert c.post("/v1/shadow/sessions/q/turn", json={"prompt_ids": [1],
                                                           "profile": "nope"}).status_code == 400
+
+
+def test_narrator_summarises_each_thought(tmp_path):
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("talk:\n  shadow: {mode: on, narrator: on}\n")
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        profiles_path=profiles, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    with TestClient(create_app(cfg)) as c:
+        while c.get("/healthz").json()["state"] == "loading":
+            time.sleep(0.05)
+        svc = c.app.state.service
+        c.post("/v1/shadow/sessions/n/turn", json={"prompt_ids": _rand(2 * G, 9), "profile": "talk"})
+        thought = [248068] + _rand(40, 10) + [248069] + _rand(5, 11)
+        c.post("/v1/shadow/sessions/n/output", json={"ids": thought})
+        assert svc.narrator.jobs[0] == ("n", 2 * G + 42)        # right after </think>
+        svc.narrator.default_ms = 0.0                           # any budget covers the first job
+        clock = svc.host.scheduler.clock
+        svc.host.scheduler.turns["n"].first_token_s = clock() - 60.0   # a long decode so far
+        c.post("/v1/shadow/sessions/n/round")
+        n = c.get("/v1/shadow/sessions/n/narration").json()
+        assert n["pending"] == 0 and len(n["narrations"]) == 1
+        item = n["narrations"][0]
+        assert item["at"] == 2 * G + 42 and isinstance(item["text"], str)
+        assert svc.reader.check_exact("n")

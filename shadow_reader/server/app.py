@@ -92,13 +92,13 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     @app.post("/v1/shadow/sessions/{sid}/output", response_model=schemas.FeedOut)
     def output(body: schemas.OutputIn, sid: str = Depends(session_id)):
         host = svc.require()
-        return feed_out(host, sid, host.output(sid, check_ids(body.ids, "ids")))
+        return feed_out(host, sid, svc.output(sid, check_ids(body.ids, "ids")))
 
     @app.post("/v1/shadow/sessions/{sid}/round", response_model=schemas.SliceOut)
     def between_rounds(sid: str = Depends(session_id)):
         host = svc.require()
         host.reader.committed(sid)                    # 404 for an unknown session
-        sl = host.between_rounds(sid)
+        sl = svc.between_rounds(sid)
         return schemas.SliceOut(kind=sl.kind, chunks=sum(n for _, n in sl.chunks), ms=sl.ms,
                                 stop=sl.stop)
 
@@ -116,6 +116,13 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             host.turn_finished(sid)
             host.reader.drop(sid)
         return {"deleted": sid}
+
+    @app.get("/v1/shadow/sessions/{sid}/narration")
+    def narration(sid: str = Depends(session_id)):
+        host = svc.require()
+        host.reader.committed(sid)
+        return {"session": sid, "narrations": list(svc.narrator.narrations.get(sid, [])),
+                "pending": sum(1 for s, _ in svc.narrator.jobs if s == sid)}
 
     @app.post("/v1/shadow/host")
     def host_signal(body: schemas.HostIn):

@@ -16,6 +16,7 @@ from ..host import Host
 from ..model import load_model
 from ..reader import Reader
 from ..tokenizer import load_tokenizer
+from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point, load_profiles
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class Service:
         self.cfg = cfg
         self.profiles = load_profiles(cfg.profiles_path)
         self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
+        self.narrator = Narrator()
+        self.session_profiles: dict[str, Profile] = {}
         self.state, self.error, self.loaded_s = "loading", None, None
         self.reader: Reader | None = None
         self.host: Host | None = None
@@ -64,7 +67,8 @@ class Service:
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
             self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
-                             on_question=lambda s, at: self.journal.answer(self.reader, s, at))
+                             on_question=lambda s, at: self.journal.answer(self.reader, s, at),
+                             idle_hook=lambda: self.narrator.run_one(self.reader))
             self.host.start_idle_loop()
             self.state, self.loaded_s = "ready", time.perf_counter() - t0
         except Exception as e:                # reported by /healthz and status, not raised
@@ -85,11 +89,35 @@ class Service:
             known = session in self.reader.sessions()
             backlog = self.reader.backlog(session) if known else 0
             result = host.turn_started(session, ids, profile, router_label)
+            self.session_profiles[session] = prof
+            self.narrator.turn_started(session)
             if prof.router and len(ids) >= prof.router_min_tokens:
                 at = insertion_point(ids)
                 self.journal.expect(session, at, router_label, backlog)
                 host.question_at(session, at)
         return result
+
+    def output(self, session: str, ids: list[int]):
+        """Ids the host produced; queues a narration at each </think> when the profile asks."""
+        host = self.require()
+        with host.lock:
+            start = len(self.reader.ids(session))
+            result = host.output(session, ids)
+            if self.session_profiles.get(session, Profile()).narrator:
+                self.narrator.on_output(session, start, list(ids))
+        return result
+
+    def between_rounds(self, session: str):
+        """The ration slice, then one narration if the narrator's share covers its cost."""
+        host = self.require()
+        sl = host.between_rounds(session)
+        with host.lock:
+            turn = host.scheduler.turns.get(session)
+            first = turn.first_token_s if turn else None
+            budget = self.narrator.budget_ms(session, first, host.scheduler.clock())
+            if budget >= self.narrator.estimate_ms():
+                self.narrator.run_one(self.reader, session)
+        return sl
 
     def require(self) -> Host:
         if self.state != "ready":
@@ -113,7 +141,9 @@ class Service:
         out = {"state": self.state, "error": self.error, "model": self.cfg.model,
                "grid": self.cfg.grid, "host_busy": self.busy,
                "last_answers": list(self.answers),
-               "router_agreement": {"agree": self.journal.agree, "total": self.journal.total}}
+               "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
+               "narrations": {s: list(v)[-3:] for s, v in self.narrator.narrations.items()},
+               "narrator_jobs_pending": len(self.narrator.jobs)}
         if self.state == "ready":
             m = self.reader.model
             with self.host.lock:
