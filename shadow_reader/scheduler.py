@@ -27,13 +27,16 @@ EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that
 class SchedulerConfig:
     """poll_s: idle poll period (s); idle_burst_s: longest idle burst (s); share: the turn's
     ration as a fraction of the time since its first token; slice_ms: longest ration slice;
-    grid: the reader's chunk length. Defaults are the seed's values."""
+    grid: the reader's chunk length; turn_timeout_s: an open turn with no event for this long
+    is taken as abandoned (a crashed client must not keep the idle window shut). Defaults are
+    the seed's values."""
 
     poll_s: float = 0.2
     idle_burst_s: float = 2.0
     share: float = 0.02
     slice_ms: float = 150.0
     grid: int = 512
+    turn_timeout_s: float = 600.0
 
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
@@ -42,7 +45,8 @@ class SchedulerConfig:
         env = os.environ if env is None else env
         kw = {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
-                          ("share", "SHARE"), ("slice_ms", "SLICE_MS")):
+                          ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
+                          ("turn_timeout_s", "TURN_TIMEOUT_S")):
             for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
                 if env.get(var):
                     try:
@@ -95,6 +99,7 @@ class Turn:
     started_s: float
     first_token_s: float | None = None
     used_ms: float = 0.0
+    last_event_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,17 @@ class Scheduler:
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
-        self.turns[session] = Turn(self.clock())
+        now = self.clock()
+        self.turns[session] = Turn(now, last_event_s=now)
         self._touch(session)
 
     def output(self, session: str) -> None:
         """The host produced ids; the first call of a turn marks its first token."""
         turn = self.turns.get(session)
-        if turn is not None and turn.first_token_s is None:
-            turn.first_token_s = self.clock()
+        if turn is not None:
+            turn.last_event_s = self.clock()
+            if turn.first_token_s is None:
+                turn.first_token_s = turn.last_event_s
 
     def turn_finished(self, session: str) -> None:
         self.turns.pop(session, None)
@@ -179,7 +187,12 @@ class Scheduler:
 
     # -- the two windows ------------------------------------------------------------------------
     def idle_burst(self) -> Slice | None:
-        """One idle-window burst; None when the host is busy or a turn is open."""
+        """One idle-window burst; None when the host is busy or a turn is open (turns idle for
+        turn_timeout_s are closed first)."""
+        now = self.clock()
+        for session, turn in list(self.turns.items()):
+            if now - turn.last_event_s > self.cfg.turn_timeout_s:
+                del self.turns[session]
         if self.turns or self.host_busy():
             return None
         start, spent, done = self.clock(), [0.0], {}

@@ -140,3 +140,13 @@ def test_config_from_env():
     assert (cfg.share, cfg.slice_ms, cfg.poll_s, cfg.idle_burst_s) == (0.05, 80.0, 0.2, 2.0)
     with pytest.raises(ValueError, match="SHADOW_POLL_S"):
         SchedulerConfig.from_env({"SHADOW_POLL_S": "fast"})
+
+
+def test_an_abandoned_turn_stops_shutting_the_idle_window():
+    sched, reader, clock = make(turn_timeout_s=600.0)
+    reader.add("s", 2 * G)
+    sched.turn_started("s")                          # the client crashed: no end ever comes
+    clock.t = 599.0
+    assert sched.idle_burst() is None
+    clock.t = 601.0
+    assert sched.idle_burst().chunks == (("s", 2),)

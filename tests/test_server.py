@@ -73,6 +73,13 @@ def test_a_scripted_session(client):
     ("post", "/v1/shadow/ask", {"session": "s1", "question": "q", "choices": ["a", "b"],
                                 "at": 10**9}, 400),
     ("delete", "/v1/shadow/sessions/nope", None, 404),
+    ("post", "/v1/shadow/sessions/s1/output", {"ids": ["5", True, 1.0]}, 422),
+    ("post", "/v1/shadow/host", {"busy": "yes"}, 422),
+    ("post", "/v1/shadow/ask", {"session": "s1", "question": "q" * 40_000,
+                                "choices": ["a", "b"]}, 422),
+    ("post", "/v1/shadow/ask", {"session": "s1", "question": "q", "choices": ["a", "b"],
+                                "at": 10**9, "wait": True, "timeout_s": 5}, 400),
+    ("post", "/v1/shadow/ask", {"session": "../x", "question": "q", "choices": ["a", "b"]}, 400),
 ])
 def test_bad_inputs_leave_sessions_unchanged(client, method, path, body, code):
     reader = client.app.state.service.reader
@@ -85,7 +92,15 @@ def test_bad_inputs_leave_sessions_unchanged(client, method, path, body, code):
 
 def test_key_size_and_health(client):
     assert client.get("/v1/shadow/status").status_code == 401
+    assert client.get("/v1/shadow/status", headers={"Authorization": "bearer k3y"}).status_code == 200
     assert client.get("/healthz").status_code == 200
+
+    def chunks():                                     # no Content-Length: a streamed body
+        for _ in range(40):
+            yield b" " * 10_000
+    r = client.post("/v1/shadow/host", content=chunks(),
+                    headers={**KEY, "content-type": "application/json"})
+    assert r.status_code == 413
     big = b"[" + b"1," * 150_000 + b"1]"
     r = client.post("/v1/shadow/sessions/s3/output", content=big,
                     headers={**KEY, "content-type": "application/json"})
@@ -97,7 +112,7 @@ def test_wait_times_out_with_the_backlog(client):
     client.post("/v1/shadow/sessions/w/turn", json={"prompt_ids": _rand(4 * G, 5)}, headers=KEY)
     r = client.post("/v1/shadow/ask", headers=KEY, json={
         "session": "w", "question": "q", "choices": ["a", "b"], "wait": True, "timeout_s": 0.3})
-    assert r.status_code == 504 and r.json()["detail"]["backlog"] == 4 * G
+    assert r.status_code == 504 and r.json()["backlog"] == 4 * G
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/w/end", headers=KEY)
 

@@ -12,13 +12,15 @@ import re
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 
 from ..chat import Renderer
 from ..config import ServiceConfig
 from . import schemas
+from .limits import Guard
 from .service import NotReady, Service
 
 SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -38,20 +40,24 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan)
     app.state.service = svc
 
-    @app.middleware("http")
-    async def limits(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > cfg.max_body_bytes:
-            return JSONResponse({"detail": f"body over {cfg.max_body_bytes} bytes"}, 413)
-        if cfg.api_key and request.url.path != "/healthz":
-            if request.headers.get("authorization") != f"Bearer {cfg.api_key}":
-                return JSONResponse({"detail": "missing or wrong API key (Bearer)"}, 401)
-        return await call_next(request)
+    app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc):
+        """422 naming each field, without echoing the (possibly huge) input back."""
+        errors = [{"loc": e.get("loc"), "msg": str(e.get("msg"))[:200], "type": e.get("type")}
+                  for e in exc.errors()[:20]]
+        return JSONResponse({"detail": errors}, 422)
 
     @app.exception_handler(NotReady)
     async def not_ready(request, exc):
         return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
                             headers={"Retry-After": "5"})
+
+    @app.exception_handler(WaitTimeout)
+    async def timed_out(request, exc):
+        return JSONResponse({"detail": "the reader has not caught up", "backlog": exc.backlog,
+                             "committed": exc.committed}, 504)
 
     @app.exception_handler(KeyError)
     async def unknown(request, exc):
@@ -64,6 +70,11 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     def session_id(sid: str) -> str:
         if not SESSION_RE.fullmatch(sid):
             raise HTTPException(400, "session id must match [A-Za-z0-9._:-]{1,128}")
+        return sid
+
+    def body_session(sid: str) -> str:
+        if not SESSION_RE.fullmatch(sid):
+            raise ValueError("session must match [A-Za-z0-9._:-]{1,128}")
         return sid
 
     def check_ids(ids: list[int], field: str) -> list[int]:
@@ -133,6 +144,11 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     @app.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
     def ask(body: schemas.AskIn):
         host = svc.require()
+        body_session(body.session)
+        with host.lock:
+            n = len(host.reader.ids(body.session))           # 404 for an unknown session
+        if body.at is not None and body.at > n:
+            raise ValueError(f"at = {body.at} is outside the session's ids [0, {n}]")
         if body.wait:
             wait_for(host, body)
         with host.lock:
@@ -146,6 +162,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     @app.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)
     def summarize(body: schemas.SummarizeIn):
         host = svc.require()
+        body_session(body.session)
         with host.lock:
             text, gen = host.reader.summarize(body.session, body.instruction, body.max_tokens,
                                               body.at)
@@ -168,6 +185,12 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     return app
 
 
+class WaitTimeout(Exception):
+    def __init__(self, backlog: int, committed: int):
+        super().__init__(backlog, committed)
+        self.backlog, self.committed = backlog, committed
+
+
 def wait_for(host, body: schemas.AskIn) -> None:
     """Block until the session's C reaches the grid line at or below `at` (the reader's own
     scheduler reads meanwhile); 504 with the backlog when the timeout passes first."""
@@ -182,6 +205,5 @@ def wait_for(host, body: schemas.AskIn) -> None:
         if c >= at // grid * grid:
             return
         if time.monotonic() > deadline:
-            raise HTTPException(504, {"detail": "the reader has not caught up", "backlog": backlog,
-                                      "committed": c})
+            raise WaitTimeout(backlog, c)
         time.sleep(0.05)

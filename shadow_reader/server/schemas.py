@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+MAX_TEXT_CHARS = 32_000       # a question or an instruction (about 8k tokens at most)
+MAX_CHOICE_CHARS = 1_000
 
 
 class Strict(BaseModel):
@@ -13,7 +16,7 @@ class Strict(BaseModel):
 class TurnIn(Strict):
     """A new turn: the whole prompt as ids, or as chat messages (+ tools) rendered here."""
 
-    prompt_ids: list[int] | None = None
+    prompt_ids: list[StrictInt] | None = None
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     profile: str | None = None
@@ -39,11 +42,11 @@ class FeedOut(BaseModel):
 
 
 class OutputIn(Strict):
-    ids: list[int]
+    ids: list[StrictInt]
 
 
 class HostIn(Strict):
-    busy: bool
+    busy: StrictBool
 
 
 class SliceOut(BaseModel):
@@ -54,12 +57,20 @@ class SliceOut(BaseModel):
 
 
 class AskIn(Strict):
-    session: str = Field(min_length=1, max_length=256)
-    question: str = Field(min_length=1)
+    session: str = Field(min_length=1, max_length=128)
+    question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     choices: list[str] = Field(min_length=2, max_length=26)
-    at: int | None = Field(default=None, ge=0)
-    wait: bool = False
+    at: StrictInt | None = Field(default=None, ge=0)
+    wait: StrictBool = False
     timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+
+    @model_validator(mode="after")
+    def short_choices(self):
+        for i, c in enumerate(self.choices):
+            if len(c) > MAX_CHOICE_CHARS:
+                raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
+        return self
 
 
 class AskOut(BaseModel):
@@ -74,10 +85,11 @@ class AskOut(BaseModel):
 
 
 class SummarizeIn(Strict):
-    session: str = Field(min_length=1, max_length=256)
-    instruction: str = Field(default="Summarize this session in a few sentences.", min_length=1)
-    max_tokens: int = Field(default=128, ge=1, le=4096)
-    at: int | None = Field(default=None, ge=0)
+    session: str = Field(min_length=1, max_length=128)
+    instruction: str = Field(default="Summarize this session in a few sentences.", min_length=1,
+                             max_length=MAX_TEXT_CHARS)
+    max_tokens: StrictInt = Field(default=128, ge=1, le=4096)
+    at: StrictInt | None = Field(default=None, ge=0)
 
 
 class SummarizeOut(BaseModel):

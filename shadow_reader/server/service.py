@@ -45,7 +45,7 @@ class Service:
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
         self.answers: deque = deque(maxlen=20)
-        self.ask_ms: list[float] = []
+        self.ask_ms: deque = deque(maxlen=10_000)      # for the latency histogram
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
