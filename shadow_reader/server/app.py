@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 
 from ..chat import Renderer
@@ -24,6 +25,13 @@ from .limits import Guard
 from .service import NotReady, Service
 
 SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad session id, `at` "
+                               "beyond the ids, an unknown profile)"},
+          401: {"description": "missing or wrong API key (when the server has one)"},
+          404: {"description": "unknown session"},
+          413: {"description": "body or id list over the limit"},
+          503: {"description": "the model is loading (Retry-After)"},
+          504: {"description": "`wait`: the reader did not catch up in time (with the backlog)"}}
 
 
 def create_app(cfg: ServiceConfig) -> FastAPI:
@@ -37,7 +45,12 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         yield
         svc.close()
 
-    app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan)
+    # The Guard enforces the key; the scheme documents it (and gives /docs its Authorize button).
+    security = [Depends(HTTPBearer(auto_error=False))] if cfg.api_key else []
+    app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan,
+                  description="An exact incremental Qwen3.5 reader beside a serving engine: host "
+                  "events, questions, status and metrics.", dependencies=security,
+                  responses=ERRORS)
     app.state.service = svc
 
     app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key)
