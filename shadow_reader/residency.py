@@ -72,6 +72,15 @@ class Residency:
             for tmp in cfg.disk_dir.glob(".*.tmp"):        # a writer that died mid-write
                 tmp.unlink(missing_ok=True)
             self.sweep()
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """List the sessions an earlier process parked here (stats shows them as on disk)."""
+        for path in sorted(self.cfg.disk_dir.glob("*" + store.SUFFIX)):
+            found = store.peek(path, self.ident)
+            if found is not None and path.name == store.file_name(found[0]):
+                sid, ids, committed = found
+                self.parked[sid] = Parked(ids, path, {}, committed)
 
     # -- parking --------------------------------------------------------------------------------
     def make_room(self, sessions: dict[str, SessionState], keep: str | None) -> None:

@@ -179,6 +179,23 @@ def _build_state(meta, tensors, names, cfg, device, dtype, kv_step) -> SessionSt
                         pending_lines=pending)
 
 
+def peek(path: Path, ident: FileIdentity) -> tuple[str, np.ndarray, int] | None:
+    """(session, ids, committed) of a file this reader could load, read without its state
+    tensors; None for a file of another model, grid, dtype, device or format, or unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format_version") != FORMAT_VERSION or any(
+                    meta.get(k) != v for k, v in ident.as_meta().items()):
+                return None
+            ids = f.get_tensor("ids")
+            if json.loads(meta["checksums"]).get("ids") != checksum(ids):
+                return None
+        return meta["session"], ids.numpy().astype(np.int64), int(meta["committed"])
+    except Exception:                       # not ours to judge here: refused if ever used
+        return None
+
+
 def ids_array(ids: list[int]) -> np.ndarray:
     """Compact copy of a parked session's ids (int64)."""
     return np.asarray(ids, dtype=np.int64)
