@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 
+from .host import DEFAULT_MS_PER_1K      # the one default read cost (eager H200 figure)
+
 HF_NAME = "models--Qwen--Qwen3.5-0.8B"
 
 
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("timelines", nargs="+", help="timeline JSON files (shared/data/timelines)")
     cost = fp.add_mutually_exclusive_group()
     cost.add_argument("--read-ms-per-1k", type=float, default=None,
-                      help=f"read cost (default {DEFAULT_READ_MS_PER_1K}: the eager H200 figure)")
+                      help=f"read cost (default {DEFAULT_MS_PER_1K}: the eager H200 figure)")
     cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands)")
     fp.add_argument("--grid", type=int, default=512)
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
@@ -152,7 +154,6 @@ def _serve(args) -> int:
     return 0
 
 
-DEFAULT_READ_MS_PER_1K = 100.0      # BENCHMARKS.md, eager baseline, grid 512, 0-32k
 
 
 def _fresh(args) -> int:
@@ -161,7 +162,7 @@ def _fresh(args) -> int:
     if args.cost_model:
         name, ms_per_1k = cost_from_bench(args.cost_model)
     else:
-        rate = args.read_ms_per_1k or DEFAULT_READ_MS_PER_1K
+        rate = args.read_ms_per_1k or DEFAULT_MS_PER_1K
         name, ms_per_1k = f"{rate} ms per 1,000 ids", (lambda c: rate)
     cfg = SchedulerConfig.from_env(grid=args.grid)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)

@@ -19,7 +19,7 @@ def state_names(model: Qwen35) -> list[str]:
     layers.{i}.key / .value [C, Hkv, D] (full attention), layers.{i}.conv [conv_dim, W] and
     layers.{i}.recurrent [HV, K, V] fp32 (GDN)."""
     names = []
-    for i, t in enumerate(model.cfg.layer_types):
+    for i in range(model.cfg.num_hidden_layers):
         pair = ("key", "value") if i in model.cfg.full_layers else ("conv", "recurrent")
         names += [f"layers.{i}.{p}" for p in pair]
     return names

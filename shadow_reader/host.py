@@ -57,7 +57,6 @@ class Host:
         cfg = cfg or SchedulerConfig.from_env(grid=reader.config.grid)
         self.reader = reader
         self.lock = threading.RLock()
-        self.profiles: dict[str, dict] = {}
         port = _Port(reader, on_question or (lambda s, at: None))
         self.scheduler = Scheduler(cfg, port, clock, host_busy,
                                    CostModel(DEFAULT_MS_PER_1K, reader.config.grid))
@@ -67,10 +66,10 @@ class Host:
 
     def turn_started(self, session: str, prompt_ids, profile: str | None = None,
                      router_label: str | None = None) -> FeedResult:
-        """A new turn: its whole prompt as served. Raises as Reader.feed (nothing changes)."""
+        """A new turn: its whole prompt as served. `profile` and `router_label` are the host's
+        (the HTTP service acts on them); raises as Reader.feed (nothing changes)."""
         with self.lock:
             result = self.reader.feed(session, prompt_ids, "prompt")
-            self.profiles[session] = {"profile": profile, "router_label": router_label}
             self.scheduler.turn_started(session)
             return result
 

@@ -18,7 +18,7 @@ IM_END_TEXT = "<|im_end|>"
 @dataclass(frozen=True)
 class HostTurn:
     """index: the assistant message's index; prompt_ids, output_ids: what the host served and
-    produced; prompt_text_len: characters of the rendered prompt."""
+    produced (token ids)."""
 
     index: int
     prompt_ids: list[int]

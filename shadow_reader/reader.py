@@ -124,18 +124,23 @@ class Reader:
         self._residency.close(self._sessions)
 
     def committed(self, session: str) -> int:
+        """C, the committed length in ids (a multiple of the grid). KeyError when unknown."""
         return self._get(session).committed
 
     def backlog(self, session: str) -> int:
+        """len(ids) - C, in ids. KeyError when unknown."""
         return self._get(session).backlog
 
     def ids(self, session: str) -> list[int]:
+        """A copy of the session's ids. KeyError when unknown."""
         return list(self._get(session).ids)
 
     def checkpoint_positions(self, session: str) -> list[int]:
+        """Grid lines (ids) of the checkpoints held, ascending. KeyError when unknown."""
         return [cp.pos for cp in self._get(session).checkpoints]
 
     def state_bytes(self, session: str) -> int:
+        """Resident bytes of the session (state.state_bytes). KeyError when unknown."""
         return state_bytes(self._get(session))
 
     # -- feeding --------------------------------------------------------------------------------
