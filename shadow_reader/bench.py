@@ -161,7 +161,8 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
     chunks = read_rates(reader, ids[:args.max_context], timer)
     out = {"ms_per_1k": band_rates(chunks, grid),
            "chunk_ms": {f"{c // 1024}k": round(ms, 2) for c, ms in chunks
-                        if c in (8192, 16384, 32768, 65536, 98304)}}
+                        if c in (8192, 16384, 32768, 65536, 98304)},
+           "series": [[c, round(ms, 3)] for c, ms in chunks]}     # (context, ms) per chunk
     if "exact" in parts:
         out["exact_after_timed_runs"] = reader.check_exact("bench")
     if "decode" in parts and grid == args.grids[0]:

@@ -38,8 +38,9 @@ def pack(model: Qwen35, kv, gdn, committed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def fresh_prefill(model: Qwen35, ids: list[int], grid: int) -> dict[str, torch.Tensor]:
-    """State after prefilling `ids` (len a multiple of `grid`) chunk by chunk from zero."""
+def fresh_prefill(model: Qwen35, ids: list[int], grid: int, graphs=None) -> dict[str, torch.Tensor]:
+    """State after prefilling `ids` (len a multiple of `grid`) chunk by chunk from zero, through
+    `graphs` (a model.graphs.ChunkGraphs for T = grid) when given, else the eager forward."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     n = len(ids)
     assert n % grid == 0, "fresh_prefill takes whole chunks"
@@ -50,8 +51,9 @@ def fresh_prefill(model: Qwen35, ids: list[int], grid: int) -> dict[str, torch.T
     gdn = [(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=dev, dtype=dt),
             torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)) for _ in cfg.linear_layers]
     for start in range(0, n, grid):
-        chunk = torch.tensor(ids[start:start + grid], dtype=torch.long, device=dev)
-        _, gdn = model(chunk, start, kv, gdn)
+        chunk = torch.tensor(ids[start:start + grid], dtype=torch.long)
+        forward = graphs.run if graphs is not None else model
+        _, gdn = forward(chunk.to(dev), start, kv, gdn)
     return pack(model, kv, gdn, n)
 
 

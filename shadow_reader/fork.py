@@ -36,31 +36,33 @@ def scratch_state(model: Qwen35, rcfg: ReaderConfig, st: SessionState, line: int
 
 
 def fork_base(model: Qwen35, rcfg: ReaderConfig, st: SessionState, at: int,
-              rows: int) -> tuple[SessionState, int, int, int]:
+              rows: int, graphs=None) -> tuple[SessionState, int, int, int]:
     """The state a fork starts from: at the grid line L at or below `at` (see the module doc),
-    with KV room for `rows` rows. Returns (state, L, ids committed on the way, ids read in
+    with KV room for `rows` rows; whole chunks go through `graphs` (the reader's chunk runner,
+    so they give the bits its reads give). Returns (state, L, ids committed on the way, ids read in
     scratch); the state is the session's own when at >= C (use only rows above C)."""
     line = at // rcfg.grid * rcfg.grid
     if at >= st.committed:
         num_committed = line - st.committed
         while st.committed < line:
-            read_chunk(model, rcfg, st)
+            read_chunk(model, rcfg, st, graphs)
         ensure_capacity(st, model.cfg, rows, rcfg.kv_step)
         return st, line, num_committed, 0
     base, num_scratch = scratch_state(model, rcfg, st, line, rows)
     while base.committed < line:
-        read_chunk(model, rcfg, base)
+        read_chunk(model, rcfg, base, graphs)
     return base, line, 0, num_scratch
 
 
 def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int],
-           letters: list[int], choices: list[str], at: int) -> Answer:
+           letters: list[int], choices: list[str], at: int, graphs=None) -> Answer:
     """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
 
     Returns an Answer whose probs are the softmax (fp32) over the letters' logits."""
     t0 = time.perf_counter()
     backlog = st.backlog
-    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, at + len(q_ids))
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, at + len(q_ids),
+                                                        graphs)
     fwd = st.ids[line:at] + q_ids
     hidden, _ = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     logits = model.logits(hidden[-1:], ids_tensor(letters, model.device))[0].float()
@@ -88,12 +90,12 @@ class Generation:
 
 
 def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: list[int],
-             at: int, max_new_tokens: int, stop_ids: set[int]) -> Generation:
+             at: int, max_new_tokens: int, stop_ids: set[int], graphs=None) -> Generation:
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
     the GDN states it produces are dropped. Depends only on ids[:at] and the prompt."""
     t0 = time.perf_counter()
     rows = at + len(prompt_ids) + max_new_tokens
-    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows)
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
     fwd = st.ids[line:at] + prompt_ids
     hidden, gdn = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     token = int(model.logits(hidden[-1:])[0].argmax())

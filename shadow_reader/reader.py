@@ -63,7 +63,7 @@ class Reader:
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
                  cuda_graphs: bool | None = None):
         self.model = model
-        if cuda_graphs is None:                 # on by default on CUDA: exact and ~6x faster
+        if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
         self._graphs = ChunkGraphs(model, grid) if cuda_graphs else None
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
@@ -242,7 +242,8 @@ class Reader:
             if not q_ids:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
-        answer = fork.answer(self.model, self.config, st, q_ids, letters, choices, at)
+        answer = fork.answer(self.model, self.config, st, q_ids, letters, choices, at,
+                               self._graphs)
         self._settle(session)
         return answer
 
@@ -266,7 +267,7 @@ class Reader:
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
         out = fork.generate(self.model, self.config, st, p_ids, at, max_new_tokens,
-                            set(stop_ids))
+                            set(stop_ids), self._graphs)
         self._settle(session)
         return out
 
@@ -287,9 +288,10 @@ class Reader:
 
     def check_exact(self, session: str) -> bool:
         """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by
-        exact.fresh_prefill's own loop). Returns True; raises exact.ExactnessError naming the
+        exact.fresh_prefill's own loop, through the same chunk runner). Returns True; raises exact.ExactnessError naming the
         first differing tensor and index."""
         st = self._get(session)
-        want = exact.fresh_prefill(self.model, st.ids[:st.committed], self.config.grid)
+        want = exact.fresh_prefill(self.model, st.ids[:st.committed], self.config.grid,
+                                   self._graphs)
         exact.compare(self.state_tensors(session), want)
         return True

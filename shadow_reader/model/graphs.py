@@ -1,16 +1,20 @@
-"""CUDA graphs for whole-chunk reads: the chunk forward of Qwen35 as one graph per stretch of
-layers between two full-attention layers; the attention itself (KV write and SDPA over a length
-that grows with C) runs eagerly between the graphs.
+"""Whole-chunk reads as one CUDA graph: embedding, all layers (GDN and full attention), into
+static buffers; replayed for every chunk of every session.
 
-The eager forward (`Qwen35.forward`) is the reference: a segment runs the very same module calls
-on static copies of the same inputs, so its kernels see the same values and shapes. Whether the
-bits agree with the eager path on a given GPU is measured, not assumed (bench/read.py --graphs
-and the device check compare the committed state with an eager fresh prefill).
+What varies between chunks reaches the graph through device memory, not through the graph's
+baked arguments: the ids, the start position and the addresses of the session's KV buffers sit
+in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention layer], filled by
+one host-to-device copy from pinned memory; the GDN states are copied into static inputs (one
+multi-tensor copy). Attention is attn_triton's table-addressed kernel (KV write and attention),
+the only kernel that reads a position or an address at replay.
 
-Static buffers (all on the model's device): ids [T] int64, positions [T] int64, cos/sin
-[T, rotary_dim], the residual x [T, hidden] between segments, per full-attention layer q
-[T, H, D], k and v [T, Hkv, D], gate and attention output [T, H * D], per GDN layer the input
-and output states (conv [conv_dim, W], recurrent [HV, K, V] fp32), and the final hidden [T, hidden].
+Without graphs (the CPU) the same body runs eagerly, with the eager attention
+(`Attention.attend`, SDPA) unless `attention="table"` (Triton's interpreter in the tests): the
+split of the forward is then checked against Qwen35.forward bit for bit.
+
+Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
+and output states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), the final hidden
+[T, hidden]; for the table attention its split scratch (attn_triton.scratch).
 """
 from __future__ import annotations
 
@@ -20,119 +24,140 @@ from .config import FULL
 from .layers import rope_cos_sin
 
 
-class ChunkGraphs:
-    """Runs chunks of exactly `t` ids through `model` with CUDA graphs. On the CPU the same
-    segments run without graphs (so the CPU tests check the split against Qwen35.forward)."""
+def _flat(pairs) -> list[torch.Tensor]:
+    return [x for pair in pairs for x in pair]
 
-    def __init__(self, model, t: int):
+
+class ChunkGraphs:
+    """Runs chunks of exactly `t` ids through `model`; one CUDA graph on CUDA.
+
+    attention: "table" (attn_triton; the default on CUDA) or "sdpa" (Attention.attend, eager
+    only: the default on the CPU)."""
+
+    def __init__(self, model, t: int, attention: str | None = None):
         self.model, self.t = model, t
-        self.use_graphs = model.device.type == "cuda"
-        cfg, dev, dt = model.cfg, model.device, model.dtype
-        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        dev = model.device
+        self.use_graphs = dev.type == "cuda"
+        attention = attention or ("table" if self.use_graphs else "sdpa")
+        if attention not in ("table", "sdpa") or (self.use_graphs and attention != "table"):
+            raise ValueError(f"attention must be 'table' (or 'sdpa' without graphs), got {attention!r}")
+        self.table = attention == "table"
+        cfg, dt = model.cfg, model.dtype
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
-        self.ids, self.positions = z(t, dtype=torch.long), z(t, dtype=torch.long)
-        self.cos, self.sin = z(t, cfg.rotary_dim), z(t, cfg.rotary_dim)
-        self.x, self.hidden = z(t, cfg.hidden_size), z(t, cfg.hidden_size)
-        n_full = len(cfg.full_layers)
-        self.q = [z(t, h, d) for _ in range(n_full)]
-        self.k = [z(t, hkv, d) for _ in range(n_full)]
-        self.v = [z(t, hkv, d) for _ in range(n_full)]
-        self.gate = [z(t, h * d) for _ in range(n_full)]
-        self.o = [z(t, h * d) for _ in range(n_full)]
+        self.num_full = len(cfg.full_layers)
+        self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
+        self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
+            if self.use_graphs else torch.zeros_like(self.meta)
+        self.meta_copied = torch.cuda.Event() if self.use_graphs else None
+        self.steps = torch.arange(t, device=dev)
+        self.hidden = z(t, cfg.hidden_size)
         hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv = (cfg.conv_dim, cfg.linear_conv_kernel_dim)
         self.gdn_in = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
         self.gdn_out = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
-        self.spans = self._spans()
-        self.graphs: list[torch.cuda.CUDAGraph] = []
+        if self.table:
+            from . import attn_triton
+            self._at = attn_triton
+            self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
+                                               attn_triton.READ, dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._pos, self._kv = 0, None                   # the eager body's attention inputs
 
-    def _spans(self) -> list[list[int]]:
-        """Layer indices run by each segment, split after each full-attention layer."""
-        spans, cur = [], []
-        for i, kind in enumerate(self.model.cfg.layer_types):
-            cur.append(i)
-            if kind == FULL:
-                spans.append(cur)
-                cur = []
-        spans.append(cur)
-        return spans
+    def _attend(self, attn, i: int, q, k, v) -> torch.Tensor:
+        """Full-attention layer i (in order): write k, v and attend q -> [T, H * D]."""
+        if not self.table:
+            return attn.attend(q, k, v, self._pos, *self._kv[i])
+        cfg, at = self.model.cfg, self._at
+        pos, tab = self.meta[self.t:self.t + 1], self.meta[self.t + 1 + 2 * i:self.t + 3 + 2 * i]
+        at.write_kv(k.contiguous(), v.contiguous(), tab, pos)
+        out = torch.empty(self.t, cfg.num_attention_heads * cfg.head_dim, device=q.device,
+                          dtype=q.dtype)
+        return at.attend_table(q.contiguous(), tab, pos, cfg.num_key_value_heads, *self.scratch,
+                               out)
 
-    def _segment(self, s: int) -> None:
-        """Segment s: finish attention s-1 (output, residual, MLP), run the GDN layers up to
-        the next full-attention layer, project that layer's q, k, v, gate into the statics."""
+    def _body(self) -> None:
+        """The chunk forward from meta and gdn_in into hidden and gdn_out (Qwen35.forward's
+        module calls in the same order)."""
         m, cfg = self.model, self.model.cfg
-        if s == 0:
-            x = m.embed_tokens(self.ids)
-            cos, sin = rope_cos_sin(self.positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-            self.cos.copy_(cos)
-            self.sin.copy_(sin)
-        else:
-            layer = m.layers[cfg.full_layers[s - 1]]
-            x = self.x + layer.self_attn.output(self.o[s - 1], self.gate[s - 1])
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        for i in self.spans[s]:
-            layer = m.layers[i]
+        x = m.embed_tokens(self.meta[:self.t])
+        positions = self.steps + self.meta[self.t]
+        rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        full = gdn = 0
+        for layer in m.layers:
+            h = layer.input_layernorm(x)
             if layer.layer_type == FULL:
-                q, k, v, gate = layer.self_attn.project(layer.input_layernorm(x),
-                                                        (self.cos, self.sin))
-                for dst, src in ((self.q[s], q), (self.k[s], k), (self.v[s], v),
-                                 (self.gate[s], gate)):
-                    dst.copy_(src)
-                self.x.copy_(x)
-                return
-            j = cfg.linear_layers.index(i)
-            h, conv, rec = layer.linear_attn(layer.input_layernorm(x), *self.gdn_in[j],
-                                             m.kernels)
-            self.gdn_out[j][0].copy_(conv)
-            self.gdn_out[j][1].copy_(rec)
+                attn = layer.self_attn
+                q, k, v, gate = attn.project(h, rope)
+                h = attn.output(self._attend(attn, full, q, k, v), gate)
+                full += 1
+            else:
+                h, conv, rec = layer.linear_attn(h, *self.gdn_in[gdn], m.kernels)
+                self.gdn_out[gdn][0].copy_(conv)
+                self.gdn_out[gdn][1].copy_(rec)
+                gdn += 1
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.hidden.copy_(x)
 
-    def _attend(self, s: int, pos: int, kv) -> None:
-        attn = self.model.layers[self.model.cfg.full_layers[s]].self_attn
-        self.o[s].copy_(attn.attend(self.q[s], self.k[s], self.v[s], pos, *kv[s]))
-
     def _capture(self) -> None:
-        """Warm up (Triton autotuning, cuBLAS handles) on a side stream, then capture."""
+        """Warm up (Triton compiles, cuBLAS handles) on a side stream with KV rows of its own
+        (pos 0), then capture the body."""
         cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
         rows = (self.t, cfg.num_key_value_heads, cfg.head_dim)
         kv = [(torch.zeros(rows, device=dev, dtype=dt), torch.zeros(rows, device=dev, dtype=dt))
-              for _ in cfg.full_layers]
-        self.positions.copy_(torch.arange(self.t, device=dev))
+              for _ in range(self.num_full)]
+        self._stage(torch.zeros(self.t, dtype=torch.long), 0, kv)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
             for _ in range(2):
-                for s in range(len(self.spans)):
-                    self._segment(s)
-                    if s < len(cfg.full_layers):
-                        self._attend(s, 0, kv)
+                self._body()
         torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        with torch.no_grad():
-            for s in range(len(self.spans)):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._segment(s)
-                self.graphs.append(graph)
+        torch.cuda.synchronize(dev)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(self.graph):
+            self._body()
+
+    def _stage(self, ids: torch.Tensor, pos: int, kv: list) -> None:
+        """ids, pos and the KV addresses into meta: one copy from pinned memory on CUDA."""
+        if self.meta_copied is not None:
+            self.meta_copied.synchronize()          # the last copy has read meta_host
+        host = self.meta_host
+        host[:self.t].copy_(ids)
+        ptrs = [pos] + [x.data_ptr() for x in _flat(kv)] if self.table else [pos]
+        host[self.t:self.t + len(ptrs)] = torch.tensor(ptrs, dtype=torch.long)
+        self.meta.copy_(host, non_blocking=True)
+        if self.meta_copied is not None:
+            self.meta_copied.record()
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
-        """Same contract as Qwen35.forward for T = self.t: writes KV rows [pos, pos + T),
-        returns (hidden [T, hidden], new gdn list); the given states are not changed."""
-        if self.use_graphs and not self.graphs:
+        """Same contract as Qwen35.forward for T = self.t (ids [T] int64 on any device; every
+        KV buffer contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
+        (hidden [T, hidden], new gdn list); the given states are not changed.
+
+        Raises ValueError for a chunk of another length or a KV buffer that is too small or not
+        contiguous (the kernel addresses rows by pointer, unchecked)."""
+        if ids.shape != (self.t,):
+            raise ValueError(f"a chunk of {self.t} ids expected, got shape {tuple(ids.shape)}")
+        for buf in _flat(kv):
+            if buf.shape[0] < pos + self.t or not buf.is_contiguous():
+                raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
+                                 f"{pos + self.t} (contiguous: {buf.is_contiguous()})")
+        if self.use_graphs and self.graph is None:
             self._capture()
-        self.ids.copy_(ids)
-        self.positions.copy_(torch.arange(pos, pos + self.t, device=ids.device))
-        for (ci, ri), (c, r) in zip(self.gdn_in, gdn):
-            ci.copy_(c)
-            ri.copy_(r)
-        for s in range(len(self.spans)):
-            if self.use_graphs:
-                self.graphs[s].replay()
-            else:
-                self._segment(s)
-            if s < len(self.model.cfg.full_layers):
-                self._attend(s, pos, kv)
-        return self.hidden.clone(), [(c.clone(), r.clone()) for c, r in self.gdn_out]
+        self._stage(ids, pos, kv)
+        for part in (0, 1):                         # conv states, then recurrent (one dtype each)
+            torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._pos, self._kv = pos, kv
+            self._body()
+            self._kv = None
+        out = []
+        for part in (0, 1):
+            src = [x[part] for x in self.gdn_out]
+            out.append([torch.empty_like(x) for x in src])
+            torch._foreach_copy_(out[-1], src)
+        return self.hidden.clone(), list(zip(*out))

@@ -108,3 +108,18 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)                # [D, W + T]
     y = F.conv1d(full[None, :, 1:], weight[:, None, :].to(x.dtype), groups=weight.shape[0])
     return F.silu(y[0].t()), full[:, -width:].contiguous()
+
+
+def attend_ref(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> torch.Tensor:
+    """Twin of attn_triton.attend_table in fp32: q [T, H, D] at positions [pos, pos + T) over
+    rows [0, pos + T) of k_buf, v_buf [cap, Hkv, D], causal (key j visible to row t iff
+    j <= pos + t), scale D^-0.5. Returns [T, H * D] in q's dtype."""
+    t, h, d = q.shape
+    end = pos + t
+    group = h // k_buf.shape[1]
+    k = k_buf[:end].float().repeat_interleave(group, dim=1)         # [end, H, D]
+    v = v_buf[:end].float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,jhd->htj", q.float(), k) * d ** -0.5
+    visible = torch.arange(end, device=q.device)[None, :] <= pos + torch.arange(t, device=q.device)[:, None]
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("htj,jhd->thd", probs, v).reshape(t, h * d).to(q.dtype)

@@ -1,0 +1,160 @@
+"""Attention of a chunk over a session's KV buffer, addressed through a device table, so one
+CUDA graph serves every session and every context length (Triton; CUDA, or the CPU under
+TRITON_INTERPRET=1 for tests). The pure-torch twin is `attn_ref.attend_table_ref`.
+
+Why our own kernel: SDPA's flash kernel takes the KV length and the buffer's address from the
+host, so a captured graph would be valid for one session at one length; here both come from
+device memory (`table`: per layer [k_ptr, v_ptr] as int64; `pos`: [1] int64), read by the kernel
+at replay. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS and fla.
+
+Numerics (fixed, so bits depend only on pos, T and the values, never on a buffer's capacity or
+on which session ran before): scores q.k in fp32 from bf16 operands, scaled by D^-0.5 and taken
+base 2; online softmax in fp32; P cast to the value dtype for the P.V product (as FlashAttention
+does); the keys [0, pos + T) are cut into at most S_MAX splits of equal length (a multiple of
+BLOCK_N, at least MIN_SPLIT keys), each split reduced by one program, the splits combined in
+order by a second kernel (flash-decoding, Dao et al. 2023). Rows are (position, query head of one
+KV group) pairs, so the G = H / Hkv query heads that share a KV head load it once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Tiling of one attention call. block_m: rows (position x group head) per program;
+    block_n: keys per inner step; s_max: most splits of the keys; min_split: fewest keys a split
+    holds. Chunk reads use READ (fixed: the committed state depends on it)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    s_max: int = 16
+    min_split: int = 2048
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+READ = SplitConfig()
+DECODE = SplitConfig(block_m=16, s_max=64, min_split=512, num_warps=4)
+
+
+@triton.jit
+def _kv_write_kernel(K, V, TAB, POS, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per new position t: K[t], V[t] ([ROW] = Hkv * D values) to row pos + t."""
+    t = tl.program_id(0)
+    pos = tl.load(POS)
+    kp = tl.load(TAB).to(tl.pointer_type(K.dtype.element_ty))
+    vp = tl.load(TAB + 1).to(tl.pointer_type(V.dtype.element_ty))
+    o = tl.arange(0, BLOCK)
+    m = o < ROW
+    dst = (pos + t) * ROW + o
+    tl.store(kp + dst, tl.load(K + t * ROW + o, mask=m), mask=m)
+    tl.store(vp + dst, tl.load(V + t * ROW + o, mask=m), mask=m)
+
+
+@triton.jit
+def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
+                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr):
+    """Program (m, kv head, split): rows m*BLOCK_M.. of (t, g), keys of one split.
+    Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp)."""
+    G: tl.constexpr = H // HKV
+    pid_m, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pos = tl.load(POS)
+    split = tl.maximum(((pos + T + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
+    last_t = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
+    lo = s * split
+    hi = tl.minimum(lo + split, pos + last_t + 1)     # keys past hi are masked for every row
+    if lo < hi:
+        kp = tl.load(TAB).to(tl.pointer_type(Q.dtype.element_ty))
+        vp = tl.load(TAB + 1).to(tl.pointer_type(Q.dtype.element_ty))
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        t = rows // G
+        head = kvh * G + rows % G
+        row_ok = t < T
+        d = tl.arange(0, D)
+        q = tl.load(Q + (t * H + head)[:, None] * D + d[None, :], mask=row_ok[:, None],
+                    other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            off = n[:, None] * (HKV * D) + kvh * D + d[None, :]
+            k = tl.load(kp + off, mask=(n < hi)[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(k)) * scale_log2
+            vis = (n[None, :] <= pos + t[:, None]) & (n[None, :] < hi)
+            sc = tl.where(vis, sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+            p = tl.exp2(sc - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            v = tl.load(vp + off, mask=(n < hi)[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        out_row = s * T * H + t * H + head
+        tl.store(O_PART + out_row[:, None] * D + d[None, :], acc / l_safe[:, None],
+                 mask=row_ok[:, None])
+        tl.store(L_PART + out_row, m_i + tl.log2(l_safe), mask=row_ok)
+
+
+@triton.jit
+def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.constexpr,
+                         BLOCK_N: tl.constexpr, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr):
+    """Program per row t*H + h: the splits that hold keys <= pos + t, combined in split order."""
+    r = tl.program_id(0)
+    pos = tl.load(POS)
+    split = tl.maximum(((pos + T + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
+    num_splits = (pos + r // H) // split + 1
+    lse0 = tl.load(L_PART + r)                        # split 0 holds key 0: always present
+    m = lse0
+    for s in range(1, num_splits):
+        m = tl.maximum(m, tl.load(L_PART + s * T * H + r))
+    d = tl.arange(0, D)
+    den = tl.exp2(lse0 - m)
+    acc = den * tl.load(O_PART + r * D + d)
+    for s in range(1, num_splits):
+        w = tl.exp2(tl.load(L_PART + s * T * H + r) - m)
+        acc += w * tl.load(O_PART + (s * T * H + r) * D + d)
+        den += w
+    tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] (contiguous) -> rows [pos, pos + T) of the buffers whose addresses are
+    table [2] int64 (k_buf, v_buf: contiguous [cap, Hkv, D] of k's dtype); pos [1] int64.
+    Nothing checks the capacity: the caller ensures cap >= pos + T."""
+    row = k.shape[1] * k.shape[2]
+    _kv_write_kernel[(k.shape[0],)](k, v, table, pos, ROW=row, BLOCK=triton.next_power_of_2(row))
+
+
+def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv_heads: int,
+                 o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor,
+                 cfg: SplitConfig = READ) -> torch.Tensor:
+    """Causal attention (bottom-right aligned) of q [T, H, D] at positions [pos, pos + T) over
+    KV rows [0, pos + T) of the buffers in table [2] int64, written to out [T, H * D] (q's
+    dtype). Scratch: o_part [cfg.s_max, T * H, D] fp32, l_part [cfg.s_max, T * H] fp32.
+    D must be a power of two and H a multiple of num_kv_heads."""
+    t, h, d = q.shape
+    grid = (triton.cdiv(t * (h // num_kv_heads), cfg.block_m), num_kv_heads, cfg.s_max)
+    scale_log2 = d ** -0.5 * 1.4426950408889634        # log2(e): softmax taken base 2
+    _attn_split_kernel[grid](q, table, pos, o_part, l_part, t, scale_log2, H=h, HKV=num_kv_heads,
+                             D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, S_MAX=cfg.s_max,
+                             MIN_SPLIT=cfg.min_split, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+    _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d, BLOCK_N=cfg.block_n,
+                                   S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split)
+    return out
+
+
+def scratch(t: int, h: int, d: int, cfg: SplitConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o_part [s_max, T * H, D] fp32, l_part [s_max, T * H] fp32) for attend_table."""
+    return (torch.empty(cfg.s_max, t * h, d, device=device, dtype=torch.float32),
+            torch.empty(cfg.s_max, t * h, device=device, dtype=torch.float32))

@@ -1,0 +1,154 @@
+"""The table-addressed attention kernel (Triton, run by Triton's interpreter on the CPU) against
+its pure-torch twin ref.attend_ref, and its KV write, on real-shaped heads.
+
+Skipped where triton is not installed. The interpreter's tl.dot multiplies bfloat16 operands as
+their raw 16-bit patterns (numpy has no bfloat16), so these tests run in float16; the device
+check (bench/read.py --parts attn) covers bfloat16 on the GPU."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from shadow_reader.model import attn_triton as at  # noqa: E402
+from shadow_reader.model.ref import attend_ref  # noqa: E402
+
+DT = torch.float16
+SMALL = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4)
+
+
+def _case(t, pos, h=4, hkv=2, d=32, cap_extra=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cap = pos + t + cap_extra
+    k_buf = torch.randn(cap, hkv, d, generator=g).to(DT)
+    v_buf = torch.randn(cap, hkv, d, generator=g).to(DT)
+    q = torch.randn(t, h, d, generator=g).to(DT)
+    return q, k_buf, v_buf
+
+
+def _run(q, k_buf, v_buf, pos, cfg):
+    t, h, d = q.shape
+    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
+    o_part, l_part = at.scratch(t, h, d, cfg, q.device)
+    out = torch.empty(t, h * d, dtype=q.dtype)
+    return at.attend_table(q, table, torch.tensor([pos]), k_buf.shape[1], o_part, l_part, out, cfg)
+
+
+@pytest.mark.parametrize("t,pos", [(1, 0), (5, 0), (16, 0), (16, 40), (1, 150), (23, 137)])
+def test_attend_table_matches_twin(t, pos):
+    q, k_buf, v_buf = _case(t, pos)
+    got = _run(q, k_buf, v_buf, pos, SMALL)
+    want = attend_ref(q, k_buf, v_buf, pos)
+    err = (got.float() - want.float()).abs().max().item()
+    assert err < 4e-3, err                       # P.V in half precision, as FlashAttention
+    assert torch.isfinite(got.float()).all()
+
+
+def test_attend_table_ignores_capacity_and_rows_past_the_end():
+    """Bits depend on (pos, T, values) only: other capacity, garbage past pos + T."""
+    q, k_buf, v_buf = _case(9, 70, cap_extra=3)
+    a = _run(q, k_buf, v_buf, 70, SMALL)
+    big_k = torch.cat([k_buf, torch.randn(50, *k_buf.shape[1:]).to(k_buf.dtype)])
+    big_v = torch.cat([v_buf, torch.randn(50, *v_buf.shape[1:]).to(v_buf.dtype)])
+    big_k[79:], big_v[79:] = 1e4, -1e4
+    b = _run(q, big_k, big_v, 70, SMALL)
+    assert torch.equal(a, b)
+
+
+def test_splits_agree_with_one_split():
+    q, k_buf, v_buf = _case(16, 200)
+    one = at.SplitConfig(block_m=16, block_n=16, s_max=1, min_split=16, num_warps=4)
+    a = _run(q, k_buf, v_buf, 200, SMALL).float()
+    b = _run(q, k_buf, v_buf, 200, one).float()
+    assert (a - b).abs().max().item() < 4e-3
+
+
+def test_write_kv_writes_only_its_rows():
+    g = torch.Generator().manual_seed(1)
+    k_buf = torch.randn(40, 2, 32, generator=g).to(DT)
+    v_buf = torch.randn(40, 2, 32, generator=g).to(DT)
+    k0, v0 = k_buf.clone(), v_buf.clone()
+    k = torch.randn(6, 2, 32, generator=g).to(DT)
+    v = torch.randn(6, 2, 32, generator=g).to(DT)
+    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
+    at.write_kv(k, v, table, torch.tensor([17]))
+    assert torch.equal(k_buf[17:23], k) and torch.equal(v_buf[17:23], v)
+    assert torch.equal(k_buf[:17], k0[:17]) and torch.equal(k_buf[23:], k0[23:])
+    assert torch.equal(v_buf[:17], v0[:17]) and torch.equal(v_buf[23:], v0[23:])
+
+
+def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
+    """The whole-chunk body with the table attention (as captured on CUDA) against
+    Qwen35.forward (SDPA) over three chunks: hidden, KV rows, GDN states, in fp32."""
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.state import alloc_kv, zero_gdn
+    cfg, t = tiny.cfg, 64
+    ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for fn in (tiny, ChunkGraphs(tiny, t, attention="table").run):
+        kv, gdn = alloc_kv(cfg, 3 * t + 5, "cpu", torch.float32), zero_gdn(cfg, "cpu", torch.float32)
+        for pos in range(0, 3 * t, t):
+            h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
+        runs.append((h, kv, gdn))
+    (h1, kv1, g1), (h2, kv2, g2) = runs
+    close = lambda a, b: (a.float() - b.float()).abs().max().item() < 1e-4  # noqa: E731
+    assert close(h1, h2)
+    assert all(close(a[:3 * t], b[:3 * t]) for p, q in zip(kv1, kv2) for a, b in zip(p, q))
+    assert all(close(a, b) for p, q in zip(g1, g2) for a, b in zip(p, q))
+
+
+def test_chunk_runner_refuses_a_buffer_too_small(tiny):
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.state import alloc_kv, zero_gdn
+    runner = ChunkGraphs(tiny, 64, attention="table")
+    kv = alloc_kv(tiny.cfg, 100, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="cannot take rows up to 128"):
+        runner.run(torch.zeros(64, dtype=torch.long), 64, kv, zero_gdn(tiny.cfg, "cpu", torch.float32))
+
+
+@pytest.fixture(scope="module")
+def tiny_deep():
+    """tiny with its full-attention layer first (full, GDN, GDN, full), so the attention's bits
+    reach the committed state (in tiny they reach only the last layer's output)."""
+    import dataclasses
+
+    from shadow_reader.model.config import FULL, LINEAR, PRESETS
+    from shadow_reader.model.qwen35 import ModelInfo
+    from shadow_reader.model.weights import build_model, random_tensors
+    cfg = dataclasses.replace(PRESETS["tiny"], layer_types=(FULL, LINEAR, LINEAR, FULL))
+    return build_model(cfg, random_tensors(cfg), ModelInfo("tiny-deep", "", True))
+
+
+def test_reader_on_table_attention_stays_exact(tiny_deep):
+    """Every whole chunk a reader commits (reads, asks at or above C, forks below C) goes
+    through its chunk runner: with the table attention (other bits than the eager forward)
+    the state still equals a fresh prefill through the same runner, and an ask below C equals
+    a fresh reader's."""
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.reader import Reader
+    from shadow_reader.router import ROUTER
+    tiny = tiny_deep
+
+    def reader():
+        r = Reader(tiny, grid=64, kv_step=64, max_checkpoints=2, cuda_graphs=True)
+        r._graphs = ChunkGraphs(tiny, 64, attention="table")
+        return r
+
+    ids = torch.randint(0, 248000, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+    r = reader()
+    r.feed("s", ids[:200], "prompt")
+    r.read("s", max_chunks=2)
+    a = r.ask("s", ROUTER.question, list(ROUTER.choices), at=200)    # commits up to 192
+    assert r.committed("s") == 192 and r.check_exact("s")
+    r.feed("s", ids[200:], "output")
+    r.read("s")
+    below = r.ask("s", ROUTER.question, list(ROUTER.choices), at=200)
+    assert r.check_exact("s")
+    fresh = reader()
+    fresh.feed("f", ids[:200], "prompt")
+    want = fresh.ask("f", ROUTER.question, list(ROUTER.choices), at=200)
+    assert below.probs == want.probs == a.probs
