@@ -153,9 +153,19 @@ def _part(res: dict, key: str, fn) -> None:
         res[key] = f"failed: {type(e).__name__}: {e}"[:500]
 
 
+def attn_split(args):
+    """--attn-tiling BMxBNxWARPSxSTAGES as an attn_triton.SplitConfig (None: the default)."""
+    if not getattr(args, "attn_tiling", None):
+        return None
+    from .model.attn_triton import SplitConfig
+    bm, bn, w, s = (int(x) for x in args.attn_tiling.split("x"))
+    return SplitConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+
+
 def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
                graphs: bool = False) -> dict:
-    reader = Reader(model, grid=grid, cuda_graphs=graphs)     # the eager path unless graphs
+    reader = Reader(model, grid=grid, cuda_graphs=graphs,     # the eager path unless graphs
+                    attn_split=attn_split(args) if graphs else None)
     read_rates(reader, ids[:1024], timer)                                # warm-up
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
@@ -178,7 +188,8 @@ def run(args) -> dict:
     ids = load_ids(args.ids, args.max_context + 1024)
     parts = set(args.parts.split(","))
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
-           "kernels": model.kernels.name, "max_context": args.max_context, **versions()}
+           "kernels": model.kernels.name, "max_context": args.max_context,
+           "attn_tiling": getattr(args, "attn_tiling", None) or "default", **versions()}
     if "read" in parts:
         for grid in args.grids:
             _part(res, f"read_grid{grid}", lambda: _read_part(model, grid, ids, args, parts, timer))

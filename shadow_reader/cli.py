@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                     default=[8192, 32768, 102400])
     bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
                     help="comma-separated parts to run")
+    bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
+                    " (default: attn_triton.READ)")
     bp.add_argument("--out", help="also write the JSON object to this file")
     bp.set_defaults(func=_bench)
     fp = sub.add_parser("fresh", help="replay request timelines through the scheduler on "

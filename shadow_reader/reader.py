@@ -53,19 +53,23 @@ class Reader:
     resident_bytes (cap on resident session bytes, 4 GiB); disk_dir (where sessions past the
     cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
     folder, None: none); disk_ttl_s (files older than this are deleted, 48 h); cuda_graphs
-    (read whole chunks through model.graphs.ChunkGraphs; default: on CUDA; on the CPU its
-    segments run without graphs).
+    (read whole chunks through model.graphs.ChunkGraphs, one CUDA graph a chunk; default: on
+    CUDA; on the CPU its body runs without graphs); fused_ops (the runner's small ops through
+    torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the runner's attention
+    tiling, model.attn_triton.SplitConfig; default: its READ).
     Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, fused_ops: bool | None = None,
+                 attn_split=None):
         self.model = model
         if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
-        self._graphs = ChunkGraphs(model, grid) if cuda_graphs else None
+        self._graphs = (ChunkGraphs(model, grid, fused=fused_ops, split=attn_split)
+                        if cuda_graphs else None)
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
         self._tokenizer = tokenizer

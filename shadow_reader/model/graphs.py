@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from . import ops
 from .config import FULL
 from .layers import rope_cos_sin
 
@@ -32,9 +33,12 @@ class ChunkGraphs:
     """Runs chunks of exactly `t` ids through `model`; one CUDA graph on CUDA.
 
     attention: "table" (attn_triton; the default on CUDA) or "sdpa" (Attention.attend, eager
-    only: the default on the CPU)."""
+    only: the default on the CPU). fused: the layer's small ops through torch.compile
+    (ops.fused_ops; default on CUDA), else ops.EAGER. split: the attention's tiling
+    (attn_triton.SplitConfig, default attn_triton.READ; the committed bits depend on it)."""
 
-    def __init__(self, model, t: int, attention: str | None = None):
+    def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
+                 split=None):
         self.model, self.t = model, t
         dev = model.device
         self.use_graphs = dev.type == "cuda"
@@ -42,6 +46,9 @@ class ChunkGraphs:
         if attention not in ("table", "sdpa") or (self.use_graphs and attention != "table"):
             raise ValueError(f"attention must be 'table' (or 'sdpa' without graphs), got {attention!r}")
         self.table = attention == "table"
+        if fused is None:
+            fused = self.use_graphs
+        self.ops = ops.fused_ops() if fused else ops.EAGER
         cfg, dt = model.cfg, model.dtype
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
         self.num_full = len(cfg.full_layers)
@@ -57,9 +64,9 @@ class ChunkGraphs:
         self.gdn_out = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
         if self.table:
             from . import attn_triton
-            self._at = attn_triton
+            self._at, self.split = attn_triton, split or attn_triton.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
-                                               attn_triton.READ, dev)
+                                               self.split, dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self._pos, self._kv = 0, None                   # the eager body's attention inputs
 
@@ -73,31 +80,35 @@ class ChunkGraphs:
         out = torch.empty(self.t, cfg.num_attention_heads * cfg.head_dim, device=q.device,
                           dtype=q.dtype)
         return at.attend_table(q.contiguous(), tab, pos, cfg.num_key_value_heads, *self.scratch,
-                               out)
+                               out, self.split)
 
     def _body(self) -> None:
-        """The chunk forward from meta and gdn_in into hidden and gdn_out (Qwen35.forward's
-        module calls in the same order)."""
-        m, cfg = self.model, self.model.cfg
+        """The chunk forward from meta and gdn_in into hidden and gdn_out: Qwen35.forward's ops
+        in the same order (with ops.EAGER the same bits), each residual add joined to the norm
+        after it (ops.add_rms_norm)."""
+        m, cfg, op = self.model, self.model.cfg, self.ops
+        eps, layers = cfg.rms_norm_eps, m.layers
         x = m.embed_tokens(self.meta[:self.t])
         positions = self.steps + self.meta[self.t]
         rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        h = op.rms_norm(x, layers[0].input_layernorm.weight, eps)
         full = gdn = 0
-        for layer in m.layers:
-            h = layer.input_layernorm(x)
+        for i, layer in enumerate(layers):
             if layer.layer_type == FULL:
                 attn = layer.self_attn
-                q, k, v, gate = attn.project(h, rope)
-                h = attn.output(self._attend(attn, full, q, k, v), gate)
+                q, k, v, gate = attn.project(h, rope, op)
+                h = attn.output(self._attend(attn, full, q, k, v), gate, op)
                 full += 1
             else:
-                h, conv, rec = layer.linear_attn(h, *self.gdn_in[gdn], m.kernels)
+                h, conv, rec = layer.linear_attn(h, *self.gdn_in[gdn], m.kernels, op)
                 self.gdn_out[gdn][0].copy_(conv)
                 self.gdn_out[gdn][1].copy_(rec)
                 gdn += 1
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        self.hidden.copy_(x)
+            x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
+            h = layer.mlp(h, op)
+            if i + 1 < len(layers):
+                x, h = op.add_rms_norm(x, h, layers[i + 1].input_layernorm.weight, eps)
+        self.hidden.copy_(x + h)
 
     def _capture(self) -> None:
         """Warm up (Triton compiles, cuBLAS handles) on a side stream with KV rows of its own
@@ -136,14 +147,15 @@ class ChunkGraphs:
         KV buffer contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
         (hidden [T, hidden], new gdn list); the given states are not changed.
 
-        Raises ValueError for a chunk of another length or a KV buffer that is too small or not
-        contiguous (the kernel addresses rows by pointer, unchecked)."""
+        Raises ValueError for a chunk of another length or a KV buffer that is too small, not
+        contiguous or not 16-byte aligned (the kernel addresses rows by pointer, unchecked)."""
         if ids.shape != (self.t,):
             raise ValueError(f"a chunk of {self.t} ids expected, got shape {tuple(ids.shape)}")
         for buf in _flat(kv):
-            if buf.shape[0] < pos + self.t or not buf.is_contiguous():
+            if buf.shape[0] < pos + self.t or not buf.is_contiguous() or buf.data_ptr() % 16:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
-                                 f"{pos + self.t} (contiguous: {buf.is_contiguous()})")
+                                 f"{pos + self.t} (contiguous: {buf.is_contiguous()}, address "
+                                 f"{buf.data_ptr():#x} must be 16-byte aligned)")
         if self.use_graphs and self.graph is None:
             self._capture()
         self._stage(ids, pos, kv)

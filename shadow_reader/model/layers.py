@@ -13,8 +13,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from .config import ModelConfig
+from . import ops
 from .kernels import KernelSet
-from .ref import l2norm
+from .ops import EAGER, Ops
 
 
 class RMSNorm(nn.Module):
@@ -26,9 +27,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -40,9 +39,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * n * F.silu(z.float())).to(x.dtype)
+        return ops.gated_rms_norm(x, z, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -52,8 +49,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
+        return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
@@ -64,16 +61,6 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: 
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; rotate the first rotary_dim dims (rotate-half), pass the rest through."""
-    rot = cos.shape[-1]
-    xr, xp = x[..., :rot], x[..., rot:]
-    half = rot // 2
-    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-    xr = xr * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([xr, xp], dim=-1)
 
 
 def sdpa_backends(device: torch.device, dtype: torch.dtype) -> list[SDPBackend]:
@@ -97,15 +84,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def project(self, x: torch.Tensor, rope):
+    def project(self, x: torch.Tensor, rope, op: Ops = EAGER):
         """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
         v [T, Hkv, D], gate [T, H * D]."""
         cfg, t = self.cfg, x.shape[0]
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qg = self.q_proj(x).view(t, h, 2 * d)            # per head: [query 256 | gate 256]
         q, gate = qg[..., :d], qg[..., d:].reshape(t, h * d)
-        q = apply_rope(self.q_norm(q), *rope)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(t, hkv, d)), *rope)
+        q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
+        k = op.norm_rope(self.k_proj(x).view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
         return q, k, self.v_proj(x).view(t, hkv, d), gate
 
     def attend(self, q, k, v, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
@@ -126,9 +113,9 @@ class Attention(nn.Module):
                                                enable_gqa=k.shape[1] != h)
         return o[0].permute(1, 0, 2).reshape(t, -1)
 
-    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def output(self, o: torch.Tensor, gate: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
         """o [T, H * D] gated by sigmoid(gate) -> o_proj -> [T, hidden]."""
-        return self.o_proj(o * torch.sigmoid(gate))
+        return self.o_proj(op.sigmoid_gate(o, gate))
 
     def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
         """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
@@ -155,7 +142,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, conv_state, rec_state, kernels: KernelSet):
+    def forward(self, x, conv_state, rec_state, kernels: KernelSet, op: Ops = EAGER):
         """x [T, hidden]; conv_state [conv_dim, W] (x's dtype); rec_state [HV, K, V] fp32.
         Returns (out [T, hidden], new conv_state, new rec_state); the inputs are not modified."""
         cfg, t = self.cfg, x.shape[0]
@@ -163,12 +150,9 @@ class GatedDeltaNet(nn.Module):
         kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed, conv_state = kernels.conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :],
                                          conv_state)
-        q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
-        q = l2norm(q.reshape(t, hk, kd))
-        k = l2norm(k.reshape(t, hk, kd))
-        beta = torch.sigmoid(self.in_proj_b(x))
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        o, rec_state = kernels.gdn(q, k, v.reshape(t, hv, vd), g, beta, rec_state)
+        q, k, v, g, beta = op.gdn_gates(mixed, self.in_proj_b(x), self.in_proj_a(x), self.A_log,
+                                        self.dt_bias, hk, kd, hv, vd)
+        o, rec_state = kernels.gdn(q, k, v, g, beta, rec_state)
         z = self.in_proj_z(x).view(t, hv, vd)
-        o = self.norm(o, z).reshape(t, cfg.value_dim)
+        o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
         return self.out_proj(o), conv_state, rec_state

@@ -1,0 +1,99 @@
+"""The small ops of a layer (norms, gates, activations, RoPE) as pure functions of tensors, so the
+chunk runner can swap in fused versions (`fused_ops`: torch.compile, one Triton kernel a function
+instead of 5-10 launches) while the eager forward keeps these reference versions.
+
+Formulas: specs/qwen35.md sections 3.4 (partial RoPE, rotate-half), 4.3-4.8 (GDN gates, L2 norm,
+gated norm), 5 (zero-centred RMSNorm, SwiGLU). Fused versions compute in fp32 and may round
+intermediate values differently, so their bits differ from these; the reader's chunks all go
+through one runner, so its state still equals a fresh prefill through that runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .ref import l2norm
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (1 + w) in fp32,
+    cast to x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + w.float())).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
+    """Residual add then norm: (x + h, rms_norm(x + h)), both [T, hidden] in x's dtype."""
+    x = x + h
+    return x, rms_norm(x, w, eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """The GDN output norm over one value head (plain weight) gated by silu(z): x, z [T, HV, V]."""
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (w * n * F.silu(z.float())).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotate the first rotary_dim dims (rotate-half), pass the rest through."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    xr = xr * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([xr, xp], dim=-1)
+
+
+def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
+    """Per-head q or k norm, then RoPE: x [T, H, D] -> [T, H, D]."""
+    return apply_rope(rms_norm(x, w, eps), cos, sin)
+
+
+def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor,
+              dt_bias: torch.Tensor, hk: int, kd: int, hv: int, vd: int):
+    """From the conv output mixed [T, 2 * HK * K + HV * V] and the b, a projections [T, HV]:
+    q, k [T, HK, K] (L2-normed), v [T, HV, V], g [T, HV] fp32 (log decay), beta [T, HV]."""
+    t = mixed.shape[0]
+    q, k, v = mixed.split([hk * kd, hk * kd, hv * vd], dim=-1)
+    q = l2norm(q.reshape(t, hk, kd))
+    k = l2norm(k.reshape(t, hk, kd))
+    beta = torch.sigmoid(b)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return q, k, v.reshape(t, hv, vd), g, beta
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Attention output gate: o * sigmoid(gate), [T, H * D]."""
+    return o * torch.sigmoid(gate)
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u, [T, intermediate]."""
+    return F.silu(g) * u
+
+
+@dataclass(frozen=True)
+class Ops:
+    rms_norm: Callable = rms_norm
+    add_rms_norm: Callable = add_rms_norm
+    gated_rms_norm: Callable = gated_rms_norm
+    norm_rope: Callable = norm_rope
+    gdn_gates: Callable = gdn_gates
+    sigmoid_gate: Callable = sigmoid_gate
+    swiglu: Callable = swiglu
+
+
+EAGER = Ops()
+
+
+def fused_ops() -> Ops:
+    """Every op through torch.compile (static shapes; compiled at first call per shape, which
+    the chunk runner does before capturing its graph)."""
+    return Ops(**{f.name: torch.compile(getattr(EAGER, f.name), dynamic=False, fullgraph=True)
+                  for f in fields(Ops)})
