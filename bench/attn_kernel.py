@@ -134,9 +134,20 @@ def speed(h, hkv, d, configs) -> dict:
                 row[name] = f"failed: {type(e).__name__}: {e}"[:200]
         res[f"chunk512_at_{ctx // 1024}k"] = row
     q, kb, vb = case(1, 100352, h, hkv, d)
-    fn, _ = run_table(q, kb, vb, 100352, at.DECODE)
-    res["decode_at_98k"] = {"sdpa_ms": round(timed(lambda: sdpa(q, kb, vb, 100352)), 3),
-                            "decode_cfg": round(timed(fn), 3)}
+    row = {"sdpa_ms": round(timed(lambda: sdpa(q, kb, vb, 100352)), 3)}
+    variants = {"decode_cfg": at.DECODE}
+    for bm, bn, w, s_max, min_split in ((16, 64, 4, 16, 512), (16, 32, 4, 64, 512),
+                                        (16, 64, 2, 64, 512), (16, 128, 4, 32, 1024),
+                                        (16, 64, 4, 128, 256)):
+        variants[f"{bm}x{bn}x{w} s{s_max} m{min_split}"] = at.SplitConfig(
+            block_m=bm, block_n=bn, num_warps=w, s_max=s_max, min_split=min_split)
+    for name, cfg in variants.items():
+        try:
+            fn, _ = run_table(q, kb, vb, 100352, cfg)
+            row[name] = round(timed(fn), 3)
+        except Exception as e:
+            row[name] = f"failed: {type(e).__name__}: {e}"[:200]
+    res["decode_at_98k"] = row
     return res
 
 

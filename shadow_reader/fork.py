@@ -57,14 +57,23 @@ def fork_base(model: Qwen35, rcfg: ReaderConfig, st: SessionState, at: int,
 def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int],
            letters: list[int], choices: list[str], at: int, graphs=None) -> Answer:
     """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
+    With `graphs` (model.graphs.Runners) the tail and question go through the runner of their
+    length bucket, else the eager forward.
 
     Returns an Answer whose probs are the softmax (fp32) over the letters' logits."""
     t0 = time.perf_counter()
     backlog = st.backlog
-    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, at + len(q_ids),
-                                                        graphs)
+    line = at // rcfg.grid * rcfg.grid
     fwd = st.ids[line:at] + q_ids
-    hidden, _ = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
+    runner = graphs.for_rows(len(fwd)) if graphs is not None else None
+    rows = max(at + len(q_ids), line + (runner.t if runner else 0))
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
+    if runner is not None:      # padded after the real rows, into scratch KV rows above line
+        padded = torch.tensor(fwd + [fwd[-1]] * (runner.t - len(fwd)), dtype=torch.long)
+        hidden, _ = runner.run(padded, line, base.kv, base.gdn)
+        hidden = hidden[len(fwd) - 1:len(fwd)]
+    else:
+        hidden, _ = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     logits = model.logits(hidden[-1:], ids_tensor(letters, model.device))[0].float()
     probs = torch.softmax(logits, dim=-1).tolist()
     sync(model.device)
@@ -92,7 +101,9 @@ class Generation:
 def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: list[int],
              at: int, max_new_tokens: int, stop_ids: set[int], graphs=None) -> Generation:
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
-    the GDN states it produces are dropped. Depends only on ids[:at] and the prompt."""
+    the GDN states it produces are dropped. Depends only on ids[:at] and the prompt. The first
+    forward is eager (its GDN states must end at the last real id); with `graphs`
+    (model.graphs.Runners) each decode step goes through the single-token runner."""
     t0 = time.perf_counter()
     rows = at + len(prompt_ids) + max_new_tokens
     base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
@@ -101,8 +112,12 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     token = int(model.logits(hidden[-1:])[0].argmax())
     t1 = time.perf_counter()
     out, pos = [token], line + len(fwd)
+    step = graphs.decode().run if graphs is not None else None
     while len(out) < max_new_tokens and token not in stop_ids:
-        hidden, gdn = model(ids_tensor([token], model.device), pos, base.kv, gdn)
+        if step is not None:
+            hidden, gdn = step(torch.tensor([token], dtype=torch.long), pos, base.kv, gdn)
+        else:
+            hidden, gdn = model(ids_tensor([token], model.device), pos, base.kv, gdn)
         token = int(model.logits(hidden)[0].argmax())
         out.append(token)
         pos += 1

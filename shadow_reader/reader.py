@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checkpoints, exact, fork, questions, store, validate
-from .model.graphs import ChunkGraphs
+from .model.graphs import Runners
 from .model.qwen35 import Qwen35
 from .residency import Residency, StoreConfig
 from .state import SessionState, check_layout, clone_gdn, new_state, state_bytes, zero_gdn
@@ -53,8 +53,8 @@ class Reader:
     resident_bytes (cap on resident session bytes, 4 GiB); disk_dir (where sessions past the
     cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
     folder, None: none); disk_ttl_s (files older than this are deleted, 48 h); cuda_graphs
-    (read whole chunks through model.graphs.ChunkGraphs, one CUDA graph a chunk; default: on
-    CUDA; on the CPU its body runs without graphs); fused_ops (the runner's small ops through
+    (chunks, questions and decode steps through model.graphs.Runners, one CUDA graph each;
+    default: on CUDA; on the CPU their bodies run without graphs); fused_ops (the runner's small ops through
     torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the runner's attention
     tiling, model.attn_triton.SplitConfig; default: its READ).
     Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
@@ -68,7 +68,7 @@ class Reader:
         self.model = model
         if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
-        self._graphs = (ChunkGraphs(model, grid, fused=fused_ops, split=attn_split)
+        self._graphs = (Runners(model, grid, fused=fused_ops, split=attn_split)
                         if cuda_graphs else None)
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)

@@ -126,16 +126,20 @@ def tiny_deep():
 def test_reader_on_table_attention_stays_exact(tiny_deep):
     """Every whole chunk a reader commits (reads, asks at or above C, forks below C) goes
     through its chunk runner: with the table attention (other bits than the eager forward)
-    the state still equals a fresh prefill through the same runner, and an ask below C equals
-    a fresh reader's."""
-    from shadow_reader.model.graphs import ChunkGraphs
+    the state still equals a fresh prefill through the same runner; an ask (through a padded
+    question runner) below C equals a fresh reader's, and so does a decode through the
+    single-token runner."""
+    from shadow_reader.model.graphs import Runners
     from shadow_reader.reader import Reader
     from shadow_reader.router import ROUTER
     tiny = tiny_deep
 
+    class SmallRunners(Runners):
+        BUCKET = 64                      # keeps the interpreter's work small
+
     def reader():
         r = Reader(tiny, grid=64, kv_step=64, max_checkpoints=2, cuda_graphs=True)
-        r._graphs = ChunkGraphs(tiny, 64, attention="table")
+        r._graphs = SmallRunners(tiny, 64, attention="table")
         return r
 
     ids = torch.randint(0, 248000, (300,), generator=torch.Generator().manual_seed(9)).tolist()
@@ -152,6 +156,10 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
     fresh.feed("f", ids[:200], "prompt")
     want = fresh.ask("f", ROUTER.question, list(ROUTER.choices), at=200)
     assert below.probs == want.probs == a.probs
+    gen = r.generate("s", [11, 12, 13], max_new_tokens=4, at=250, stop_ids=())
+    assert fresh.generate("f", [11, 12, 13], max_new_tokens=4, at=200, stop_ids=()).ids == \
+        r.generate("s", [11, 12, 13], max_new_tokens=4, at=200, stop_ids=()).ids
+    assert len(gen.ids) == 4 and r.check_exact("s")
 
 
 def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):

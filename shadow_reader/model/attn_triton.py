@@ -30,8 +30,8 @@ class SplitConfig:
     block_n: keys per inner step; s_max: most splits of the keys; min_split: fewest keys a split
     holds. Chunk reads use READ (fixed: the committed state depends on it)."""
 
-    block_m: int = 64
-    block_n: int = 64
+    block_m: int = 128       # the fastest of 7 tilings on the H200 at 8k-98k (BENCHMARKS.md)
+    block_n: int = 32
     s_max: int = 16
     min_split: int = 2048
     num_warps: int = 8

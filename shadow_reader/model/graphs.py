@@ -173,3 +173,41 @@ class ChunkGraphs:
             out.append([torch.empty_like(x) for x in src])
             torch._foreach_copy_(out[-1], src)
         return self.hidden.clone(), list(zip(*out))
+
+
+class Runners:
+    """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
+    per question length bucket (`for_rows`: forwards padded to a multiple of BUCKET rows, at
+    most MAX_ROWS) and one for single-token decode steps (`decode`, attn_triton.DECODE tiling).
+    Every runner is a ChunkGraphs with the same options; `run` is the chunk runner's."""
+
+    BUCKET = 256
+    MAX_ROWS = 4096
+
+    def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
+                 split=None):
+        self.model, self.options = model, {"attention": attention, "fused": fused}
+        self.chunk = ChunkGraphs(model, grid, split=split, **self.options)
+        self.split = split
+        self._sized: dict[int, ChunkGraphs] = {}
+
+    def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
+        """ChunkGraphs.run of the grid chunk runner."""
+        return self.chunk.run(ids, pos, kv, gdn)
+
+    def _get(self, t: int, split) -> ChunkGraphs:
+        if t not in self._sized:
+            self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
+        return self._sized[t]
+
+    def for_rows(self, num_rows: int) -> ChunkGraphs | None:
+        """The runner for a forward of num_rows ids padded up to a multiple of BUCKET (None past
+        MAX_ROWS: forward eagerly). Padded rows come after the real ones, so they change none
+        of the real rows' values; a runner's size depends only on num_rows."""
+        t = -(-num_rows // self.BUCKET) * self.BUCKET
+        return self._get(t, self.split) if t <= self.MAX_ROWS else None
+
+    def decode(self) -> ChunkGraphs:
+        """The single-token runner (its attention split for one query row)."""
+        from .attn_triton import DECODE
+        return self._get(1, DECODE if self.chunk.table else None)

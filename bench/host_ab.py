@@ -1,0 +1,162 @@
+"""What the shadow costs a host on the same GPU (issue 6): a host model of the Qwen3.5-27B shape
+(random weights) serves one request after another (a 16k-id prompt, a new session each time,
+--new-tokens greedy tokens, --gap-s between requests); the shadow (random:qwen3.5-0.8b) follows
+it through the in-process Host interface in alternating arms (off, on, off, on, ...). Prints the
+host's decode tok/s and TTFT per run and arm, the paired deltas, and last one JSON object.
+
+    python bench/host_ab.py --pairs 6 --ids .devdata/claudecode_vsla_5f8cbb78.npz
+
+The host decodes through this project's own runners (model.graphs.Runners: the prompt in
+512-id chunk graphs, each token in a single-token graph), so its loop is a real CUDA-graph
+decode loop; the shadow reads in its ration between the host's tokens (Host.between_rounds on
+the host's thread) and in the idle window between requests (the idle loop thread).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from shadow_reader.bench import versions
+from shadow_reader.host import Host
+from shadow_reader.model import load_model
+from shadow_reader.model.config import PRESETS, ModelConfig
+from shadow_reader.model.graphs import Runners
+from shadow_reader.model.kernels import select_kernels
+from shadow_reader.model.qwen35 import ModelInfo, Qwen35
+from shadow_reader.reader import Reader
+from shadow_reader.scheduler import SchedulerConfig
+from shadow_reader.state import alloc_kv, zero_gdn
+from shadow_reader.step import sync
+
+HOST_27B = ModelConfig(hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
+                       num_key_value_heads=4, head_dim=256, intermediate_size=17408,
+                       linear_num_key_heads=16, linear_num_value_heads=48,
+                       tie_word_embeddings=False)
+
+
+def host_model(device, shape: str = "27b") -> Qwen35:
+    """The 27B-shape host (or a preset's shape), built on the device in bf16 with the modules'
+    own random init (a seeded generator; 27B weights built on the host would take minutes)."""
+    cfg = HOST_27B if shape == "27b" else PRESETS[shape]
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = Qwen35(cfg, select_kernels(torch.device(device)),
+                           ModelInfo(f"random:{shape}-shape-host", "", True))
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval()
+
+
+class Engine:
+    """The host: prefill through chunk graphs, greedy decode through the single-token graph."""
+
+    def __init__(self, model: Qwen35, max_rows: int):
+        self.model, self.max_rows = model, max_rows
+        self.runners = Runners(model, 512)
+        self.busy = False
+
+    def request(self, ids: list[int], new_tokens: int, on_tokens=None) -> dict:
+        m, dev = self.model, self.model.device
+        kv = alloc_kv(m.cfg, self.max_rows, dev, m.dtype)
+        gdn = zero_gdn(m.cfg, dev, m.dtype)
+        self.busy = True
+        sync(dev)
+        t0 = time.perf_counter()
+        for pos in range(0, len(ids), 512):
+            hidden, gdn = self.runners.run(torch.tensor(ids[pos:pos + 512]), pos, kv, gdn)
+        token = int(m.logits(hidden[-1:])[0].argmax())
+        ttft = time.perf_counter() - t0
+        step, pos, out = self.runners.decode().run, len(ids), [token]
+        if on_tokens:
+            on_tokens([token])
+        t1 = time.perf_counter()
+        while len(out) < new_tokens:
+            hidden, gdn = step(torch.tensor([token]), pos, kv, gdn)
+            token = int(m.logits(hidden)[0].argmax())
+            out.append(token)
+            pos += 1
+            if on_tokens:
+                on_tokens([token])       # output() and between_rounds(): every token a round
+        sync(dev)
+        decode_s = time.perf_counter() - t1
+        self.busy = False
+        return {"ttft_s": ttft, "tok_s": (len(out) - 1) / decode_s}
+
+
+def follow(host: Host, session: str):
+    """The host's per-round calls for the shadow: the new ids, then a ration slice."""
+    def on_tokens(new: list[int]) -> None:
+        host.output(session, new)
+        host.between_rounds(session)
+    return on_tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ids", nargs="+", required=True, help=".npz files of bench/session_ids.py")
+    p.add_argument("--pairs", type=int, default=6)
+    p.add_argument("--prompt", type=int, default=16384)
+    p.add_argument("--new-tokens", type=int, default=346)
+    p.add_argument("--gap-s", type=float, default=1.5)
+    p.add_argument("--share", type=float, help="the ration (default: SHADOW_SHARE or 0.02)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--host", default="27b", help="27b, or a preset name (a CPU smoke test)")
+    p.add_argument("--shadow-model", default="random:qwen3.5-0.8b")
+    a = p.parse_args()
+    ids = np.concatenate([np.load(f)["ids"] for f in a.ids]).tolist()
+    engine = Engine(host_model(a.device, a.host), a.prompt + a.new_tokens + 512)
+    shadow = Reader(load_model(a.shadow_model, device=a.device), grid=512)
+    cfg = SchedulerConfig.from_env(grid=512)
+    if a.share is not None:
+        cfg = dataclasses.replace(cfg, share=a.share)
+    host = Host(shadow, host_busy=lambda: engine.busy, cfg=cfg)
+    warm = ids[:a.prompt]
+    engine.request(warm, 8)                                  # graphs, compiles
+    shadow.feed("warm", warm, "prompt")
+    shadow.read("warm")
+    shadow.drop("warm")
+    host.start_idle_loop()
+    runs = []
+    for i in range(2 * a.pairs):
+        arm = "on" if i % 2 else "off"
+        prompt = ids[i * 7:i * 7 + a.prompt]                 # another prompt each run
+        session = f"run{i}"
+        on_tokens = None
+        if arm == "on":
+            host.turn_started(session, prompt)
+            on_tokens = follow(host, session)
+        r = engine.request(prompt, a.new_tokens, on_tokens)
+        if arm == "on":
+            host.turn_finished(session)
+        r.update(arm=arm, committed_at_end=shadow.committed(session) if arm == "on" else None)
+        runs.append(r)
+        print(f"run {i:2d} {arm:>3}: {r['tok_s']:.2f} tok/s, TTFT {r['ttft_s'] * 1e3:.0f} ms,"
+              f" shadow C at the end {r['committed_at_end']}", flush=True)
+        time.sleep(a.gap_s)
+    host.stop_idle_loop()
+    off = [r["tok_s"] for r in runs if r["arm"] == "off"]
+    on = [r["tok_s"] for r in runs if r["arm"] == "on"]
+    deltas = [100 * (b - x) / x for x, b in zip(off, on)]
+    res = {"host": f"{a.host} shape, random bf16", "shadow": a.shadow_model,
+           "prompt_ids": a.prompt, "new_tokens": a.new_tokens, "gap_s": a.gap_s,
+           "share": cfg.share, "tok_s_off_median": statistics.median(off),
+           "tok_s_on_median": statistics.median(on),
+           "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),
+           "paired_deltas_pct": [round(d, 2) for d in deltas],
+           "ttft_s_off_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "off"),
+           "ttft_s_on_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "on"),
+           "runs": runs, **versions()}
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
