@@ -89,15 +89,50 @@ class Engine:
         sync(dev)
         decode_s = time.perf_counter() - t1
         self.busy = False
-        return {"ttft_s": ttft, "tok_s": (len(out) - 1) / decode_s}
+        return {"ttft_s": ttft, "tok_s": (len(out) - 1) / decode_s, "decode_s": decode_s}
 
 
-def follow(host: Host, session: str):
-    """The host's per-round calls for the shadow: the new ids, then a ration slice."""
+def follow(host: Host, session: str, spent: list):
+    """The host's per-round calls for the shadow: the new ids, then a ration slice (its ms
+    added to spent[0])."""
     def on_tokens(new: list[int]) -> None:
         host.output(session, new)
-        host.between_rounds(session)
+        spent[0] += host.between_rounds(session).ms
     return on_tokens
+
+
+def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag: str) -> dict:
+    """2 x pairs requests, arms alternating off/on; per-arm medians and paired deltas."""
+    runs = []
+    for i in range(2 * a.pairs):
+        arm = "on" if i % 2 else "off"
+        prompt = ids[i * 7:i * 7 + a.prompt]                 # another prompt each run
+        session, spent, on_tokens = f"{tag}-run{i}", [0.0], None
+        if arm == "on":
+            host.turn_started(session, prompt)
+            on_tokens = follow(host, session, spent)
+        r = engine.request(prompt, a.new_tokens, on_tokens)
+        if arm == "on":
+            host.turn_finished(session)
+            r.update(committed_at_end=shadow.committed(session), ration_ms=spent[0],
+                     ration_pct=100 * spent[0] / (r["decode_s"] * 1e3))
+        r["arm"] = arm
+        runs.append(r)
+        print(f"{tag} run {i:2d} {arm:>3}: {r['tok_s']:.2f} tok/s, TTFT {r['ttft_s'] * 1e3:.0f} "
+              f"ms, ration {r.get('ration_ms', 0):.0f} ms, C {r.get('committed_at_end')}",
+              flush=True)
+        time.sleep(a.gap_s)
+    off = [r["tok_s"] for r in runs if r["arm"] == "off"]
+    on = [r["tok_s"] for r in runs if r["arm"] == "on"]
+    return {"share": host.scheduler.cfg.share, "tok_s_off_median": statistics.median(off),
+            "tok_s_on_median": statistics.median(on),
+            "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),
+            "paired_deltas_pct": [round(100 * (b - x) / x, 2) for x, b in zip(off, on)],
+            "ration_pct_median": statistics.median(r["ration_pct"] for r in runs
+                                                   if r["arm"] == "on"),
+            "ttft_s_off_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "off"),
+            "ttft_s_on_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "on"),
+            "runs": runs}
 
 
 def main() -> None:
@@ -107,7 +142,8 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=16384)
     p.add_argument("--new-tokens", type=int, default=346)
     p.add_argument("--gap-s", type=float, default=1.5)
-    p.add_argument("--share", type=float, help="the ration (default: SHADOW_SHARE or 0.02)")
+    p.add_argument("--shares", default="",
+                   help="comma-separated ration shares, one A/B each (default: SHADOW_SHARE or 0.02)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--host", default="27b", help="27b, or a preset name (a CPU smoke test)")
     p.add_argument("--shadow-model", default="random:qwen3.5-0.8b")
@@ -115,47 +151,21 @@ def main() -> None:
     ids = np.concatenate([np.load(f)["ids"] for f in a.ids]).tolist()
     engine = Engine(host_model(a.device, a.host), a.prompt + a.new_tokens + 512)
     shadow = Reader(load_model(a.shadow_model, device=a.device), grid=512)
-    cfg = SchedulerConfig.from_env(grid=512)
-    if a.share is not None:
-        cfg = dataclasses.replace(cfg, share=a.share)
-    host = Host(shadow, host_busy=lambda: engine.busy, cfg=cfg)
+    base = SchedulerConfig.from_env(grid=512)
     warm = ids[:a.prompt]
     engine.request(warm, 8)                                  # graphs, compiles
     shadow.feed("warm", warm, "prompt")
     shadow.read("warm")
     shadow.drop("warm")
-    host.start_idle_loop()
-    runs = []
-    for i in range(2 * a.pairs):
-        arm = "on" if i % 2 else "off"
-        prompt = ids[i * 7:i * 7 + a.prompt]                 # another prompt each run
-        session = f"run{i}"
-        on_tokens = None
-        if arm == "on":
-            host.turn_started(session, prompt)
-            on_tokens = follow(host, session)
-        r = engine.request(prompt, a.new_tokens, on_tokens)
-        if arm == "on":
-            host.turn_finished(session)
-        r.update(arm=arm, committed_at_end=shadow.committed(session) if arm == "on" else None)
-        runs.append(r)
-        print(f"run {i:2d} {arm:>3}: {r['tok_s']:.2f} tok/s, TTFT {r['ttft_s'] * 1e3:.0f} ms,"
-              f" shadow C at the end {r['committed_at_end']}", flush=True)
-        time.sleep(a.gap_s)
-    host.stop_idle_loop()
-    off = [r["tok_s"] for r in runs if r["arm"] == "off"]
-    on = [r["tok_s"] for r in runs if r["arm"] == "on"]
-    deltas = [100 * (b - x) / x for x, b in zip(off, on)]
     res = {"host": f"{a.host} shape, random bf16", "shadow": a.shadow_model,
-           "prompt_ids": a.prompt, "new_tokens": a.new_tokens, "gap_s": a.gap_s,
-           "share": cfg.share, "tok_s_off_median": statistics.median(off),
-           "tok_s_on_median": statistics.median(on),
-           "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),
-           "paired_deltas_pct": [round(d, 2) for d in deltas],
-           "ttft_s_off_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "off"),
-           "ttft_s_on_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "on"),
-           "runs": runs, **versions()}
-    print(json.dumps(res))
+           "prompt_ids": a.prompt, "new_tokens": a.new_tokens, "gap_s": a.gap_s, "ab": []}
+    for share in [float(x) for x in a.shares.split(",") if x] or [base.share]:
+        host = Host(shadow, host_busy=lambda: engine.busy,
+                    cfg=dataclasses.replace(base, share=share))
+        host.start_idle_loop()
+        res["ab"].append(run_arms(engine, host, shadow, ids, a, f"share{share}"))
+        host.stop_idle_loop()
+    print(json.dumps({**res, **versions()}))
 
 
 if __name__ == "__main__":

@@ -190,15 +190,14 @@ def run(args) -> dict:
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
            "kernels": model.kernels.name, "max_context": args.max_context,
            "attn_tiling": getattr(args, "attn_tiling", None) or "default", **versions()}
-    if "read" in parts:
+    graphs = device.type == "cuda" and "eager" not in parts     # the reader's default path
+    res["path"] = "cuda_graphs" if graphs else "eager"
+    if "read" in parts or "graphs" in parts:
         for grid in args.grids:
-            _part(res, f"read_grid{grid}", lambda: _read_part(model, grid, ids, args, parts, timer))
-    if "graphs" in parts:                   # whole chunks through CUDA graphs, exactness included
-        g = args.grids[0]
-        _part(res, f"read_grid{g}_cuda_graphs",
-              lambda: _read_part(model, g, ids, args, parts | {"exact"}, timer, graphs=True))
+            _part(res, f"read_grid{grid}",
+                  lambda: _read_part(model, grid, ids, args, parts, timer, graphs=graphs))
     if "ask" in parts:
-        reader = Reader(model, grid=args.grids[0])
+        reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs)
         _part(res, "ask_ms", lambda: {f"{at // 1024}k": round(ask_latency(reader, ids, at), 2)
                                       for at in sorted(args.ask_at) if at <= args.max_context})
     if "floor" in parts:

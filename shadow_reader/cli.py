@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
                     default=[8192, 32768, 102400])
     bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
-                    help="comma-separated parts to run")
+                    help="comma-separated parts to run (add eager: the eager path, no CUDA graphs)")
     bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
                     " (default: attn_triton.READ)")
     bp.add_argument("--out", help="also write the JSON object to this file")
