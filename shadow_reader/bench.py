@@ -166,7 +166,7 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
                graphs: bool = False) -> dict:
     reader = Reader(model, grid=grid, cuda_graphs=graphs,     # the eager path unless graphs
                     attn_split=attn_split(args) if graphs else None)
-    read_rates(reader, ids[:1024], timer)                                # warm-up
+    read_rates(reader, ids[:2 * grid], timer)          # warm-up: graphs captured, ops compiled
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
     out = {"ms_per_1k": band_rates(chunks, grid),

@@ -150,7 +150,8 @@ def _serve(args) -> int:
     from .config import ServiceConfig
     from .server.app import create_app
     cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
-                                                  api_key=args.api_key, grid=args.grid)
+                                                  api_key=args.api_key, grid=args.grid,
+                                                  bind_host=args.host)
     app = create_app(cfg)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -37,7 +37,8 @@ class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
     disk_gb (None: no cap); api_key (None: no key); max_body_bytes; max_ids (per request);
-    profiles_path (server.router_journal.load_profiles); scheduler."""
+    profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
+    served; on a loopback address the Host header must name the loopback)."""
 
     model: str = ""
     device: str = ""
@@ -51,6 +52,7 @@ class ServiceConfig:
     max_ids: int = 4 * 2**20
     profiles_path: Path | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
+    bind_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":

@@ -188,3 +188,26 @@ def test_narrator_summarises_each_thought(tmp_path):
         item = n["narrations"][0]
         assert item["at"] == 2 * G + 42 and isinstance(item["text"], str)
         assert svc.reader.check_exact("n")
+
+
+def test_web_pages_cannot_drive_a_local_server(tmp_path):
+    """Without a key: a cross-origin POST (a page may send a bodiless /end without a
+    preflight) and a rebound Host are refused with 403 before any route; same-origin and
+    Origin-less clients pass."""
+    from shadow_reader.server.limits import Guard
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path)
+    with TestClient(create_app(cfg)) as c:
+        r = c.post("/v1/shadow/sessions/s9/end", headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403 and "cross-origin" in r.json()["detail"]
+        r = c.post("/v1/shadow/host", json={"busy": False}, headers={"Origin": "null"})
+        assert r.status_code == 403
+        r = c.post("/v1/shadow/host", json={"busy": False},
+                   headers={"Host": "rebound.example:8765"})
+        assert r.status_code == 403 and "loopback" in r.json()["detail"]
+        assert c.post("/v1/shadow/host", json={"busy": False}).status_code == 200
+        r = c.post("/v1/shadow/host", json={"busy": False},
+                   headers={"Origin": "http://testserver"})
+        assert r.status_code == 200
+    open_guard = Guard(None, 1024, None, allowed_hosts=None)   # bound to 0.0.0.0: any Host
+    assert open_guard._foreign({b"host": b"10.0.0.5:8765"}) is None
+    assert open_guard._foreign({b"host": b"10.0.0.5:8765", b"origin": b"http://x.example"})

@@ -94,6 +94,12 @@ EAGER = Ops()
 
 def fused_ops() -> Ops:
     """Every op through torch.compile (static shapes; compiled at first call per shape, which
-    the chunk runner does before capturing its graph)."""
+    the chunk runner does before capturing its graph). A reader has runners of several
+    lengths (grid, question buckets, decode), each a shape per op: dynamo's default limit of 8
+    compiles per function is raised to 64 (a torch-wide setting)."""
+    dynamo = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 64))
     return Ops(**{f.name: torch.compile(getattr(EAGER, f.name), dynamic=False, fullgraph=True)
                   for f in fields(Ops)})

@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from ..chat import Renderer
 from ..config import ServiceConfig
 from . import schemas
-from .limits import Guard
+from .limits import LOOPBACK, Guard
 from .service import NotReady, Service
 
 SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -53,7 +53,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
                   responses=ERRORS)
     app.state.service = svc
 
-    app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key)
+    loopback = cfg.bind_host in LOOPBACK
+    app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key,
+                       allowed_hosts=LOOPBACK | {"testserver"} if loopback else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):

@@ -1,9 +1,20 @@
 """ASGI guards that run before any route: the body-size cap (also for chunked bodies, which
-carry no Content-Length) and the bearer key (compared in constant time)."""
+carry no Content-Length), the bearer key (compared in constant time), and what keeps a web page
+in the user's browser from driving a local server: cross-origin requests are refused (a page
+may send a bodiless POST such as /end without a preflight), and on a loopback bind the Host
+header must name the loopback (DNS rebinding)."""
 from __future__ import annotations
 
 import hmac
 import json
+from urllib.parse import urlsplit
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def host_name(netloc: str) -> str:
+    """'[::1]:8765' -> '::1', 'localhost:8765' -> 'localhost' (lower case)."""
+    return (urlsplit(f"//{netloc}").hostname or "").lower()
 
 
 async def _reply(send, status: int, detail: str) -> None:
@@ -15,11 +26,27 @@ async def _reply(send, status: int, detail: str) -> None:
 
 
 class Guard:
-    """413 for bodies over `max_body_bytes` (declared or streamed); 401 without the right
-    `Authorization: Bearer <key>` (scheme case-insensitive) on every path but /healthz."""
+    """403 for a request whose Origin is not its own Host, or (allowed_hosts given: the bind is
+    the loopback) whose Host is not one of allowed_hosts; 413 for bodies over
+    `max_body_bytes` (declared or streamed); 401 without the right `Authorization: Bearer
+    <key>` (scheme case-insensitive) on every path but /healthz."""
 
-    def __init__(self, app, max_body_bytes: int, api_key: str | None):
+    def __init__(self, app, max_body_bytes: int, api_key: str | None,
+                 allowed_hosts: frozenset | None = None):
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+        self.allowed_hosts = allowed_hosts
+
+    def _foreign(self, headers: dict) -> str | None:
+        """Why the request comes from somewhere it must not, else None."""
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self.allowed_hosts is not None and host and host_name(host) not in self.allowed_hosts:
+            return f"Host {host!r} is not this loopback server's"
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if origin and origin != "null" and urlsplit(origin).netloc.lower() != host.lower():
+            return f"cross-origin request from {origin!r} refused"
+        if origin == "null":
+            return "request from an opaque origin refused"
+        return None
 
     def _authorized(self, headers: dict) -> bool:
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
@@ -29,6 +56,9 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        why = self._foreign(headers)
+        if why:
+            return await _reply(send, 403, why)
         if self.api_key and scope["path"] != "/healthz" and not self._authorized(headers):
             return await _reply(send, 401, "missing or wrong API key (Authorization: Bearer)")
         size = headers.get(b"content-length", b"").decode()

@@ -1,0 +1,59 @@
+"""Plot ms per 1,000 ids against context for us (every chunk of a `shadow-reader bench` JSON),
+the transformers peer (its 0-32k figure) and the floor (the run's dense-GEMM floor + fla's GDN
+layers + 6 x SDPA flash at that context from a bench/attn_kernel.py log; DESIGN.md's 0.92 ms for
+the GDN layers unless --gdn-ms), to a PNG.
+
+    python bench/plot_read.py docs/read-bench-2026-11-29-runners.json \
+        docs/attn-kernel-2026-11-29.log docs/read-bench-eager-2026-11-29.json -o docs/read-vs-context.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def last_json(path: str) -> dict:
+    return json.loads(open(path).read().strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("bench", help="shadow-reader bench JSON (with read_grid512.series)")
+    p.add_argument("attn", help="bench/attn_kernel.py log (SDPA per layer by context)")
+    p.add_argument("peer", help="a bench JSON with peer_transformers_ms_per_1k")
+    p.add_argument("--gdn-ms", type=float, default=0.92)
+    p.add_argument("-o", "--out", required=True)
+    a = p.parse_args()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = last_json(a.bench)
+    grid = 512
+    series = np.array(res["read_grid512"]["series"])            # [chunks, 2] (context, ms)
+    ctx, ms = series[:, 0] + grid, series[:, 1] / grid * 1000
+    speed = last_json(a.attn)["speed_ms"]
+    pts = sorted((int(k.split("_at_")[1].rstrip("k")) * 1024, v["sdpa_ms"])
+                 for k, v in speed.items() if k.startswith("chunk512"))
+    sdpa = np.interp(ctx, [c for c, _ in pts], [s for _, s in pts])
+    floor = (res["gemm_floor_ms_per_chunk"] + a.gdn_ms + 6 * sdpa) / grid * 1000
+    peer = last_json(a.peer)["peer_transformers_ms_per_1k"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(ctx / 1024, ms, label="shadow-reader (CUDA graphs), per chunk", lw=1)
+    ax.plot(ctx / 1024, floor, label="floor: GEMMs + GDN + 6 x SDPA flash", ls="--")
+    ax.hlines(peer, 0, 32, colors="C3", label="transformers + fla (mean 0-32k)")
+    ax.set_yscale("log")
+    ax.set_xlabel("context (k ids)")
+    ax.set_ylabel("ms per 1,000 ids")
+    ax.set_title(f"read rate, {res['model']}, {res['dtype']}, grid 512, {res['gpu']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print(json.dumps({"out": a.out, "chunks": len(ctx), "peer_ms_per_1k": peer}))
+
+
+if __name__ == "__main__":
+    main()
