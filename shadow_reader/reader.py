@@ -198,6 +198,15 @@ class Reader:
         return FeedResult(d, before if rolled else None, st.committed if rolled else None,
                           st.backlog, episode)
 
+    def warm_up(self) -> float:
+        """Compile and capture the CUDA-graph runners now (chunks, decode, question buckets)
+        instead of inside the first read, question or decode; returns the seconds it took
+        (about 0 on the CPU or without graphs)."""
+        t0 = time.perf_counter()
+        if self._graphs is not None:
+            self._graphs.prepare()
+        return time.perf_counter() - t0
+
     # -- reading --------------------------------------------------------------------------------
     def read(self, session: str | None = None, max_chunks: int | None = None) -> ReadResult:
         """Advance whole chunks only: the given session, or every resident session with a

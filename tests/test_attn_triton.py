@@ -180,3 +180,15 @@ def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
     assert (h0 - h1).abs().max().item() < 1e-4
     assert all((a - b).abs().max().item() < 1e-4 for p, q in zip(g0, g1) for a, b in zip(p, q))
     assert torch.equal(h1, h2)
+
+
+def test_runners_prepare_sizes_and_decode(tiny):
+    """Runners: question lengths go to multiples of BUCKET (none past MAX_ROWS); prepare
+    builds the decode and bucket runners (nothing to capture on the CPU)."""
+    from shadow_reader.model.graphs import Runners
+    r = Runners(tiny, 64)
+    assert r.for_rows(1).t == r.BUCKET and r.for_rows(r.BUCKET + 1).t == 2 * r.BUCKET
+    assert r.for_rows(r.MAX_ROWS + 1) is None
+    r.prepare()
+    assert r.decode().t == 1 and sorted(r._sized) == [1] + [r.BUCKET * k for k in range(1, 5)]
+    assert all(x.graph is None for x in r._sized.values())       # no graphs on the CPU

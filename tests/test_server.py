@@ -35,6 +35,10 @@ def client():
 
 
 def test_a_scripted_session(client):
+    health = client.get("/healthz").json()
+    assert health["stage"] == "ready"
+    status = client.get("/v1/shadow/status", headers=KEY).json()
+    assert status["stage"] == "ready" and 0 <= status["warm_up_s"] < 5   # CPU: no graphs
     prompt = _rand(5 * G + 10, 0)
     r = client.post("/v1/shadow/sessions/s1/turn", json={"prompt_ids": prompt}, headers=KEY)
     assert r.status_code == 200 and r.json()["num_ids"] == len(prompt)

@@ -129,6 +129,13 @@ class ChunkGraphs:
         with torch.no_grad(), torch.cuda.graph(self.graph):
             self._body()
 
+    def prepare(self) -> None:
+        """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
+        real chunk does not pay for it (about a minute with the fused ops' first compile)."""
+        if self.use_graphs and self.graph is None:
+            with torch.no_grad():
+                self._capture()
+
     def _stage(self, ids: torch.Tensor, pos: int, kv: list) -> None:
         """ids, pos and the KV addresses into meta: one copy from pinned memory on CUDA."""
         if self.meta_copied is not None:
@@ -156,8 +163,7 @@ class ChunkGraphs:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
                                  f"{pos + self.t} (contiguous: {buf.is_contiguous()}, address "
                                  f"{buf.data_ptr():#x} must be 16-byte aligned)")
-        if self.use_graphs and self.graph is None:
-            self._capture()
+        self.prepare()
         self._stage(ids, pos, kv)
         for part in (0, 1):                         # conv states, then recurrent (one dtype each)
             torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
@@ -206,6 +212,17 @@ class Runners:
         of the real rows' values; a runner's size depends only on num_rows."""
         t = -(-num_rows // self.BUCKET) * self.BUCKET
         return self._get(t, self.split) if t <= self.MAX_ROWS else None
+
+    def prepare(self, question_rows=None) -> None:
+        """Capture the chunk runner, the decode runner and the question runners for these row
+        counts (default: the first 4 buckets, what the 9-class question with a tail below one
+        512-id chunk needs)."""
+        self.chunk.prepare()
+        self.decode().prepare()
+        for rows in question_rows or [self.BUCKET * k for k in range(1, 5)]:
+            runner = self.for_rows(rows)
+            if runner is not None:
+                runner.prepare()
 
     def decode(self) -> ChunkGraphs:
         """The single-token runner (its attention split for one query row)."""

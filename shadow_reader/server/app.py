@@ -195,7 +195,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.get("/healthz")
     def healthz():
-        return {"ok": svc.state != "failed", "state": svc.state}
+        return {"ok": svc.state != "failed", "state": svc.state, "stage": svc.stage}
 
     return app
 

@@ -40,6 +40,7 @@ class Service:
         self.narrator = Narrator()
         self.session_profiles: dict[str, Profile] = {}
         self.state, self.error, self.loaded_s = "loading", None, None
+        self.stage, self.warm_up_s = "loading the model", None
         self.reader: Reader | None = None
         self.host: Host | None = None
         self.tokenizer = None
@@ -66,11 +67,13 @@ class Service:
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
+            self.stage = "compiling and capturing CUDA graphs"    # not inside a host's round
+            self.warm_up_s = self.reader.warm_up()
             self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
                              on_question=lambda s, at: self.journal.answer(self.reader, s, at),
                              idle_hook=lambda: self.narrator.run_one(self.reader))
             self.host.start_idle_loop()
-            self.state, self.loaded_s = "ready", time.perf_counter() - t0
+            self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
         except Exception as e:                # reported by /healthz and status, not raised
             log.exception("model load failed")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
@@ -138,7 +141,8 @@ class Service:
                              "at": answer.at, "time": time.time()})
 
     def status(self) -> dict:
-        out = {"state": self.state, "error": self.error, "model": self.cfg.model,
+        out = {"state": self.state, "stage": self.stage, "error": self.error,
+               "model": self.cfg.model, "warm_up_s": self.warm_up_s,
                "grid": self.cfg.grid, "host_busy": self.busy,
                "last_answers": list(self.answers),
                "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
