@@ -215,3 +215,38 @@ def test_web_pages_cannot_drive_a_local_server(tmp_path):
     open_guard = Guard(None, 1024, None, allowed_hosts=None)   # bound to 0.0.0.0: any Host
     assert open_guard._foreign({b"host": b"10.0.0.5:8765"}) is None
     assert open_guard._foreign({b"host": b"10.0.0.5:8765", b"origin": b"http://x.example"})
+
+
+def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
+    """With a backlog, the ask's chunks are committed one per hold of the reader's lock (a
+    host's call waits at most one chunk), then the answer comes with C at the line."""
+    svc = client.app.state.service
+    client.post("/v1/shadow/host", json={"busy": True}, headers=KEY)   # no idle reading
+    client.post("/v1/shadow/sessions/cu/turn", json={"prompt_ids": _rand(3 * G + 7, 8)},
+                headers=KEY)
+    import threading
+    holds = []
+    lock = svc.host.lock
+
+    class Counting:
+        def __enter__(self):
+            lock.acquire()
+            if threading.current_thread().name != "shadow-idle":     # the request's holds
+                holds.append(svc.reader.committed("cu") if "cu" in svc.reader.sessions() else 0)
+
+        def __exit__(self, *exc):
+            lock.release()
+
+    svc.host.lock = Counting()
+    try:
+        r = client.post("/v1/shadow/ask", headers=KEY, json={
+            "session": "cu", "question": "q", "choices": ["a", "b"]})
+    finally:
+        svc.host.lock = lock
+    assert r.status_code == 200, r.text
+    # C at each hold: the ids check, then one chunk a hold, then the ask with nothing to read
+    assert holds[:5] == [0, 0, G, 2 * G, 3 * G] and set(holds[5:]) == {3 * G}
+    assert r.json()["num_forwarded_tokens"] < 2 * G                      # the tail + question
+    assert svc.reader.committed("cu") == 3 * G
+    client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
+    client.post("/v1/shadow/sessions/cu/end", headers=KEY)

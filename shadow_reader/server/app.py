@@ -166,6 +166,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
             raise ValueError(f"at = {body.at} is outside the session's ids [0, {n}]")
         if body.wait:
             wait_for(host, body)
+        svc.catch_up(body.session, n if body.at is None else body.at)
         with host.lock:
             ans = host.reader.ask(body.session, body.question, body.choices, body.at)
         svc.record_answer(body.session, ans)

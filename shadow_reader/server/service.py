@@ -122,13 +122,30 @@ class Service:
                 self.narrator.run_one(self.reader, session)
         return sl
 
+    def catch_up(self, session: str, at: int) -> int:
+        """Commit the chunks a question at `at` needs (up to the grid line at or below it) one
+        at a time, taking the reader's lock for each, so a host's call waits at most one chunk
+        (the ask itself would read them all under one hold). Returns the chunks read."""
+        line, done = at // self.cfg.grid * self.cfg.grid, 0
+        while True:
+            with self.host.lock:
+                r = self.reader
+                if session not in r.sessions() or r.committed(session) >= line \
+                        or r.backlog(session) < self.cfg.grid:
+                    return done
+                done += r.read(session, max_chunks=1).num_chunks
+
     def require(self) -> Host:
         if self.state != "ready":
             raise NotReady(self.error or "the model is loading")
         return self.host
 
     def close(self) -> None:
-        """A planned stop: stop the idle loop, then park every resident session."""
+        """A planned stop: let a load in progress finish (a process that exits while the
+        loading thread is inside torch aborts), stop the idle loop, then park every resident
+        session."""
+        if self._thread.ident is not None:
+            self._thread.join()
         if self.host is not None:
             self.host.stop_idle_loop()
             with self.host.lock:
