@@ -57,6 +57,36 @@ def _kv_write_kernel(K, V, TAB, POS, ROW: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV: tl.constexpr,
+           D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One step of the online softmax over keys [start, start + BLOCK_N): returns the new
+    (row max m_i [M], row sum l_i [M], acc [M, D]), all fp32; MASKED: keys >= hi or after a
+    row's position are left out (else all are visible)."""
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    off = n[:, None] * (HKV * D) + kvh * D + d[None, :]
+    if MASKED:
+        k = tl.load(kp + off, mask=(n < hi)[:, None], other=0.0)
+    else:
+        k = tl.load(kp + off)
+    sc = tl.dot(q, tl.trans(k)) * scale_log2
+    if MASKED:
+        vis = (n[None, :] <= pos + t[:, None]) & (n[None, :] < hi)
+        sc = tl.where(vis, sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 1))
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+    p = tl.exp2(sc - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    if MASKED:
+        v = tl.load(vp + off, mask=(n < hi)[:, None], other=0.0)
+    else:
+        v = tl.load(vp + off)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -85,21 +115,17 @@ def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            off = n[:, None] * (HKV * D) + kvh * D + d[None, :]
-            k = tl.load(kp + off, mask=(n < hi)[:, None], other=0.0)
-            sc = tl.dot(q, tl.trans(k)) * scale_log2
-            vis = (n[None, :] <= pos + t[:, None]) & (n[None, :] < hi)
-            sc = tl.where(vis, sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 1))
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-            p = tl.exp2(sc - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            v = tl.load(vp + off, mask=(n < hi)[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+        # Keys below pos + t0 + 1 (t0: the program's first position) are visible to every row:
+        # whole blocks of them need no mask; the rest (the diagonal, the split's end) do. The
+        # masks select what the unmasked path reads anyway, so both give the same bits.
+        full = tl.minimum(hi, pos + (pid_m * BLOCK_M) // G + 1)
+        full_end = lo + tl.maximum(full - lo, 0) // BLOCK_N * BLOCK_N
+        for start in range(lo, full_end, BLOCK_N):
+            m_i, l_i, acc = _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2,
+                                   HKV, D, BLOCK_N, False)
+        for start in range(full_end, hi, BLOCK_N):
+            m_i, l_i, acc = _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2,
+                                   HKV, D, BLOCK_N, True)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out_row = s * T * H + t * H + head
         tl.store(O_PART + out_row[:, None] * D + d[None, :], acc / l_safe[:, None],
