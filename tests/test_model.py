@@ -103,3 +103,31 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny):
     r.feed("s", ids.tolist(), "prompt")
     r.read("s")
     assert r.committed("s") == 3 * t and r.check_exact("s")
+
+
+def test_a_one_token_forward_takes_the_step_kernel(tiny):
+    """Decode steps (T = 1) go through KernelSet.gdn_step (the recurrence, one kernel on CUDA),
+    whose result is the chunked form's within fp32 rounding."""
+    import dataclasses
+
+    from shadow_reader.model.kernels import TORCH
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].shape[0])
+        return ref.recurrent_gated_delta_rule(*args)
+
+    cfg = tiny.cfg
+    kv, gdn = _empty_kv(cfg, 8), zero_gdn(cfg, "cpu", torch.float32)
+    ids = torch.tensor([1234])
+    try:
+        tiny.kernels = dataclasses.replace(TORCH, gdn_step=ref.chunk_gated_delta_rule)
+        h_chunked, g_chunked = tiny(ids, 0, kv, gdn)
+        tiny.kernels = dataclasses.replace(TORCH, gdn_step=spy)
+        h_step, g_step = tiny(ids, 0, _empty_kv(cfg, 8), gdn)
+    finally:
+        tiny.kernels = TORCH
+    assert calls == [1] * len(cfg.linear_layers)
+    assert (h_step - h_chunked).abs().max().item() < 1e-5
+    assert all((a - b).abs().max().item() < 1e-5 for p, q in zip(g_step, g_chunked)
+               for a, b in zip(p, q))

@@ -23,14 +23,18 @@ from . import ref
 @dataclass(frozen=True)
 class KernelSet:
     """gdn(q, k, v, g, beta, state) -> (o [T, HV, V], state [HV, K, V] fp32);
+    gdn_step: the same contract for one token (a decode step: the token-by-token recurrence,
+    one kernel instead of the chunked form's several; never used for committed chunks);
     conv(x [T, D], weight [D, W], state [D, W]) -> (y [T, D] after SiLU, state [D, W])."""
 
     name: str
     gdn: Callable
     conv: Callable
+    gdn_step: Callable
 
 
-TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d)
+TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
+                  ref.recurrent_gated_delta_rule)
 
 
 def _fla_kernels() -> KernelSet:
@@ -38,6 +42,7 @@ def _fla_kernels() -> KernelSet:
     os.environ.pop("FLA_INTRACARD_CP", None)
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_step
 
     def gdn(q, k, v, g, beta, state):
         o, s = fla_gdn(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
@@ -45,12 +50,18 @@ def _fla_kernels() -> KernelSet:
                        use_qk_l2norm_in_kernel=False)
         return o[0], s[0]
 
+    def gdn_step(q, k, v, g, beta, state):
+        o, s = fla_step(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
+                        initial_state=state[None].float(), output_final_state=True,
+                        use_qk_l2norm_in_kernel=False)
+        return o[0], s[0]
+
     def conv(x, weight, state):
         y, s = fla_conv(x[None], weight=weight, initial_state=state[None].to(x.dtype),
                         output_final_state=True, activation="silu")
         return y[0], s[0]
 
-    return KernelSet("fla", gdn, conv)
+    return KernelSet("fla", gdn, conv, gdn_step)
 
 
 def select_kernels(device: torch.device, name: str | None = None) -> KernelSet:

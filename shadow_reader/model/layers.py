@@ -152,7 +152,8 @@ class GatedDeltaNet(nn.Module):
                                          conv_state)
         q, k, v, g, beta = op.gdn_gates(mixed, self.in_proj_b(x), self.in_proj_a(x), self.A_log,
                                         self.dt_bias, hk, kd, hv, vd)
-        o, rec_state = kernels.gdn(q, k, v, g, beta, rec_state)
+        gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
+        o, rec_state = gdn(q, k, v, g, beta, rec_state)
         z = self.in_proj_z(x).view(t, hv, vd)
         o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
         return self.out_proj(o), conv_state, rec_state
