@@ -22,6 +22,7 @@ from .reader import Reader
 from .router import ROUTER
 
 BANDS = ((0, 8192), (8192, 32768), (32768, 65536), (65536, 102400))
+KNOWN_PARTS = {"read", "exact", "decode", "ask", "floor", "grids", "peer", "graphs", "eager"}
 
 
 class Timer:
@@ -59,7 +60,8 @@ def load_ids(paths: list[str], num_ids: int) -> list[int]:
         if len(ids) >= num_ids:
             break
     if len(ids) < num_ids:
-        raise ValueError(f"the sessions hold {len(ids)} ids, {num_ids} asked for")
+        raise ValueError(f"the sessions hold {len(ids)} ids, {num_ids} asked for (--max-context "
+                         f"plus 1,024): give more sessions with --ids or a smaller --max-context")
     return ids[:num_ids]
 
 
@@ -182,11 +184,14 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
 
 def run(args) -> dict:
     """Run the parts named in args.parts; returns the JSON object (also printed by main)."""
+    parts = set(args.parts.split(","))
+    unknown = parts - KNOWN_PARTS
+    if unknown:
+        raise ValueError(f"--parts: unknown {sorted(unknown)} (known: {sorted(KNOWN_PARTS)})")
+    ids = load_ids(args.ids, args.max_context + 1024)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_model(args.model, device=device)
     timer = Timer(device)
-    ids = load_ids(args.ids, args.max_context + 1024)
-    parts = set(args.parts.split(","))
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
            "kernels": model.kernels.name, "max_context": args.max_context,
            "attn_tiling": getattr(args, "attn_tiling", None) or "default", **versions()}
@@ -199,7 +204,8 @@ def run(args) -> dict:
     if "ask" in parts:
         reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs)
         _part(res, "ask_ms", lambda: {f"{at // 1024}k": round(ask_latency(reader, ids, at), 2)
-                                      for at in sorted(args.ask_at) if at <= args.max_context})
+                                      if at <= args.max_context else "skipped: past --max-context"
+                                      for at in sorted(args.ask_at)})
     if "floor" in parts:
         _part(res, "gemm_floor_ms_per_chunk",
               lambda: round(gemm_floor_ms(model, args.grids[0], timer), 3))

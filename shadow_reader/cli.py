@@ -106,16 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-thinking", action="store_true", help="the host runs with thinking off")
     rp.set_defaults(func=_replay)
     bp = sub.add_parser("bench", help="the read benchmark (read rate, chunk and question "
-                        "latency, decode, the transformers peer, the GEMM floor)")
-    bp.add_argument("--model", default="random:qwen3.5-0.8b")
+                        "latency, decode, the transformers peer, the GEMM floor)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        description="On a CPU, a smoke run: --model random:tiny --device cpu "
+                        "--ids examples/session.json --max-context 2048 --grids 512 "
+                        "--ask-at 1024,2048")
+    bp.add_argument("--model", default="random:qwen3.5-0.8b", help="random:NAME or a directory")
     bp.add_argument("--device", choices=["cpu", "cuda"])
     bp.add_argument("--ids", nargs="+", default=_default_sessions(),
                     help=".npz (bench/session_ids.py) or session .json files, used in order")
-    bp.add_argument("--max-context", type=int, default=32768)
+    bp.add_argument("--max-context", type=int, default=32768, help="ids read from 0")
     bp.add_argument("--grids", type=lambda s: [int(x) for x in s.split(",")],
                     default=[512, 1024, 2048])
     bp.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[8192, 32768, 102400])
+                    default=[8192, 32768, 102400],
+                    help="question positions (those past --max-context are reported skipped)")
     bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
                     help="comma-separated parts to run (add eager: the eager path, no CUDA graphs)")
     bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"

@@ -1,10 +1,12 @@
 """Service configuration: environment variables read in one place, into a frozen dataclass.
 
 SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW_DIR (journal
-and state), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK ("auto" = a cache folder
-under the home directory, "off", or a path), SHADOW_DISK_GB, SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file);
-the scheduler's SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS. Every name is
-also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI flags override.
+and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK
+("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
+SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file); the scheduler's
+SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S. Every
+name is also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI
+flags override.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ shadow runs beside the host's decode; the device is synchronised before and afte
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -20,6 +21,8 @@ from typing import Callable
 from .reader import FeedResult, Reader
 from .scheduler import CostModel, Scheduler, SchedulerConfig, Slice
 from .step import sync
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MS_PER_1K = 100.0     # eager read rate measured on the H200 (BENCHMARKS.md) until learnt
 
@@ -31,10 +34,17 @@ class _Port:
         self.reader, self.on_question = reader, on_question
 
     def backlog(self, session: str) -> int:
-        return self.reader.backlog(session)
+        """0 for a session the reader no longer holds (dropped past the resident cap)."""
+        try:
+            return self.reader.backlog(session)
+        except KeyError:
+            return 0
 
     def committed(self, session: str) -> int:
-        return self.reader.committed(session)
+        try:
+            return self.reader.committed(session)
+        except KeyError:
+            return 0
 
     def read_chunk(self, session: str) -> float:
         return self.reader.read(session, max_chunks=1).ms
@@ -59,7 +69,8 @@ class Host:
         self.lock = threading.RLock()
         port = _Port(reader, on_question or (lambda s, at: None))
         self.scheduler = Scheduler(cfg, port, clock, host_busy,
-                                   CostModel(DEFAULT_MS_PER_1K, reader.config.grid))
+                                   CostModel(DEFAULT_MS_PER_1K, reader.config.grid),
+                                   lock=self.lock)
         self.idle_hook = idle_hook
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,10 +108,17 @@ class Host:
         with self.lock:
             self.scheduler.add_question(session, at)
 
-    def idle_once(self) -> Slice | None:
-        """One poll of the idle window (what the loop runs every poll_s)."""
+    def forget(self, session: str) -> None:
+        """Drop the session from the reader and the scheduler (DELETE)."""
         with self.lock:
-            return self.scheduler.idle_burst()
+            self.scheduler.forget(session)
+            if session in self.reader.sessions():
+                self.reader.drop(session)
+
+    def idle_once(self) -> Slice | None:
+        """One poll of the idle window (what the loop runs every poll_s); the lock is held for
+        each chunk, not the burst, so host events wait at most one chunk."""
+        return self.scheduler.idle_burst()
 
     def start_idle_loop(self) -> None:
         """Poll the idle window every poll_s on a daemon thread until `stop_idle_loop`."""
@@ -112,11 +130,14 @@ class Host:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.scheduler.cfg.poll_s):
-            self.idle_once()
-            if self.idle_hook is not None:
-                with self.lock:
-                    if not self.scheduler.turns and not self.scheduler.host_busy():
-                        self.idle_hook()
+            try:
+                self.idle_once()
+                if self.idle_hook is not None:
+                    with self.lock:
+                        if not self.scheduler.turns and not self.scheduler.host_busy():
+                            self.idle_hook()
+            except Exception:                # the loop must outlive one bad poll
+                log.exception("idle window poll failed; the loop goes on")
 
     def stop_idle_loop(self) -> None:
         self._stop.set()

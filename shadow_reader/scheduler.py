@@ -16,9 +16,10 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that fits exactly
 
@@ -126,6 +127,9 @@ class Scheduler:
     turns: dict[str, Turn] = field(default_factory=dict)
     recency: list[str] = field(default_factory=list)
     questions: list[tuple[str, int]] = field(default_factory=list)
+    # Held around each idle-burst step (a decision and one chunk), so host events wait at most
+    # one chunk for a burst; the in-process Host passes its reader lock.
+    lock: Any = field(default_factory=threading.RLock)
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
@@ -143,6 +147,12 @@ class Scheduler:
 
     def turn_finished(self, session: str) -> None:
         self.turns.pop(session, None)
+
+    def forget(self, session: str) -> None:
+        """The session is gone (deleted): no turn, no recency, no pending questions."""
+        self.turns.pop(session, None)
+        self.recency = [s for s in self.recency if s != session]
+        self.questions = [q for q in self.questions if q[0] != session]
 
     def add_question(self, session: str, at: int) -> None:
         """A question at position `at`, answered when C reaches the grid line at or below it."""
@@ -188,28 +198,33 @@ class Scheduler:
     # -- the two windows ------------------------------------------------------------------------
     def idle_burst(self) -> Slice | None:
         """One idle-window burst; None when the host is busy or a turn is open (turns idle for
-        turn_timeout_s are closed first)."""
-        now = self.clock()
-        for session, turn in list(self.turns.items()):
-            if now - turn.last_event_s > self.cfg.turn_timeout_s:
-                del self.turns[session]
-        if self.turns or self.host_busy():
-            return None
+        turn_timeout_s are closed first). `lock` is taken for each step, not the burst."""
+        with self.lock:
+            now = self.clock()
+            for session, turn in list(self.turns.items()):
+                if now - turn.last_event_s > self.cfg.turn_timeout_s:
+                    del self.turns[session]
+            if self.turns or self.host_busy():
+                return None
         start, spent, done = self.clock(), [0.0], {}
         while True:
-            if self.host_busy():
-                stop = "host"
-                break
-            session = self.pick()
-            if session is None:
-                stop = "fresh"
-                break
-            left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
-            if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
-                stop = "budget"
-                break
-            self._read(session, spent, done)
-        return Slice("idle", tuple(done.items()), spent[0], stop)
+            with self.lock:
+                stop = self._idle_step(start, spent, done)
+            if stop:
+                return Slice("idle", tuple(done.items()), spent[0], stop)
+
+    def _idle_step(self, start: float, spent: list, done: dict) -> str | None:
+        """Read one chunk of the burst, or say why the burst stops."""
+        if self.turns or self.host_busy():
+            return "host"
+        session = self.pick()
+        if session is None:
+            return "fresh"
+        left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
+        if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
+            return "budget"
+        self._read(session, spent, done)
+        return None
 
     def ration_ms(self, session: str) -> float:
         """What the turn may still spend: share x ms since its first token, minus used."""

@@ -46,3 +46,37 @@ def test_idle_loop_thread_reads_and_stops(tiny):
         time.sleep(0.01)
     host.stop_idle_loop()
     assert host.reader.committed("s") == 3 * G and host.reader.check_exact("s")
+
+
+def test_the_idle_loop_outlives_a_failing_poll(tiny):
+    """A poll that raises is logged; the loop goes on and reads on the next poll."""
+    host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, poll_s=0.01))
+    real, calls = host.scheduler.idle_burst, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return real()
+
+    host.scheduler.idle_burst = flaky
+    host.turn_started("s", _rand(2 * G, 3))
+    host.turn_finished("s")
+    host.start_idle_loop()
+    try:
+        deadline = time.monotonic() + 30
+        while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        host.stop_idle_loop()
+    assert len(calls) >= 2 and host.reader.committed("s") == 2 * G
+
+
+def test_forget_drops_the_session_everywhere(tiny):
+    host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G))
+    host.turn_started("s", _rand(G, 4))
+    host.question_at("s", G)
+    host.forget("s")
+    assert "s" not in host.reader.sessions() and host.scheduler.recency == []
+    assert host.scheduler.turns == {} and host.scheduler.questions == []
+    assert host.idle_once().stop == "fresh"

@@ -117,6 +117,8 @@ def test_wait_times_out_with_the_backlog(client):
     r = client.post("/v1/shadow/ask", headers=KEY, json={
         "session": "w", "question": "q", "choices": ["a", "b"], "wait": True, "timeout_s": 0.3})
     assert r.status_code == 504 and r.json()["backlog"] == 4 * G
+    assert "open turns" in r.json()["detail"] and "w" in r.json()["detail"]
+    assert "w" in client.get("/v1/shadow/status", headers=KEY).json()["open_turns"]
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/w/end", headers=KEY)
 
@@ -250,3 +252,56 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     assert svc.reader.committed("cu") == 3 * G
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/cu/end", headers=KEY)
+
+
+def test_delete_leaves_the_idle_window_working(client):
+    """After a DELETE the idle window still reads other sessions (a deleted session left in the
+    scheduler's recency list once killed the idle loop thread for good)."""
+    client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
+    client.post("/v1/shadow/sessions/del-a/turn", json={"prompt_ids": _rand(10, 11)}, headers=KEY)
+    client.post("/v1/shadow/sessions/del-a/end", headers=KEY)
+    assert client.delete("/v1/shadow/sessions/del-a", headers=KEY).status_code == 200
+    assert client.delete("/v1/shadow/sessions/del-a", headers=KEY).status_code == 404
+    client.post("/v1/shadow/sessions/del-b/turn", json={"prompt_ids": _rand(2 * G, 12)},
+                headers=KEY)
+    client.post("/v1/shadow/sessions/del-b/end", headers=KEY)
+    r = client.post("/v1/shadow/ask", headers=KEY, json={
+        "session": "del-b", "question": "q", "choices": ["a", "b"], "wait": True,
+        "timeout_s": 30})
+    assert r.status_code == 200 and r.json()["backlog"] == 0
+    svc = client.app.state.service
+    assert svc.host._thread.is_alive() and "del-a" not in svc.host.scheduler.recency
+
+
+def test_a_failed_load_is_not_a_live_service(tmp_path):
+    """/healthz answers 503 with the error; routes answer 503 without Retry-After."""
+    (tmp_path / "nope").mkdir()                              # a directory without a model
+    cfg = ServiceConfig(model=str(tmp_path / "nope"), device="cpu", grid=G, state_dir=tmp_path)
+    with TestClient(create_app(cfg)) as c:
+        deadline = time.monotonic() + 30
+        while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = c.get("/healthz")
+        assert r.status_code == 503 and r.json()["state"] == "failed" and r.json()["error"]
+        r = c.post("/v1/shadow/sessions/x/turn", json={"prompt_ids": [1000, 1001]})
+        assert r.status_code == 503 and "Retry-After" not in r.headers
+        assert "restart" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("kw,match", [({"model": "random:nope"}, "no such preset"),
+                                      ({"model": "/no/such/dir"}, "not a directory"),
+                                      ({"model": "random:tiny", "grid": 100}, "SHADOW_GRID")])
+def test_settings_refused_before_start(kw, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        create_app(ServiceConfig(state_dir=tmp_path, **kw))
+
+
+@pytest.mark.parametrize("messages,match", [
+    ([{"role": "wizard", "content": "x"}], r"messages\[0\].role: 'wizard'"),
+    ([{"role": "user", "content": "a"}, {"role": "tool", "content": {}}],
+     r"messages\[1\].content: dict given"),
+    ([{"role": "user", "content": 5}], r"messages\[0\].content: int given")])
+def test_bad_messages_name_the_message(client, messages, match):
+    import re
+    r = client.post("/v1/shadow/sessions/m1/turn", json={"messages": messages}, headers=KEY)
+    assert r.status_code == 422 and re.search(match, r.text), r.text

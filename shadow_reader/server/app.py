@@ -66,13 +66,16 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.exception_handler(NotReady)
     async def not_ready(request, exc):
+        if svc.state == "failed":                # retrying cannot help: no Retry-After
+            return JSONResponse({"detail": f"the model failed to load: {exc}; fix the "
+                                           "configuration and restart the service"}, 503)
         return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
                             headers={"Retry-After": "5"})
 
     @app.exception_handler(WaitTimeout)
     async def timed_out(request, exc):
-        return JSONResponse({"detail": "the reader has not caught up", "backlog": exc.backlog,
-                             "committed": exc.committed}, 504)
+        return JSONResponse({"detail": f"the reader has not caught up: {exc.why}",
+                             "backlog": exc.backlog, "committed": exc.committed}, 504)
 
     @app.exception_handler(KeyError)
     async def unknown(request, exc):
@@ -139,8 +142,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     def delete(sid: str = Depends(session_id)):
         host = svc.require()
         with host.lock:
-            host.turn_finished(sid)
-            host.reader.drop(sid)
+            host.reader.ids(sid)                     # 404 for an unknown session
+            host.forget(sid)                         # reader and scheduler alike
         return {"deleted": sid}
 
     @app.get("/v1/shadow/sessions/{sid}/narration")
@@ -196,15 +199,30 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.get("/healthz")
     def healthz():
-        return {"ok": svc.state != "failed", "state": svc.state, "stage": svc.stage}
+        body = {"ok": svc.state != "failed", "state": svc.state, "stage": svc.stage}
+        if svc.state == "failed":                # a load that failed is not a live service
+            return JSONResponse({**body, "error": svc.error}, 503)
+        return body
 
     return app
 
 
 class WaitTimeout(Exception):
-    def __init__(self, backlog: int, committed: int):
-        super().__init__(backlog, committed)
-        self.backlog, self.committed = backlog, committed
+    def __init__(self, backlog: int, committed: int, why: str):
+        super().__init__(backlog, committed, why)
+        self.backlog, self.committed, self.why = backlog, committed, why
+
+
+def not_reading_why(host, busy_flag: bool) -> str:
+    """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
+    turns = sorted(host.scheduler.turns)
+    if turns:
+        more = f" and {len(turns) - 5} more" if len(turns) > 5 else ""
+        return (f"the idle window waits for open turns to end (POST .../end): "
+                f"{', '.join(turns[:5])}{more}")
+    if busy_flag:
+        return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
+    return "the reader is reading other sessions or the backlog is large"
 
 
 def wait_for(host, body: schemas.AskIn) -> None:
@@ -221,5 +239,7 @@ def wait_for(host, body: schemas.AskIn) -> None:
         if c >= at // grid * grid:
             return
         if time.monotonic() > deadline:
-            raise WaitTimeout(backlog, c)
+            with host.lock:
+                why = not_reading_why(host, host.scheduler.host_busy())
+            raise WaitTimeout(backlog, c, why)
         time.sleep(0.05)

@@ -26,7 +26,25 @@ class TurnIn(Strict):
     def one_prompt(self):
         if (self.prompt_ids is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt_ids and messages")
+        for i, m in enumerate(self.messages or []):
+            check_message(i, m)
         return self
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_message(i: int, m: dict) -> None:
+    """Two of the Qwen3.5 template's refusals (specs/qwen35-chat-format.md section 9), checked
+    before it runs so the error names the message: a role outside ROLES, content that is not
+    a string, a list of parts or None. Nothing the template renders is refused."""
+    role = m.get("role")
+    if role not in ROLES:
+        raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise ValueError(f"messages[{i}].content: {type(content).__name__} given, a string or "
+                         "a list of parts expected")
 
 
 class FeedOut(BaseModel):

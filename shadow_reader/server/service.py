@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -14,13 +15,36 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..config import ServiceConfig
 from ..host import Host
 from ..model import load_model
+from ..model.config import PRESETS
 from ..reader import Reader
+from ..step import ReaderConfig
 from ..tokenizer import load_tokenizer
 from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point, load_profiles
 
 log = logging.getLogger(__name__)
 ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
+
+
+def check_config(cfg: ServiceConfig) -> None:
+    """What can be refused before the service starts (ValueError naming the setting): an empty
+    or unknown model, a grid the reader cannot take. A model that fails later while loading is
+    reported by /healthz (503) instead."""
+    if not cfg.model:
+        raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
+                         "random:NAME (or pass --model)")
+    if cfg.model.startswith("random:"):
+        name = cfg.model.removeprefix("random:")
+        if name not in PRESETS:
+            raise ValueError(f"SHADOW_MODEL {cfg.model!r}: no such preset (random:"
+                             f"{', random:'.join(PRESETS)})")
+    elif not Path(cfg.model).expanduser().is_dir():
+        raise ValueError(f"SHADOW_MODEL {cfg.model!r} is not a directory (a Qwen3.5 model "
+                         "directory or random:NAME)")
+    try:
+        ReaderConfig(grid=cfg.grid)
+    except ValueError as e:
+        raise ValueError(f"SHADOW_GRID / --grid: {e}") from None
 
 
 class NotReady(Exception):
@@ -31,9 +55,7 @@ class Service:
     """Holds the reader once loaded; `state` is "loading", "ready" or "failed"."""
 
     def __init__(self, cfg: ServiceConfig):
-        if not cfg.model:
-            raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
-                             "random:NAME (or pass --model)")
+        check_config(cfg)
         self.cfg = cfg
         self.profiles = load_profiles(cfg.profiles_path)
         self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
@@ -164,7 +186,8 @@ class Service:
                "last_answers": list(self.answers),
                "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
                "narrations": {s: list(v)[-3:] for s, v in self.narrator.narrations.items()},
-               "narrator_jobs_pending": len(self.narrator.jobs)}
+               "narrator_jobs_pending": len(self.narrator.jobs),
+               "open_turns": sorted(self.host.scheduler.turns.copy()) if self.host else []}
         if self.state == "ready":
             m = self.reader.model
             with self.host.lock:
