@@ -305,3 +305,12 @@ def test_bad_messages_name_the_message(client, messages, match):
     import re
     r = client.post("/v1/shadow/sessions/m1/turn", json={"messages": messages}, headers=KEY)
     assert r.status_code == 422 and re.search(match, r.text), r.text
+
+
+def test_a_body_must_be_declared_json(client):
+    r = client.post("/v1/shadow/sessions/ct/turn", content='{"prompt_ids": [1000]}',
+                    headers={**KEY, "content-type": "text/plain"})
+    assert r.status_code == 415 and "application/json" in r.json()["detail"]
+    r = client.post("/v1/shadow/sessions/ct/turn", content='{"prompt_ids": [1000]}',
+                    headers={**KEY, "content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200

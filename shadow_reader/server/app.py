@@ -29,7 +29,10 @@ ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad s
                                "beyond the ids, an unknown profile)"},
           401: {"description": "missing or wrong API key (when the server has one)"},
           404: {"description": "unknown session"},
+          403: {"description": "a cross-origin request, or a Host other than the loopback's on "
+                            "a loopback bind"},
           413: {"description": "body or id list over the limit"},
+          415: {"description": "a body not declared application/json"},
           503: {"description": "the model is loading (Retry-After)"},
           504: {"description": "`wait`: the reader did not catch up in time (with the backlog)"}}
 

@@ -27,7 +27,8 @@ async def _reply(send, status: int, detail: str) -> None:
 
 class Guard:
     """403 for a request whose Origin is not its own Host, or (allowed_hosts given: the bind is
-    the loopback) whose Host is not one of allowed_hosts; 413 for bodies over
+    the loopback) whose Host is not one of allowed_hosts; 415 for a body that is not declared
+    application/json; 413 for bodies over
     `max_body_bytes` (declared or streamed); 401 without the right `Authorization: Bearer
     <key>` (scheme case-insensitive) on every path but /healthz."""
 
@@ -62,6 +63,12 @@ class Guard:
         if self.api_key and scope["path"] != "/healthz" and not self._authorized(headers):
             return await _reply(send, 401, "missing or wrong API key (Authorization: Bearer)")
         size = headers.get(b"content-length", b"").decode()
+        has_body = (size.isdigit() and int(size) > 0) or b"transfer-encoding" in headers
+        kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if has_body and scope["method"] in ("POST", "PUT", "PATCH") and kind != "application/json":
+            return await _reply(send, 415, f"Content-Type must be application/json, got "
+                                           f"{kind or 'none'} (curl: -H 'content-type: "
+                                           f"application/json')")
         if size.isdigit() and int(size) > self.max_body_bytes:
             return await _reply(send, 413, f"body over {self.max_body_bytes} bytes")
         if size.isdigit() or scope["method"] in ("GET", "HEAD", "DELETE"):
