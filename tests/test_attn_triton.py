@@ -192,3 +192,4 @@ def test_runners_prepare_sizes_and_decode(tiny):
     r.prepare()
     assert r.decode().t == 1 and sorted(r._sized) == [1] + [r.BUCKET * k for k in range(1, 5)]
     assert all(x.graph is None for x in r._sized.values())       # no graphs on the CPU
+    assert all(x.ops is r.chunk.ops for x in r._sized.values())  # one (compiled) op set

@@ -1,5 +1,6 @@
 """Whole-chunk reads as one CUDA graph: embedding, all layers (GDN and full attention), into
-static buffers; replayed for every chunk of every session.
+static buffers; replayed for every chunk of every session. `Runners` holds a reader's runners:
+grid chunks (what commits state), questions padded to 256-row buckets, single-token decode.
 
 What varies between chunks reaches the graph through device memory, not through the graph's
 baked arguments: the ids, the start position and the addresses of the session's KV buffers sit
@@ -35,10 +36,11 @@ class ChunkGraphs:
     attention: "table" (attn_triton; the default on CUDA) or "sdpa" (Attention.attend, eager
     only: the default on the CPU). fused: the layer's small ops through torch.compile
     (ops.fused_ops; default on CUDA), else ops.EAGER. split: the attention's tiling
-    (attn_triton.SplitConfig, default attn_triton.READ; the committed bits depend on it)."""
+    (attn_triton.SplitConfig, default attn_triton.READ; the committed bits depend on it).
+    op_set: the ops to use, overriding `fused` (Runners shares one compiled set)."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
-                 split=None):
+                 split=None, op_set: ops.Ops | None = None):
         self.model, self.t = model, t
         dev = model.device
         self.use_graphs = dev.type == "cuda"
@@ -48,7 +50,7 @@ class ChunkGraphs:
         self.table = attention == "table"
         if fused is None:
             fused = self.use_graphs
-        self.ops = ops.fused_ops() if fused else ops.EAGER
+        self.ops = op_set or (ops.fused_ops() if fused else ops.EAGER)
         cfg, dt = model.cfg, model.dtype
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
         self.num_full = len(cfg.full_layers)
@@ -192,8 +194,9 @@ class Runners:
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
                  split=None):
-        self.model, self.options = model, {"attention": attention, "fused": fused}
-        self.chunk = ChunkGraphs(model, grid, split=split, **self.options)
+        self.model = model
+        self.chunk = ChunkGraphs(model, grid, attention, fused, split)
+        self.options = {"attention": attention, "op_set": self.chunk.ops}   # one compiled set
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
 
