@@ -154,8 +154,7 @@ def speed(h, hkv, d, configs) -> dict:
 def parse_configs(text: str) -> dict:
     out = {"read_cfg": at.READ}
     for item in filter(None, text.split(",")):
-        bm, bn, w, s = (int(x) for x in item.split("x"))
-        out[item] = at.SplitConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+        out[item] = at.SplitConfig.parse(item)
     return out
 
 

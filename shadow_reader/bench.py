@@ -160,8 +160,7 @@ def attn_split(args):
     if not getattr(args, "attn_tiling", None):
         return None
     from .model.attn_triton import SplitConfig
-    bm, bn, w, s = (int(x) for x in args.attn_tiling.split("x"))
-    return SplitConfig(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+    return SplitConfig.parse(args.attn_tiling)
 
 
 def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,

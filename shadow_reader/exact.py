@@ -40,7 +40,7 @@ def pack(model: Qwen35, kv, gdn, committed: int) -> dict[str, torch.Tensor]:
 
 def fresh_prefill(model: Qwen35, ids: list[int], grid: int, graphs=None) -> dict[str, torch.Tensor]:
     """State after prefilling `ids` (len a multiple of `grid`) chunk by chunk from zero, through
-    `graphs` (a model.graphs.ChunkGraphs for T = grid) when given, else the eager forward."""
+    `graphs` (the reader's model.graphs.Runners, or a ChunkGraphs for T = grid) when given, else the eager forward."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     n = len(ids)
     assert n % grid == 0, "fresh_prefill takes whole chunks"
@@ -52,8 +52,10 @@ def fresh_prefill(model: Qwen35, ids: list[int], grid: int, graphs=None) -> dict
             torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)) for _ in cfg.linear_layers]
     for start in range(0, n, grid):
         chunk = torch.tensor(ids[start:start + grid], dtype=torch.long)
-        forward = graphs.run if graphs is not None else model
-        _, gdn = forward(chunk.to(dev), start, kv, gdn)
+        if graphs is not None:               # the runner stages host ids itself
+            _, gdn = graphs.run(chunk, start, kv, gdn)
+        else:
+            _, gdn = model(chunk.to(dev), start, kv, gdn)
     return pack(model, kv, gdn, n)
 
 

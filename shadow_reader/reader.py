@@ -54,9 +54,9 @@ class Reader:
     cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
     folder, None: none); disk_ttl_s (files older than this are deleted, 48 h); cuda_graphs
     (chunks, questions and decode steps through model.graphs.Runners, one CUDA graph each;
-    default: on CUDA; on the CPU their bodies run without graphs); fused_ops (the runner's small ops through
-    torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the runner's attention
-    tiling, model.attn_triton.SplitConfig; default: its READ).
+    default: on CUDA; on the CPU their bodies run without graphs); fused_ops (the runners'
+    small ops through torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the
+    runners' attention tiling, model.attn_triton.SplitConfig; default: its READ).
     Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
     """
 
@@ -301,8 +301,8 @@ class Reader:
 
     def check_exact(self, session: str) -> bool:
         """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by
-        exact.fresh_prefill's own loop, through the same chunk runner). Returns True; raises exact.ExactnessError naming the
-        first differing tensor and index."""
+        exact.fresh_prefill's own loop, through the same chunk runner). Returns True; raises
+        exact.ExactnessError naming the first differing tensor and index."""
         st = self._get(session)
         want = exact.fresh_prefill(self.model, st.ids[:st.committed], self.config.grid,
                                    self._graphs)

@@ -14,6 +14,7 @@ from shadow_reader.server.app import create_app  # noqa: E402
 
 G = 64
 KEY = {"Authorization": "Bearer k3y"}
+LOCAL = "http://127.0.0.1"    # the loopback: the Guard refuses other Host headers
 
 
 def _rand(n, seed):
@@ -26,7 +27,7 @@ def client():
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, api_key="k3y",
                         max_body_bytes=200_000, max_ids=5000,
                         scheduler=SchedulerConfig(grid=G, poll_s=0.02))
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
         deadline = time.monotonic() + 60
         while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -147,7 +148,7 @@ def test_router_in_shadow_mode_journals_at_the_insertion_point(tmp_path):
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
                         profiles_path=profiles, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
     prompt = _rand(3 * G, 7) + [248046, 198] + _rand(G, 8) + [248046, 198, 248045, 74455, 198]
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
         while c.get("/healthz").json()["state"] == "loading":
             time.sleep(0.05)
         r = c.post("/v1/shadow/sessions/r/turn", json={"prompt_ids": prompt, "profile": "coding",
@@ -177,7 +178,7 @@ def test_narrator_summarises_each_thought(tmp_path):
     profiles.write_text("talk:\n  shadow: {mode: on, narrator: on}\n")
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
                         profiles_path=profiles, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
         while c.get("/healthz").json()["state"] == "loading":
             time.sleep(0.05)
         svc = c.app.state.service
@@ -202,7 +203,7 @@ def test_web_pages_cannot_drive_a_local_server(tmp_path):
     Origin-less clients pass."""
     from shadow_reader.server.limits import Guard
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path)
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
         r = c.post("/v1/shadow/sessions/s9/end", headers={"Origin": "http://evil.example"})
         assert r.status_code == 403 and "cross-origin" in r.json()["detail"]
         r = c.post("/v1/shadow/host", json={"busy": False}, headers={"Origin": "null"})
@@ -212,7 +213,7 @@ def test_web_pages_cannot_drive_a_local_server(tmp_path):
         assert r.status_code == 403 and "loopback" in r.json()["detail"]
         assert c.post("/v1/shadow/host", json={"busy": False}).status_code == 200
         r = c.post("/v1/shadow/host", json={"busy": False},
-                   headers={"Origin": "http://testserver"})
+                   headers={"Origin": LOCAL})
         assert r.status_code == 200
     open_guard = Guard(None, 1024, None, allowed_hosts=None)   # bound to 0.0.0.0: any Host
     assert open_guard._foreign({b"host": b"10.0.0.5:8765"}) is None
@@ -277,7 +278,7 @@ def test_a_failed_load_is_not_a_live_service(tmp_path):
     """/healthz answers 503 with the error; routes answer 503 without Retry-After."""
     (tmp_path / "nope").mkdir()                              # a directory without a model
     cfg = ServiceConfig(model=str(tmp_path / "nope"), device="cpu", grid=G, state_dir=tmp_path)
-    with TestClient(create_app(cfg)) as c:
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
         deadline = time.monotonic() + 30
         while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -11,8 +11,11 @@ from shadow_reader.config import ServiceConfig  # noqa: E402
 from shadow_reader.scheduler import SchedulerConfig  # noqa: E402
 from shadow_reader.server.app import create_app  # noqa: E402
 
+# bind_host 0.0.0.0: schemathesis sends Host "testserver", which a loopback bind refuses (403);
+# the inputs, not the Host rule, are what this fuzzes (test_server covers the rule).
 APP = create_app(ServiceConfig(model="random:tiny", device="cpu", grid=64, max_ids=4096,
-                               scheduler=SchedulerConfig(grid=64, poll_s=0.05)))
+                               scheduler=SchedulerConfig(grid=64, poll_s=0.05),
+                               bind_host="0.0.0.0"))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 

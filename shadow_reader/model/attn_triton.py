@@ -1,6 +1,6 @@
 """Attention of a chunk over a session's KV buffer, addressed through a device table, so one
 CUDA graph serves every session and every context length (Triton; CUDA, or the CPU under
-TRITON_INTERPRET=1 for tests). The pure-torch twin is `attn_ref.attend_table_ref`.
+TRITON_INTERPRET=1 for tests). The pure-torch twin is `ref.attend_ref`.
 
 Why our own kernel: SDPA's flash kernel takes the KV length and the buffer's address from the
 host, so a captured graph would be valid for one session at one length; here both come from
@@ -38,8 +38,27 @@ class SplitConfig:
     num_stages: int = 2
 
 
+    @classmethod
+    def parse(cls, text: str) -> "SplitConfig":
+        """'BMxBNxWARPSxSTAGES' (e.g. '128x32x8x2'), the other fields default; ValueError
+        naming the text when it has not four integers."""
+        try:
+            bm, bn, w, st = (int(x) for x in text.split("x"))
+        except ValueError:
+            raise ValueError(f"tiling {text!r}: expected BMxBNxWARPSxSTAGES, e.g. 128x32x8x2") \
+                from None
+        return cls(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+
+
 READ = SplitConfig()
 DECODE = SplitConfig(block_m=16, s_max=64, min_split=512, num_warps=4)
+
+
+@triton.jit
+def _split_len(end, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split for keys [0, end): end / S_MAX rounded up to BLOCK_N, at least MIN_SPLIT
+    (the split and combine kernels must agree on it)."""
+    return tl.maximum(((end + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
 
 
 @triton.jit
@@ -96,7 +115,7 @@ def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
     G: tl.constexpr = H // HKV
     pid_m, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = tl.load(POS)
-    split = tl.maximum(((pos + T + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
+    split = _split_len(pos + T, S_MAX, MIN_SPLIT, BLOCK_N)
     last_t = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
     lo = s * split
     hi = tl.minimum(lo + split, pos + last_t + 1)     # keys past hi are masked for every row
@@ -139,7 +158,7 @@ def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.con
     """Program per row t*H + h: the splits that hold keys <= pos + t, combined in split order."""
     r = tl.program_id(0)
     pos = tl.load(POS)
-    split = tl.maximum(((pos + T + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
+    split = _split_len(pos + T, S_MAX, MIN_SPLIT, BLOCK_N)
     num_splits = (pos + r // H) // split + 1
     lse0 = tl.load(L_PART + r)                        # split 0 holds key 0: always present
     m = lse0

@@ -205,6 +205,8 @@ class Runners:
         return self.chunk.run(ids, pos, kv, gdn)
 
     def _get(self, t: int, split) -> ChunkGraphs:
+        if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
+            return self.chunk
         if t not in self._sized:
             self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
         return self._sized[t]

@@ -58,7 +58,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     loopback = cfg.bind_host in LOOPBACK
     app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key,
-                       allowed_hosts=LOOPBACK | {"testserver"} if loopback else None)
+                       allowed_hosts=LOOPBACK if loopback else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
@@ -216,14 +216,14 @@ class WaitTimeout(Exception):
         self.backlog, self.committed, self.why = backlog, committed, why
 
 
-def not_reading_why(host, busy_flag: bool) -> str:
+def not_reading_why(host) -> str:
     """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
     turns = sorted(host.scheduler.turns)
     if turns:
         more = f" and {len(turns) - 5} more" if len(turns) > 5 else ""
         return (f"the idle window waits for open turns to end (POST .../end): "
                 f"{', '.join(turns[:5])}{more}")
-    if busy_flag:
+    if host.scheduler.host_busy():
         return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
     return "the reader is reading other sessions or the backlog is large"
 
@@ -243,6 +243,6 @@ def wait_for(host, body: schemas.AskIn) -> None:
             return
         if time.monotonic() > deadline:
             with host.lock:
-                why = not_reading_why(host, host.scheduler.host_busy())
+                why = not_reading_why(host)
             raise WaitTimeout(backlog, c, why)
         time.sleep(0.05)
