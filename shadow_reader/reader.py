@@ -84,9 +84,15 @@ class Reader:
         return store.FileIdentity(self.model.info.fingerprint,
                                   json.dumps(self.model.cfg.to_dict(), sort_keys=True),
                                   self.config.grid, str(self.model.dtype).removeprefix("torch."),
-                                  kind, self.model.kernels.name)
+                                  kind, f"{self.model.kernels.name} {self.path}")
 
     # -- sessions -------------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """How chunks are read (model.graphs.Runners.path, or 'eager' for Qwen35.forward): the
+        committed bits depend on it, so spilled files carry it."""
+        return self._graphs.path if self._graphs is not None else "eager"
+
     def _get(self, session) -> SessionState:
         """The session's state, restored from disk when parked; it becomes the most recently
         used and the others are parked past the cap. Raises KeyError for an unknown session."""

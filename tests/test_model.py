@@ -82,11 +82,27 @@ def test_conv_with_carried_state_equals_whole():
     assert torch.equal(s, x[-4:].t())               # the state is the last W raw inputs
 
 
-def test_graph_segments_equal_the_eager_forward_bitwise(tiny):
-    """The CUDA-graph runner's split of the forward (run without graphs on the CPU) gives the
-    eager forward's bits: hidden, KV rows and GDN states."""
+def _with_layers(types):
+    import dataclasses
+
+    from shadow_reader.model.config import PRESETS
+    from shadow_reader.model.qwen35 import ModelInfo
+    from shadow_reader.model.weights import build_model, random_tensors
+    cfg = dataclasses.replace(PRESETS["tiny"], layer_types=types)
+    return build_model(cfg, random_tensors(cfg), ModelInfo("tiny-" + "".join(t[0] for t in types),
+                                                           "", True))
+
+
+@pytest.mark.parametrize("order", [None, "fllf", "ffll"])
+def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
+    """The CUDA-graph runner's split of the forward into segments cut at the full-attention
+    layers (run without graphs on the CPU, attention between) gives the eager forward's bits:
+    hidden, KV rows and GDN states; also with the attention first, in the middle, back to back."""
+    from shadow_reader.model.config import FULL, LINEAR
     from shadow_reader.model.graphs import ChunkGraphs
     from shadow_reader.reader import Reader
+    if order:
+        tiny = _with_layers(tuple(FULL if c == "f" else LINEAR for c in order))
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
@@ -103,6 +119,19 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny):
     r.feed("s", ids.tolist(), "prompt")
     r.read("s")
     assert r.committed("s") == 3 * t and r.check_exact("s")
+
+
+def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
+    """FlashAttention needs CUDA in fp16/bf16: asked for on the CPU, a clear ValueError; the
+    reader's path (written into spilled files) names how chunks are read."""
+    from shadow_reader.model.graphs import ChunkGraphs, Runners
+    from shadow_reader.reader import Reader
+    with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
+        ChunkGraphs(tiny, 64, attention="flash")
+    assert Runners(tiny, 64).path == "eager:sdpa"
+    assert Runners(tiny, 64, attention="table", fused=True).path == "eager:table 128x32x8x2+fused"
+    assert Reader(tiny, grid=64).path == "eager"
+    assert Reader(tiny, grid=64, cuda_graphs=True)._identity().kernels == "torch eager:sdpa"
 
 
 def test_a_one_token_forward_takes_the_step_kernel(tiny):

@@ -1,29 +1,38 @@
-"""Whole-chunk reads as one CUDA graph: embedding, all layers (GDN and full attention), into
+"""Whole-chunk reads through CUDA graphs: embedding, all layers (GDN and full attention), into
 static buffers; replayed for every chunk of every session. `Runners` holds a reader's runners:
 grid chunks (what commits state), questions padded to 256-row buckets, single-token decode.
 
-What varies between chunks reaches the graph through device memory, not through the graph's
-baked arguments: the ids, the start position and the addresses of the session's KV buffers sit
-in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention layer], filled by
-one host-to-device copy from pinned memory; the GDN states are copied into static inputs (one
-multi-tensor copy). Attention is attn_triton's table-addressed kernel (KV write and attention),
-the only kernel that reads a position or an address at replay.
+The body is cut at the full-attention layers into segments (segment j ends with the q/k/v
+projection of full-attention layer j; segment j + 1 starts with its output projection). Two
+attentions:
+- "flash" (the default on CUDA): one CUDA graph per segment, and between them FlashAttention-2
+  called eagerly on the session's own KV rows (model.attn_flash: faster than our kernel at every
+  context length, and the host knows pos and the buffers' addresses when it launches it);
+- "table": the whole chunk as one graph, attention by attn_triton's table-addressed kernel,
+  which reads the position and the KV addresses from device memory at replay.
+Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (SDPA) unless
+`attention="table"` (Triton's interpreter in the tests); with ops.EAGER the segmented body gives
+Qwen35.forward's bits (tested).
 
-Without graphs (the CPU) the same body runs eagerly, with the eager attention
-(`Attention.attend`, SDPA) unless `attention="table"` (Triton's interpreter in the tests): the
-split of the forward is then checked against Qwen35.forward bit for bit.
+What varies between chunks reaches the graphs through device memory: the ids and the start
+position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention layer
+(table attention only)], filled by one host-to-device copy from pinned memory; the GDN states
+are copied into static inputs (one multi-tensor copy).
 
 Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
-and output states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), the final hidden
-[T, hidden]; for the table attention its split scratch (attn_triton.scratch).
+and output states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its
+attention output [T, H * D], the final hidden [T, hidden]; for the table attention its split
+scratch (attn_triton.scratch).
 """
 from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import attn_flash, ops
 from .config import FULL
 from .layers import rope_cos_sin
+
+ATTENTIONS = ("flash", "table", "sdpa")
 
 
 def _flat(pairs) -> list[torch.Tensor]:
@@ -31,29 +40,31 @@ def _flat(pairs) -> list[torch.Tensor]:
 
 
 class ChunkGraphs:
-    """Runs chunks of exactly `t` ids through `model`; one CUDA graph on CUDA.
+    """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
 
-    attention: "table" (attn_triton; the default on CUDA) or "sdpa" (Attention.attend, eager
-    only: the default on the CPU). fused: the layer's small ops through torch.compile
-    (ops.fused_ops; default on CUDA), else ops.EAGER. split: the attention's tiling
-    (attn_triton.SplitConfig, default attn_triton.READ; the committed bits depend on it).
-    op_set: the ops to use, overriding `fused` (Runners shares one compiled set)."""
+    attention: "flash" (the default on CUDA: a graph per segment, FlashAttention between),
+    "table" (one graph, attn_triton) or "sdpa" (eager only: the default on the CPU). fused: the
+    layer's small ops through torch.compile (ops.fused_ops; default on CUDA), else ops.EAGER.
+    split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
+    committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
+    compiled set). Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
                  split=None, op_set: ops.Ops | None = None):
         self.model, self.t = model, t
-        dev = model.device
+        dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
-        attention = attention or ("table" if self.use_graphs else "sdpa")
-        if attention not in ("table", "sdpa") or (self.use_graphs and attention != "table"):
-            raise ValueError(f"attention must be 'table' (or 'sdpa' without graphs), got {attention!r}")
-        self.table = attention == "table"
-        if fused is None:
-            fused = self.use_graphs
-        self.ops = op_set or (ops.fused_ops() if fused else ops.EAGER)
-        cfg, dt = model.cfg, model.dtype
+        attention = attention or ("flash" if self.use_graphs else "sdpa")
+        if attention not in ATTENTIONS or (self.use_graphs and attention == "sdpa") or (
+                attention == "flash" and not attn_flash.available(dev, dt)):
+            raise ValueError(f"attention must be one of {ATTENTIONS} ('flash' on CUDA in fp16 or "
+                             f"bf16, 'sdpa' without graphs), got {attention!r} on {dev} in {dt}")
+        self.attention, self.table = attention, attention == "table"
+        self.ops = op_set or (ops.fused_ops() if (self.use_graphs if fused is None else fused)
+                              else ops.EAGER)
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
-        self.num_full = len(cfg.full_layers)
+        self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
+        self.num_full = len(self.full_layers)
         self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
             if self.use_graphs else torch.zeros_like(self.meta)
@@ -64,62 +75,93 @@ class ChunkGraphs:
         conv = (cfg.conv_dim, cfg.linear_conv_kernel_dim)
         self.gdn_in = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
         self.gdn_out = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
+        self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
         if self.table:
             from . import attn_triton
             self._at, self.split = attn_triton, split or attn_triton.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
                                                self.split, dev)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self._pos, self._kv = 0, None                   # the eager body's attention inputs
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
+        self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
+        self._pos, self._kv = 0, None                      # the eager attention's inputs
 
-    def _attend(self, attn, i: int, q, k, v) -> torch.Tensor:
-        """Full-attention layer i (in order): write k, v and attend q -> [T, H * D]."""
-        if not self.table:
-            return attn.attend(q, k, v, self._pos, *self._kv[i])
-        cfg, at = self.model.cfg, self._at
-        pos, tab = self.meta[self.t:self.t + 1], self.meta[self.t + 1 + 2 * i:self.t + 3 + 2 * i]
-        at.write_kv(k.contiguous(), v.contiguous(), tab, pos)
-        out = torch.empty(self.t, cfg.num_attention_heads * cfg.head_dim, device=q.device,
-                          dtype=q.dtype)
-        return at.attend_table(q.contiguous(), tab, pos, cfg.num_key_value_heads, *self.scratch,
-                               out, self.split)
+    @property
+    def graph(self):
+        """The captured graphs (None before capture or without graphs)."""
+        return self.graphs or None
+
+    def _attend(self, j: int) -> None:
+        """Full-attention layer j (in order): write its k, v and attend its q into attn_out[j]."""
+        (q, k, v), out = self._qkv[j], self.attn_out[j]
+        if self.table:
+            cfg, at, t = self.model.cfg, self._at, self.t
+            pos, tab = self.meta[t:t + 1], self.meta[t + 1 + 2 * j:t + 3 + 2 * j]
+            at.write_kv(k.contiguous(), v.contiguous(), tab, pos)
+            at.attend_table(q.contiguous(), tab, pos, cfg.num_key_value_heads, *self.scratch,
+                            out, self.split)
+        elif self.attention == "flash":
+            attn_flash.write_and_attend(q, k, v, self._pos, *self._kv[j], out)
+        else:
+            attn = self.model.layers[self.full_layers[j]].self_attn
+            out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
+
+    def _finish(self, i: int, x, h):
+        """The rest of layer i after its mixer: residual, post norm, MLP, the next layer's norm
+        (or, after the last layer, the final hidden). Returns (x, h)."""
+        m, op, eps = self.model, self.ops, self.model.cfg.rms_norm_eps
+        layer = m.layers[i]
+        x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
+        h = layer.mlp(h, op)
+        if i + 1 < len(m.layers):
+            return op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
+        self.hidden.copy_(x + h)
+        return x, h
+
+    def _segment(self, j: int) -> None:
+        """Segment j of the chunk forward (Qwen35.forward's ops in the same order, each residual
+        add joined to the norm after it): from full-attention layer j - 1's output projection
+        (or the embedding) to full-attention layer j's q/k/v projection (or the final hidden)."""
+        m, cfg, op = self.model, self.model.cfg, self.ops
+        if j == 0:
+            x = m.embed_tokens(self.meta[:self.t])
+            rope = rope_cos_sin(self.steps + self.meta[self.t], cfg.rotary_dim, cfg.rope_theta,
+                                x.dtype)
+            h, start = op.rms_norm(x, m.layers[0].input_layernorm.weight, cfg.rms_norm_eps), 0
+        else:
+            x, gate, rope = self._carry[j - 1]
+            i = self.full_layers[j - 1]
+            h = m.layers[i].self_attn.output(self.attn_out[j - 1], gate, op)
+            x, h = self._finish(i, x, h)
+            start = i + 1
+        stop = self.full_layers[j] if j < self.num_full else len(m.layers)
+        for i in range(start, stop):                                # GDN layers only
+            g = cfg.linear_layers.index(i)
+            h, conv, rec = m.layers[i].linear_attn(h, *self.gdn_in[g], m.kernels, op)
+            self.gdn_out[g][0].copy_(conv)
+            self.gdn_out[g][1].copy_(rec)
+            x, h = self._finish(i, x, h)
+        if j < self.num_full:
+            q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op)
+            self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
 
     def _body(self) -> None:
-        """The chunk forward from meta and gdn_in into hidden and gdn_out: Qwen35.forward's ops
-        in the same order (with ops.EAGER the same bits), each residual add joined to the norm
-        after it (ops.add_rms_norm)."""
-        m, cfg, op = self.model, self.model.cfg, self.ops
-        eps, layers = cfg.rms_norm_eps, m.layers
-        x = m.embed_tokens(self.meta[:self.t])
-        positions = self.steps + self.meta[self.t]
-        rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        h = op.rms_norm(x, layers[0].input_layernorm.weight, eps)
-        full = gdn = 0
-        for i, layer in enumerate(layers):
-            if layer.layer_type == FULL:
-                attn = layer.self_attn
-                q, k, v, gate = attn.project(h, rope, op)
-                h = attn.output(self._attend(attn, full, q, k, v), gate, op)
-                full += 1
-            else:
-                h, conv, rec = layer.linear_attn(h, *self.gdn_in[gdn], m.kernels, op)
-                self.gdn_out[gdn][0].copy_(conv)
-                self.gdn_out[gdn][1].copy_(rec)
-                gdn += 1
-            x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
-            h = layer.mlp(h, op)
-            if i + 1 < len(layers):
-                x, h = op.add_rms_norm(x, h, layers[i + 1].input_layernorm.weight, eps)
-        self.hidden.copy_(x + h)
+        """Every segment with the attention between (eagerly, or inside the table graph)."""
+        for j in range(self.num_full + 1):
+            self._segment(j)
+            if j < self.num_full:
+                self._attend(j)
 
     def _capture(self) -> None:
         """Warm up (Triton compiles, cuBLAS handles) on a side stream with KV rows of its own
-        (pos 0), then capture the body."""
+        (pos 0), then capture: the whole body (table) or each segment into one memory pool
+        (flash; replayed in the order captured, as a shared pool requires)."""
         cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
         rows = (self.t, cfg.num_key_value_heads, cfg.head_dim)
         kv = [(torch.zeros(rows, device=dev, dtype=dt), torch.zeros(rows, device=dev, dtype=dt))
               for _ in range(self.num_full)]
         self._stage(torch.zeros(self.t, dtype=torch.long), 0, kv)
+        self._pos, self._kv = 0, kv
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -127,14 +169,20 @@ class ChunkGraphs:
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize(dev)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph):
-            self._body()
+        self._kv = None
+        bodies = [self._body] if self.table else \
+            [(lambda j: lambda: self._segment(j))(j) for j in range(self.num_full + 1)]
+        pool = torch.cuda.graph_pool_handle()
+        for body in bodies:
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                body()
+            self.graphs.append(graph)
 
     def prepare(self) -> None:
         """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
         real chunk does not pay for it (about a minute with the fused ops' first compile)."""
-        if self.use_graphs and self.graph is None:
+        if self.use_graphs and not self.graphs:
             with torch.no_grad():
                 self._capture()
 
@@ -150,6 +198,13 @@ class ChunkGraphs:
         if self.meta_copied is not None:
             self.meta_copied.record()
 
+    def _replay(self) -> None:
+        """The captured graphs in order, the flash attention between them."""
+        for j, graph in enumerate(self.graphs):
+            graph.replay()
+            if j < self.num_full and not self.table:
+                self._attend(j)
+
     @torch.no_grad()
     def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
         """Same contract as Qwen35.forward for T = self.t (ids [T] int64 on any device; every
@@ -157,7 +212,7 @@ class ChunkGraphs:
         (hidden [T, hidden], new gdn list); the given states are not changed.
 
         Raises ValueError for a chunk of another length or a KV buffer that is too small, not
-        contiguous or not 16-byte aligned (the kernel addresses rows by pointer, unchecked)."""
+        contiguous or not 16-byte aligned (the kernels address rows by pointer, unchecked)."""
         if ids.shape != (self.t,):
             raise ValueError(f"a chunk of {self.t} ids expected, got shape {tuple(ids.shape)}")
         for buf in _flat(kv):
@@ -169,11 +224,10 @@ class ChunkGraphs:
         self._stage(ids, pos, kv)
         for part in (0, 1):                         # conv states, then recurrent (one dtype each)
             torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self._pos, self._kv = pos, kv
-            self._body()
+        self._pos, self._kv = pos, kv
+        try:
+            self._replay() if self.graphs else self._body()
+        finally:
             self._kv = None
         out = []
         for part in (0, 1):
@@ -195,10 +249,23 @@ class Runners:
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
                  split=None):
         self.model = model
+        if split is not None and attention is None:      # a tiling is the table attention's
+            attention = "table"
         self.chunk = ChunkGraphs(model, grid, attention, fused, split)
         self.options = {"attention": attention, "op_set": self.chunk.ops}   # one compiled set
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
+
+    @property
+    def path(self) -> str:
+        """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:table
+        BMxBNxWxS' or 'eager:sdpa' (written into spilled files: another path, other bits)."""
+        c = self.chunk
+        kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
+        if c.table:
+            s = c.split
+            kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
+        return kind + ("" if c.ops is ops.EAGER else "+fused")
 
     def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
         """ChunkGraphs.run of the grid chunk runner."""
