@@ -36,6 +36,48 @@ def chunk_ms(reader: Reader, n: int) -> list[float]:
     return out
 
 
+def decode_profile(reader: Reader, num_steps: int = 16) -> dict:
+    """Single-token steps through the decode runner on top of the session (rows above C are
+    scratch): wall ms per step with a sync each (as fork decode does), and the GPU's busy ms
+    per step from the profiler's kernel times."""
+    st = reader._sessions["s"]
+    c, runner = st.committed, reader._graphs.decode()
+    tok = torch.tensor([11], dtype=torch.long)
+
+    def steps():
+        gdn = st.gdn
+        for i in range(num_steps):
+            _, gdn = runner.run(tok, c + i, st.kv, gdn)
+            torch.cuda.synchronize()
+    steps()
+    t0 = time.perf_counter()
+    steps()
+    wall = (time.perf_counter() - t0) * 1e3 / num_steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        steps()
+    busy = sum(e.device_time_total for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3 / num_steps
+    return {"decode_step_wall_ms": round(wall, 3), "decode_step_gpu_busy_ms": round(busy, 3),
+            "decode_loop_equals_steps": loop_equals_steps(reader, runner)}
+
+
+def loop_equals_steps(reader: Reader, runner) -> bool:
+    """The decode loop's ids (each token fed back on the device) against runner steps with
+    the argmax taken on the host, 24 tokens on top of the session."""
+    st = reader._sessions["s"]
+    gen = reader.generate("s", [11, 12, 13], max_new_tokens=24, stop_ids=())
+    pos = st.committed
+    h, gdn = reader.model(torch.tensor(st.ids[pos:] + [11, 12, 13], device="cuda"), pos,
+                          st.kv, st.gdn)
+    ids = [int(reader.model.logits(h[-1:])[0].argmax())]
+    pos = len(st.ids) + 3
+    while len(ids) < 24:
+        h, gdn = runner.run(torch.tensor(ids[-1:]), pos, st.kv, gdn)
+        ids.append(int(reader.model.logits(h)[0].argmax()))
+        pos += 1
+    return list(gen.ids) == ids
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ids", required=True)
@@ -60,6 +102,7 @@ def main() -> None:
     print(table)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(e.device_time_total for e in kernels) / 1e3 / 2     # us -> ms, per chunk
+    decode = decode_profile(reader) if args.graphs else {}
     reader.feed("s", ids[:reader.committed("s") + 330], "prompt")
     ask = [reader.ask("s", ROUTER.question, list(ROUTER.choices)).ms for _ in range(6)][1:]
     print(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -69,6 +112,7 @@ def main() -> None:
                       "wall_ms_per_chunk_profiled": round(host_ms, 2),
                       "kernel_launches_per_chunk": len(kernels) // 2,
                       "gpu_busy_ms_per_chunk": round(busy_ms, 3),
+                      **decode,
                       "ask_ms_median": round(statistics.median(ask), 2),
                       "graphs": args.graphs,
                       "date": time.strftime("%Y-%m-%d")}))

@@ -86,6 +86,22 @@ def band_rates(chunks: list[tuple[int, float]], grid: int) -> dict[str, float]:
     return out
 
 
+def chunk_points(chunks: list[tuple[int, float]], kv_step: int) -> dict:
+    """At 8k, 16k, 32k, 64k and 96k: `chunk_ms`, the median of the chunks that start in the
+    2,048 ids after the point, none of which grows the KV buffers, and `kv_growth_chunk_ms`, the
+    chunk at the point itself (every point is a multiple of kv_step: that chunk also copies the
+    KV rows into a larger buffer)."""
+    at = dict(chunks)
+    typical, growth = {}, {}
+    for p in (8192, 16384, 32768, 65536, 98304):
+        sel = [ms for c, ms in chunks if p < c < p + 2048 and c % kv_step]
+        if sel:
+            typical[f"{p // 1024}k"] = round(statistics.median(sel), 2)
+        if p in at:
+            growth[f"{p // 1024}k"] = round(at[p], 2)
+    return {"chunk_ms": typical, "kv_growth_chunk_ms": growth}
+
+
 def ask_latency(reader: Reader, ids: list[int], at: int, repeats: int = 5) -> float:
     """Median ms of the router question with C = at and a 330-id pending tail (the seed's
     measurement). The session 'ask' grows append-only, so calls go in increasing `at`."""
@@ -171,8 +187,7 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
     out = {"ms_per_1k": band_rates(chunks, grid),
-           "chunk_ms": {f"{c // 1024}k": round(ms, 2) for c, ms in chunks
-                        if c in (8192, 16384, 32768, 65536, 98304)},
+           **chunk_points(chunks, reader.config.kv_step),
            "series": [[c, round(ms, 3)] for c, ms in chunks]}     # (context, ms) per chunk
     if "exact" in parts:
         out["exact_after_timed_runs"] = reader.check_exact("bench")

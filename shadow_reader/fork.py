@@ -103,7 +103,8 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
     the GDN states it produces are dropped. Depends only on ids[:at] and the prompt. The first
     forward is eager (its GDN states must end at the last real id); with `graphs`
-    (model.graphs.Runners) each decode step goes through the single-token runner."""
+    (model.graphs.Runners) the decode steps go through its decode loop (the single-token
+    runner, each token fed back on the device: model.decode)."""
     t0 = time.perf_counter()
     rows = at + len(prompt_ids) + max_new_tokens
     base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
@@ -112,14 +113,11 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     token = int(model.logits(hidden[-1:])[0].argmax())
     t1 = time.perf_counter()
     out, pos = [token], line + len(fwd)
-    step = graphs.decode().run if graphs is not None else None
-    while len(out) < max_new_tokens and token not in stop_ids:
-        if step is not None:
-            hidden, gdn = step(torch.tensor([token], dtype=torch.long), pos, base.kv, gdn)
-        else:
-            hidden, gdn = model(ids_tensor([token], model.device), pos, base.kv, gdn)
-        token = int(model.logits(hidden)[0].argmax())
-        out.append(token)
+    if graphs is not None and max_new_tokens > 1 and token not in stop_ids:
+        out += graphs.decode_loop().run(token, pos, base.kv, gdn, max_new_tokens - 1, stop_ids)
+    while len(out) < max_new_tokens and out[-1] not in stop_ids:      # without runners
+        hidden, gdn = model(ids_tensor([out[-1]], model.device), pos, base.kv, gdn)
+        out.append(int(model.logits(hidden)[0].argmax()))
         pos += 1
     sync(model.device)
     steps = len(out) - 1

@@ -129,7 +129,7 @@ def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
     with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
         ChunkGraphs(tiny, 64, attention="flash")
     assert Runners(tiny, 64).path == "eager:sdpa"
-    assert Runners(tiny, 64, attention="table", fused=True).path == "eager:table 128x32x8x2+fused"
+    assert Runners(tiny, 64, attention="table", fused=True).path == "eager:table 128x32x8x2+fused+proj"
     assert Reader(tiny, grid=64).path == "eager"
     assert Reader(tiny, grid=64, cuda_graphs=True)._identity().kernels == "torch eager:sdpa"
 
@@ -160,3 +160,42 @@ def test_a_one_token_forward_takes_the_step_kernel(tiny):
     assert (h_step - h_chunked).abs().max().item() < 1e-5
     assert all((a - b).abs().max().item() < 1e-5 for p, q in zip(g_step, g_chunked)
                for a, b in zip(p, q))
+
+
+def test_fused_projections_are_views_and_close_to_the_four_gemms(tiny):
+    """model.fuse: the parameters become row views of one weight per layer (no copy kept, the
+    eager forward's bits unchanged, a second call finds the same weights); one GEMM gives the
+    separate projections' values within fp32 rounding."""
+    from shadow_reader.model.fuse import fuse_projections
+    from shadow_reader.model.weights import build_model, random_tensors
+    from shadow_reader.model.qwen35 import ModelInfo
+    from shadow_reader.model.config import PRESETS
+    cfg = PRESETS["tiny"]
+    model = build_model(cfg, random_tensors(cfg), ModelInfo("tiny-fuse", "", True))
+    ids = torch.randint(0, 248000, (64,), generator=torch.Generator().manual_seed(2))
+    before = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(cfg, "cpu", torch.float32))[0]
+    f = fuse_projections(model)
+    g = model.layers[0].linear_attn
+    w = f.gdn_in[0]
+    assert w.shape == (cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads, cfg.hidden_size)
+    assert g.in_proj_z.weight.data_ptr() == w.data_ptr() + cfg.conv_dim * cfg.hidden_size * w.element_size()
+    assert torch.equal(w[cfg.conv_dim:cfg.conv_dim + cfg.value_dim], g.in_proj_z.weight)
+    again = fuse_projections(model)
+    assert all(again.mlp_in[i].data_ptr() == f.mlp_in[i].data_ptr() for i in f.mlp_in)
+    after = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(cfg, "cpu", torch.float32))[0]
+    assert torch.equal(before, after)
+    x = torch.randn(5, cfg.hidden_size)
+    state = (torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim),
+             torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                         cfg.linear_value_head_dim))
+    a = g(x, *state, model.kernels)
+    b = g(x, *state, model.kernels, proj=w)
+    assert all((p - q).abs().max().item() < 1e-5 for p, q in zip(a, b))
+    mlp = model.layers[0].mlp
+    assert (mlp(x) - mlp(x, gate_up=f.mlp_in[0])).abs().max().item() < 1e-5
+    i = next(iter(f.attn_in))
+    attn = model.layers[i].self_attn
+    from shadow_reader.model.layers import rope_cos_sin
+    rope = rope_cos_sin(torch.arange(5), cfg.rotary_dim, cfg.rope_theta, torch.float32)
+    for p, q in zip(attn.project(x, rope), attn.project(x, rope, qkv=f.attn_in[i])):
+        assert (p - q).abs().max().item() < 1e-5

@@ -35,7 +35,9 @@ def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme
               "text_config": {**hf, "model_type": "qwen3_5_text"},
               "tie_word_embeddings": cfg.tie_word_embeddings}
     (path / "config.json").write_text(json.dumps(hf, indent=2))
-    named = {(n if n == "lm_head.weight" else PREFIXES[scheme] + n): t.contiguous()
+    # copies: fused projections (model.fuse) leave parameters sharing one storage, which
+    # safetensors refuses to write
+    named = {(n if n == "lm_head.weight" else PREFIXES[scheme] + n): t.detach().clone()
              for n, t in tensors.items()}
     names = sorted(named)
     shards = [names[i::num_shards] for i in range(num_shards)]

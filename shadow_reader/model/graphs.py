@@ -20,9 +20,10 @@ position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full
 are copied into static inputs (one multi-tensor copy).
 
 Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
-and output states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its
-attention output [T, H * D], the final hidden [T, hidden]; for the table attention its split
-scratch (attn_triton.scratch).
+states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
+output [T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
+(attn_triton.scratch). The output states are the body's own tensors, which a graph's replay
+rewrites in place; `run` copies them out.
 """
 from __future__ import annotations
 
@@ -47,10 +48,12 @@ class ChunkGraphs:
     layer's small ops through torch.compile (ops.fused_ops; default on CUDA), else ops.EAGER.
     split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
     committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
-    compiled set). Raises ValueError for an attention this device cannot run."""
+    compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
+    an input; default: with the fused ops). Raises ValueError for an attention this device
+    cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, op_set: ops.Ops | None = None):
+                 split=None, op_set: ops.Ops | None = None, proj=None):
         self.model, self.t = model, t
         dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
@@ -62,6 +65,10 @@ class ChunkGraphs:
         self.attention, self.table = attention, attention == "table"
         self.ops = op_set or (ops.fused_ops() if (self.use_graphs if fused is None else fused)
                               else ops.EAGER)
+        if proj is None and self.ops is not ops.EAGER:
+            from .fuse import fuse_projections
+            proj = fuse_projections(model)
+        self.proj = proj
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
         self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
         self.num_full = len(self.full_layers)
@@ -74,7 +81,7 @@ class ChunkGraphs:
         hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         conv = (cfg.conv_dim, cfg.linear_conv_kernel_dim)
         self.gdn_in = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
-        self.gdn_out = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
+        self.gdn_out: list = [None] * len(cfg.linear_layers)   # (conv, rec) out of the body
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
         if self.table:
             from . import attn_triton
@@ -112,7 +119,7 @@ class ChunkGraphs:
         m, op, eps = self.model, self.ops, self.model.cfg.rms_norm_eps
         layer = m.layers[i]
         x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
-        h = layer.mlp(h, op)
+        h = layer.mlp(h, op, self.proj and self.proj.mlp_in[i])
         if i + 1 < len(m.layers):
             return op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
         self.hidden.copy_(x + h)
@@ -137,12 +144,13 @@ class ChunkGraphs:
         stop = self.full_layers[j] if j < self.num_full else len(m.layers)
         for i in range(start, stop):                                # GDN layers only
             g = cfg.linear_layers.index(i)
-            h, conv, rec = m.layers[i].linear_attn(h, *self.gdn_in[g], m.kernels, op)
-            self.gdn_out[g][0].copy_(conv)
-            self.gdn_out[g][1].copy_(rec)
+            # the new states stay where the body put them (in the graph's memory pool)
+            h, *self.gdn_out[g] = m.layers[i].linear_attn(h, *self.gdn_in[g], m.kernels, op,
+                                                          self.proj and self.proj.gdn_in[i])
             x, h = self._finish(i, x, h)
         if j < self.num_full:
-            q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op)
+            q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op,
+                                                             self.proj and self.proj.attn_in[stop])
             self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
 
     def _body(self) -> None:
@@ -252,9 +260,11 @@ class Runners:
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
         self.chunk = ChunkGraphs(model, grid, attention, fused, split)
-        self.options = {"attention": attention, "op_set": self.chunk.ops}   # one compiled set
+        self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
+                        "proj": self.chunk.proj}
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
+        self._loop = None
 
     @property
     def path(self) -> str:
@@ -265,7 +275,7 @@ class Runners:
         if c.table:
             s = c.split
             kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
-        return kind + ("" if c.ops is ops.EAGER else "+fused")
+        return kind + ("" if c.ops is ops.EAGER else "+fused") + ("+proj" if c.proj else "")
 
     def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
         """ChunkGraphs.run of the grid chunk runner."""
@@ -295,6 +305,13 @@ class Runners:
             runner = self.for_rows(rows)
             if runner is not None:
                 runner.prepare()
+
+    def decode_loop(self):
+        """model.decode.DecodeLoop over the decode runner (its tail graph captured once)."""
+        if self._loop is None:
+            from .decode import DecodeLoop
+            self._loop = DecodeLoop(self.model, self.decode())
+        return self._loop
 
     def decode(self) -> ChunkGraphs:
         """The single-token runner (its attention split for one query row)."""

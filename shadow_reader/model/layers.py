@@ -49,8 +49,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
-        return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
+    def forward(self, x: torch.Tensor, op: Ops = EAGER, gate_up=None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; gate_up: the fused [2I, hidden] weight (model.fuse)
+        for one GEMM instead of two."""
+        if gate_up is None:
+            return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
+        g, u = F.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
+        return self.down_proj(op.swiglu(g, u))
 
 
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
@@ -84,16 +89,21 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def project(self, x: torch.Tensor, rope, op: Ops = EAGER):
+    def project(self, x: torch.Tensor, rope, op: Ops = EAGER, qkv=None):
         """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
-        v [T, Hkv, D], gate [T, H * D]."""
+        v [T, Hkv, D], gate [T, H * D]. qkv: the fused [2HD + 2HkvD, hidden] weight
+        (model.fuse) for one GEMM instead of three."""
         cfg, t = self.cfg, x.shape[0]
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        qg = self.q_proj(x).view(t, h, 2 * d)            # per head: [query 256 | gate 256]
+        if qkv is None:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            qg, k, v = F.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
+        qg = qg.view(t, h, 2 * d)                          # per head: [query 256 | gate 256]
         q, gate = qg[..., :d], qg[..., d:].reshape(t, h * d)
         q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
-        k = op.norm_rope(self.k_proj(x).view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
-        return q, k, self.v_proj(x).view(t, hkv, d), gate
+        k = op.norm_rope(k.view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
+        return q, k, v.view(t, hkv, d), gate
 
     def attend(self, q, k, v, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
         """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf [cap, Hkv, D] and
@@ -142,18 +152,24 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, conv_state, rec_state, kernels: KernelSet, op: Ops = EAGER):
-        """x [T, hidden]; conv_state [conv_dim, W] (x's dtype); rec_state [HV, K, V] fp32.
-        Returns (out [T, hidden], new conv_state, new rec_state); the inputs are not modified."""
+    def forward(self, x, conv_state, rec_state, kernels: KernelSet, op: Ops = EAGER, proj=None):
+        """x [T, hidden]; conv_state [conv_dim, W] (x's dtype); rec_state [HV, K, V] fp32;
+        proj: the fused [conv_dim + value_dim + 2HV, hidden] weight (model.fuse) for one GEMM
+        instead of four. Returns (out [T, hidden], new conv_state, new rec_state); the inputs
+        are not modified."""
         cfg, t = self.cfg, x.shape[0]
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed, conv_state = kernels.conv(self.in_proj_qkv(x), self.conv1d.weight[:, 0, :],
-                                         conv_state)
-        q, k, v, g, beta = op.gdn_gates(mixed, self.in_proj_b(x), self.in_proj_a(x), self.A_log,
-                                        self.dt_bias, hk, kd, hv, vd)
+        if proj is None:
+            qkv, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), \
+                self.in_proj_a(x)
+        else:
+            qkv, z, b, a = F.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
+            qkv = qkv.contiguous()                         # the conv kernel's input layout
+        mixed, conv_state = kernels.conv(qkv, self.conv1d.weight[:, 0, :], conv_state)
+        q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
         gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
         o, rec_state = gdn(q, k, v, g, beta, rec_state)
-        z = self.in_proj_z(x).view(t, hv, vd)
+        z = z.reshape(t, hv, vd)
         o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
         return self.out_proj(o), conv_state, rec_state

@@ -1,0 +1,44 @@
+"""The decode loop (model.decode: each token fed back on the device, the host checking for stop
+ids every few steps) against the step-by-step loop of fork.generate without runners."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shadow_reader.reader import Reader
+
+
+def _reader(tiny, runners: bool) -> Reader:
+    r = Reader(tiny, grid=64, kv_step=64, cuda_graphs=runners)
+    ids = torch.randint(0, 248000, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    r.feed("s", ids, "prompt")
+    r.read("s")
+    return r
+
+
+def test_decode_loop_gives_the_step_by_step_ids(tiny):
+    """Same ids with and without runners (on the CPU the runner is the eager forward's bits),
+    a stop id found late by the loop still ends the output at its first occurrence, and the
+    session's state is untouched."""
+    loop, steps = _reader(tiny, True), _reader(tiny, False)
+    want = steps.generate("s", [11, 12, 13], max_new_tokens=20, stop_ids=()).ids
+    got = loop.generate("s", [11, 12, 13], max_new_tokens=20, stop_ids=()).ids
+    assert got == want and len(got) == 20
+    stop = next(t for t in want if t != want[0])  # a random model soon repeats one token
+    first = want.index(stop)
+    assert first >= 1
+    cut = loop.generate("s", [11, 12, 13], max_new_tokens=20, stop_ids=(stop,)).ids
+    assert cut == want[:first + 1]
+    assert loop.check_exact("s")
+
+
+def test_decode_loop_refuses_a_runner_of_many_rows_and_a_short_buffer(tiny):
+    from shadow_reader.model.decode import DecodeLoop
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.state import alloc_kv, zero_gdn
+    with pytest.raises(ValueError, match="single-token runner, got t = 64"):
+        DecodeLoop(tiny, ChunkGraphs(tiny, 64))
+    loop = DecodeLoop(tiny, ChunkGraphs(tiny, 1))
+    kv = alloc_kv(tiny.cfg, 10, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="cannot take 8 steps from 5"):
+        loop.run(3, 5, kv, zero_gdn(tiny.cfg, "cpu", torch.float32), 8, set())
