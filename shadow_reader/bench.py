@@ -120,14 +120,20 @@ def decode_ms(reader: Reader, num_tokens: int = 32) -> float:
 
 
 def gemm_floor_ms(model, grid: int, timer: Timer) -> float:
-    """Device time of one chunk's dense projections alone (every nn.Linear of the model on
-    [grid, in_features] inputs, lm_head excluded), in a CUDA graph on CUDA."""
-    linears = [m for m in model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    xs = [torch.randn(grid, m.in_features, device=model.device, dtype=model.dtype) for m in linears]
+    """Device time of one chunk's dense projections alone, as the runners do them (model.fuse:
+    one GEMM for the projections that share an input; every other nn.Linear of the layers, the
+    lm_head excluded) on random [grid, in_features] inputs, in a CUDA graph on CUDA."""
+    from .model.fuse import fuse_projections
+    f = fuse_projections(model)
+    weights = [*f.gdn_in.values(), *f.attn_in.values(), *f.mlp_in.values()]
+    weights += [m.weight for layer in model.layers for name, m in layer.named_modules()
+                if isinstance(m, torch.nn.Linear) and name.split(".")[-1] in
+                ("out_proj", "o_proj", "down_proj")]
+    xs = [torch.randn(grid, w.shape[1], device=model.device, dtype=model.dtype) for w in weights]
 
     def run():
-        for m, x in zip(linears, xs):
-            m(x)
+        for w, x in zip(weights, xs):
+            torch.nn.functional.linear(x, w)
     run()
     if timer.cuda:
         graph = torch.cuda.CUDAGraph()

@@ -164,8 +164,8 @@ class GatedDeltaNet(nn.Module):
             qkv, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), \
                 self.in_proj_a(x)
         else:
+            # strided column slices: the conv and the compiled gates read them as they lie
             qkv, z, b, a = F.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
-            qkv = qkv.contiguous()                         # the conv kernel's input layout
         mixed, conv_state = kernels.conv(qkv, self.conv1d.weight[:, 0, :], conv_state)
         q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
         gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
