@@ -1,10 +1,10 @@
 """Plot ms per 1,000 ids against context for us (every chunk of a `shadow-reader bench` JSON),
 the transformers peer (its 0-32k figure) and the floor (the run's dense-GEMM floor + fla's GDN
-layers + 6 x SDPA flash at that context from a bench/attn_kernel.py log; DESIGN.md's 0.92 ms for
-the GDN layers unless --gdn-ms), to a PNG.
+layers, 0.88 ms as profiled at 16k unless --gdn-ms + 6 x FlashAttention-2 for one chunk at that
+context from a bench/attn_probe.py log), to a PNG.
 
-    python bench/plot_read.py docs/read-bench-2026-11-29-runners.json \
-        docs/attn-kernel-2026-11-29.log docs/read-bench-eager-2026-11-29.json -o docs/read-vs-context.png
+    python bench/plot_read.py docs/read-bench-2026-11-29-flash.json \
+        docs/attn-probe-2026-11-29.log docs/read-bench-2026-11-29-flash.json -o docs/read-vs-context.png
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def last_json(path: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bench", help="shadow-reader bench JSON (with read_grid512.series)")
-    p.add_argument("attn", help="bench/attn_kernel.py log (SDPA per layer by context)")
+    p.add_argument("attn", help="bench/attn_probe.py log (FlashAttention per layer by context)")
     p.add_argument("peer", help="a bench JSON with peer_transformers_ms_per_1k")
-    p.add_argument("--gdn-ms", type=float, default=0.92)
+    p.add_argument("--gdn-ms", type=float, default=0.88)
     p.add_argument("-o", "--out", required=True)
     a = p.parse_args()
     import matplotlib
@@ -34,15 +34,15 @@ def main() -> None:
     grid = 512
     series = np.array(res["read_grid512"]["series"])            # [chunks, 2] (context, ms)
     ctx, ms = series[:, 0] + grid, series[:, 1] / grid * 1000
-    speed = last_json(a.attn)["speed_ms"]
-    pts = sorted((int(k.split("_at_")[1].rstrip("k")) * 1024, v["sdpa_ms"])
-                 for k, v in speed.items() if k.startswith("chunk512"))
-    sdpa = np.interp(ctx, [c for c, _ in pts], [s for _, s in pts])
-    floor = (res["gemm_floor_ms_per_chunk"] + a.gdn_ms + 6 * sdpa) / grid * 1000
+    cases = last_json(a.attn)["cases"]
+    pts = sorted((int(k.split("_ctx")[1]), v["fa_s0"]["ms"])
+                 for k, v in cases.items() if k.startswith("T512_"))
+    flash = np.interp(ctx, [c for c, _ in pts], [s for _, s in pts])
+    floor = (res["gemm_floor_ms_per_chunk"] + a.gdn_ms + 6 * flash) / grid * 1000
     peer = last_json(a.peer)["peer_transformers_ms_per_1k"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot(ctx / 1024, ms, label="shadow-reader (CUDA graphs), per chunk", lw=1)
-    ax.plot(ctx / 1024, floor, label="floor: GEMMs + GDN + 6 x SDPA flash", ls="--")
+    ax.plot(ctx / 1024, floor, label="floor: GEMMs + GDN + 6 x FlashAttention-2", ls="--")
     ax.hlines(peer, 0, 32, colors="C3", label="transformers + fla (mean 0-32k)")
     ax.set_yscale("log")
     ax.set_xlabel("context (k ids)")

@@ -92,12 +92,21 @@ class Host:
             return result
 
     def between_rounds(self, session: str) -> Slice:
-        """The shadow's ration slice, on the host's thread, between two decode rounds."""
+        """The shadow's ration slice, on the host's thread, between two decode rounds. When no
+        chunk fits the ration (most rounds) it returns at once, without touching the device;
+        else the device is synchronised before and after, and the slice's whole wall time
+        (chunks, syncs, bookkeeping) counts against the turn's ration."""
         with self.lock:
+            if not self.scheduler.slice_due(session):
+                return Slice("ration", (), 0.0, "ration")
+            clock = self.scheduler.clock
+            t0 = clock()
             sync(self.reader.model.device)
             out = self.scheduler.between_rounds(session)
             sync(self.reader.model.device)
-            return out
+            wall_ms = (clock() - t0) * 1e3
+            self.scheduler.charge(session, wall_ms - out.ms)
+            return Slice(out.kind, out.chunks, max(out.ms, wall_ms), out.stop)
 
     def turn_finished(self, session: str) -> None:
         with self.lock:

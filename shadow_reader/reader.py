@@ -95,17 +95,21 @@ class Reader:
 
     def _get(self, session) -> SessionState:
         """The session's state, restored from disk when parked; it becomes the most recently
-        used and the others are parked past the cap. Raises KeyError for an unknown session."""
+        used, and after a restore the others are parked past the cap (the calls that grow a
+        resident state settle after their work; settling on every call summed every session's
+        bytes for each id a host streams). Raises KeyError for an unknown session."""
         validate.session_id(session)
         st = self._sessions.get(session)
-        if st is None:
+        restored = st is None
+        if restored:
             st = self._residency.restore(session)
             if st is None:
                 raise KeyError(f"unknown session {session!r}")
             self._sessions[session] = st
         self._clock += 1
         st.last_used = self._clock
-        self._settle(session)
+        if restored:
+            self._settle(session)
         return st
 
     def _settle(self, session: str | None) -> None:

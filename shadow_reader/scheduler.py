@@ -234,6 +234,19 @@ class Scheduler:
         earned = self.cfg.share * (self.clock() - turn.first_token_s) * 1e3
         return max(0.0, earned - turn.used_ms)
 
+    def slice_due(self, session: str) -> bool:
+        """Whether between_rounds would read a chunk now (a backlog of a chunk whose estimated
+        cost fits the ration): the host can skip the call's device syncs when not."""
+        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        return self._readable(session) and \
+            self.cost.estimate(self.port.committed(session)) <= budget + EPS_MS
+
+    def charge(self, session: str, ms: float) -> None:
+        """Count ms more against the open turn's ration (what a slice cost beyond its chunks:
+        the syncs and the host-side work around them)."""
+        if session in self.turns and ms > 0:
+            self.turns[session].used_ms += ms
+
     def between_rounds(self, session: str) -> Slice:
         """One ration slice for the session of an open turn: whole chunks whose estimated cost
         fits in min(ration, slice_ms)."""

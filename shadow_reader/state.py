@@ -114,5 +114,4 @@ def state_bytes(state: SessionState) -> int:
     """Resident bytes: KV capacity x bytes per row, GDN states, checkpoints."""
     kv = sum(k.nbytes + v.nbytes for k, v in state.kv)
     gdn = sum(c.nbytes + r.nbytes for c, r in state.gdn)
-    cps = sum(c.nbytes + r.nbytes for cp in state.checkpoints for c, r in cp.gdn)
-    return kv + gdn + cps
+    return kv + gdn * (1 + len(state.checkpoints))    # a checkpoint: a copy of the GDN states

@@ -80,3 +80,28 @@ def test_forget_drops_the_session_everywhere(tiny):
     assert "s" not in host.reader.sessions() and host.scheduler.recency == []
     assert host.scheduler.turns == {} and host.scheduler.questions == []
     assert host.idle_once().stop == "fresh"
+
+
+def test_a_round_with_no_chunk_due_is_free_and_a_slice_pays_its_overhead(tiny, monkeypatch):
+    """between_rounds returns at once when no chunk fits the ration (no sync, nothing used);
+    a slice's wall time beyond its chunks (syncs, bookkeeping) counts against the ration."""
+    import shadow_reader.host as host_mod
+    clock, syncs = VirtualClock(), []
+
+    def sync(device):                      # a sync that takes 2 ms of the clock
+        syncs.append(device)
+        clock.t += 0.002
+    monkeypatch.setattr(host_mod, "sync", sync)
+    host = Host(Reader(tiny, grid=G), host_busy=lambda: True,
+                cfg=SchedulerConfig(grid=G, share=0.02, slice_ms=1e6), clock=clock)
+    host.turn_started("s", _rand(3 * G, 5))
+    host.output("s", _rand(1, 6))
+    clock.t += 0.01                        # 10 ms of decode earn 0.2 ms: no chunk fits
+    sl = host.between_rounds("s")
+    assert sl.chunks == () and sl.ms == 0.0 and syncs == []
+    assert host.scheduler.turns["s"].used_ms == 0.0
+    clock.t += 1000.0                      # a long decode earns room for every chunk
+    sl = host.between_rounds("s")
+    assert sl.chunks == (("s", 3),) and len(syncs) == 2
+    used = host.scheduler.turns["s"].used_ms
+    assert abs(used - sl.ms) < 1e-6 and sl.ms >= 4.0       # the two syncs' 4 ms counted

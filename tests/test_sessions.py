@@ -33,3 +33,25 @@ def test_real_session_replays_exactly(tiny, path):
                           out=io.StringIO()).as_dict()
     assert totals["exact"] is True and totals["turns"] == len(turns) > 0
     assert totals["num_read"] == reader.committed(path.stem) + totals["num_reread"]
+
+
+def test_state_bytes_counts_every_tensor(tiny):
+    """state_bytes (KV capacity, GDN states, one copy of them per checkpoint) equals the sum
+    over every tensor the state holds."""
+    import random
+
+    from shadow_reader.reader import Reader
+    from shadow_reader.state import state_bytes
+    rng = random.Random(7)
+    r = Reader(tiny, grid=64, kv_step=64)
+    ids = [rng.randrange(1000, 240000) for _ in range(300)]
+    r.feed("s", ids, "prompt")
+    r.read("s")
+    for cut in (130, 200):                      # later prompts take checkpoints at their lines
+        r.feed("s", ids[:cut] + [5] * 100, "prompt")
+        r.read("s")
+    st = r._sessions["s"]
+    assert st.checkpoints
+    every = [*(x for kv in st.kv for x in kv), *(x for g in st.gdn for x in g),
+             *(x for cp in st.checkpoints for g in cp.gdn for x in g)]
+    assert state_bytes(st) == sum(x.nbytes for x in every)
