@@ -35,12 +35,47 @@ def scratch_state(model: Qwen35, rcfg: ReaderConfig, st: SessionState, line: int
     return SessionState(ids=st.ids[:line], committed=p, kv=kv, gdn=gdn), line - p
 
 
+@dataclass
+class Scratch:
+    """A scratch base read toward grid line `line` of `session` over several calls (so a long
+    re-read below C need not hold the reader for its whole length): state and the ids it reads
+    in all (num_scratch). Valid while the session's ids below `line` equal state.ids."""
+
+    session: str
+    line: int
+    state: SessionState
+    num_scratch: int
+
+
+def scratch_valid(sc: Scratch | None, session: str, st: SessionState, line: int) -> bool:
+    """Whether sc is a base toward `line` of this session whose ids still equal the session's
+    below the line (then its KV rows and states do too)."""
+    return sc is not None and sc.session == session and sc.line == line \
+        and sc.state.ids == st.ids[:line]
+
+
+def advance_scratch(model: Qwen35, rcfg: ReaderConfig, st: SessionState, session: str,
+                    line: int, sc: Scratch | None, max_chunks: int,
+                    graphs=None) -> tuple[Scratch, int]:
+    """Read at most max_chunks chunks of the scratch base toward `line` (< C), starting one
+    at the newest checkpoint when sc is not valid for it. Returns (the base, chunks read)."""
+    if not scratch_valid(sc, session, st, line):
+        sc = Scratch(session, line, *scratch_state(model, rcfg, st, line, line))
+    done = 0
+    while sc.state.committed < line and done < max_chunks:
+        read_chunk(model, rcfg, sc.state, graphs)
+        done += 1
+    return sc, done
+
+
 def fork_base(model: Qwen35, rcfg: ReaderConfig, st: SessionState, at: int,
-              rows: int, graphs=None) -> tuple[SessionState, int, int, int]:
+              rows: int, graphs=None, scratch: Scratch | None = None
+              ) -> tuple[SessionState, int, int, int]:
     """The state a fork starts from: at the grid line L at or below `at` (see the module doc),
     with KV room for `rows` rows; whole chunks go through `graphs` (the reader's chunk runner,
     so they give the bits its reads give). Returns (state, L, ids committed on the way, ids read in
-    scratch); the state is the session's own when at >= C (use only rows above C)."""
+    scratch); the state is the session's own when at >= C (use only rows above C). scratch: a
+    base already (partly) read toward L below C, checked valid by the caller."""
     line = at // rcfg.grid * rcfg.grid
     if at >= st.committed:
         num_committed = line - st.committed
@@ -48,14 +83,19 @@ def fork_base(model: Qwen35, rcfg: ReaderConfig, st: SessionState, at: int,
             read_chunk(model, rcfg, st, graphs)
         ensure_capacity(st, model.cfg, rows, rcfg.kv_step)
         return st, line, num_committed, 0
-    base, num_scratch = scratch_state(model, rcfg, st, line, rows)
+    if scratch is not None:
+        base, num_scratch = scratch.state, scratch.num_scratch
+        ensure_capacity(base, model.cfg, rows, rcfg.kv_step)
+    else:
+        base, num_scratch = scratch_state(model, rcfg, st, line, rows)
     while base.committed < line:
         read_chunk(model, rcfg, base, graphs)
     return base, line, 0, num_scratch
 
 
 def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int],
-           letters: list[int], choices: list[str], at: int, graphs=None) -> Answer:
+           letters: list[int], choices: list[str], at: int, graphs=None,
+           scratch: Scratch | None = None) -> Answer:
     """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
     With `graphs` (model.graphs.Runners) the tail and question go through the runner of their
     length bucket, else the eager forward.
@@ -67,7 +107,8 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
     fwd = st.ids[line:at] + q_ids
     runner = graphs.for_rows(len(fwd)) if graphs is not None else None
     rows = max(at + len(q_ids), line + (runner.t if runner else 0))
-    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs,
+                                                       scratch)
     if runner is not None:      # padded after the real rows, into scratch KV rows above line
         padded = torch.tensor(fwd + [fwd[-1]] * (runner.t - len(fwd)), dtype=torch.long)
         hidden, _ = runner.run(padded, line, base.kv, base.gdn)
@@ -99,7 +140,8 @@ class Generation:
 
 
 def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: list[int],
-             at: int, max_new_tokens: int, stop_ids: set[int], graphs=None) -> Generation:
+             at: int, max_new_tokens: int, stop_ids: set[int], graphs=None,
+             scratch: Scratch | None = None) -> Generation:
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
     the GDN states it produces are dropped. Depends only on ids[:at] and the prompt. The first
     forward is eager (its GDN states must end at the last real id); with `graphs`
@@ -107,7 +149,8 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     runner, each token fed back on the device: model.decode)."""
     t0 = time.perf_counter()
     rows = at + len(prompt_ids) + max_new_tokens
-    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs)
+    base, line, num_committed, num_scratch = fork_base(model, rcfg, st, at, rows, graphs,
+                                                       scratch)
     fwd = st.ids[line:at] + prompt_ids
     hidden, gdn = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     token = int(model.logits(hidden[-1:])[0].argmax())

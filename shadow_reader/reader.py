@@ -77,6 +77,7 @@ class Reader:
         self._clock = 0
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self._residency = Residency(self.store_config, model, grid, kv_step, self._identity())
+        self._scratch: fork.Scratch | None = None    # one fork base being read below C
 
     def _identity(self) -> store.FileIdentity:
         dev = self.model.device
@@ -128,6 +129,8 @@ class Reader:
             raise KeyError(f"unknown session {session!r}")
         self._sessions.pop(session, None)
         self._residency.forget(session)
+        if self._scratch is not None and self._scratch.session == session:
+            self._scratch = None
 
     def stats(self) -> dict:
         """Residency and counters: see residency.Residency.stats."""
@@ -266,9 +269,34 @@ class Reader:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
         answer = fork.answer(self.model, self.config, st, q_ids, letters, choices, at,
-                               self._graphs)
+                               self._graphs, self._take_scratch(session, st, at))
         self._settle(session)
         return answer
+
+    def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
+        """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
+        up to the grid line at or below `at` in scratch: read at most max_chunks of those chunks
+        now, into a base kept for the next ask or generate at that line (one base is kept, for
+        one session). Lets a server re-read a long way below C one chunk per hold of its lock.
+        Returns the chunks read: 0 when the base is ready or `at` is at or above C. Raises
+        KeyError for an unknown session, ValueError for a bad `at` or max_chunks."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        max_chunks = validate.count(max_chunks, "max_chunks")
+        line = at // self.config.grid * self.config.grid
+        if at >= st.committed:
+            return 0
+        self._scratch, done = fork.advance_scratch(self.model, self.config, st, session, line,
+                                                   self._scratch, max_chunks, self._graphs)
+        sync(self.model.device)
+        return done
+
+    def _take_scratch(self, session: str, st: SessionState, at: int):
+        """The prepared base for a fork at `at` (then dropped: the fork writes its rows), or
+        None (at or above C, none prepared, or the session changed below its line)."""
+        sc, self._scratch = self._scratch, None
+        line = at // self.config.grid * self.config.grid
+        return sc if at < st.committed and fork.scratch_valid(sc, session, st, line) else None
 
     def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
                  stop_ids=questions.STOP_IDS) -> fork.Generation:
@@ -290,7 +318,7 @@ class Reader:
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
         out = fork.generate(self.model, self.config, st, p_ids, at, max_new_tokens,
-                            set(stop_ids), self._graphs)
+                            set(stop_ids), self._graphs, self._take_scratch(session, st, at))
         self._settle(session)
         return out
 

@@ -167,3 +167,34 @@ def test_sessions_past_max_positions_are_read_and_flagged(tiny_tensors):
     assert r.committed("s") == 128 and r.check_exact("s")
     assert r.stats()["sessions"]["s"]["beyond_max_positions"] is True
     assert r.ask("s", "q", ["a", "b"]).beyond_max_positions is True
+
+
+def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
+    """prepare_fork re-reads a base below C one chunk a call; the ask that follows uses it and
+    answers as an ask without it; after a prompt that changes ids below the line, the stale
+    base is not used (the answer still equals a fresh reader's)."""
+    import random
+
+    from shadow_reader.reader import Reader
+    from shadow_reader.router import ROUTER
+    rng = random.Random(11)
+    ids = [rng.randrange(1000, 240000) for _ in range(5 * 64 + 9)]
+    r = Reader(tiny, grid=64, kv_step=64)
+    r.feed("s", ids, "prompt")
+    r.read("s")
+    q, ch = ROUTER.question, list(ROUTER.choices)
+    want = r.ask("s", q, ch, at=3 * 64 + 2)
+    assert [r.prepare_fork("s", 3 * 64 + 2) for _ in range(4)] == [1, 1, 1, 0]
+    assert r.prepare_fork("s", 5 * 64) == 0                   # at C: nothing to prepare
+    assert r.prepare_fork("s", 2 * 64, max_chunks=10) == 2    # another line: a new base
+    assert r.prepare_fork("s", 3 * 64 + 2, max_chunks=10) == 3
+    got = r.ask("s", q, ch, at=3 * 64 + 2)
+    assert got.probs == want.probs and r._scratch is None and r.check_exact("s")
+    r.prepare_fork("s", 3 * 64 + 2, max_chunks=10)
+    changed = ids[:100] + [7] * 250
+    r.feed("s", changed, "prompt")                              # rolls back below the line
+    r.read("s")
+    fresh = Reader(tiny, grid=64, kv_step=64)
+    fresh.feed("f", changed, "prompt")
+    fresh.read("f")
+    assert r.ask("s", q, ch, at=3 * 64 + 2).probs == fresh.ask("f", q, ch, at=3 * 64 + 2).probs

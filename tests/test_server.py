@@ -251,6 +251,27 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     assert holds[:5] == [0, 0, G, 2 * G, 3 * G] and set(holds[5:]) == {3 * G}
     assert r.json()["num_forwarded_tokens"] < 2 * G                      # the tail + question
     assert svc.reader.committed("cu") == 3 * G
+    # below C: the scratch re-read from 0 to the line, one chunk a hold, then the ask
+    holds.clear()
+    base = lambda: svc.reader._scratch.state.committed if svc.reader._scratch else None  # noqa
+    state_at = Counting.__enter__
+
+    def enter(self):
+        state_at(self)
+        if threading.current_thread().name != "shadow-idle":
+            holds[-1] = base()
+    Counting.__enter__ = enter
+    svc.host.lock = Counting()
+    try:
+        r = client.post("/v1/shadow/ask", headers=KEY, json={
+            "session": "cu", "question": "q", "choices": ["a", "b"], "at": 2 * G + 5})
+    finally:
+        svc.host.lock = lock
+    assert r.status_code == 200, r.text
+    assert holds[:5] == [None, None, G, 2 * G, 2 * G], holds
+    with lock:
+        want = svc.reader.ask("cu", "q", ["a", "b"], at=2 * G + 5)      # all under one hold
+    assert r.json()["probs"] == list(want.probs) and svc.reader._scratch is None
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/cu/end", headers=KEY)
 

@@ -186,6 +186,11 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         host = svc.require()
         body_session(body.session)
         with host.lock:
+            n = len(host.reader.ids(body.session))           # 404 for an unknown session
+        if body.at is not None and body.at > n:
+            raise ValueError(f"at = {body.at} is outside the session's ids [0, {n}]")
+        svc.catch_up(body.session, n if body.at is None else body.at)
+        with host.lock:
             text, gen = host.reader.summarize(body.session, body.instruction, body.max_tokens,
                                               body.at)
         return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,

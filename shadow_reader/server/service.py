@@ -145,17 +145,26 @@ class Service:
         return sl
 
     def catch_up(self, session: str, at: int) -> int:
-        """Commit the chunks a question at `at` needs (up to the grid line at or below it) one
-        at a time, taking the reader's lock for each, so a host's call waits at most one chunk
-        (the ask itself would read them all under one hold). Returns the chunks read."""
+        """Read the chunks a question or fork at `at` needs one at a time, taking the reader's
+        lock for each, so a host's call waits at most one chunk (the ask itself would read them
+        all under one hold): at or above C, commit up to the grid line at or below `at`; below
+        C, re-read in scratch from the newest checkpoint (Reader.prepare_fork). Returns the
+        chunks read."""
         line, done = at // self.cfg.grid * self.cfg.grid, 0
         while True:
             with self.host.lock:
                 r = self.reader
-                if session not in r.sessions() or r.committed(session) >= line \
-                        or r.backlog(session) < self.cfg.grid:
+                if session not in r.sessions():
                     return done
-                done += r.read(session, max_chunks=1).num_chunks
+                if at < r.committed(session):
+                    n = r.prepare_fork(session, at, 1)
+                elif r.committed(session) < line and r.backlog(session) >= self.cfg.grid:
+                    n = r.read(session, max_chunks=1).num_chunks
+                else:
+                    n = 0
+                if n == 0:
+                    return done
+                done += n
 
     def require(self) -> Host:
         if self.state != "ready":
