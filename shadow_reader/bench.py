@@ -44,6 +44,11 @@ class Timer:
         return out, (time.perf_counter() - t0) * 1e3
 
 
+def _label(at: int) -> str:
+    """'32k' for 32,768; '5000' for 5,000 (a position that is not a whole k)."""
+    return f"{at // 1024}k" if at % 1024 == 0 else str(at)
+
+
 def load_ids(paths: list[str], num_ids: int) -> list[int]:
     """Concatenated ids of the given sessions (.npz ids or .json sessions), first num_ids."""
     ids: list[int] = []
@@ -54,7 +59,11 @@ def load_ids(paths: list[str], num_ids: int) -> list[int]:
         else:
             from .tokenizer import load_tokenizer
             tok = tok or load_tokenizer()
-            msgs = json.loads(Path(p).read_text())["messages"]
+            try:
+                msgs = json.loads(Path(p).read_text())["messages"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{p}: not a session (a .npz of ids, or a JSON object with "
+                                 f"\"messages\", as in shared/data/sessions)") from None
             text = "\n".join(str(m.get("content") or "") for m in msgs)
             ids += tok.encode(text)
         if len(ids) >= num_ids:
@@ -208,6 +217,12 @@ def run(args) -> dict:
     unknown = parts - KNOWN_PARTS
     if unknown:
         raise ValueError(f"--parts: unknown {sorted(unknown)} (known: {sorted(KNOWN_PARTS)})")
+    bad = [g for g in args.grids if g < 64 or g % 64]
+    if bad or args.max_context < max(args.grids):
+        raise ValueError(f"--grids must be positive multiples of 64 (got {args.grids}) and "
+                         f"--max-context at least the largest (got {args.max_context})")
+    if any(a < 1 for a in args.ask_at):
+        raise ValueError(f"--ask-at positions must be >= 1, got {args.ask_at}")
     ids = load_ids(args.ids, args.max_context + 1024)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_model(args.model, device=device)
@@ -223,7 +238,7 @@ def run(args) -> dict:
                   lambda: _read_part(model, grid, ids, args, parts, timer, graphs=graphs))
     if "ask" in parts:
         reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs)
-        _part(res, "ask_ms", lambda: {f"{at // 1024}k": round(ask_latency(reader, ids, at), 2)
+        _part(res, "ask_ms", lambda: {_label(at): round(ask_latency(reader, ids, at), 2)
                                       if at <= args.max_context else "skipped: past --max-context"
                                       for at in sorted(args.ask_at)})
     if "floor" in parts:

@@ -167,6 +167,10 @@ def _serve(args) -> int:
 def _fresh(args) -> int:
     from .fresh import cost_from_bench, fresh_report
     from .scheduler import SchedulerConfig
+    if args.grid < 64 or args.grid % 64:
+        raise ValueError(f"--grid must be a positive multiple of 64, got {args.grid}")
+    if args.read_ms_per_1k is not None and not args.read_ms_per_1k > 0:
+        raise ValueError(f"--read-ms-per-1k must be > 0, got {args.read_ms_per_1k}")
     if args.cost_model:
         name, ms_per_1k = cost_from_bench(args.cost_model)
     else:

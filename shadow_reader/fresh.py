@@ -47,10 +47,21 @@ def _first(r: dict, *keys):
 
 
 def load_timeline(path) -> list[Request]:
-    """All requests of a timeline file, in start order. ValueError for an unknown layout."""
-    raw = json.loads(Path(path).read_text())
+    """All requests of a timeline file, in start order. ValueError naming the file for one
+    that is not JSON, not a timeline (an object with a "sessions" list of sessions with
+    "requests") or has no requests."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    sessions = raw.get("sessions") if isinstance(raw, dict) else None
+    if not isinstance(sessions, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("requests"), list) for x in sessions):
+        raise ValueError(f"{path}: not a request timeline (expected an object with a "
+                         f"\"sessions\" list, each session with a \"requests\" list; see "
+                         f"shared/data/timelines/README.md)")
     out = []
-    for sess in raw.get("sessions", []):
+    for sess in sessions:
         reqs = sess["requests"]
         for i, r in enumerate(reqs):
             start = _time(_first(r, "request_start", "request_start_approx"))
@@ -70,6 +81,8 @@ def load_timeline(path) -> list[Request]:
             out.append(Request(f"{sess.get('session_id')}{side}{model}", start, first, end,
                                int(prompt), int(_first(r, "output_tokens", "output_tokens_logged",
                                                        "output_tokens_qwen_est") or 0)))
+    if not out:
+        raise ValueError(f"{path}: the timeline holds no requests")
     return sorted(out, key=lambda q: q.start_s)
 
 

@@ -98,7 +98,7 @@ class Residency:
         """Move one resident session to disk (or drop its tensors without a disk)."""
         st = sessions.pop(sid)
         path = None
-        if self.cfg.disk_dir is not None and st.committed > 0:
+        if self.cfg.disk_dir is not None:   # also at C = 0: its ids outlive a restart
             packed = exact.pack(self.model, st.kv, st.gdn, st.committed)
             path, _ = store.write_session(self.cfg.disk_dir, sid, st, packed, self.ident)
             self.counters.spills += 1

@@ -20,3 +20,18 @@ def test_bench_smoke(capsys):
     assert set(res["ask_ms"]) == {"1k"} and res["gemm_floor_ms_per_chunk"] > 0
     assert res["grid_512_vs_2048"]["questions"] == 8
     assert res["gpu"] == "cpu" and res["date"]
+
+
+def test_bench_refuses_bad_grids_context_and_files(capsys, tmp_path):
+    """Bad grids, a context below the grid and a file that is not a session are refused before
+    anything runs, with a message naming them (exit 2)."""
+    base = ["bench", "--model", "random:tiny", "--device", "cpu", "--ids", EXAMPLE]
+    assert main(base + ["--grids", "500"]) == 2
+    assert "--grids must be positive multiples of 64" in capsys.readouterr().err
+    assert main(base + ["--max-context", "0"]) == 2
+    assert "--max-context at least the largest" in capsys.readouterr().err
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["bench", "--model", "random:tiny", "--device", "cpu", "--ids", str(empty),
+                 "--max-context", "512", "--grids", "512"]) == 2
+    assert f"{empty}: not a session" in capsys.readouterr().err

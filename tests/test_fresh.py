@@ -66,3 +66,19 @@ def test_plot(tmp_path):
     assert main(["fresh", str(_timeline(tmp_path)), "--read-ms-per-1k", "10",
                  "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fresh_refuses_bad_input_naming_it(tmp_path, capsys):
+    """A grid that is not a multiple of 64, a negative rate, a file that is not JSON or not a
+    timeline: clear errors (exit 2), no figures."""
+    good = str(_timeline(tmp_path))
+    assert main(["fresh", good, "--grid", "0"]) == 2
+    assert "--grid must be a positive multiple of 64" in capsys.readouterr().err
+    assert main(["fresh", good, "--read-ms-per-1k", "-5"]) == 2
+    assert "--read-ms-per-1k must be > 0" in capsys.readouterr().err
+    for text, says in (("nope", "not JSON"), ("{}", "not a request timeline"),
+                       ('{"sessions": []}', "the timeline holds no requests")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        assert main(["fresh", str(bad)]) == 2
+        assert f"{bad}: {says}" in capsys.readouterr().err

@@ -263,3 +263,16 @@ def test_a_new_reader_lists_the_sessions_parked_on_disk(tiny, tmp_path):
     s = fresh.stats()["sessions"]["a"]
     assert s["residency"] == "disk" and s["committed"] == 256 and s["num_ids"] == len(ids)
     assert fresh.ids("a") == ids and fresh.check_exact("a") and fresh.stats()["restores"] == 1
+
+
+def test_a_session_below_one_chunk_outlives_a_restart(tiny, tmp_path):
+    """A session never read (C = 0, fewer ids than a chunk) is written at a planned stop too:
+    a new reader knows its ids and reads on from them exactly."""
+    r = _reader(tiny, tmp_path)
+    r.feed("short", list(range(1000, 1010)), "prompt")
+    r.close()
+    fresh = _reader(tiny, tmp_path)
+    assert fresh.ids("short") == list(range(1000, 1010)) and fresh.committed("short") == 0
+    fresh.feed("short", list(range(1000, 1010)) + list(range(2000, 2300)), "prompt")
+    fresh.read("short")
+    assert fresh.committed("short") > 0 and fresh.check_exact("short")
