@@ -6,7 +6,7 @@ host's decode tok/s and TTFT per run and arm, the paired deltas, and last one JS
 
     python bench/host_ab.py --pairs 6 --ids .devdata/claudecode_vsla_5f8cbb78.npz
 
-The host decodes through this project's own runners (model.graphs.Runners: the prompt in
+The host decodes through this project's own runners (model.runners.Runners: the prompt in
 512-id chunk graphs, each token in a single-token graph), so its loop is a real CUDA-graph
 decode loop; the shadow reads in its ration between the host's tokens (Host.between_rounds on
 the host's thread) and in the idle window between requests (the idle loop thread).
@@ -26,7 +26,7 @@ from shadow_reader.bench import versions
 from shadow_reader.host import Host
 from shadow_reader.model import load_model
 from shadow_reader.model.config import PRESETS, ModelConfig
-from shadow_reader.model.graphs import Runners
+from shadow_reader.model.runners import Runners
 from shadow_reader.model.kernels import select_kernels
 from shadow_reader.model.qwen35 import ModelInfo, Qwen35
 from shadow_reader.reader import Reader

@@ -40,7 +40,7 @@ def pack(model: Qwen35, kv, gdn, committed: int) -> dict[str, torch.Tensor]:
 
 def fresh_prefill(model: Qwen35, ids: list[int], grid: int, graphs=None) -> dict[str, torch.Tensor]:
     """State after prefilling `ids` (len a multiple of `grid`) chunk by chunk from zero, through
-    `graphs` (the reader's model.graphs.Runners, or a ChunkGraphs for T = grid) when given, else the eager forward."""
+    `graphs` (the reader's model.runners.Runners, or a ChunkGraphs for T = grid) when given, else the eager forward."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     n = len(ids)
     assert n % grid == 0, "fresh_prefill takes whole chunks"

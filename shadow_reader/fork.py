@@ -97,7 +97,7 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
            letters: list[int], choices: list[str], at: int, graphs=None,
            scratch: Scratch | None = None) -> Answer:
     """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
-    With `graphs` (model.graphs.Runners) the tail and question go through the runner of their
+    With `graphs` (model.runners.Runners) the tail and question go through the runner of their
     length bucket, else the eager forward.
 
     Returns an Answer whose probs are the softmax (fp32) over the letters' logits."""
@@ -145,7 +145,7 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork: KV rows above C are scratch,
     the GDN states it produces are dropped. Depends only on ids[:at] and the prompt. The first
     forward is eager (its GDN states must end at the last real id); with `graphs`
-    (model.graphs.Runners) the decode steps go through its decode loop (the single-token
+    (model.runners.Runners) the decode steps go through its decode loop (the single-token
     runner, each token fed back on the device: model.decode)."""
     t0 = time.perf_counter()
     rows = at + len(prompt_ids) + max_new_tokens

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import checkpoints, exact, fork, questions, store, validate
-from .model.graphs import Runners
+from .model.runners import Runners
 from .model.qwen35 import Qwen35
 from .residency import Residency, StoreConfig
 from .state import SessionState, check_layout, clone_gdn, new_state, state_bytes, zero_gdn
@@ -53,7 +53,7 @@ class Reader:
     resident_bytes (cap on resident session bytes, 4 GiB); disk_dir (where sessions past the
     cap are parked; None: they are dropped and read again from 0); disk_bytes (cap on the
     folder, None: none); disk_ttl_s (files older than this are deleted, 48 h); cuda_graphs
-    (chunks, questions and decode steps through model.graphs.Runners, one CUDA graph each;
+    (chunks, questions and decode steps through model.runners.Runners, CUDA graphs;
     default: on CUDA; on the CPU their bodies run without graphs); fused_ops (the runners'
     small ops through torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the
     runners' attention tiling, model.attn_triton.SplitConfig; default: its READ).
@@ -90,7 +90,7 @@ class Reader:
     # -- sessions -------------------------------------------------------------------------------
     @property
     def path(self) -> str:
-        """How chunks are read (model.graphs.Runners.path, or 'eager' for Qwen35.forward): the
+        """How chunks are read (model.runners.Runners.path, or 'eager' for Qwen35.forward): the
         committed bits depend on it, so spilled files carry it."""
         return self._graphs.path if self._graphs is not None else "eager"
 

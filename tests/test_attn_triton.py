@@ -129,7 +129,7 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
     the state still equals a fresh prefill through the same runner; an ask (through a padded
     question runner) below C equals a fresh reader's, and so does a decode through the
     single-token runner."""
-    from shadow_reader.model.graphs import Runners
+    from shadow_reader.model.runners import Runners
     from shadow_reader.reader import Reader
     from shadow_reader.router import ROUTER
     tiny = tiny_deep
@@ -185,7 +185,7 @@ def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
 def test_runners_prepare_sizes_and_decode(tiny):
     """Runners: question lengths go to multiples of BUCKET (none past MAX_ROWS); prepare
     builds the decode and bucket runners (nothing to capture on the CPU)."""
-    from shadow_reader.model.graphs import Runners
+    from shadow_reader.model.runners import Runners
     r = Runners(tiny, 64)
     assert r.for_rows(1).t == r.BUCKET and r.for_rows(r.BUCKET + 1).t == 2 * r.BUCKET
     assert r.for_rows(r.MAX_ROWS + 1) is None

@@ -124,7 +124,8 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
 def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
     """FlashAttention needs CUDA in fp16/bf16: asked for on the CPU, a clear ValueError; the
     reader's path (written into spilled files) names how chunks are read."""
-    from shadow_reader.model.graphs import ChunkGraphs, Runners
+    from shadow_reader.model.graphs import ChunkGraphs
+    from shadow_reader.model.runners import Runners
     from shadow_reader.reader import Reader
     with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
         ChunkGraphs(tiny, 64, attention="flash")
