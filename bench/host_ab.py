@@ -5,6 +5,8 @@ it through the in-process Host interface in alternating arms (off, on, off, on, 
 host's decode tok/s and TTFT per run and arm, the paired deltas, and last one JSON object.
 
     python bench/host_ab.py --pairs 6 --ids .devdata/claudecode_vsla_5f8cbb78.npz
+    SHADOW_IDLE_TRUST=0.5 python bench/host_ab.py --pairs 8 ...   # the ration leaves to the
+        # idle window what the host's gaps cover (it trusts them after 4 on-arm turns)
 
 The host decodes through this project's own runners (model.runners.Runners: the prompt in
 512-id chunk graphs, each token in a single-token graph), so its loop is a real CUDA-graph
@@ -124,7 +126,8 @@ def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag:
         time.sleep(a.gap_s)
     off = [r["tok_s"] for r in runs if r["arm"] == "off"]
     on = [r["tok_s"] for r in runs if r["arm"] == "on"]
-    return {"share": host.scheduler.cfg.share, "tok_s_off_median": statistics.median(off),
+    return {"share": host.scheduler.cfg.share, "idle_trust": host.scheduler.cfg.idle_trust,
+            "tok_s_off_median": statistics.median(off),
             "tok_s_on_median": statistics.median(on),
             "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),
             "paired_deltas_pct": [round(100 * (b - x) / x, 2) for x, b in zip(off, on)],

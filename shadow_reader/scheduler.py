@@ -29,8 +29,11 @@ class SchedulerConfig:
     """poll_s: idle poll period (s); idle_burst_s: longest idle burst (s); share: the turn's
     ration as a fraction of the time since its first token; slice_ms: longest ration slice;
     grid: the reader's chunk length; turn_timeout_s: an open turn with no event for this long
-    is taken as abandoned (a crashed client must not keep the idle window shut). Defaults are
-    the seed's values."""
+    is taken as abandoned (a crashed client must not keep the idle window shut); idle_trust:
+    how much of the idle window the host's recent gaps promise the ration leaves to it (0, the
+    seed's behaviour: none; 0.5: a ration slice is skipped while every session's backlog costs at
+    most half the reading the shortest quarter of the last 16 gaps allows). Defaults are the
+    seed's values."""
 
     poll_s: float = 0.2
     idle_burst_s: float = 2.0
@@ -38,6 +41,7 @@ class SchedulerConfig:
     slice_ms: float = 150.0
     grid: int = 512
     turn_timeout_s: float = 600.0
+    idle_trust: float = 0.0
 
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
@@ -47,7 +51,7 @@ class SchedulerConfig:
         kw = {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
                           ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
-                          ("turn_timeout_s", "TURN_TIMEOUT_S")):
+                          ("turn_timeout_s", "TURN_TIMEOUT_S"), ("idle_trust", "IDLE_TRUST")):
             for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
                 if env.get(var):
                     try:
@@ -106,7 +110,7 @@ class Turn:
 @dataclass(frozen=True)
 class Slice:
     """What one call did: kind ("idle" or "ration"), per session the chunks read, the ms spent,
-    and why it stopped ("budget", "host", "fresh", "ration")."""
+    and why it stopped ("budget", "host", "fresh", "ration", "idle": left to the idle window)."""
 
     kind: str
     chunks: tuple[tuple[str, int], ...]
@@ -130,10 +134,15 @@ class Scheduler:
     # Held around each idle-burst step (a decision and one chunk), so host events wait at most
     # one chunk for a burst; the in-process Host passes its reader lock.
     lock: Any = field(default_factory=threading.RLock)
+    gaps: deque = field(default_factory=lambda: deque(maxlen=16))   # host idle gaps, s
+    idle_since_s: float | None = None                                 # no turn open since
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
         now = self.clock()
+        if not self.turns and self.idle_since_s is not None:
+            self.gaps.append(now - self.idle_since_s)
+        self.idle_since_s = None
         self.turns[session] = Turn(now, last_event_s=now)
         self._touch(session)
 
@@ -147,6 +156,8 @@ class Scheduler:
 
     def turn_finished(self, session: str) -> None:
         self.turns.pop(session, None)
+        if not self.turns:
+            self.idle_since_s = self.clock()
 
     def forget(self, session: str) -> None:
         """The session is gone (deleted): no turn, no recency, no pending questions."""
@@ -234,11 +245,36 @@ class Scheduler:
         earned = self.cfg.share * (self.clock() - turn.first_token_s) * 1e3
         return max(0.0, earned - turn.used_ms)
 
+    def expected_idle_ms(self) -> float:
+        """Reading time the idle window promises: the shortest quarter of the last 16 host
+        gaps (between the end of one turn and the start of the next, no turn open), minus a
+        poll; 0 with fewer than 4 gaps seen."""
+        if len(self.gaps) < 4:
+            return 0.0
+        q25 = sorted(self.gaps)[len(self.gaps) // 4]
+        return max(0.0, q25 - self.cfg.poll_s) * 1e3
+
+    def leave_to_idle(self, session: str) -> bool:
+        """Whether the ration leaves the reading to the idle window: idle_trust > 0, no
+        question pending on this session, and every session's backlog (whole chunks, at the
+        cost model's estimate) within idle_trust x expected_idle_ms."""
+        if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
+            return False
+        promised = self.cfg.idle_trust * self.expected_idle_ms()
+        need = 0.0
+        for s in self.recency:
+            need += self.port.backlog(s) // self.cfg.grid * self.cost.estimate(
+                self.port.committed(s))
+            if need > promised:
+                return False
+        return True
+
     def slice_due(self, session: str) -> bool:
         """Whether between_rounds would read a chunk now (a backlog of a chunk whose estimated
-        cost fits the ration): the host can skip the call's device syncs when not."""
+        cost fits the ration, not left to the idle window): the host can skip the call's device
+        syncs when not."""
         budget = min(self.ration_ms(session), self.cfg.slice_ms)
-        return self._readable(session) and \
+        return not self.leave_to_idle(session) and self._readable(session) and \
             self.cost.estimate(self.port.committed(session)) <= budget + EPS_MS
 
     def charge(self, session: str, ms: float) -> None:
@@ -253,6 +289,8 @@ class Scheduler:
         budget = min(self.ration_ms(session), self.cfg.slice_ms)
         spent, done = [0.0], {}
         stop = "fresh"
+        if self.leave_to_idle(session):
+            return Slice("ration", (), 0.0, "idle")
         while self._readable(session):
             if self.cost.estimate(self.port.committed(session)) > budget - spent[0] + EPS_MS:
                 stop = "ration"

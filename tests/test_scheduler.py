@@ -150,3 +150,41 @@ def test_an_abandoned_turn_stops_shutting_the_idle_window():
     assert sched.idle_burst() is None
     clock.t = 601.0
     assert sched.idle_burst().chunks == (("s", 2),)
+
+
+def test_idle_trust_leaves_what_the_gaps_cover_to_the_idle_window():
+    """With idle_trust 0.5 and gaps of 1.5 s between turns, a turn's 16 chunks (80 ms, within
+    half of (1.5 s - a poll) after four gaps) are left to the idle window: no ration slice. A
+    backlog larger than the promise, a pending question, fewer than four gaps seen, or
+    idle_trust 0 (the default) read in the ration as before."""
+    sched, reader, clock = make(idle_trust=0.5)
+    t = 0.0
+    for i in range(5):                               # four gaps of 1.5 s seen by the 5th turn
+        s = f"r{i}"
+        reader.add(s, 16 * G)
+        clock.t = t
+        sched.turn_started(s)
+        sched.output(s)
+        clock.t = t + 10.0                           # 10 s of decode: 200 ms of ration
+        sl = sched.between_rounds(s)
+        want = Slice("ration", (), 0.0, "idle") if i == 4 else Slice("ration", ((s, 16),),
+                                                                      80.0, "fresh")
+        assert sl == want, (i, sl)
+        assert sched.slice_due(s) is False
+        sched.turn_finished(s)
+        reader.c[s] = reader.ids[s]                  # the idle window reads the rest
+        t = clock.t + 1.5
+    assert sched.expected_idle_ms() == pytest.approx(1300.0)
+    s = "big"                                        # 140 chunks = 700 ms > 650 ms promised
+    reader.add(s, 140 * G)
+    clock.t = t
+    sched.turn_started(s)
+    sched.output(s)
+    clock.t += 10.0
+    assert sched.between_rounds(s).chunks == ((s, 30),)        # the 150 ms slice cap
+    reader.c[s] = reader.ids[s] - 16 * G             # 16 chunks left: within the promise
+    assert sched.between_rounds(s).stop == "idle"
+    sched.add_question(s, reader.ids[s])             # a question pending: read for it
+    assert sched.between_rounds(s).chunks == ((s, 10),)        # the 200 ms ration's rest
+    off, reader0, _ = make()
+    assert off.cfg.idle_trust == 0.0 and off.leave_to_idle("x") is False
