@@ -45,6 +45,13 @@ class DecodeLoop:
         with torch.no_grad(), torch.cuda.graph(self.graph):
             self._tail()
 
+    def prepare(self) -> None:
+        """Capture the runner's graphs and the tail now (on CUDA), so the first fork does not
+        pay for them."""
+        self.runner.prepare()
+        if self.runner.use_graphs and self.graph is None:
+            self._capture()
+
     @torch.no_grad()
     def run(self, token: int, pos: int, kv: list, gdn: list, max_steps: int, stop_ids: set[int],
             check_every: int = 8) -> list[int]:
@@ -56,9 +63,7 @@ class DecodeLoop:
             if buf.shape[0] < pos + max_steps:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take {max_steps} steps "
                                  f"from {pos}")
-        r.prepare()
-        if r.use_graphs and self.graph is None:
-            self._capture()
+        self.prepare()
         r._stage(torch.tensor([token], dtype=torch.long), pos, kv)
         for part in (0, 1):
             torch._foreach_copy_([x[part] for x in r.gdn_in], [x[part] for x in gdn])

@@ -63,7 +63,7 @@ class Runners:
         counts (default: the first 4 buckets, what the 9-class question with a tail below one
         512-id chunk needs)."""
         self.chunk.prepare()
-        self.decode().prepare()
+        self.decode_loop().prepare()
         for rows in question_rows or [self.BUCKET * k for k in range(1, 5)]:
             runner = self.for_rows(rows)
             if runner is not None:
