@@ -135,6 +135,8 @@ class Scheduler:
     # one chunk for a burst; the in-process Host passes its reader lock.
     lock: Any = field(default_factory=threading.RLock)
     gaps: deque = field(default_factory=lambda: deque(maxlen=16))   # host idle gaps, s
+    closed_ration_ms: float = 0.0      # ration used by turns now closed
+    closed_decode_ms: float = 0.0      # their time from first token to close
     idle_since_s: float | None = None                                 # no turn open since
 
     # -- host events ----------------------------------------------------------------------------
@@ -155,15 +157,29 @@ class Scheduler:
                 turn.first_token_s = turn.last_event_s
 
     def turn_finished(self, session: str) -> None:
-        self.turns.pop(session, None)
+        self._close(session)
         if not self.turns:
             self.idle_since_s = self.clock()
 
     def forget(self, session: str) -> None:
         """The session is gone (deleted): no turn, no recency, no pending questions."""
-        self.turns.pop(session, None)
+        self._close(session)
         self.recency = [s for s in self.recency if s != session]
         self.questions = [q for q in self.questions if q[0] != session]
+
+    def _close(self, session: str) -> None:
+        turn = self.turns.pop(session, None)
+        if turn is not None and turn.first_token_s is not None:
+            self.closed_ration_ms += turn.used_ms
+            self.closed_decode_ms += (self.clock() - turn.first_token_s) * 1e3
+
+    def host_share(self) -> tuple[float, float]:
+        """(ms of ration used, ms of host decode it was earned over: from each turn's first
+        token to its close, or to now for open turns), since the start."""
+        now = self.clock()
+        open_turns = [t for t in self.turns.values() if t.first_token_s is not None]
+        return (self.closed_ration_ms + sum(t.used_ms for t in open_turns),
+                self.closed_decode_ms + sum((now - t.first_token_s) * 1e3 for t in open_turns))
 
     def add_question(self, session: str, at: int) -> None:
         """A question at position `at`, answered when C reaches the grid line at or below it."""

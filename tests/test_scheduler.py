@@ -188,3 +188,24 @@ def test_idle_trust_leaves_what_the_gaps_cover_to_the_idle_window():
     assert sched.between_rounds(s).chunks == ((s, 10),)        # the 200 ms ration's rest
     off, reader0, _ = make()
     assert off.cfg.idle_trust == 0.0 and off.leave_to_idle("x") is False
+
+
+def test_host_share_sums_closed_and_open_turns():
+    """host_share: the ration used over the decode it was earned over (first token to close,
+    or to now for an open turn); a turn without a first token earned nothing."""
+    sched, reader, clock = make()
+    reader.add("a", 40 * G)
+    sched.turn_started("a")
+    clock.t = 1.0
+    sched.output("a")
+    clock.t = 11.0                                    # 10 s of decode: 200 ms earned
+    sl = sched.between_rounds("a")
+    assert sl.ms == 150.0                             # the slice cap
+    sched.turn_finished("a")                          # closed at 11.15 s (the reads took 150 ms)
+    reader.add("b", G)
+    sched.turn_started("b")                           # open, no first token: no decode yet
+    assert sched.host_share() == pytest.approx((150.0, 10150.0))
+    sched.output("b")
+    clock.t += 2.0
+    sched.forget("b")                                 # a deleted session's turn counts too
+    assert sched.host_share() == pytest.approx((150.0, 12150.0))

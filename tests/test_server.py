@@ -63,6 +63,11 @@ def test_a_scripted_session(client):
     metrics = client.get("/metrics", headers=KEY).text
     assert f"shadow_ids_read_total {float(reader.totals['num_read_tokens'])}" in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith(("shadow_ration_ms", "shadow_host_"))}
+    assert values["shadow_host_decode_ms_total"] > 0                 # the turn's first output on
+    assert values["shadow_host_share"] == pytest.approx(
+        values["shadow_ration_ms_total"] / values["shadow_host_decode_ms_total"])
     assert reader.check_exact("s1")
 
 
@@ -336,3 +341,16 @@ def test_a_body_must_be_declared_json(client):
     r = client.post("/v1/shadow/sessions/ct/turn", content='{"prompt_ids": [1000]}',
                     headers={**KEY, "content-type": "application/json; charset=utf-8"})
     assert r.status_code == 200
+
+
+def test_docs_page_says_where_the_openapi_document_is_when_offline(client):
+    """/docs is FastAPI's Swagger UI page plus a note, shown when its CDN scripts do not load,
+    linking the OpenAPI document this server serves; both need the key, as every route but
+    /healthz."""
+    assert client.get("/docs").status_code == 401
+    page = client.get("/docs", headers=KEY)
+    assert page.status_code == 200 and "swagger-ui-bundle.js" in page.text
+    assert "could not be loaded from their CDN" in page.text
+    assert 'href="/openapi.json"' in page.text
+    doc = client.get("/openapi.json", headers=KEY)
+    assert doc.status_code == 200 and "/v1/shadow/ask" in doc.json()["paths"]

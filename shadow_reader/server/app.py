@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 from ..chat import Renderer
 from ..config import ServiceConfig
 from . import schemas
+from .docs import add_docs
 from .limits import LOOPBACK, Guard
 from .service import NotReady, Service
 
@@ -53,7 +54,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan,
                   description="An exact incremental Qwen3.5 reader beside a serving engine: host "
                   "events, questions, status and metrics.", dependencies=security,
-                  responses=ERRORS)
+                  responses=ERRORS, docs_url=None)
+    add_docs(app, app.title)
     app.state.service = svc
 
     loopback = cfg.bind_host in LOOPBACK

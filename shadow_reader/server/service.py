@@ -232,6 +232,13 @@ class _Collector:
             yield CounterMetricFamily(f"shadow_{key}", f"sessions {key}", stats[key])
         yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
                                 stats["resident_bytes"])
+        with svc.host.lock:
+            ration_ms, decode_ms = svc.host.scheduler.host_share()
+        yield CounterMetricFamily("shadow_ration_ms", "ms the in-turn ration used", ration_ms)
+        yield CounterMetricFamily("shadow_host_decode_ms", "ms of host decode (first token to "
+                                  "turn end) the ration was earned over", decode_ms)
+        yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
+                                ration_ms / decode_ms if decode_ms > 0 else 0.0)
         ms = list(svc.ask_ms)
         buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
                    for b in ASK_BUCKETS_MS]
