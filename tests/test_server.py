@@ -354,3 +354,29 @@ def test_docs_page_says_where_the_openapi_document_is_when_offline(client):
     assert 'href="/openapi.json"' in page.text
     doc = client.get("/openapi.json", headers=KEY)
     assert doc.status_code == 200 and "/v1/shadow/ask" in doc.json()["paths"]
+
+
+def test_a_question_while_the_model_loads_gets_503_with_retry_after(tmp_path, monkeypatch):
+    """While the model loads, /healthz says so and routes that need the model answer 503 with
+    Retry-After; once loaded, the same call works."""
+    import threading
+
+    import shadow_reader.server.service as service_mod
+    gate, real = threading.Event(), service_mod.load_model
+
+    def slow_load(*a, **kw):
+        gate.wait(30)
+        return real(*a, **kw)
+    monkeypatch.setattr(service_mod, "load_model", slow_load)
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    with TestClient(create_app(cfg), base_url=LOCAL) as c:
+        assert c.get("/healthz").json()["state"] == "loading"
+        turn = ("/v1/shadow/sessions/l/turn", {"prompt_ids": [5, 6, 7]})
+        r = c.post(turn[0], json=turn[1])
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        gate.set()
+        deadline = time.monotonic() + 60
+        while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.post(turn[0], json=turn[1]).status_code == 200
