@@ -59,8 +59,8 @@ def advance_scratch(model: Qwen35, rcfg: ReaderConfig, st: SessionState, session
                     graphs=None) -> tuple[Scratch, int]:
     """Read at most max_chunks chunks of the scratch base toward `line` (< C), starting one
     at the newest checkpoint when sc is not valid for it. Returns (the base, chunks read)."""
-    if not scratch_valid(sc, session, st, line):
-        sc = Scratch(session, line, *scratch_state(model, rcfg, st, line, line))
+    if not scratch_valid(sc, session, st, line):   # room for the tail and a question bucket
+        sc = Scratch(session, line, *scratch_state(model, rcfg, st, line, line + 4096))
     done = 0
     while sc.state.committed < line and done < max_chunks:
         read_chunk(model, rcfg, sc.state, graphs)

@@ -34,15 +34,17 @@ class _Port:
         self.reader, self.on_question = reader, on_question
 
     def backlog(self, session: str) -> int:
-        """0 for a session the reader no longer holds (dropped past the resident cap)."""
+        """0 for a session the reader no longer holds. Neither this nor `committed` restores
+        a parked session (the scheduler asks on every round); reading one does."""
         try:
-            return self.reader.backlog(session)
+            n, c = self.reader.position(session)
         except KeyError:
             return 0
+        return n - c
 
     def committed(self, session: str) -> int:
         try:
-            return self.reader.committed(session)
+            return self.reader.position(session)[1]
         except KeyError:
             return 0
 
@@ -97,8 +99,9 @@ class Host:
         else the device is synchronised before and after, and the slice's whole wall time
         (chunks, syncs, bookkeeping) counts against the turn's ration."""
         with self.lock:
-            if not self.scheduler.slice_due(session):
-                return Slice("ration", (), 0.0, "ration")
+            stop = self.scheduler.slice_stop(session)
+            if stop is not None:
+                return Slice("ration", (), 0.0, stop)
             clock = self.scheduler.clock
             t0 = clock()
             sync(self.reader.model.device)

@@ -77,7 +77,7 @@ class Reader:
         self._clock = 0
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self._residency = Residency(self.store_config, model, grid, kv_step, self._identity())
-        self._scratch: fork.Scratch | None = None    # one fork base being read below C
+        self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
 
     def _identity(self) -> store.FileIdentity:
         dev = self.model.device
@@ -129,8 +129,7 @@ class Reader:
             raise KeyError(f"unknown session {session!r}")
         self._sessions.pop(session, None)
         self._residency.forget(session)
-        if self._scratch is not None and self._scratch.session == session:
-            self._scratch = None
+        self._scratch.pop(session, None)
 
     def stats(self) -> dict:
         """Residency and counters: see residency.Residency.stats."""
@@ -139,6 +138,19 @@ class Reader:
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""
         self._residency.close(self._sessions)
+
+    def position(self, session: str) -> tuple[int, int]:
+        """(ids held, C) of a resident or parked session without restoring it or making it
+        the most recently used (what a scheduler looks at on every round). KeyError when
+        unknown."""
+        validate.session_id(session)
+        st = self._sessions.get(session)
+        if st is not None:
+            return len(st.ids), st.committed
+        rec = self._residency.parked.get(session)
+        if rec is None:
+            raise KeyError(f"unknown session {session!r}")
+        return len(rec.ids), rec.committed_on_disk
 
     def committed(self, session: str) -> int:
         """C, the committed length in ids (a multiple of the grid). KeyError when unknown."""
@@ -275,26 +287,30 @@ class Reader:
 
     def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
         """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
-        up to the grid line at or below `at` in scratch: read at most max_chunks of those chunks
-        now, into a base kept for the next ask or generate at that line (one base is kept, for
-        one session). Lets a server re-read a long way below C one chunk per hold of its lock.
-        Returns the chunks read: 0 when the base is ready or `at` is at or above C. Raises
-        KeyError for an unknown session, ValueError for a bad `at` or max_chunks."""
+        up to the grid line at or below `at` in scratch: read at most max_chunks (>= 1) of
+        those chunks now, into a base kept for the session's next ask or generate at that line
+        (one base a session, dropped when used, stale or the session is dropped; its KV copy is
+        outside the resident cap while it is kept). Lets a server re-read a long way below C
+        one chunk per hold of its lock. Returns the chunks read: 0 when the base is ready or
+        `at` is at or above C. Raises KeyError for an unknown session, ValueError for a bad
+        `at` or max_chunks."""
         st = self._get(session)
         at = validate.position(at, len(st.ids))
-        max_chunks = validate.count(max_chunks, "max_chunks")
+        if not isinstance(max_chunks, int) or isinstance(max_chunks, bool) or max_chunks < 1:
+            raise ValueError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
         line = at // self.config.grid * self.config.grid
         if at >= st.committed:
             return 0
-        self._scratch, done = fork.advance_scratch(self.model, self.config, st, session, line,
-                                                   self._scratch, max_chunks, self._graphs)
+        sc, done = fork.advance_scratch(self.model, self.config, st, session, line,
+                                        self._scratch.get(session), max_chunks, self._graphs)
+        self._scratch[session] = sc
         sync(self.model.device)
         return done
 
     def _take_scratch(self, session: str, st: SessionState, at: int):
-        """The prepared base for a fork at `at` (then dropped: the fork writes its rows), or
-        None (at or above C, none prepared, or the session changed below its line)."""
-        sc, self._scratch = self._scratch, None
+        """The session's prepared base for a fork at `at` (then dropped: the fork writes its
+        rows), or None (at or above C, none prepared, or stale)."""
+        sc = self._scratch.pop(session, None)
         line = at // self.config.grid * self.config.grid
         return sc if at < st.committed and fork.scratch_valid(sc, session, st, line) else None
 

@@ -141,6 +141,7 @@ class Scheduler:
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
+        self._close(session)                 # a turn still open for the session ends here
         now = self.clock()
         if not self.turns and self.idle_since_s is not None:
             self.gaps.append(now - self.idle_since_s)
@@ -230,7 +231,7 @@ class Scheduler:
             now = self.clock()
             for session, turn in list(self.turns.items()):
                 if now - turn.last_event_s > self.cfg.turn_timeout_s:
-                    del self.turns[session]
+                    self.turn_finished(session)          # abandoned: closed as finished
             if self.turns or self.host_busy():
                 return None
         start, spent, done = self.clock(), [0.0], {}
@@ -285,13 +286,22 @@ class Scheduler:
                 return False
         return True
 
-    def slice_due(self, session: str) -> bool:
-        """Whether between_rounds would read a chunk now (a backlog of a chunk whose estimated
-        cost fits the ration, not left to the idle window): the host can skip the call's device
-        syncs when not."""
+    def slice_stop(self, session: str) -> str | None:
+        """None when between_rounds would read a chunk now, else why not: "fresh" (less than
+        a chunk of backlog), "idle" (left to the idle window) or "ration" (the next chunk does
+        not fit). The host skips the call's device syncs when it is not None."""
+        if not self._readable(session):
+            return "fresh"
+        if self.leave_to_idle(session):
+            return "idle"
         budget = min(self.ration_ms(session), self.cfg.slice_ms)
-        return not self.leave_to_idle(session) and self._readable(session) and \
-            self.cost.estimate(self.port.committed(session)) <= budget + EPS_MS
+        if self.cost.estimate(self.port.committed(session)) > budget + EPS_MS:
+            return "ration"
+        return None
+
+    def slice_due(self, session: str) -> bool:
+        """Whether between_rounds would read a chunk now (slice_stop is None)."""
+        return self.slice_stop(session) is None
 
     def charge(self, session: str, ms: float) -> None:
         """Count ms more against the open turn's ration (what a slice cost beyond its chunks:

@@ -159,7 +159,7 @@ def _build_state(meta, tensors, names, cfg, device, dtype, kv_step) -> SessionSt
     for name in names:
         if name.endswith((".key", ".value")) and tensors[name].shape[0] != committed:
             raise RefusedFile("ids", f"{name} has {tensors[name].shape[0]} rows, C is {committed}")
-    kv = alloc_kv(cfg, round_up(max(committed, 1), kv_step), device, dtype)
+    kv = alloc_kv(cfg, round_up(committed, kv_step), device, dtype)   # none at C = 0
     gdn, kv_it = [], iter(kv)
     for name in names:
         if name.endswith(".key"):

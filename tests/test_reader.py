@@ -189,8 +189,15 @@ def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
     assert r.prepare_fork("s", 2 * 64, max_chunks=10) == 2    # another line: a new base
     assert r.prepare_fork("s", 3 * 64 + 2, max_chunks=10) == 3
     got = r.ask("s", q, ch, at=3 * 64 + 2)
-    assert got.probs == want.probs and r._scratch is None and r.check_exact("s")
-    r.prepare_fork("s", 3 * 64 + 2, max_chunks=10)
+    assert got.probs == want.probs and r._scratch == {} and r.check_exact("s")
+    r.feed("t", ids, "prompt")                                  # a second session: bases
+    r.read("t")                                                 # are kept per session
+    steps = [(r.prepare_fork("s", 3 * 64 + 2), r.prepare_fork("t", 2 * 64 + 9))
+             for _ in range(4)]
+    assert steps == [(1, 1), (1, 1), (1, 0), (0, 0)]
+    for bad in (None, 0, True, 1.5):
+        with pytest.raises(ValueError, match="max_chunks must be an integer >= 1"):
+            r.prepare_fork("s", 5, bad)
     changed = ids[:100] + [7] * 250
     r.feed("s", changed, "prompt")                              # rolls back below the line
     r.read("s")

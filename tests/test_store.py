@@ -270,9 +270,36 @@ def test_a_session_below_one_chunk_outlives_a_restart(tiny, tmp_path):
     a new reader knows its ids and reads on from them exactly."""
     r = _reader(tiny, tmp_path)
     r.feed("short", list(range(1000, 1010)), "prompt")
+    r_bytes = r.state_bytes("short")
     r.close()
     fresh = _reader(tiny, tmp_path)
     assert fresh.ids("short") == list(range(1000, 1010)) and fresh.committed("short") == 0
+    assert fresh.state_bytes("short") == r_bytes          # no KV rows at C = 0, as before
     fresh.feed("short", list(range(1000, 1010)) + list(range(2000, 2300)), "prompt")
     fresh.read("short")
     assert fresh.committed("short") > 0 and fresh.check_exact("short")
+
+
+def test_position_and_the_scheduler_do_not_restore_parked_sessions(tiny, tmp_path):
+    """Reader.position reads a parked session's (ids, C) from its record; the host's scheduler
+    looks through it on every round, so a round never restores (or spills) anything."""
+    from shadow_reader.host import Host
+    from shadow_reader.scheduler import SchedulerConfig
+    r = _reader(tiny, tmp_path)                  # resident cap 0: all but the one in use parked
+    _session(r, "a")
+    _session(r, "b", seed=1)
+    assert r.stats()["sessions"]["a"]["residency"] == "disk"
+    rec = r.stats()["sessions"]["a"]
+    before = r.stats()["restores"]
+    assert r.position("a") == (rec["num_ids"], rec["committed"])
+    host = Host(r, host_busy=lambda: True, cfg=SchedulerConfig(grid=G, idle_trust=0.5))
+    host.turn_started("b", r.ids("b"))
+    host.output("b", [5])
+    for _ in range(3):
+        host.between_rounds("b")
+    port = host.scheduler.port                   # what pick() and leave_to_idle() look at
+    assert (port.backlog("a"), port.committed("a")) == (rec["num_ids"] - rec["committed"],
+                                                        rec["committed"])
+    assert r.stats()["restores"] == before and r.stats()["sessions"]["a"]["residency"] == "disk"
+    with pytest.raises(KeyError):
+        r.position("nope")

@@ -5,7 +5,8 @@ runners use them with the fused small ops (model.graphs); the eager forward keep
 
 Memory: nothing is copied for good. The model's parameters become row views of the fused weight
 (the same values, contiguous, so Qwen35.forward's calls and bits do not change), and a second
-call finds the views and rebuilds the same fused weights.
+call finds the views and rebuilds the same fused weights. Fuse after the model is on its
+device and in its dtype: `.to()` afterwards would leave the fused weights behind.
 """
 from __future__ import annotations
 

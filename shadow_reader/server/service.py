@@ -151,7 +151,7 @@ class Service:
         C, re-read in scratch from the newest checkpoint (Reader.prepare_fork). Returns the
         chunks read."""
         line, done = at // self.cfg.grid * self.cfg.grid, 0
-        while True:
+        for _ in range(2 * line // self.cfg.grid + 2):   # bounded: another call may restart it
             with self.host.lock:
                 r = self.reader
                 if session not in r.sessions():
@@ -165,6 +165,7 @@ class Service:
                 if n == 0:
                     return done
                 done += n
+        return done
 
     def require(self) -> Host:
         if self.state != "ready":
