@@ -130,7 +130,8 @@ def answer(model: Qwen35, rcfg: ReaderConfig, st: SessionState, q_ids: list[int]
 class Generation:
     """ids: the greedy continuation (ending with a stop id when one came); prefill_ms: the fork's
     first forward (tail and prompt, after any chunks it had to read); ms_per_token: mean wall
-    time of the one-token decode steps; num_forwarded_tokens: as Answer's; at: the position."""
+    time of the one-token decode steps (those the decode loop ran past a stop id it saw late
+    included); num_forwarded_tokens: as Answer's; at: the position."""
 
     ids: tuple[int, ...]
     prefill_ms: float
@@ -155,15 +156,17 @@ def generate(model: Qwen35, rcfg: ReaderConfig, st: SessionState, prompt_ids: li
     hidden, gdn = model(ids_tensor(fwd, model.device), line, base.kv, base.gdn)
     token = int(model.logits(hidden[-1:])[0].argmax())
     t1 = time.perf_counter()
-    out, pos = [token], line + len(fwd)
+    out, pos, steps = [token], line + len(fwd), 0      # steps: one-token forwards run
     if graphs is not None and max_new_tokens > 1 and token not in stop_ids:
-        out += graphs.decode_loop().run(token, pos, base.kv, gdn, max_new_tokens - 1, stop_ids)
+        new, steps = graphs.decode_loop().run(token, pos, base.kv, gdn, max_new_tokens - 1,
+                                              stop_ids)
+        out += new
     while len(out) < max_new_tokens and out[-1] not in stop_ids:      # without runners
         hidden, gdn = model(ids_tensor([out[-1]], model.device), pos, base.kv, gdn)
         out.append(int(model.logits(hidden)[0].argmax()))
         pos += 1
+        steps += 1
     sync(model.device)
-    steps = len(out) - 1
     return Generation(tuple(out), (t1 - t0) * 1e3,
                       (time.perf_counter() - t1) * 1e3 / steps if steps else 0.0,
                       num_committed + num_scratch + len(fwd) + steps, at)

@@ -42,3 +42,16 @@ def test_decode_loop_refuses_a_runner_of_many_rows_and_a_short_buffer(tiny):
     kv = alloc_kv(tiny.cfg, 10, "cpu", torch.float32)
     with pytest.raises(ValueError, match="cannot take 8 steps from 5"):
         loop.run(3, 5, kv, zero_gdn(tiny.cfg, "cpu", torch.float32), 8, set())
+
+
+def test_steps_past_a_late_stop_id_are_counted(tiny):
+    """A stop id seen at the next check still ends the ids there, and the steps the loop ran
+    past it count in num_forwarded_tokens (the mean ms a step is over the steps run)."""
+    r = _reader(tiny, True)
+    want = r.generate("s", [11, 12, 13], max_new_tokens=20, stop_ids=()).ids
+    stop = next(t for t in want if t != want[0])
+    first = want.index(stop)                      # the stop id's step; checked at step 8
+    gen = r.generate("s", [11, 12, 13], max_new_tokens=20, stop_ids=(stop,))
+    base = r.generate("s", [11, 12, 13], max_new_tokens=1, stop_ids=()).num_forwarded_tokens
+    assert gen.ids == want[:first + 1]
+    assert gen.num_forwarded_tokens == base + 8   # 8 steps ran, though `first` sufficed

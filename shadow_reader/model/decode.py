@@ -54,10 +54,11 @@ class DecodeLoop:
 
     @torch.no_grad()
     def run(self, token: int, pos: int, kv: list, gdn: list, max_steps: int, stop_ids: set[int],
-            check_every: int = 8) -> list[int]:
-        """Feed `token` at `pos` and decode greedily: returns up to max_steps new ids, the last
-        one a stop id if one came. kv: the fork's KV buffers (capacity >= pos + max_steps,
-        rows at and above pos are written); gdn: the states after pos - 1 (not changed)."""
+            check_every: int = 8) -> tuple[list[int], int]:
+        """Feed `token` at `pos` and decode greedily: returns (up to max_steps new ids, the last
+        one a stop id if one came; the steps run, which count those past a stop id seen late).
+        kv: the fork's KV buffers (capacity >= pos + max_steps, rows at and above pos are
+        written); gdn: the states after pos - 1 (not changed)."""
         r = self.runner
         for buf in (x for pair in kv for x in pair):
             if buf.shape[0] < pos + max_steps:
@@ -84,7 +85,7 @@ class DecodeLoop:
                     for t in new[len(out):i + 1].tolist():     # waits for the GPU
                         out.append(t)
                         if t in stop_ids:
-                            return out
+                            return out, i + 1
         finally:
             r._kv = None
-        return out
+        return out, max_steps
