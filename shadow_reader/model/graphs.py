@@ -71,6 +71,7 @@ class ChunkGraphs:
         self.proj = proj
         z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
         self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
+        self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
         self.num_full = len(self.full_layers)
         self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
@@ -95,7 +96,7 @@ class ChunkGraphs:
 
     @property
     def graph(self):
-        """The captured graphs (None before capture or without graphs)."""
+        """The captured graphs (None before capture or without graphs): `graphs or None`."""
         return self.graphs or None
 
     def _attend(self, j: int) -> None:
@@ -143,7 +144,7 @@ class ChunkGraphs:
             start = i + 1
         stop = self.full_layers[j] if j < self.num_full else len(m.layers)
         for i in range(start, stop):                                # GDN layers only
-            g = cfg.linear_layers.index(i)
+            g = self.gdn_index[i]
             # the new states stay where the body put them (in the graph's memory pool)
             h, *self.gdn_out[g] = m.layers[i].linear_attn(h, *self.gdn_in[g], m.kernels, op,
                                                           self.proj and self.proj.gdn_in[i])

@@ -11,7 +11,8 @@ from .graphs import ChunkGraphs
 class Runners:
     """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
     per question length bucket (`for_rows`: forwards padded to a multiple of BUCKET rows, at
-    most MAX_ROWS) and one for single-token decode steps (`decode`, attn_triton.DECODE tiling).
+    most MAX_ROWS) and one for single-token decode steps (`decode`; with the table attention
+    its attn_triton.DECODE tiling), with its device-fed loop (`decode_loop`).
     Every runner is a ChunkGraphs with the same options; `run` is the chunk runner's."""
 
     BUCKET = 256

@@ -168,13 +168,10 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     def ask(body: schemas.AskIn):
         host = svc.require()
         body_session(body.session)
-        with host.lock:
-            n = len(host.reader.ids(body.session))           # 404 for an unknown session
-        if body.at is not None and body.at > n:
-            raise ValueError(f"at = {body.at} is outside the session's ids [0, {n}]")
+        at = fork_position(host, body.session, body.at)
         if body.wait:
             wait_for(host, body)
-        svc.catch_up(body.session, n if body.at is None else body.at)
+        svc.catch_up(body.session, at)
         with host.lock:
             ans = host.reader.ask(body.session, body.question, body.choices, body.at)
         svc.record_answer(body.session, ans)
@@ -187,11 +184,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     def summarize(body: schemas.SummarizeIn):
         host = svc.require()
         body_session(body.session)
-        with host.lock:
-            n = len(host.reader.ids(body.session))           # 404 for an unknown session
-        if body.at is not None and body.at > n:
-            raise ValueError(f"at = {body.at} is outside the session's ids [0, {n}]")
-        svc.catch_up(body.session, n if body.at is None else body.at)
+        svc.catch_up(body.session, fork_position(host, body.session, body.at))
         with host.lock:
             text, gen = host.reader.summarize(body.session, body.instruction, body.max_tokens,
                                               body.at)
@@ -233,6 +226,16 @@ def not_reading_why(host) -> str:
     if host.scheduler.host_busy():
         return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
     return "the reader is reading other sessions or the backlog is large"
+
+
+def fork_position(host, session: str, at: int | None) -> int:
+    """The position a question or summary forks at: `at`, or all the session's ids. KeyError
+    (404) for an unknown session, ValueError (400) for an `at` past its ids."""
+    with host.lock:
+        n = len(host.reader.ids(session))
+    if at is not None and at > n:
+        raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
+    return n if at is None else at
 
 
 def wait_for(host, body: schemas.AskIn) -> None:
