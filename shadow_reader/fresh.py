@@ -4,7 +4,7 @@ time and measure how fresh the shadow stays (issue 6).
 Each request's prompt grows its session to `prompt_tokens` ids; the host is busy from the
 request's start to its end; its output arrives between the first token and the end, and the
 ration is offered between rounds every `round_s`; idle bursts are polled every poll_s while no
-request runs. Reading costs what the cost model says. The timelines' token counts come from
+request runs, and at once when a turn finishes (SchedulerConfig.idle_at_finish). Reading costs what the cost model says. The timelines' token counts come from
 other tokenizers (their README): they are used as they are. A request without a first token
 time gets the midpoint of start and end; one without an end, the next request's start (at most
 start + 30 s). Sub-agent requests (`sidechain`) and requests of another model are their own
@@ -132,8 +132,14 @@ class _Run:
     next_start: list
 
 
-def _idle_until(run: _Run, until: float) -> None:
-    """Poll the idle window every poll_s until `until` (stops early once all are fresh)."""
+def _idle_until(run: _Run, until: float, at_once: bool) -> None:
+    """Poll the idle window every poll_s until `until`, the first poll now when `at_once`
+    (the last turn just finished, SchedulerConfig.idle_at_finish); stops early once all are
+    fresh."""
+    if at_once and run.clock.t < until:
+        burst = run.sched.idle_burst()
+        if burst is not None and burst.stop == "fresh":
+            return
     while run.clock.t + run.sched.cfg.poll_s < until:
         run.clock.t += run.sched.cfg.poll_s
         burst = run.sched.idle_burst()
@@ -172,10 +178,10 @@ def simulate(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, ration: b
     sched = Scheduler(cfg, reader, clock, lambda: busy[0] or clock.t >= next_start[0],
                       CostModel(ms_per_1k(0), cfg.grid))
     run = _Run(clock, reader, sched, busy, next_start)
-    trace, ration_ms, decode_s = [], 0.0, 0.0
+    trace, ration_ms, decode_s, woken = [], 0.0, 0.0, False
     for r in requests:
         next_start[0] = r.start_s
-        _idle_until(run, r.start_s)
+        _idle_until(run, r.start_s, woken)
         clock.t = max(clock.t, r.start_s)
         held = reader.ids.get(r.session, 0)
         trace.append((r.session, r.start_s, max(0, held - reader.c.get(r.session, 0))))
@@ -184,8 +190,8 @@ def simulate(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, ration: b
         sched.turn_started(r.session)
         ration_ms += _decode(run, r, ration, round_s)
         decode_s += r.end_s - r.first_token_s
-        sched.turn_finished(r.session)
         busy[0], next_start[0] = False, math.inf
+        woken = sched.turn_finished(r.session)
     backlogs = [b for _, _, b in trace]
     return {"fresh_share": sum(b < cfg.grid for b in backlogs) / max(len(backlogs), 1),
             "backlog_p50": percentile(backlogs, 0.5), "backlog_p90": percentile(backlogs, 0.9),

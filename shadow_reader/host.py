@@ -2,7 +2,7 @@
 shadow reads in the idle window and in its ration between the host's decode rounds.
 
     host = Host(reader, host_busy=engine.has_work)      # host_busy: a request runs or waits
-    host.start_idle_loop()                              # a thread polling every poll_s
+    host.start_idle_loop()               # a thread polling every poll_s and at a finish
     host.turn_started(session, prompt_ids)              # a new request's whole prompt
     host.output(session, new_ids)                       # the first call marks the first token
     host.between_rounds(session)                        # on the host's thread, between rounds
@@ -75,6 +75,7 @@ class Host:
                                    lock=self.lock)
         self.idle_hook = idle_hook
         self._stop = threading.Event()
+        self._wake = threading.Event()            # set: the idle loop polls now
         self._thread: threading.Thread | None = None
 
     def turn_started(self, session: str, prompt_ids, profile: str | None = None,
@@ -112,8 +113,11 @@ class Host:
             return Slice(out.kind, out.chunks, max(out.ms, wall_ms), out.stop)
 
     def turn_finished(self, session: str) -> None:
+        """The turn ended; the idle loop polls at once when it was the last open turn
+        (SchedulerConfig.idle_at_finish) instead of at its next poll."""
         with self.lock:
-            self.scheduler.turn_finished(session)
+            if self.scheduler.turn_finished(session):
+                self._wake.set()
 
     def question_at(self, session: str, at: int) -> None:
         """Register a question at position `at`; on_question fires when C reaches its line."""
@@ -141,7 +145,11 @@ class Host:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.scheduler.cfg.poll_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.scheduler.cfg.poll_s)       # a poll, or a turn's finish
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.idle_once()
                 if self.idle_hook is not None:
@@ -153,6 +161,7 @@ class Host:
 
     def stop_idle_loop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

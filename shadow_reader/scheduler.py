@@ -1,9 +1,11 @@
 """When the shadow reads: the idle window and the in-turn ration (DESIGN.md, "The host and the
 bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tensors.
 
-- Idle window: `idle_burst()` is called every `poll_s` by a loop; when the host is idle (no
-  request runs or waits, no open turn) it reads for at most `idle_burst_s`, checking
-  `host_busy()` before every chunk, so a host request waits at most one chunk.
+- Idle window: `idle_burst()` is called every `poll_s` by a loop, and at once when the last
+  open turn finishes (`idle_at_finish`: agent hosts often send the next request well within a
+  poll); when the host is idle (no request runs or waits, no open turn) it reads for at most
+  `idle_burst_s`, checking `host_busy()` before every chunk, so a host request waits at most
+  one chunk.
 - In-turn ration: `between_rounds(session)` may use `share` of the time since the host's first
   token of the turn (not since the turn's start: a long prefill must not earn decode time),
   minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that fits exactly
+IDLE_MEMO_S = 0.1  # how long Scheduler.leave_to_idle's answer is kept (s)
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,13 @@ class SchedulerConfig:
     grid: the reader's chunk length; turn_timeout_s: an open turn with no event for this long
     is taken as abandoned (a crashed client must not keep the idle window shut); idle_trust:
     how much of the idle window the host's recent gaps promise the ration leaves to it (0, the
-    seed's behaviour: none; 0.5: a ration slice is skipped while every session's backlog costs at
-    most half the reading the shortest quarter of the last 16 gaps allows). Defaults are the
-    seed's values."""
+    seed's behaviour: none; 0.5, the default: a ration slice is skipped while every session's
+    backlog costs at most half the reading the shortest quarter of the last 16 gaps allows; on
+    the recorded timelines it costs 0.15 points of freshness and saves a sixth of the ration,
+    BENCHMARKS.md); idle_at_finish: the
+    idle loop polls at once when the last open turn finishes instead of at its next poll (on
+    the recorded timelines half the misses were gaps shorter than a poll; BENCHMARKS.md).
+    Defaults are the seed's values, except these two additions."""
 
     poll_s: float = 0.2
     idle_burst_s: float = 2.0
@@ -41,12 +48,15 @@ class SchedulerConfig:
     slice_ms: float = 150.0
     grid: int = 512
     turn_timeout_s: float = 600.0
-    idle_trust: float = 0.0
+    idle_trust: float = 0.5
+    idle_at_finish: bool = True
 
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
-        """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS (also with the
-        prefix QWEN38_); ValueError naming a variable that is not a number."""
+        """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS,
+        SHADOW_TURN_TIMEOUT_S, SHADOW_IDLE_TRUST (numbers) and SHADOW_IDLE_AT_FINISH (0 or 1),
+        also with the prefix QWEN38_; ValueError naming a variable that is not a number (or
+        not 0/1)."""
         env = os.environ if env is None else env
         kw = {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
@@ -59,6 +69,12 @@ class SchedulerConfig:
                     except ValueError:
                         raise ValueError(f"{var}={env[var]!r} is not a number") from None
                     break
+        for var in ("SHADOW_IDLE_AT_FINISH", "QWEN38_SHADOW_IDLE_AT_FINISH"):
+            if env.get(var):
+                if env[var] not in ("0", "1"):
+                    raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
+                kw["idle_at_finish"] = env[var] == "1"
+                break
         return cls(grid=grid, **kw)
 
 
@@ -138,10 +154,12 @@ class Scheduler:
     closed_ration_ms: float = 0.0      # ration used by turns now closed
     closed_decode_ms: float = 0.0      # their time from first token to close
     idle_since_s: float | None = None                                 # no turn open since
+    idle_memo: tuple[float, bool] | None = None     # (clock s, leave_to_idle's answer)
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
         self._close(session)                 # a turn still open for the session ends here
+        self.idle_memo = None
         now = self.clock()
         if not self.turns and self.idle_since_s is not None:
             self.gaps.append(now - self.idle_since_s)
@@ -157,14 +175,19 @@ class Scheduler:
             if turn.first_token_s is None:
                 turn.first_token_s = turn.last_event_s
 
-    def turn_finished(self, session: str) -> None:
+    def turn_finished(self, session: str) -> bool:
+        """Close the turn. Returns True when the idle window should be polled now (the last
+        open turn finished and idle_at_finish is on)."""
         self._close(session)
+        self.idle_memo = None
         if not self.turns:
             self.idle_since_s = self.clock()
+        return self.cfg.idle_at_finish and not self.turns
 
     def forget(self, session: str) -> None:
         """The session is gone (deleted): no turn, no recency, no pending questions."""
         self._close(session)
+        self.idle_memo = None
         self.recency = [s for s in self.recency if s != session]
         self.questions = [q for q in self.questions if q[0] != session]
 
@@ -218,6 +241,7 @@ class Scheduler:
     def _read(self, session: str, spent: list, done: dict) -> None:
         context = self.port.committed(session)
         ms = self.port.read_chunk(session)
+        self.idle_memo = None
         self.cost.observe(context, ms)
         spent[0] += ms
         done[session] = done.get(session, 0) + 1
@@ -265,26 +289,34 @@ class Scheduler:
     def expected_idle_ms(self) -> float:
         """Reading time the idle window promises: the shortest quarter of the last 16 host
         gaps (between the end of one turn and the start of the next, no turn open), minus a
-        poll; 0 with fewer than 4 gaps seen."""
+        poll unless the idle window opens at the finish; 0 with fewer than 4 gaps seen."""
         if len(self.gaps) < 4:
             return 0.0
         q25 = sorted(self.gaps)[len(self.gaps) // 4]
-        return max(0.0, q25 - self.cfg.poll_s) * 1e3
+        return max(0.0, q25 - (0.0 if self.cfg.idle_at_finish else self.cfg.poll_s)) * 1e3
 
     def leave_to_idle(self, session: str) -> bool:
         """Whether the ration leaves the reading to the idle window: idle_trust > 0, no
         question pending on this session, and every session's backlog (whole chunks, at the
-        cost model's estimate) within idle_trust x expected_idle_ms."""
+        cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
+        IDLE_MEMO_S (the host asks every round; summing every session's backlog each time
+        cost it 0.7 % of its decode on the H200, BENCHMARKS.md); a turn event or a chunk read
+        drops it."""
         if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
             return False
+        now = self.clock()
+        if self.idle_memo is not None and now - self.idle_memo[0] < IDLE_MEMO_S:
+            return self.idle_memo[1]
         promised = self.cfg.idle_trust * self.expected_idle_ms()
-        need = 0.0
-        for s in self.recency:
+        need, leave = 0.0, True
+        for s in reversed(self.recency):                     # newest first: most backlog
             need += self.port.backlog(s) // self.cfg.grid * self.cost.estimate(
                 self.port.committed(s))
             if need > promised:
-                return False
-        return True
+                leave = False
+                break
+        self.idle_memo = (now, leave)
+        return leave
 
     def slice_stop(self, session: str) -> str | None:
         """None when between_rounds would read a chunk now, else why not: "fresh" (less than

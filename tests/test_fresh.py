@@ -28,12 +28,16 @@ def _timeline(tmp_path):
 
 
 def test_scripted_timeline_by_hand(tmp_path):
-    """10 ms per 1,000 ids: a 512-id chunk costs 5.12 ms. Idle alone: the 0.05 s gap before
-    the second request is shorter than a poll, so its 4,096 held ids are all behind. With the
-    ration, 2 % of the first decode pays for the 8 chunks (40.96 ms) after 2.05 s; the second
-    turn's chunk (5.12 ms) after 0.3 s of its decode: 46.08 ms over 11 s of decode."""
+    """10 ms per 1,000 ids: a 512-id chunk costs 5.12 ms. The seed's scheduler, idle alone: the
+    0.05 s gap before the second request is shorter than a poll, so its 4,096 held ids are all
+    behind. With the ration, 2 % of the first decode pays for the 8 chunks (40.96 ms) after
+    2.05 s; the second turn's chunk (5.12 ms) after 0.3 s of its decode: 46.08 ms over 11 s of
+    decode. The default scheduler opens the idle window at the first turn's finish: its 8
+    chunks (40.96 ms) fit the 50 ms gap, so idle alone is fresh too."""
     reqs = load_timeline(_timeline(tmp_path))
-    cfg = SchedulerConfig()
+    default = simulate(reqs, SchedulerConfig(), lambda c: 10.0, ration=False)
+    assert (default["fresh_share"], default["backlog_p90"]) == (1.0, 0)
+    cfg = SchedulerConfig(idle_trust=0.0, idle_at_finish=False)
     idle = simulate(reqs, cfg, lambda c: 10.0, ration=False)
     assert (idle["fresh_share"], idle["backlog_p50"], idle["backlog_p90"]) == (0.5, 0, 4096)
     both = simulate(reqs, cfg, lambda c: 10.0, ration=True)

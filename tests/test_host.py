@@ -48,6 +48,24 @@ def test_idle_loop_thread_reads_and_stops(tiny):
     assert host.reader.committed("s") == 3 * G and host.reader.check_exact("s")
 
 
+def test_a_finished_turn_wakes_the_idle_loop_at_once(tiny):
+    """With an hour between polls, the loop still reads right after turn_finished (the idle
+    window opens at the finish, SchedulerConfig.idle_at_finish); without it, it waits."""
+    for at_finish in (True, False):
+        cfg = SchedulerConfig(grid=G, poll_s=3600.0, idle_at_finish=at_finish)
+        host = Host(Reader(tiny, grid=G), cfg=cfg)
+        host.start_idle_loop()
+        try:
+            host.turn_started("s", _rand(2 * G, 4))
+            host.turn_finished("s")
+            deadline = time.monotonic() + (30 if at_finish else 1)
+            while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            host.stop_idle_loop()                        # returns at once: the stop wakes it
+        assert host.reader.committed("s") == (2 * G if at_finish else 0), at_finish
+
+
 def test_the_idle_loop_outlives_a_failing_poll(tiny):
     """A poll that raises is logged; the loop goes on and reads on the next poll."""
     host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, poll_s=0.01))

@@ -140,6 +140,11 @@ def test_config_from_env():
     assert (cfg.share, cfg.slice_ms, cfg.poll_s, cfg.idle_burst_s) == (0.05, 80.0, 0.2, 2.0)
     with pytest.raises(ValueError, match="SHADOW_POLL_S"):
         SchedulerConfig.from_env({"SHADOW_POLL_S": "fast"})
+    assert (cfg.idle_trust, cfg.idle_at_finish) == (0.5, True)
+    seed = SchedulerConfig.from_env({"SHADOW_IDLE_TRUST": "0", "SHADOW_IDLE_AT_FINISH": "0"})
+    assert (seed.idle_trust, seed.idle_at_finish) == (0.0, False)
+    with pytest.raises(ValueError, match="SHADOW_IDLE_AT_FINISH='yes' must be 0 or 1"):
+        SchedulerConfig.from_env({"SHADOW_IDLE_AT_FINISH": "yes"})
 
 
 def test_an_abandoned_turn_stops_shutting_the_idle_window():
@@ -153,11 +158,12 @@ def test_an_abandoned_turn_stops_shutting_the_idle_window():
 
 
 def test_idle_trust_leaves_what_the_gaps_cover_to_the_idle_window():
-    """With idle_trust 0.5 and gaps of 1.5 s between turns, a turn's 16 chunks (80 ms, within
-    half of (1.5 s - a poll) after four gaps) are left to the idle window: no ration slice. A
-    backlog larger than the promise, a pending question, fewer than four gaps seen, or
-    idle_trust 0 (the default) read in the ration as before."""
-    sched, reader, clock = make(idle_trust=0.5)
+    """With idle_trust 0.5 (the default) and gaps of 1.5 s between turns, a turn's 16 chunks
+    (80 ms, within half of 1.5 s after four gaps: the idle window opens at the finish) are left
+    to the idle window: no ration slice. A backlog larger than the promise, a pending
+    question, fewer than four gaps seen, or idle_trust 0 read in the ration as before; without
+    idle_at_finish the promise is a poll shorter."""
+    sched, reader, clock = make()
     t = 0.0
     for i in range(5):                               # four gaps of 1.5 s seen by the 5th turn
         s = f"r{i}"
@@ -174,9 +180,12 @@ def test_idle_trust_leaves_what_the_gaps_cover_to_the_idle_window():
         sched.turn_finished(s)
         reader.c[s] = reader.ids[s]                  # the idle window reads the rest
         t = clock.t + 1.5
-    assert sched.expected_idle_ms() == pytest.approx(1300.0)
-    s = "big"                                        # 140 chunks = 700 ms > 650 ms promised
-    reader.add(s, 140 * G)
+    assert sched.expected_idle_ms() == pytest.approx(1500.0)
+    late = Scheduler(SchedulerConfig(idle_at_finish=False), reader, clock, lambda: False,
+                     CostModel(10.0, G), gaps=sched.gaps)
+    assert late.expected_idle_ms() == pytest.approx(1300.0)
+    s = "big"                                        # 160 chunks = 800 ms > 750 ms promised
+    reader.add(s, 160 * G)
     clock.t = t
     sched.turn_started(s)
     sched.output(s)
@@ -186,8 +195,8 @@ def test_idle_trust_leaves_what_the_gaps_cover_to_the_idle_window():
     assert sched.between_rounds(s).stop == "idle"
     sched.add_question(s, reader.ids[s])             # a question pending: read for it
     assert sched.between_rounds(s).chunks == ((s, 10),)        # the 200 ms ration's rest
-    off, reader0, _ = make()
-    assert off.cfg.idle_trust == 0.0 and off.leave_to_idle("x") is False
+    off, reader0, _ = make(idle_trust=0.0)
+    assert SchedulerConfig().idle_trust == 0.5 and off.leave_to_idle("x") is False
 
 
 def test_host_share_sums_closed_and_open_turns():
@@ -209,3 +218,32 @@ def test_host_share_sums_closed_and_open_turns():
     clock.t += 2.0
     sched.forget("b")                                 # a deleted session's turn counts too
     assert sched.host_share() == pytest.approx((150.0, 12150.0))
+
+
+def test_leave_to_idle_is_kept_a_tenth_of_a_second_between_events():
+    """The host asks every round: the answer (which sums every session's backlog) is kept for
+    IDLE_MEMO_S of the clock; a turn event or a chunk read drops it."""
+    from shadow_reader.scheduler import IDLE_MEMO_S
+    sched, reader, clock = make()
+    asked = []
+    real = reader.backlog
+    reader.backlog = lambda s: asked.append(s) or real(s)
+    for i in range(4):                               # four 1.5 s gaps: trusted
+        reader.add(f"r{i}", G)
+        clock.t = 2.0 * i
+        sched.turn_started(f"r{i}")
+        clock.t += 0.5
+        sched.turn_finished(f"r{i}")
+    reader.add("s", 2 * G)
+    clock.t = 10.0
+    sched.turn_started("s")
+    assert sched.leave_to_idle("s") and asked
+    asked.clear()
+    clock.t += IDLE_MEMO_S / 2
+    assert sched.leave_to_idle("s") and not asked           # kept
+    clock.t += IDLE_MEMO_S
+    assert sched.leave_to_idle("s") and asked               # asked again
+    reader.add("s", 400 * G)                                 # more than the gaps promise
+    assert sched.leave_to_idle("s")                          # still the kept answer
+    sched.idle_memo = None
+    assert not sched.leave_to_idle("s")
