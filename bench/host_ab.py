@@ -5,8 +5,9 @@ it through the in-process Host interface in alternating arms (off, on, off, on, 
 host's decode tok/s and TTFT per run and arm, the paired deltas, and last one JSON object.
 
     python bench/host_ab.py --pairs 6 --ids .devdata/claudecode_vsla_5f8cbb78.npz
-    SHADOW_IDLE_TRUST=0.5 python bench/host_ab.py --pairs 8 ...   # the ration leaves to the
-        # idle window what the host's gaps cover (it trusts them after 4 on-arm turns)
+    python bench/host_ab.py --pairs 6 --warm-turns 4 ...   # the scheduler has seen 4 gaps:
+        # the ration leaves to the idle window what they cover (SHADOW_IDLE_TRUST, default 0.5)
+    SHADOW_IDLE_TRUST=0 SHADOW_IDLE_AT_FINISH=0 python bench/host_ab.py ...   # the seed's rules
 
 The host decodes through this project's own runners (model.runners.Runners: the prompt in
 512-id chunk graphs, each token in a single-token graph), so its loop is a real CUDA-graph
@@ -96,20 +97,35 @@ class Engine:
 
 def follow(host: Host, session: str, spent: list):
     """The host's per-round calls for the shadow: the new ids, then a ration slice (its ms
-    added to spent[0])."""
+    added to spent[0]); the wall ms of both calls on the host's thread added to spent[1]."""
     def on_tokens(new: list[int]) -> None:
+        t0 = time.perf_counter()
         host.output(session, new)
         spent[0] += host.between_rounds(session).ms
+        spent[1] += (time.perf_counter() - t0) * 1e3
     return on_tokens
+
+
+def warm_turns(engine: Engine, host: Host, ids: list[int], a, tag: str) -> None:
+    """a.warm_turns requests with the shadow on before the A/B (not measured), a.gap_s apart:
+    the scheduler sees the host's gaps as a shadow that has run beside the host a while has
+    (SchedulerConfig.idle_trust trusts them after 4)."""
+    for i in range(a.warm_turns):
+        session, prompt = f"{tag}-warm{i}", ids[i * 11:i * 11 + a.prompt]
+        host.turn_started(session, prompt)
+        engine.request(prompt, a.new_tokens, follow(host, session, [0.0, 0.0]))
+        host.turn_finished(session)
+        time.sleep(a.gap_s)
 
 
 def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag: str) -> dict:
     """2 x pairs requests, arms alternating off/on; per-arm medians and paired deltas."""
+    warm_turns(engine, host, ids, a, tag)
     runs = []
     for i in range(2 * a.pairs):
         arm = "on" if i % 2 else "off"
         prompt = ids[i * 7:i * 7 + a.prompt]                 # another prompt each run
-        session, spent, on_tokens = f"{tag}-run{i}", [0.0], None
+        session, spent, on_tokens = f"{tag}-run{i}", [0.0, 0.0], None
         if arm == "on":
             host.turn_started(session, prompt)
             on_tokens = follow(host, session, spent)
@@ -117,22 +133,27 @@ def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag:
         if arm == "on":
             host.turn_finished(session)
             r.update(committed_at_end=shadow.committed(session), ration_ms=spent[0],
-                     ration_pct=100 * spent[0] / (r["decode_s"] * 1e3))
+                     ration_pct=100 * spent[0] / (r["decode_s"] * 1e3),
+                     host_calls_pct=100 * spent[1] / (r["decode_s"] * 1e3))
         r["arm"] = arm
         runs.append(r)
         print(f"{tag} run {i:2d} {arm:>3}: {r['tok_s']:.2f} tok/s, TTFT {r['ttft_s'] * 1e3:.0f} "
-              f"ms, ration {r.get('ration_ms', 0):.0f} ms, C {r.get('committed_at_end')}",
+              f"ms, ration {r.get('ration_ms', 0):.0f} ms, shadow calls "
+              f"{r.get('host_calls_pct', 0):.2f} % of decode, C {r.get('committed_at_end')}",
               flush=True)
         time.sleep(a.gap_s)
     off = [r["tok_s"] for r in runs if r["arm"] == "off"]
     on = [r["tok_s"] for r in runs if r["arm"] == "on"]
     return {"share": host.scheduler.cfg.share, "idle_trust": host.scheduler.cfg.idle_trust,
+            "idle_at_finish": host.scheduler.cfg.idle_at_finish, "warm_turns": a.warm_turns,
             "tok_s_off_median": statistics.median(off),
             "tok_s_on_median": statistics.median(on),
             "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),
             "paired_deltas_pct": [round(100 * (b - x) / x, 2) for x, b in zip(off, on)],
             "ration_pct_median": statistics.median(r["ration_pct"] for r in runs
                                                    if r["arm"] == "on"),
+            "host_calls_pct_median": statistics.median(r["host_calls_pct"] for r in runs
+                                                       if r["arm"] == "on"),
             "ttft_s_off_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "off"),
             "ttft_s_on_median": statistics.median(r["ttft_s"] for r in runs if r["arm"] == "on"),
             "runs": runs}
@@ -145,6 +166,9 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=16384)
     p.add_argument("--new-tokens", type=int, default=346)
     p.add_argument("--gap-s", type=float, default=1.5)
+    p.add_argument("--warm-turns", type=int, default=0,
+                   help="requests with the shadow on before the A/B, not measured (the "
+                        "scheduler learns the host's gaps)")
     p.add_argument("--shares", default="",
                    help="comma-separated ration shares, one A/B each (default: SHADOW_SHARE or 0.02)")
     p.add_argument("--device", default="cuda")
