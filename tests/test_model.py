@@ -82,6 +82,31 @@ def test_conv_with_carried_state_equals_whole():
     assert torch.equal(s, x[-4:].t())               # the state is the last W raw inputs
 
 
+@pytest.mark.parametrize("t", [1, 3, 64])
+def test_conv_gates_twin_of_the_conv_then_the_gates(t):
+    """ops.conv_gates (the fused op set's conv and gates in one function) against its twin
+    ref.causal_conv1d then ops.gdn_gates, in bf16 on strided projection slices as the fused
+    projections give them: outputs within bf16 rounding, the new state the same bits, v
+    contiguous; also through torch.compile (what the runners use)."""
+    from shadow_reader.model import ops
+    g = torch.Generator().manual_seed(t)
+    hk, kd, hv, vd, w = 2, 16, 4, 8, 4
+    d = 2 * hk * kd + hv * vd
+    proj = torch.randn(t, d + 2 * hv + 5, generator=g).bfloat16()     # a wider GEMM output
+    qkv, b, a = proj[:, :d], proj[:, d:d + hv], proj[:, d + hv:d + 2 * hv]
+    weight, state = torch.randn(d, w, generator=g), torch.randn(d, w, generator=g).bfloat16()
+    a_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    mixed, want_state = ref.causal_conv1d(qkv, weight, state)
+    want = ops.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
+    for fn in (ops.conv_gates, torch.compile(ops.conv_gates, dynamic=False, fullgraph=True)):
+        *got, got_state = fn(qkv, weight, state, b, a, a_log, dt_bias, hk, kd, hv, vd)
+        assert torch.equal(got_state, want_state) and got[2].is_contiguous()
+        for x, y in zip(got, want):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert torch.allclose(x.float(), y.float(), rtol=2e-2, atol=2e-2), \
+                (x.float() - y.float()).abs().max()             # a bf16 ulp or two
+
+
 def _with_layers(types):
     import dataclasses
 
@@ -130,7 +155,8 @@ def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
     with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
         ChunkGraphs(tiny, 64, attention="flash")
     assert Runners(tiny, 64).path == "eager:sdpa"
-    assert Runners(tiny, 64, attention="table", fused=True).path == "eager:table 128x32x8x2+fused+proj"
+    assert Runners(tiny, 64, attention="table", fused=True).path == \
+        "eager:table 128x32x8x2+fused+conv+proj"
     assert Reader(tiny, grid=64).path == "eager"
     assert Reader(tiny, grid=64, cuda_graphs=True)._identity().kernels == "torch eager:sdpa"
 

@@ -91,7 +91,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, rope, op: Ops = EAGER, qkv=None):
         """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
-        v [T, Hkv, D], gate [T, H * D]. qkv: the fused [2HD + 2HkvD, hidden] weight
+        v [T, Hkv, D], gate [T, H, D] (a strided view). qkv: the fused [2HD + 2HkvD, hidden] weight
         (model.fuse) for one GEMM instead of three."""
         cfg, t = self.cfg, x.shape[0]
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -100,7 +100,7 @@ class Attention(nn.Module):
         else:
             qg, k, v = F.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
         qg = qg.view(t, h, 2 * d)                          # per head: [query 256 | gate 256]
-        q, gate = qg[..., :d], qg[..., d:].reshape(t, h * d)
+        q, gate = qg[..., :d], qg[..., d:]                 # strided views: no copies
         q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
         k = op.norm_rope(k.view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
         return q, k, v.view(t, hkv, d), gate
@@ -124,7 +124,7 @@ class Attention(nn.Module):
         return o[0].permute(1, 0, 2).reshape(t, -1)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
-        """o [T, H * D] gated by sigmoid(gate) -> o_proj -> [T, hidden]."""
+        """o [T, H * D] gated by sigmoid(gate [T, H, D]) -> o_proj -> [T, hidden]."""
         return self.o_proj(op.sigmoid_gate(o, gate))
 
     def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
@@ -166,8 +166,13 @@ class GatedDeltaNet(nn.Module):
         else:
             # strided column slices: the conv and the compiled gates read them as they lie
             qkv, z, b, a = F.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
-        mixed, conv_state = kernels.conv(qkv, self.conv1d.weight[:, 0, :], conv_state)
-        q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
+        weight = self.conv1d.weight[:, 0, :]
+        if op.conv_gates is not None:            # the fused op set: conv and gates compiled
+            q, k, v, g, beta, conv_state = op.conv_gates(qkv, weight, conv_state, b, a,
+                                                         self.A_log, self.dt_bias, hk, kd, hv, vd)
+        else:
+            mixed, conv_state = kernels.conv(qkv, weight, conv_state)
+            q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
         gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
         o, rec_state = gdn(q, k, v, g, beta, rec_state)
         z = z.reshape(t, hv, vd)

@@ -1,4 +1,5 @@
-"""The small ops of a layer (norms, gates, activations, RoPE) as pure functions of tensors, so the
+"""The small ops of a layer (norms, gates, activations, RoPE, the GDN conv) as pure functions of
+tensors, so the
 chunk runner can swap in fused versions (`fused_ops`: torch.compile, one Triton kernel a function
 instead of 5-10 launches) while the eager forward keeps these reference versions.
 
@@ -68,9 +69,32 @@ def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torc
     return q, k, v.reshape(t, hv, vd), g, beta
 
 
+def conv_gates(qkv: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, b: torch.Tensor,
+               a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, kd: int,
+               hv: int, vd: int):
+    """The GDN layer's short conv and gates as one function, for torch.compile to fuse (the
+    fused op set's replacement of the kernel set's conv + `gdn_gates`: no copies of strided
+    projection slices, no separate conv and state kernels).
+
+    qkv [T, D] raw in_proj_qkv outputs (any strides), weight [D, W] (tap W - 1 is the current
+    token), state [D, W] the last W raw inputs (ref.CONV_LAYOUT). The conv sums the W taps in
+    fp32 in tap order, SiLU, cast to qkv's dtype (ref.causal_conv1d's formula; its bits
+    differ). Returns gdn_gates' (q, k, v, g, beta) with v contiguous (the GDN kernel takes it as
+    it lies), and the new state [D, W] in qkv's dtype."""
+    t, width = qkv.shape[0], weight.shape[1]
+    full = torch.cat([state.t().to(qkv.dtype), qkv], dim=0)             # [W + T, D]
+    acc = full[1:1 + t].float() * weight[:, 0].float()
+    for w in range(1, width):
+        acc = acc + full[1 + w:1 + w + t].float() * weight[:, w].float()
+    mixed = F.silu(acc).to(qkv.dtype)
+    q, k, v, g, beta = gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
+    return q, k, v.contiguous(), g, beta, full[-width:].t().contiguous()
+
+
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Attention output gate: o * sigmoid(gate), [T, H * D]."""
-    return o * torch.sigmoid(gate)
+    """Attention output gate: o [T, H * D] * sigmoid(gate) (gate [T, H * D] or [T, H, D], any
+    strides: the fused version reads it as it lies)."""
+    return o * torch.sigmoid(gate).reshape(o.shape)
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -87,6 +111,7 @@ class Ops:
     gdn_gates: Callable = gdn_gates
     sigmoid_gate: Callable = sigmoid_gate
     swiglu: Callable = swiglu
+    conv_gates: Callable | None = None     # None: the kernel set's conv, then gdn_gates
 
 
 EAGER = Ops()
@@ -101,5 +126,6 @@ def fused_ops() -> Ops:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), 64))
-    return Ops(**{f.name: torch.compile(getattr(EAGER, f.name), dynamic=False, fullgraph=True)
-                  for f in fields(Ops)})
+    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops)} | {"conv_gates": conv_gates}
+    return Ops(**{name: torch.compile(fn, dynamic=False, fullgraph=True)
+                  for name, fn in fns.items()})

@@ -33,13 +33,15 @@ class Runners:
     @property
     def path(self) -> str:
         """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:table
-        BMxBNxWxS' or 'eager:sdpa' (written into spilled files: another path, other bits)."""
+        BMxBNxWxS' or 'eager:sdpa', with '+fused+conv' (the compiled small ops and GDN conv) and
+        '+proj' (fused projections) (written into spilled files: another path, other bits)."""
         c = self.chunk
         kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
         if c.table:
             s = c.split
             kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
-        return kind + ("" if c.ops is ops.EAGER else "+fused") + ("+proj" if c.proj else "")
+        fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
+        return kind + fused + ("+proj" if c.proj else "")
 
     def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
         """ChunkGraphs.run of the grid chunk runner."""
