@@ -85,6 +85,27 @@ def read_rates(reader: Reader, ids: list[int], timer: Timer) -> list[tuple[int, 
     return out
 
 
+def backlog_rates(reader: Reader, ids: list[int], timer: Timer) -> dict[str, float]:
+    """ms per 1,000 ids per context band when each band is read as one backlog (one
+    Reader.read call: the chunks queued back to back, one device sync at the end, as a reader
+    catches up), and '0k-32k' over the first 32k; against read_rates, which syncs after every
+    chunk (what the idle window and the ration do, checking the host before each chunk)."""
+    reader.feed("backlog", ids, "prompt")
+    grid, out, total = reader.config.grid, {}, []
+    for lo, hi in BANDS:
+        n = (min(hi, len(ids)) - lo) // grid
+        if n < 1:
+            break
+        _, ms = timer(lambda: reader.read("backlog", max_chunks=n))
+        out[f"{lo // 1024}k-{hi // 1024}k"] = round(ms / (n * grid) * 1000, 2)
+        if hi <= 32768:
+            total.append((ms, n))
+    if total:
+        out["0k-32k"] = round(sum(m for m, _ in total) / sum(n for _, n in total) / grid * 1000, 2)
+    reader.drop("backlog")
+    return out
+
+
 def band_rates(chunks: list[tuple[int, float]], grid: int) -> dict[str, float]:
     """ms per 1,000 ids for each context band that has chunks."""
     out = {}
@@ -202,6 +223,7 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
     out = {"ms_per_1k": band_rates(chunks, grid),
+           "ms_per_1k_backlog": backlog_rates(reader, ids[:args.max_context], timer),
            **chunk_points(chunks, reader.config.kv_step),
            "series": [[c, round(ms, 3)] for c, ms in chunks]}     # (context, ms) per chunk
     if "exact" in parts:

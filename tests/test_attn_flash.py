@@ -22,7 +22,8 @@ def _case(t, pos, cap, seed=0):
     return q, k_new, v_new, k_buf, v_buf
 
 
-@pytest.mark.parametrize("t,pos", [(512, 0), (512, 7680), (37, 5000), (1, 9000)])
+@pytest.mark.parametrize("t,pos", [(512, 0), (512, 7680), (37, 5000), (1, 0), (1, 9000),
+                                   (1, 100000)])
 def test_write_and_attend_matches_the_twin_and_ignores_capacity(t, pos):
     q, k, v, k_buf, v_buf = _case(t, pos, pos + t + 300)
     out = torch.empty(t, 8 * 256, device="cuda", dtype=torch.bfloat16)

@@ -16,6 +16,8 @@ def test_bench_smoke(capsys):
     for grid in (512, 1024):
         part = res[f"read_grid{grid}"]
         assert part["exact_after_timed_runs"] is True and part["ms_per_1k"]["0k-8k"] > 0
+        backlog = part["ms_per_1k_backlog"]               # the same ids read as one backlog
+        assert set(backlog) == {"0k-8k", "0k-32k"} and backlog["0k-32k"] == backlog["0k-8k"] > 0
     assert res["read_grid512"]["decode_ms_per_token"] > 0
     assert set(res["ask_ms"]) == {"1k"} and res["gemm_floor_ms_per_chunk"] > 0
     assert res["grid_512_vs_2048"]["questions"] == 8
