@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call (about 9 minutes on an H200): the FlashAttention twin tests (the packed
-# decode among them), the read benchmark at grid 512, and the host A/B with the default
+# One device call (about 9 minutes on an H200): the FlashAttention twin tests (run once with
+# a packed decode since set aside), the read benchmark at grid 512, and the host A/B with the default
 # scheduler after 4 warm turns. Logs to $OUT (the device tool's output folder) or ./out.
 #   bash bench/device_final.sh
 set -uo pipefail
