@@ -24,6 +24,7 @@ from .step import sync
 
 log = logging.getLogger(__name__)
 
+FINISH_RETRY_S = 0.01         # re-poll period after a finish the host still reports busy
 DEFAULT_MS_PER_1K = 100.0     # eager read rate measured on the H200 (BENCHMARKS.md) until learnt
 
 
@@ -146,18 +147,28 @@ class Host:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.scheduler.cfg.poll_s)       # a poll, or a turn's finish
+            woken = self._wake.wait(self.scheduler.cfg.poll_s)   # a poll, or a turn's finish
             self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                self.idle_once()
+                if self.idle_once() is None and woken:
+                    self._follow_finish()
                 if self.idle_hook is not None:
                     with self.lock:
                         if not self.scheduler.turns and not self.scheduler.host_busy():
                             self.idle_hook()
             except Exception:                # the loop must outlive one bad poll
                 log.exception("idle window poll failed; the loop goes on")
+
+    def _follow_finish(self) -> None:
+        """A turn finished while the host still said busy (an engine that counts the
+        finishing request, or a service told `busy: false` after `end`): poll every
+        FINISH_RETRY_S until the window opens, a new turn starts, or a poll period passed."""
+        deadline = time.monotonic() + self.scheduler.cfg.poll_s
+        while time.monotonic() < deadline and not self._stop.wait(FINISH_RETRY_S):
+            if self.scheduler.turns or self.idle_once() is not None:
+                return
 
     def stop_idle_loop(self) -> None:
         self._stop.set()

@@ -300,12 +300,13 @@ class Scheduler:
         question pending on this session, and every session's backlog (whole chunks, at the
         cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
         IDLE_MEMO_S (the host asks every round; summing every session's backlog each time
-        cost it 0.7 % of its decode on the H200, BENCHMARKS.md); a turn event or a chunk read
-        drops it."""
+        cost it 0.7 % of its decode on the H200, BENCHMARKS.md); a turn's start or finish, a
+        forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
+        answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
         if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
             return False
         now = self.clock()
-        if self.idle_memo is not None and now - self.idle_memo[0] < IDLE_MEMO_S:
+        if self.idle_memo is not None and now - self.idle_memo[0] < IDLE_MEMO_S - 1e-9:
             return self.idle_memo[1]
         promised = self.cfg.idle_trust * self.expected_idle_ms()
         need, leave = 0.0, True

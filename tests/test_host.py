@@ -66,6 +66,26 @@ def test_a_finished_turn_wakes_the_idle_loop_at_once(tiny):
         assert host.reader.committed("s") == (2 * G if at_finish else 0), at_finish
 
 
+def test_a_finish_the_host_still_reports_busy_is_followed_up(tiny):
+    """The host says busy for 50 ms after turn_finished (its request still counted): the loop
+    re-polls after the finish and reads once the host is idle, not an hour later."""
+    busy = [True]
+    host = Host(Reader(tiny, grid=G), host_busy=lambda: busy[0],
+                cfg=SchedulerConfig(grid=G, poll_s=3600.0))
+    host.start_idle_loop()
+    try:
+        host.turn_started("s", _rand(2 * G, 5))
+        host.turn_finished("s")
+        time.sleep(0.05)
+        busy[0] = False
+        deadline = time.monotonic() + 30
+        while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        host.stop_idle_loop()
+    assert host.reader.committed("s") == 2 * G
+
+
 def test_the_idle_loop_outlives_a_failing_poll(tiny):
     """A poll that raises is logged; the loop goes on and reads on the next poll."""
     host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, poll_s=0.01))
