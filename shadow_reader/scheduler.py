@@ -17,121 +17,18 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
+
+from .sched_types import CostModel, ReaderPort, SchedulerConfig, Slice, Turn, VirtualClock
+
+__all__ = ["EPS_MS", "IDLE_MEMO_S", "CostModel", "ReaderPort", "Scheduler", "SchedulerConfig",
+           "Slice", "Turn", "VirtualClock"]       # the data types live in sched_types
 
 EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that fits exactly
 IDLE_MEMO_S = 0.1  # how long Scheduler.leave_to_idle's answer is kept (s)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """poll_s: idle poll period (s); idle_burst_s: longest idle burst (s); share: the turn's
-    ration as a fraction of the time since its first token; slice_ms: longest ration slice;
-    grid: the reader's chunk length; turn_timeout_s: an open turn with no event for this long
-    is taken as abandoned (a crashed client must not keep the idle window shut); idle_trust:
-    how much of the idle window the host's recent gaps promise the ration leaves to it (0, the
-    seed's behaviour: none; 0.5, the default: a ration slice is skipped while every session's
-    backlog costs at most half the reading the shortest quarter of the last 16 gaps allows; on
-    the recorded timelines it costs 0.15 points of freshness and saves a sixth of the ration,
-    BENCHMARKS.md); idle_at_finish: the
-    idle loop polls at once when the last open turn finishes instead of at its next poll (on
-    the recorded timelines half the misses were gaps shorter than a poll; BENCHMARKS.md).
-    Defaults are the seed's values, except these two additions."""
-
-    poll_s: float = 0.2
-    idle_burst_s: float = 2.0
-    share: float = 0.02
-    slice_ms: float = 150.0
-    grid: int = 512
-    turn_timeout_s: float = 600.0
-    idle_trust: float = 0.5
-    idle_at_finish: bool = True
-
-    @classmethod
-    def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
-        """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS,
-        SHADOW_TURN_TIMEOUT_S, SHADOW_IDLE_TRUST (numbers) and SHADOW_IDLE_AT_FINISH (0 or 1),
-        also with the prefix QWEN38_; ValueError naming a variable that is not a number (or
-        not 0/1)."""
-        env = os.environ if env is None else env
-        kw = {}
-        for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
-                          ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
-                          ("turn_timeout_s", "TURN_TIMEOUT_S"), ("idle_trust", "IDLE_TRUST")):
-            for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
-                if env.get(var):
-                    try:
-                        kw[name] = float(env[var])
-                    except ValueError:
-                        raise ValueError(f"{var}={env[var]!r} is not a number") from None
-                    break
-        for var in ("SHADOW_IDLE_AT_FINISH", "QWEN38_SHADOW_IDLE_AT_FINISH"):
-            if env.get(var):
-                if env[var] not in ("0", "1"):
-                    raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
-                kw["idle_at_finish"] = env[var] == "1"
-                break
-        return cls(grid=grid, **kw)
-
-
-class CostModel:
-    """Estimated ms of the next chunk at a context length: the mean of the last `keep` chunks
-    measured in the same band of `band_tokens`, else `default_ms_per_1k` x grid / 1000."""
-
-    def __init__(self, default_ms_per_1k: float, grid: int, band_tokens: int = 8192,
-                 keep: int = 4):
-        self.default_ms = default_ms_per_1k * grid / 1000
-        self.band_tokens, self.keep = band_tokens, keep
-        self.seen: dict[int, deque] = {}
-
-    def estimate(self, context: int) -> float:
-        seen = self.seen.get(context // self.band_tokens)
-        return sum(seen) / len(seen) if seen else self.default_ms
-
-    def observe(self, context: int, ms: float) -> None:
-        self.seen.setdefault(context // self.band_tokens, deque(maxlen=self.keep)).append(ms)
-
-
-class VirtualClock:
-    """An injectable clock for tests and simulations: seconds in `t`, moved by hand."""
-
-    def __init__(self, t: float = 0.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class ReaderPort(Protocol):
-    """What the scheduler needs of a reader (the real one, or a simulation)."""
-
-    def backlog(self, session: str) -> int: ...
-    def committed(self, session: str) -> int: ...
-    def read_chunk(self, session: str) -> float: ...          # one chunk; returns its ms
-    def answer(self, session: str, at: int) -> None: ...      # a pending question is due
-
-
-@dataclass
-class Turn:
-    started_s: float
-    first_token_s: float | None = None
-    used_ms: float = 0.0
-    last_event_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Slice:
-    """What one call did: kind ("idle" or "ration"), per session the chunks read, the ms spent,
-    and why it stopped ("budget", "host", "fresh", "ration", "idle": left to the idle window)."""
-
-    kind: str
-    chunks: tuple[tuple[str, int], ...]
-    ms: float
-    stop: str
 
 
 @dataclass
@@ -161,8 +58,8 @@ class Scheduler:
         self._close(session)                 # a turn still open for the session ends here
         self.idle_memo = None
         now = self.clock()
-        if not self.turns and self.idle_since_s is not None:
-            self.gaps.append(now - self.idle_since_s)
+        if not self.turns:
+            self._gap_ends(now)
         self.idle_since_s = None
         self.turns[session] = Turn(now, last_event_s=now)
         self._touch(session)
@@ -190,6 +87,12 @@ class Scheduler:
         self.idle_memo = None
         self.recency = [s for s in self.recency if s != session]
         self.questions = [q for q in self.questions if q[0] != session]
+
+    def _gap_ends(self, now: float) -> None:
+        """The host's idle gap ends now (recorded for idle trust, once)."""
+        if self.idle_since_s is not None:
+            self.gaps.append(now - self.idle_since_s)
+            self.idle_since_s = None
 
     def _close(self, session: str) -> None:
         turn = self.turns.pop(session, None)
@@ -256,8 +159,13 @@ class Scheduler:
             for session, turn in list(self.turns.items()):
                 if now - turn.last_event_s > self.cfg.turn_timeout_s:
                     self.turn_finished(session)          # abandoned: closed as finished
-            if self.turns or self.host_busy():
+            if self.turns:
                 return None
+            if self.host_busy():
+                self._gap_ends(now)       # a request the shadow does not follow
+                return None
+            if self.idle_since_s is None:
+                self.idle_since_s = now   # idle again after such a request (within a poll)
         start, spent, done = self.clock(), [0.0], {}
         while True:
             with self.lock:
@@ -288,7 +196,8 @@ class Scheduler:
 
     def expected_idle_ms(self) -> float:
         """Reading time the idle window promises: the shortest quarter of the last 16 host
-        gaps (between the end of one turn and the start of the next, no turn open), minus a
+        gaps (from the end of a turn, no turn open, to the next turn's start or to an idle
+        poll that finds the host busy with a request the shadow does not follow), minus a
         poll unless the idle window opens at the finish; 0 with fewer than 4 gaps seen."""
         if len(self.gaps) < 4:
             return 0.0

@@ -247,3 +247,25 @@ def test_leave_to_idle_is_kept_a_tenth_of_a_second_between_events():
     assert sched.leave_to_idle("s")                          # still the kept answer
     sched.idle_memo = None
     assert not sched.leave_to_idle("s")
+
+
+def test_a_request_the_shadow_does_not_follow_ends_the_gap():
+    """Gaps (for idle trust) are the host's idle time: a poll that finds the host busy with no
+    turn open (a request of a session the shadow does not follow) ends the gap; the next idle
+    poll starts another, which the next followed turn ends."""
+    busy = [False]
+    sched, reader, clock = make(busy=lambda: busy[0])
+    reader.add("s", G)
+    sched.turn_started("s")
+    clock.t = 2.0
+    sched.turn_finished("s")
+    clock.t = 3.0
+    busy[0] = True
+    assert sched.idle_burst() is None and list(sched.gaps) == [1.0]
+    clock.t = 4.0
+    assert sched.idle_burst() is None and list(sched.gaps) == [1.0]     # once
+    clock.t, busy[0] = 9.0, False
+    sched.idle_burst()
+    clock.t = 10.5
+    sched.turn_started("s")
+    assert list(sched.gaps) == [1.0, 1.5]
