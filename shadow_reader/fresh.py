@@ -15,6 +15,7 @@ committed when the new prompt arrives; fresh means below one grid chunk.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ class Request:
     output_tokens: int
 
 
+START = ("request_start", "request_start_approx")
+
+
 def _time(value) -> float | None:
     if value is None:
         return None
@@ -44,6 +48,23 @@ def _time(value) -> float | None:
 
 def _first(r: dict, *keys):
     return next((r[k] for k in keys if r.get(k) is not None), None)
+
+
+def _field(where: str, r: dict, keys: tuple[str, ...], parse):
+    """parse(the first of `keys` present in r), or None; ValueError naming the file, the
+    request and the field for a value that does not parse or is negative or not finite."""
+    key = next((k for k in keys if r.get(k) is not None), None)
+    if key is None:
+        return None
+    try:
+        value = parse(r[key])
+        ok = math.isfinite(value) and (parse is _time or value >= 0)
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{where}: {key} = {r[key]!r} is not a "
+                         f"{'time' if parse is _time else 'non-negative count'}")
+    return value
 
 
 def load_timeline(path) -> list[Request]:
@@ -59,28 +80,34 @@ def load_timeline(path) -> list[Request]:
             isinstance(x, dict) and isinstance(x.get("requests"), list) for x in sessions):
         raise ValueError(f"{path}: not a request timeline (expected an object with a "
                          f"\"sessions\" list, each session with a \"requests\" list; see "
-                         f"shared/data/timelines/README.md)")
+                         f"shared/data/README.md, timelines/)")
     out = []
     for sess in sessions:
         reqs = sess["requests"]
         for i, r in enumerate(reqs):
-            start = _time(_first(r, "request_start", "request_start_approx"))
-            prompt = _first(r, "prompt_tokens", "prompt_tokens_qwen_est", "prompt_tokens_est")
+            where = f"{path}: request {i} of {sess.get('session_id')}"
+            if not isinstance(r, dict):
+                raise ValueError(f"{where} is not an object")
+            start = _field(where, r, START, _time)
+            prompt = _field(where, r, ("prompt_tokens", "prompt_tokens_qwen_est",
+                                       "prompt_tokens_est"), int)
             if start is None or prompt is None:
-                raise ValueError(f"{path}: request {i} of {sess.get('session_id')} has no "
-                                 "start or prompt size")
-            nxt = _time(_first(reqs[i + 1], "request_start", "request_start_approx")) \
-                if i + 1 < len(reqs) else None
-            end = _time(_first(r, "request_end", "request_end_approx"))
+                raise ValueError(f"{where} has no start or prompt size")
+            nxt = _field(where, reqs[i + 1], START, _time) \
+                if i + 1 < len(reqs) and isinstance(reqs[i + 1], dict) else None
+            end = _field(where, r, ("request_end", "request_end_approx"), _time)
             if end is None:
                 end = min(nxt, start + 30.0) if nxt is not None else start + 30.0
-            first = _time(_first(r, "first_token", "first_block_logged"))
+            if end < start:
+                raise ValueError(f"{where} ends before it starts")
+            first = _field(where, r, ("first_token", "first_block_logged"), _time)
             first = (start + end) / 2 if first is None else min(max(first, start), end)
             side = ":side" if r.get("sidechain") else ""
             model = f":{r['model']}" if "haiku" in str(r.get("model", "")) else ""
+            output = _field(where, r, ("output_tokens", "output_tokens_logged",
+                                       "output_tokens_qwen_est"), int)
             out.append(Request(f"{sess.get('session_id')}{side}{model}", start, first, end,
-                               int(prompt), int(_first(r, "output_tokens", "output_tokens_logged",
-                                                       "output_tokens_qwen_est") or 0)))
+                               prompt, output or 0))
     if not out:
         raise ValueError(f"{path}: the timeline holds no requests")
     return sorted(out, key=lambda q: q.start_s)
@@ -233,6 +260,7 @@ def fresh_report(paths: list[str], cfg: SchedulerConfig, cost_name: str, ms_per_
     out["idle_ration"]["host_share"] = round(sum(s * w for s, w in host) / max(total, 1e-9), 5)
     out["turns"] = len(arms["idle"])
     out["cost_model"] = cost_name
+    out["scheduler"] = dataclasses.asdict(cfg)                   # the settings in effect
     return out
 
 

@@ -132,10 +132,11 @@ class Host:
             if session in self.reader.sessions():
                 self.reader.drop(session)
 
-    def idle_once(self) -> Slice | None:
+    def idle_once(self, stop: Callable[[], bool] = lambda: False) -> Slice | None:
         """One poll of the idle window (what the loop runs every poll_s); the lock is held for
-        each chunk, not the burst, so host events wait at most one chunk."""
-        return self.scheduler.idle_burst()
+        each chunk, not the burst, so host events wait at most one chunk; `stop()` true before
+        a chunk ends the burst (the loop passes its stop, so stopping waits one chunk)."""
+        return self.scheduler.idle_burst(stop)
 
     def start_idle_loop(self) -> None:
         """Poll the idle window every poll_s on a daemon thread until `stop_idle_loop`."""
@@ -152,7 +153,7 @@ class Host:
             if self._stop.is_set():
                 return
             try:
-                if self.idle_once() is None and woken:
+                if self.idle_once(self._stop.is_set) is None and woken:
                     self._follow_finish()
                 if self.idle_hook is not None:
                     with self.lock:
@@ -167,7 +168,7 @@ class Host:
         FINISH_RETRY_S until the window opens, a new turn starts, or a poll period passed."""
         deadline = time.monotonic() + self.scheduler.cfg.poll_s
         while time.monotonic() < deadline and not self._stop.wait(FINISH_RETRY_S):
-            if self.scheduler.turns or self.idle_once() is not None:
+            if self.scheduler.turns or self.idle_once(self._stop.is_set) is not None:
                 return
 
     def stop_idle_loop(self) -> None:

@@ -2,6 +2,7 @@
 of a reader, and what one call did (shadow_reader.scheduler decides; integers and clocks only)."""
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -17,9 +18,8 @@ class SchedulerConfig:
     how much of the idle window the host's recent gaps promise the ration leaves to it (0, the
     seed's behaviour: none; 0.5, the default: a ration slice is skipped while every session's
     backlog costs at most half the reading the shortest quarter of the last 16 gaps allows; on
-    the recorded timelines it costs 0.15 points of freshness and saves a sixth of the ration,
-    BENCHMARKS.md); idle_at_finish: the
-    idle loop polls at once when the last open turn finishes instead of at its next poll (on
+    the recorded timelines it costs 0.2 points of freshness and saves a sixth of the ration,
+    BENCHMARKS.md); idle_at_finish: the idle loop polls at once when the last open turn finishes instead of at its next poll (on
     the recorded timelines half the misses were gaps shorter than a poll; BENCHMARKS.md).
     Defaults are the seed's values, except these two additions."""
 
@@ -32,21 +32,33 @@ class SchedulerConfig:
     idle_trust: float = 0.5
     idle_at_finish: bool = True
 
+    def __post_init__(self) -> None:
+        """ValueError naming the field for a value out of range (every number finite)."""
+        for name, ok, want in (("poll_s", self.poll_s > 0, "> 0"),
+                               ("idle_burst_s", self.idle_burst_s > 0, "> 0"),
+                               ("share", 0 <= self.share <= 1, "in [0, 1]"),
+                               ("slice_ms", self.slice_ms > 0, "> 0"),
+                               ("turn_timeout_s", self.turn_timeout_s > 0, "> 0"),
+                               ("idle_trust", self.idle_trust >= 0, ">= 0")):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and ok):
+                raise ValueError(f"{name} must be finite and {want}, got {value!r}")
+
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
         """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS,
         SHADOW_TURN_TIMEOUT_S, SHADOW_IDLE_TRUST (numbers) and SHADOW_IDLE_AT_FINISH (0 or 1),
         also with the prefix QWEN38_; ValueError naming a variable that is not a number (or
-        not 0/1)."""
+        not 0/1), or out of its range."""
         env = os.environ if env is None else env
-        kw = {}
+        kw, used = {}, {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
                           ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
                           ("turn_timeout_s", "TURN_TIMEOUT_S"), ("idle_trust", "IDLE_TRUST")):
             for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
                 if env.get(var):
                     try:
-                        kw[name] = float(env[var])
+                        kw[name], used[name] = float(env[var]), var
                     except ValueError:
                         raise ValueError(f"{var}={env[var]!r} is not a number") from None
                     break
@@ -56,7 +68,13 @@ class SchedulerConfig:
                     raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
                 kw["idle_at_finish"] = env[var] == "1"
                 break
-        return cls(grid=grid, **kw)
+        try:
+            return cls(grid=grid, **kw)
+        except ValueError as e:
+            name = str(e).split()[0]
+            if name not in used:
+                raise
+            raise ValueError(f"{used[name]}={env[used[name]]!r}: {e}") from None
 
 
 class CostModel:
@@ -107,7 +125,8 @@ class Turn:
 @dataclass(frozen=True)
 class Slice:
     """What one call did: kind ("idle" or "ration"), per session the chunks read, the ms spent,
-    and why it stopped ("budget", "host", "fresh", "ration", "idle": left to the idle window)."""
+    and why it stopped ("budget", "host", "fresh", "ration", "idle": left to the idle window,
+    "stopped": the idle loop is being stopped)."""
 
     kind: str
     chunks: tuple[tuple[str, int], ...]

@@ -151,9 +151,10 @@ class Scheduler:
         self._answer_due(session)
 
     # -- the two windows ------------------------------------------------------------------------
-    def idle_burst(self) -> Slice | None:
+    def idle_burst(self, stop: Callable[[], bool] = lambda: False) -> Slice | None:
         """One idle-window burst; None when the host is busy or a turn is open (turns idle for
-        turn_timeout_s are closed first). `lock` is taken for each step, not the burst."""
+        turn_timeout_s are closed first). `lock` is taken for each step, not the burst;
+        `stop()` is asked before each chunk too (the loop is being stopped: "stopped")."""
         with self.lock:
             now = self.clock()
             for session, turn in list(self.turns.items()):
@@ -169,9 +170,9 @@ class Scheduler:
         start, spent, done = self.clock(), [0.0], {}
         while True:
             with self.lock:
-                stop = self._idle_step(start, spent, done)
-            if stop:
-                return Slice("idle", tuple(done.items()), spent[0], stop)
+                why = "stopped" if stop() else self._idle_step(start, spent, done)
+            if why:
+                return Slice("idle", tuple(done.items()), spent[0], why)
 
     def _idle_step(self, start: float, spent: list, done: dict) -> str | None:
         """Read one chunk of the burst, or say why the burst stops."""

@@ -86,3 +86,24 @@ def test_fresh_refuses_bad_input_naming_it(tmp_path, capsys):
         bad.write_text(text)
         assert main(["fresh", str(bad)]) == 2
         assert f"{bad}: {says}" in capsys.readouterr().err
+    for field, value, says in (("prompt_tokens", "abc", "prompt_tokens = 'abc' is not a "
+                                "non-negative count"),
+                               ("prompt_tokens", -5, "prompt_tokens = -5 is not a non-negative"),
+                               ("prompt_tokens", 1e400, "prompt_tokens = inf is not a"),
+                               ("request_start", "yesterday", "request_start = 'yesterday' is "
+                                "not a time"),
+                               ("request_end", _iso(-5), "ends before it starts")):
+        raw = json.loads(Path(good).read_text())
+        raw["sessions"][0]["requests"][0][field] = value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(raw))
+        assert main(["fresh", str(bad)]) == 2
+        assert f"{bad}: request 0 of s" in (err := capsys.readouterr().err) and says in err, err
+
+
+def test_fresh_reports_the_scheduler_settings(tmp_path, capsys, monkeypatch):
+    """The JSON says which scheduler settings the figures come from (SHADOW_* apply)."""
+    monkeypatch.setenv("SHADOW_IDLE_AT_FINISH", "0")
+    assert main(["fresh", str(_timeline(tmp_path))]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["scheduler"]["idle_at_finish"] is False and res["scheduler"]["share"] == 0.02

@@ -86,16 +86,34 @@ def test_a_finish_the_host_still_reports_busy_is_followed_up(tiny):
     assert host.reader.committed("s") == 2 * G
 
 
+def test_stopping_the_loop_ends_a_burst_before_its_next_chunk(tiny):
+    """A 10 s burst over a long backlog: stop_idle_loop returns after the chunk in flight,
+    not at the burst's end; the state read so far stays exact."""
+    host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, idle_burst_s=10.0))
+    host.turn_started("s", _rand(400 * G, 6))
+    host.turn_finished("s")
+    host.start_idle_loop()
+    deadline = time.monotonic() + 30
+    while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    host.stop_idle_loop()
+    stopped_s = time.monotonic() - t0
+    c = host.reader.committed("s")
+    assert 2 * G <= c < 400 * G and stopped_s < 2.0, (c, stopped_s)
+    assert host.reader.check_exact("s")
+
+
 def test_the_idle_loop_outlives_a_failing_poll(tiny):
     """A poll that raises is logged; the loop goes on and reads on the next poll."""
     host = Host(Reader(tiny, grid=G), cfg=SchedulerConfig(grid=G, poll_s=0.01))
     real, calls = host.scheduler.idle_burst, []
 
-    def flaky():
+    def flaky(*args):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return real()
+        return real(*args)
 
     host.scheduler.idle_burst = flaky
     host.turn_started("s", _rand(2 * G, 3))

@@ -145,6 +145,15 @@ def test_config_from_env():
     assert (seed.idle_trust, seed.idle_at_finish) == (0.0, False)
     with pytest.raises(ValueError, match="SHADOW_IDLE_AT_FINISH='yes' must be 0 or 1"):
         SchedulerConfig.from_env({"SHADOW_IDLE_AT_FINISH": "yes"})
+    for var, value, field in (("SHADOW_POLL_S", "0", "poll_s"), ("SHADOW_POLL_S", "nan", "poll_s"),
+                              ("SHADOW_IDLE_BURST_S", "-2", "idle_burst_s"),
+                              ("SHADOW_SHARE", "-0.5", "share"), ("SHADOW_SHARE", "1.5", "share"),
+                              ("QWEN38_SHADOW_SLICE_MS", "-10", "slice_ms"),
+                              ("SHADOW_IDLE_TRUST", "inf", "idle_trust")):
+        with pytest.raises(ValueError, match=f"{var}='{value}': {field} must be finite"):
+            SchedulerConfig.from_env({var: value})
+    with pytest.raises(ValueError, match="idle_trust must be finite and >= 0, got -1"):
+        SchedulerConfig(idle_trust=-1)
 
 
 def test_an_abandoned_turn_stops_shutting_the_idle_window():
