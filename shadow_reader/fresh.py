@@ -197,18 +197,22 @@ def simulate(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, ration: b
     """Freshness at turn starts for one arm (idle window alone, or idle + ration).
 
     `ms_per_1k(context) -> float` is the read cost. Returns fresh_share, backlog_p50,
-    backlog_p90, host_share (ration ms over the host's decode time), and `trace`: per turn
-    (session, start s, backlog)."""
+    backlog_p90, host_share (ration ms over the host's decode time), `trace`: per turn
+    (session, start s, backlog), and `host_waits_ms`: for each request that found an idle
+    chunk running, how long it waited for it."""
     clock = VirtualClock(requests[0].start_s if requests else 0.0)
     reader = SimReader(clock, cfg.grid, ms_per_1k)
     busy, next_start = [False], [math.inf]
     sched = Scheduler(cfg, reader, clock, lambda: busy[0] or clock.t >= next_start[0],
                       CostModel(ms_per_1k(0), cfg.grid))
     run = _Run(clock, reader, sched, busy, next_start)
-    trace, ration_ms, decode_s, woken = [], 0.0, 0.0, False
+    trace, ration_ms, decode_s, woken, waits = [], 0.0, 0.0, False, []
     for r in requests:
         next_start[0] = r.start_s
+        free_s = max(clock.t, r.start_s)         # when the request could start without us
         _idle_until(run, r.start_s, woken)
+        if clock.t > free_s:
+            waits.append((clock.t - free_s) * 1e3)       # an idle chunk ran into the request
         clock.t = max(clock.t, r.start_s)
         held = reader.ids.get(r.session, 0)
         trace.append((r.session, r.start_s, max(0, held - reader.c.get(r.session, 0))))
@@ -222,7 +226,8 @@ def simulate(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, ration: b
     backlogs = [b for _, _, b in trace]
     return {"fresh_share": sum(b < cfg.grid for b in backlogs) / max(len(backlogs), 1),
             "backlog_p50": percentile(backlogs, 0.5), "backlog_p90": percentile(backlogs, 0.9),
-            "host_share": ration_ms / max(decode_s * 1e3, 1e-9), "trace": trace}
+            "host_share": ration_ms / max(decode_s * 1e3, 1e-9), "trace": trace,
+            "host_waits_ms": waits}
 
 
 def cost_from_bench(path) -> tuple[str, callable]:
@@ -245,6 +250,7 @@ def cost_from_bench(path) -> tuple[str, callable]:
 def fresh_report(paths: list[str], cfg: SchedulerConfig, cost_name: str, ms_per_1k) -> dict:
     """Both arms over the requests of all `paths` (each file simulated on its own)."""
     arms = {"idle": [], "idle_ration": []}
+    waits = {"idle": [], "idle_ration": []}
     host = []
     for p in paths:
         reqs = load_timeline(p)
@@ -252,9 +258,13 @@ def fresh_report(paths: list[str], cfg: SchedulerConfig, cost_name: str, ms_per_
         both = simulate(reqs, cfg, ms_per_1k, True)
         arms["idle"] += [b for *_, b in idle["trace"]]
         arms["idle_ration"] += [b for *_, b in both["trace"]]
+        waits["idle"] += idle["host_waits_ms"]
+        waits["idle_ration"] += both["host_waits_ms"]
         host.append((both["host_share"], sum(r.end_s - r.first_token_s for r in reqs)))
     out = {k: {"fresh_share": round(sum(b < cfg.grid for b in v) / max(len(v), 1), 4),
-               "backlog_p50": percentile(v, 0.5), "backlog_p90": percentile(v, 0.9)}
+               "backlog_p50": percentile(v, 0.5), "backlog_p90": percentile(v, 0.9),
+               "num_host_waits": len(waits[k]),             # requests that met an idle chunk
+               "host_wait_ms_max": round(max(waits[k], default=0.0), 2)}
            for k, v in arms.items()}
     total = sum(w for _, w in host)
     out["idle_ration"]["host_share"] = round(sum(s * w for s, w in host) / max(total, 1e-9), 5)

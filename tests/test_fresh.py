@@ -44,7 +44,8 @@ def test_scripted_timeline_by_hand(tmp_path):
     assert (both["fresh_share"], both["backlog_p50"], both["backlog_p90"]) == (1.0, 0, 0)
     assert both["host_share"] == pytest.approx(46.08 / 11000)
     report = fresh_report([str(_timeline(tmp_path))], cfg, "10 ms per 1k", lambda c: 10.0)
-    assert report["idle"] == {"fresh_share": 0.5, "backlog_p50": 0, "backlog_p90": 4096}
+    assert report["idle"] == {"fresh_share": 0.5, "backlog_p50": 0, "backlog_p90": 4096,
+                              "num_host_waits": 0, "host_wait_ms_max": 0.0}
     assert report["idle_ration"]["host_share"] == round(46.08 / 11000, 5)
     assert report["turns"] == 2
 
@@ -107,3 +108,16 @@ def test_fresh_reports_the_scheduler_settings(tmp_path, capsys, monkeypatch):
     assert main(["fresh", str(_timeline(tmp_path))]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["scheduler"]["idle_at_finish"] is False and res["scheduler"]["share"] == 0.02
+
+
+def test_a_request_that_meets_an_idle_chunk_waits_for_it(tmp_path):
+    """The window opens at the first turn's finish (11 s) and reads 5.12 ms chunks; the next
+    request comes 30 ms later, while the 6th chunk (25.6 to 30.72 ms) runs: it waits 0.72 ms,
+    and the burst stops there (6 of the 8 chunks read: 2 left, not fresh)."""
+    path = _timeline(tmp_path)
+    raw = json.loads(path.read_text())
+    raw["sessions"][0]["requests"][1]["request_start"] = _iso(11.03)
+    path.write_text(json.dumps(raw))
+    res = simulate(load_timeline(path), SchedulerConfig(), lambda c: 10.0, ration=False)
+    assert [round(w, 2) for w in res["host_waits_ms"]] == [0.72]
+    assert [b for *_, b in res["trace"]] == [0, 2 * 512]

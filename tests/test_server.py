@@ -40,6 +40,7 @@ def test_a_scripted_session(client):
     assert health["stage"] == "ready"
     status = client.get("/v1/shadow/status", headers=KEY).json()
     assert status["stage"] == "ready" and 0 <= status["warm_up_s"] < 5   # CPU: no graphs
+    assert status["scheduler"]["poll_s"] == 0.02 and status["scheduler"]["idle_at_finish"]
     prompt = _rand(5 * G + 10, 0)
     r = client.post("/v1/shadow/sessions/s1/turn", json={"prompt_ids": prompt}, headers=KEY)
     assert r.status_code == 200 and r.json()["num_ids"] == len(prompt)

@@ -2,6 +2,8 @@
 interface, the busy signal, prometheus metrics, recent answers."""
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import threading
 import time
@@ -197,7 +199,8 @@ class Service:
                "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
                "narrations": {s: list(v)[-3:] for s, v in self.narrator.narrations.items()},
                "narrator_jobs_pending": len(self.narrator.jobs),
-               "open_turns": sorted(self.host.scheduler.turns.copy()) if self.host else []}
+               "open_turns": sorted(self.host.scheduler.turns.copy()) if self.host else [],
+               "scheduler": dataclasses.asdict(self.cfg.scheduler)}       # settings in effect
         if self.state == "ready":
             m = self.reader.model
             with self.host.lock:
