@@ -142,6 +142,10 @@ def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag:
               f"{r.get('host_calls_pct', 0):.2f} % of decode, C {r.get('committed_at_end')}",
               flush=True)
         time.sleep(a.gap_s)
+        if arm == "on":                  # what the idle window read in the gap (under the lock)
+            with host.lock:
+                r["committed_after_gap"] = shadow.committed(session)
+                r["held"] = len(shadow.ids(session))
     off = [r["tok_s"] for r in runs if r["arm"] == "off"]
     on = [r["tok_s"] for r in runs if r["arm"] == "on"]
     return {"share": host.scheduler.cfg.share, "idle_trust": host.scheduler.cfg.idle_trust,
