@@ -5,7 +5,8 @@ and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID
 ("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
 SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
-SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig). Every
+SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
+kernel configs, read where fla is loaded: model.kernels, model.autotune). Every
 name is also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI
 flags override.
 """

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_flash, ops
+from . import attn_flash, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
 
@@ -190,10 +190,15 @@ class ChunkGraphs:
 
     def prepare(self) -> None:
         """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
-        real chunk does not pay for it (about a minute with the fused ops' first compile)."""
+        real chunk does not pay for it (about a minute with the fused ops' first compile).
+        With fla's configs pinned (SHADOW_AUTOTUNE_DIR, model.autotune), the picks the warm-up
+        made are written there, for the next process to load instead of tuning its own."""
         if self.use_graphs and not self.graphs:
             with torch.no_grad():
                 self._capture()
+            pinned = autotune.pinned_dir()
+            if pinned is not None:
+                autotune.export(pinned)
 
     def _stage(self, ids: torch.Tensor, pos: int, kv: list) -> None:
         """ids, pos and the KV addresses into meta: one copy from pinned memory on CUDA."""

@@ -1,0 +1,98 @@
+"""Pinning fla's autotuned kernel configs, so a state spilled by one process and read further by
+another (or on another machine with the same GPU) meets the same kernels (issue 5).
+
+fla's GDN kernels are autotuned per process (`chunk_fwd_kernel_o` may pick BK 64 or 32: another
+split of a reduction, other bits). fla can load configs instead of tuning
+(`fla.ops.utils.cache`: FLA_CONFIG_DIR holds `{kernel}.json`, FLA_CACHE_MODE=strict takes exact
+key matches only and autotunes the rest). Here:
+
+- `pin(path)`, before fla is imported (kernels.select_kernels does it when SHADOW_AUTOTUNE_DIR
+  is set): fla reads its configs from `path`;
+- `export(path)`, after the runners' warm-up (model.runners.Runners.prepare): every pick the
+  autotuners hold is written to `path` in fla's own format, merged with what is there, so the
+  next process loads them.
+
+Torch inductor's own choices for the compiled small ops are not covered here (BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
+
+
+def pin(path: str | os.PathLike) -> Path:
+    """Make fla load its kernel configs from `path` (created), exact key matches only.
+
+    Raises RuntimeError when fla is already imported with other settings (its mode is read
+    once, at import)."""
+    path = Path(path).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    cache = sys.modules.get("fla.ops.utils.cache")
+    if cache is not None and (cache.FLA_CACHE_MODE.value != "strict"
+                              or cache.get_fla_config_dir().resolve() != path):
+        raise RuntimeError(f"fla was imported before its configs were pinned to {path} "
+                           f"(mode {cache.FLA_CACHE_MODE.value}, dir {cache.get_fla_config_dir()})")
+    os.environ[ENV_DIR], os.environ[ENV_MODE] = str(path), "strict"
+    return path
+
+
+def pinned_dir() -> Path | None:
+    """The directory fla's configs are pinned to in this process, or None."""
+    if os.environ.get(ENV_MODE) != "strict" or not os.environ.get(ENV_DIR):
+        return None
+    return Path(os.environ[ENV_DIR])
+
+
+def autotuners() -> list:
+    """Every fla autotuner in the loaded fla modules (unwrapped from triton.heuristics)."""
+    cache = sys.modules.get("fla.ops.utils.cache")
+    if cache is None:
+        return []
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            while hasattr(value, "fn") and not isinstance(value, cache.CachedAutotuner):
+                value = value.fn                       # Heuristics -> ... -> the autotuner
+            if isinstance(value, cache.CachedAutotuner):
+                found[id(value)] = value
+    return list(found.values())
+
+
+def _entry(key: tuple, config) -> dict:
+    """One autotune entry in fla's format: the key and the config's launch parameters."""
+    return {"autotune_key": list(key),
+            "config": {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
+                       "num_stages": config.num_stages, "num_ctas": config.num_ctas,
+                       "maxnreg": config.maxnreg}}
+
+
+def export(path: str | os.PathLike) -> int:
+    """Write every pick the fla autotuners hold into path/{kernel}.json (fla's format, entries
+    keyed by fla's own key hash, merged with the file's). Returns the number of entries
+    written (0 when fla is not loaded)."""
+    cache = sys.modules.get("fla.ops.utils.cache")
+    if cache is None:
+        return 0
+    import triton
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    by_kernel: dict[str, dict] = {}
+    for tuner in autotuners():
+        for key, config in tuner.cache.items():
+            by_kernel.setdefault(tuner.kernel_name, {})[
+                cache.AutotuneKey.key_hash(key)] = _entry(key, config)
+    for kernel, entries in by_kernel.items():
+        file = path / f"{kernel}.json"
+        old = json.loads(file.read_text()).get("autotune_entries", {}) if file.exists() else {}
+        doc = {"kernel_name": kernel, "triton_version": triton.__version__,
+               "autotune_entries": {**old, **entries}}
+        tmp = file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        tmp.replace(file)                              # readers never see half a file
+    return sum(len(e) for e in by_kernel.values())

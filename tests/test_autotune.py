@@ -1,0 +1,79 @@
+"""model.autotune: the picks fla's autotuners hold, written in fla's own format, are what fla's
+loader returns in another process pinned to the same directory (strict mode). Runs where
+fla-core imports (skipped otherwise: the CPU CI installs no fla); the kernels themselves need
+a GPU, so the picks here are set by hand, as an autotune run would leave them."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+fla_cache = pytest.importorskip("fla.ops.utils.cache")
+triton = pytest.importorskip("triton")
+
+from shadow_reader.model import autotune  # noqa: E402
+
+KEY = (32, 32, 128, 128, 64, False, "torch.bfloat16")
+
+
+def _tuner(name="chunk_fwd_kernel_o"):
+    import fla.ops.common.chunk_o  # noqa: F401  (loads the kernel's module)
+    return next(t for t in autotune.autotuners() if t.kernel_name == name)
+
+
+def test_exported_picks_are_what_a_pinned_process_loads(tmp_path):
+    tuner = _tuner()
+    tuner.cache[KEY] = triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=2)
+    try:
+        assert autotune.export(tmp_path) >= 1
+    finally:
+        tuner.cache.pop(KEY)
+    doc = json.loads((tmp_path / "chunk_fwd_kernel_o.json").read_text())
+    assert doc["kernel_name"] == "chunk_fwd_kernel_o" and doc["triton_version"] == triton.__version__
+    code = ("import json, fla.ops.utils.cache as c;"
+            f"print(json.dumps(c.load_cached_config('chunk_fwd_kernel_o', c.AutotuneKey({KEY!r}))))")
+    env = {**os.environ, "FLA_CONFIG_DIR": str(tmp_path), "FLA_CACHE_MODE": "strict"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    loaded = json.loads(out)
+    assert loaded["kwargs"] == {"BK": 32, "BV": 64}
+    assert (loaded["num_warps"], loaded["num_stages"], loaded["num_ctas"]) == (4, 2, 1)
+
+
+def test_export_merges_with_the_file_and_skips_nothing_loaded(tmp_path):
+    tuner = _tuner()
+    other = (64,) + KEY[1:]
+    for key, bk in ((KEY, 32), (other, 64)):
+        tuner.cache[key] = triton.Config({"BK": bk, "BV": 64}, num_warps=4, num_stages=2)
+        try:
+            autotune.export(tmp_path)
+        finally:
+            tuner.cache.pop(key)
+    entries = json.loads((tmp_path / "chunk_fwd_kernel_o.json").read_text())["autotune_entries"]
+    keys = {tuple(e["autotune_key"]): e["config"]["kwargs"]["BK"] for e in entries.values()}
+    assert keys == {KEY: 32, other: 64}
+
+
+def test_pin_refuses_once_fla_is_imported_with_other_settings(tmp_path, monkeypatch):
+    """This process imported fla unpinned: pinning now would not take (fla reads its mode at
+    import), so it says so instead of pretending."""
+    monkeypatch.delenv(autotune.ENV_DIR, raising=False)
+    monkeypatch.delenv(autotune.ENV_MODE, raising=False)
+    assert autotune.pinned_dir() is None
+    with pytest.raises(RuntimeError, match="fla was imported before its configs were pinned"):
+        autotune.pin(tmp_path / "picks")
+    assert autotune.pinned_dir() is None
+
+
+def test_pin_before_import_sets_fla_to_strict_on_that_directory(tmp_path):
+    """In a fresh process: pin, then import fla: strict mode on the pinned directory, and
+    pinning again to the same place is accepted."""
+    code = ("from shadow_reader.model import autotune; p = autotune.pin(%r);"
+            "import fla.ops.utils.cache as c; autotune.pin(%r);"
+            "print(c.FLA_CACHE_MODE.value, c.get_fla_config_dir() == p, autotune.pinned_dir() == p)"
+            % (str(tmp_path / "picks"), str(tmp_path / "picks")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLA_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == "strict True True"
