@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -58,6 +60,10 @@ def main() -> None:
     ap.add_argument("--model", default="random:qwen3.5-0.8b")
     ap.add_argument("--sizes", default="10240,51200,102400")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--fresh-caches", action="store_true",
+                    help="the second process starts with empty Triton and inductor caches (as "
+                         "on another machine); with SHADOW_AUTOTUNE_DIR set, fla's picks come "
+                         "from there")
     args = ap.parse_args()
     ids = np.concatenate([np.load(args.ids)["ids"], np.load(args.more)["ids"]]).tolist()
     model = load_model(args.model, device=args.device)
@@ -84,9 +90,13 @@ def main() -> None:
         del before, after
     res["exact"] = reader.check_exact("s")
     reader.close()
+    env = dict(os.environ)
+    if args.fresh_caches:             # no Triton or inductor picks on disk from this process
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
+        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
     out = subprocess.run([sys.executable, "-c", SECOND, args.model, args.disk, args.more,
                           args.device],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     lines = out.stdout.strip().splitlines()
     res.update(json.loads(lines[-1]) if out.returncode == 0 and lines else
                {"second_process_error": out.stderr[-2000:]})
