@@ -14,10 +14,11 @@ timeout 240 python3 bench/ops_ab.py --ids .devdata/claudecode_vsla_5f8cbb78.npz 
     > "$out/ops-ab.log" 2>&1
 for pin in "" /tmp/fla-picks; do
     rm -rf /tmp/ab-disk
+    [ -n "$pin" ] && unset TORCHINDUCTOR_CACHE_DIR     # the pin keeps inductor's cache too
     SHADOW_AUTOTUNE_DIR=$pin timeout 150 python3 bench/store_bench.py --sizes 10240,51200 \
         --ids .devdata/claudecode_vsla_5f8cbb78.npz --more .devdata/claudecode_vsla_9034225e_seg2.npz \
         --disk /tmp/ab-disk --fresh-caches > "$out/two-process${pin:+-pinned}.log" 2>&1
 done
-ls /tmp/fla-picks 2>/dev/null | head
+ls /tmp/fla-picks /tmp/fla-picks/inductor 2>/dev/null | head -20
 grep -v '^!!' "$out/ops-ab.log" | tail -n 5
 tail -n 1 "$out"/two-process*.log | cut -c1-400

@@ -61,9 +61,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="10240,51200,102400")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fresh-caches", action="store_true",
-                    help="the second process starts with empty Triton and inductor caches (as "
-                         "on another machine); with SHADOW_AUTOTUNE_DIR set, fla's picks come "
-                         "from there")
+                    help="the second process starts with an empty Triton cache and, unless "
+                         "SHADOW_AUTOTUNE_DIR pins the picks (fla's, and inductor's in its "
+                         "cache there), an empty inductor cache: as on another machine")
     args = ap.parse_args()
     ids = np.concatenate([np.load(args.ids)["ids"], np.load(args.more)["ids"]]).tolist()
     model = load_model(args.model, device=args.device)
@@ -93,7 +93,8 @@ def main() -> None:
     env = dict(os.environ)
     if args.fresh_caches:             # no Triton or inductor picks on disk from this process
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
-        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+        pinned = os.environ.get("SHADOW_AUTOTUNE_DIR") and os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        env["TORCHINDUCTOR_CACHE_DIR"] = pinned or tempfile.mkdtemp(prefix="inductor-")
     out = subprocess.run([sys.executable, "-c", SECOND, args.model, args.disk, args.more,
                           args.device],
                          capture_output=True, text=True, env=env)

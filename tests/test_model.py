@@ -226,3 +226,24 @@ def test_fused_projections_are_views_and_close_to_the_four_gemms(tiny):
     rope = rope_cos_sin(torch.arange(5), cfg.rotary_dim, cfg.rope_theta, torch.float32)
     for p, q in zip(attn.project(x, rope), attn.project(x, rope, qkv=f.attn_in[i])):
         assert (p - q).abs().max().item() < 1e-5
+
+
+def test_pinning_fla_configs_sets_the_directories_fla_and_inductor_read(tmp_path, monkeypatch):
+    """model.autotune.pin (what SHADOW_AUTOTUNE_DIR does before fla loads): fla's config dir
+    and strict mode, inductor's cache under it unless the user named one."""
+    import os
+    import sys
+
+    from shadow_reader.model import autotune
+    if "fla.ops.utils.cache" in sys.modules:
+        pytest.skip("fla was imported unpinned in this process (test_autotune covers it)")
+    for var in (autotune.ENV_DIR, autotune.ENV_MODE, "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert autotune.pinned_dir() is None and autotune.export(tmp_path) == 0   # fla not loaded
+    path = autotune.pin(tmp_path / "picks")
+    assert path.is_dir() and autotune.pinned_dir() == path
+    assert (os.environ["FLA_CACHE_MODE"], os.environ["TORCHINDUCTOR_CACHE_DIR"]) == \
+        ("strict", str(path / "inductor"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    autotune.pin(tmp_path / "picks")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"

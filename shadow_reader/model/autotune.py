@@ -12,7 +12,9 @@ key matches only and autotunes the rest). Here:
   autotuners hold is written to `path` in fla's own format, merged with what is there, so the
   next process loads them.
 
-Torch inductor's own choices for the compiled small ops are not covered here (BENCHMARKS.md).
+Torch inductor tunes the compiled small ops too (a reduction's block sizes can change its
+bits) and keeps its picks in its cache directory: `pin` points TORCHINDUCTOR_CACHE_DIR at
+path/inductor unless the user set it, so processes sharing `path` share those picks as well.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
 
 
 def pin(path: str | os.PathLike) -> Path:
-    """Make fla load its kernel configs from `path` (created), exact key matches only.
+    """Make fla load its kernel configs from `path` (created), exact key matches only, and
+    torch inductor keep its cache (tuned configs included) in path/inductor unless
+    TORCHINDUCTOR_CACHE_DIR is set.
 
     Raises RuntimeError when fla is already imported with other settings (its mode is read
     once, at import)."""
@@ -37,6 +41,9 @@ def pin(path: str | os.PathLike) -> Path:
         raise RuntimeError(f"fla was imported before its configs were pinned to {path} "
                            f"(mode {cache.FLA_CACHE_MODE.value}, dir {cache.get_fla_config_dir()})")
     os.environ[ENV_DIR], os.environ[ENV_MODE] = str(path), "strict"
+    # torch.compile's own tuned configs (the small ops' reductions) are kept in its cache
+    # directory next to the kernels; unless the user named one, it is the pinned one too
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
     return path
 
 
