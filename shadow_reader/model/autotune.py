@@ -64,8 +64,10 @@ def autotuners() -> list:
         if not name.startswith("fla.") or module is None:
             continue
         for value in list(vars(module).values()):
-            while hasattr(value, "fn") and not isinstance(value, cache.CachedAutotuner):
-                value = value.fn                       # Heuristics -> ... -> the autotuner
+            for _ in range(8):                         # Heuristics -> ... -> the autotuner
+                if isinstance(value, cache.CachedAutotuner) or not hasattr(value, "fn"):
+                    break
+                value = value.fn
             if isinstance(value, cache.CachedAutotuner):
                 found[id(value)] = value
     return list(found.values())
