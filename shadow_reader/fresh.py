@@ -4,10 +4,10 @@ time and measure how fresh the shadow stays (issue 6).
 Each request's prompt grows its session to `prompt_tokens` ids; the host is busy from the
 request's start to its end; its output arrives between the first token and the end, and the
 ration is offered between rounds every `round_s`; idle bursts are polled every poll_s while no
-request runs, and at once when a turn finishes (SchedulerConfig.idle_at_finish). Reading costs what the cost model says. The timelines' token counts come from
-other tokenizers (their README): they are used as they are. A request without a first token
-time gets the midpoint of start and end; one without an end, the next request's start (at most
-start + 30 s). Sub-agent requests (`sidechain`) and requests of another model are their own
+request runs, and at once when a turn finishes (SchedulerConfig.idle_at_finish). Reading costs
+what the cost model says. The timelines' token counts come from other tokenizers (their
+README): they are used as they are. A request without a first token time gets the midpoint of
+start and end; one without an end, the next request's start (at most start + 30 s). Sub-agent requests (`sidechain`) and requests of another model are their own
 sessions.
 
 The backlog at a turn start is the ids the shadow held from earlier turns but had not
@@ -44,10 +44,6 @@ def _time(value) -> float | None:
     if isinstance(value, (int, float)):
         return float(value) / 1e3                                  # ms since the epoch
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-
-
-def _first(r: dict, *keys):
-    return next((r[k] for k in keys if r.get(k) is not None), None)
 
 
 def _field(where: str, r: dict, keys: tuple[str, ...], parse):
@@ -163,15 +159,13 @@ def _idle_until(run: _Run, until: float, at_once: bool) -> None:
     """Poll the idle window every poll_s until `until`, the first poll now when `at_once`
     (the last turn just finished, SchedulerConfig.idle_at_finish); stops early once all are
     fresh."""
-    if at_once and run.clock.t < until:
+    wait = 0.0 if at_once else run.sched.cfg.poll_s
+    while run.clock.t + wait < until:
+        run.clock.t += wait
         burst = run.sched.idle_burst()
         if burst is not None and burst.stop == "fresh":
             return
-    while run.clock.t + run.sched.cfg.poll_s < until:
-        run.clock.t += run.sched.cfg.poll_s
-        burst = run.sched.idle_burst()
-        if burst is not None and burst.stop == "fresh":
-            return
+        wait = run.sched.cfg.poll_s
 
 
 def _decode(run: _Run, r: Request, ration: bool, round_s: float) -> float:

@@ -9,6 +9,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+# field -> (test, what it must be): the ranges SchedulerConfig and from_env check
+RANGES = {"poll_s": (lambda v: v > 0, "> 0"), "idle_burst_s": (lambda v: v > 0, "> 0"),
+          "share": (lambda v: 0 <= v <= 1, "in [0, 1]"), "slice_ms": (lambda v: v > 0, "> 0"),
+          "turn_timeout_s": (lambda v: v > 0, "> 0"), "idle_trust": (lambda v: v >= 0, ">= 0")}
+
+
+def check_range(name: str, value: float) -> float:
+    """value when finite and within RANGES[name]; else ValueError naming the field."""
+    test, want = RANGES[name]
+    if not (math.isfinite(value) and test(value)):
+        raise ValueError(f"{name} must be finite and {want}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """poll_s: idle poll period (s); idle_burst_s: longest idle burst (s); share: the turn's
@@ -19,8 +33,9 @@ class SchedulerConfig:
     seed's behaviour: none; 0.5, the default: a ration slice is skipped while every session's
     backlog costs at most half the reading the shortest quarter of the last 16 gaps allows; on
     the recorded timelines it costs 0.2 points of freshness and saves a sixth of the ration,
-    BENCHMARKS.md); idle_at_finish: the idle loop polls at once when the last open turn finishes instead of at its next poll (on
-    the recorded timelines half the misses were gaps shorter than a poll; BENCHMARKS.md).
+    BENCHMARKS.md); idle_at_finish: the idle loop polls at once when the last open turn
+    finishes instead of at its next poll (on the recorded timelines three quarters of the
+    seed's misses came after gaps shorter than a poll; BENCHMARKS.md).
     Defaults are the seed's values, except these two additions."""
 
     poll_s: float = 0.2
@@ -34,15 +49,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         """ValueError naming the field for a value out of range (every number finite)."""
-        for name, ok, want in (("poll_s", self.poll_s > 0, "> 0"),
-                               ("idle_burst_s", self.idle_burst_s > 0, "> 0"),
-                               ("share", 0 <= self.share <= 1, "in [0, 1]"),
-                               ("slice_ms", self.slice_ms > 0, "> 0"),
-                               ("turn_timeout_s", self.turn_timeout_s > 0, "> 0"),
-                               ("idle_trust", self.idle_trust >= 0, ">= 0")):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and ok):
-                raise ValueError(f"{name} must be finite and {want}, got {value!r}")
+        for name in RANGES:
+            check_range(name, getattr(self, name))
 
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
@@ -51,16 +59,20 @@ class SchedulerConfig:
         also with the prefix QWEN38_; ValueError naming a variable that is not a number (or
         not 0/1), or out of its range."""
         env = os.environ if env is None else env
-        kw, used = {}, {}
+        kw = {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
                           ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
                           ("turn_timeout_s", "TURN_TIMEOUT_S"), ("idle_trust", "IDLE_TRUST")):
             for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
                 if env.get(var):
                     try:
-                        kw[name], used[name] = float(env[var]), var
+                        value = float(env[var])
                     except ValueError:
                         raise ValueError(f"{var}={env[var]!r} is not a number") from None
+                    try:
+                        kw[name] = check_range(name, value)
+                    except ValueError as e:
+                        raise ValueError(f"{var}={env[var]!r}: {e}") from None
                     break
         for var in ("SHADOW_IDLE_AT_FINISH", "QWEN38_SHADOW_IDLE_AT_FINISH"):
             if env.get(var):
@@ -68,13 +80,7 @@ class SchedulerConfig:
                     raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
                 kw["idle_at_finish"] = env[var] == "1"
                 break
-        try:
-            return cls(grid=grid, **kw)
-        except ValueError as e:
-            name = str(e).split()[0]
-            if name not in used:
-                raise
-            raise ValueError(f"{used[name]}={env[used[name]]!r}: {e}") from None
+        return cls(grid=grid, **kw)
 
 
 class CostModel:

@@ -14,6 +14,13 @@ def _rand(n, seed):
     return [rng.randrange(1000, 240000) for _ in range(n)]
 
 
+def _wait_committed(host, num_ids: int, timeout_s: float, step_s: float = 0.01) -> None:
+    """Wait until session "s" has num_ids committed, or timeout_s passed (the caller asserts)."""
+    deadline = time.monotonic() + timeout_s
+    while host.reader.committed("s") < num_ids and time.monotonic() < deadline:
+        time.sleep(step_s)
+
+
 def test_a_turn_read_in_ration_then_idle(tiny):
     clock, busy, due = VirtualClock(), [True], []
     host = Host(Reader(tiny, grid=G), host_busy=lambda: busy[0],
@@ -41,9 +48,7 @@ def test_idle_loop_thread_reads_and_stops(tiny):
     host.turn_started("s", _rand(3 * G, 3))
     host.turn_finished("s")
     host.start_idle_loop()
-    deadline = time.monotonic() + 30
-    while host.reader.committed("s") < 3 * G and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_committed(host, 3 * G, 30)
     host.stop_idle_loop()
     assert host.reader.committed("s") == 3 * G and host.reader.check_exact("s")
 
@@ -58,9 +63,7 @@ def test_a_finished_turn_wakes_the_idle_loop_at_once(tiny):
         try:
             host.turn_started("s", _rand(2 * G, 4))
             host.turn_finished("s")
-            deadline = time.monotonic() + (30 if at_finish else 1)
-            while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_committed(host, 2 * G, 30 if at_finish else 1)
         finally:
             host.stop_idle_loop()                        # returns at once: the stop wakes it
         assert host.reader.committed("s") == (2 * G if at_finish else 0), at_finish
@@ -78,9 +81,7 @@ def test_a_finish_the_host_still_reports_busy_is_followed_up(tiny):
         host.turn_finished("s")
         time.sleep(0.05)
         busy[0] = False
-        deadline = time.monotonic() + 30
-        while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_committed(host, 2 * G, 30)
     finally:
         host.stop_idle_loop()
     assert host.reader.committed("s") == 2 * G
@@ -93,9 +94,7 @@ def test_stopping_the_loop_ends_a_burst_before_its_next_chunk(tiny):
     host.turn_started("s", _rand(400 * G, 6))
     host.turn_finished("s")
     host.start_idle_loop()
-    deadline = time.monotonic() + 30
-    while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _wait_committed(host, 2 * G, 30, step_s=0.005)
     t0 = time.monotonic()
     host.stop_idle_loop()
     stopped_s = time.monotonic() - t0
@@ -120,9 +119,7 @@ def test_the_idle_loop_outlives_a_failing_poll(tiny):
     host.turn_finished("s")
     host.start_idle_loop()
     try:
-        deadline = time.monotonic() + 30
-        while host.reader.committed("s") < 2 * G and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_committed(host, 2 * G, 30)
     finally:
         host.stop_idle_loop()
     assert len(calls) >= 2 and host.reader.committed("s") == 2 * G

@@ -83,8 +83,8 @@ def _entry(key: tuple, config) -> dict:
 
 def export(path: str | os.PathLike) -> int:
     """Write every pick the fla autotuners hold into path/{kernel}.json (fla's format, entries
-    keyed by fla's own key hash, merged with the file's). Returns the number of entries
-    written (0 when fla is not loaded)."""
+    keyed by fla's own key hash, merged with the file's; a file that holds them all already is
+    left as it is). Returns the number of picks held (0 when fla is not loaded)."""
     cache = sys.modules.get("fla.ops.utils.cache")
     if cache is None:
         return 0
@@ -99,6 +99,8 @@ def export(path: str | os.PathLike) -> int:
     for kernel, entries in by_kernel.items():
         file = path / f"{kernel}.json"
         old = json.loads(file.read_text()).get("autotune_entries", {}) if file.exists() else {}
+        if all(old.get(h) == e for h, e in entries.items()):
+            continue                                   # every runner's warm-up asks: no news
         doc = {"kernel_name": kernel, "triton_version": triton.__version__,
                "autotune_entries": {**old, **entries}}
         tmp = file.with_suffix(".json.tmp")

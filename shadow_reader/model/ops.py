@@ -1,7 +1,7 @@
 """The small ops of a layer (norms, gates, activations, RoPE, the GDN conv) as pure functions of
-tensors, so the
-chunk runner can swap in fused versions (`fused_ops`: torch.compile, one Triton kernel a function
-instead of 5-10 launches) while the eager forward keeps these reference versions.
+tensors, so the chunk runner can swap in fused versions (`fused_ops`: torch.compile, one Triton
+kernel a function instead of 5-10 launches) while the eager forward keeps these reference
+versions.
 
 Formulas: specs/qwen35.md sections 3.4 (partial RoPE, rotate-half), 4.3-4.8 (GDN gates, L2 norm,
 gated norm), 5 (zero-centred RMSNorm, SwiGLU). Fused versions compute in fp32 and may round
