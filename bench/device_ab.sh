@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The next device call for issue 5 (about 5 minutes on an H200), written and smoke-run on the
-# CPU, not yet run on the device: the two fused op sets in one process (the compiled GDN conv
-# against the kernel set's conv, chunks alternating); then a state spilled by one process and
-# read further by a second that starts with empty Triton and inductor caches (as on another
-# machine), without and with fla's picks pinned (SHADOW_AUTOTUNE_DIR, model/autotune.py).
+# A device call for issue 5 (about 6 minutes on an H200; run 2026-11-29, logs in
+# docs/ops-ab-, two-process- and two-process-pinned-2026-11-29.log): the two fused op sets in
+# one process (the compiled GDN conv against the kernel set's conv, chunks alternating);
+# then a state spilled by one process and read further by a second that starts with empty
+# Triton and inductor caches (as on another machine), without (SHADOW_AUTOTUNE_DIR=off) and
+# with fla's picks pinned (model/autotune.py).
 # Logs to $OUT (the device tool's output folder) or ./out.
 #   bash bench/device_ab.sh
 set -uo pipefail
@@ -12,12 +13,12 @@ mkdir -p "$out"
 timeout 240 python3 bench/ops_ab.py --ids .devdata/claudecode_vsla_5f8cbb78.npz \
     .devdata/claudecode_vsla_9034225e_seg2.npz --contexts 512,8192,16384,65536 \
     > "$out/ops-ab.log" 2>&1
-for pin in "" /tmp/fla-picks; do
+for pin in off /tmp/fla-picks; do
     rm -rf /tmp/ab-disk
-    [ -n "$pin" ] && unset TORCHINDUCTOR_CACHE_DIR     # the pin keeps inductor's cache too
+    [ "$pin" != off ] && unset TORCHINDUCTOR_CACHE_DIR     # the pin keeps inductor's cache too
     SHADOW_AUTOTUNE_DIR=$pin timeout 150 python3 bench/store_bench.py --sizes 10240,51200 \
         --ids .devdata/claudecode_vsla_5f8cbb78.npz --more .devdata/claudecode_vsla_9034225e_seg2.npz \
-        --disk /tmp/ab-disk --fresh-caches > "$out/two-process${pin:+-pinned}.log" 2>&1
+        --disk /tmp/ab-disk --fresh-caches > "$out/two-process$([ "$pin" != off ] && echo -pinned).log" 2>&1
 done
 ls /tmp/fla-picks /tmp/fla-picks/inductor 2>/dev/null | head -20
 grep -v '^!!' "$out/ops-ab.log" | tail -n 5

@@ -1,6 +1,7 @@
 """A/B of the fused op sets in one process (issue 5): the chunk runner with the GDN conv and
-gates in one compiled function (ops.conv_gates, the default on CUDA) against the kernel set's
-conv (fla's on CUDA) and the compiled gates (`conv_gates=None`, the path before), on the same model, ids and fused projections. Each arm
+gates in one compiled function (ops.fused_ops(compile_conv=True)) against the kernel set's
+conv (fla's on CUDA) and the compiled gates (the default), on the same model, ids and fused
+projections. Each arm
 keeps its own session state; chunks alternate between the arms at every context, so machine
 drift hits both. CUDA events around each chunk (a sync after each, as the reader's chunk by
 chunk reads). Prints a line per context and, last, one JSON object.
@@ -29,7 +30,7 @@ class Arm:
     """One op set's chunk runner and its own session state (KV rows for max_rows)."""
 
     def __init__(self, model, grid: int, op_set, proj, max_rows: int):
-        self.runner = ChunkGraphs(model, grid, op_set=op_set, proj=proj)
+        self.runner = ChunkGraphs(model, grid, op_set=op_set, proj=proj, keep_states=True)
         self.kv = alloc_kv(model.cfg, max_rows, model.device, model.dtype)
         self.gdn, self.pos = zero_gdn(model.cfg, model.device, model.dtype), 0
 
@@ -54,7 +55,7 @@ def main() -> None:
     ids = load_ids(a.ids, rows)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_model(a.model, device=device)
-    compiled = ops.fused_ops()
+    compiled = ops.fused_ops(compile_conv=True)
     proj = fuse_projections(model)
     arms = {"conv_gates": Arm(model, a.grid, compiled, proj, rows),
             "kernel_conv": Arm(model, a.grid, dataclasses.replace(compiled, conv_gates=None), proj,

@@ -45,7 +45,7 @@ def read_chunk(model: Qwen35, rcfg: ReaderConfig, st: SessionState, graphs=None)
     assert st.backlog >= g, "read_chunk needs a whole chunk of backlog"
     ensure_capacity(st, model.cfg, c + g, rcfg.kv_step)
     if graphs is not None:        # ids stay on the host: the graph runner stages them itself
-        _, gdn = graphs.run(torch.tensor(st.ids[c:c + g], dtype=torch.long), c, st.kv, st.gdn)
+        _, gdn = graphs.run(st.ids[c:c + g], c, st.kv, st.gdn)
     else:
         _, gdn = model(ids_tensor(st.ids[c:c + g], model.device), c, st.kv, st.gdn)
     st.gdn = gdn

@@ -81,6 +81,21 @@ def test_write_kv_writes_only_its_rows():
     assert torch.equal(v_buf[:17], v0[:17]) and torch.equal(v_buf[23:], v0[23:])
 
 
+def test_write_kv_takes_rows_strided_as_a_fused_projection_leaves_them():
+    """v as a column slice of a wider projection (rows far apart, each contiguous within) is
+    written as it lies; rows not contiguous within are refused with a ValueError."""
+    g = torch.Generator().manual_seed(2)
+    k_buf, v_buf = torch.zeros(20, 2, 32).to(DT), torch.zeros(20, 2, 32).to(DT)
+    wide = torch.randn(5, 3 * 64, generator=g).to(DT)
+    k, v = wide[:, :64].view(5, 2, 32), wide[:, 128:].view(5, 2, 32)
+    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
+    at.write_kv(k, v, table, torch.tensor([3]))
+    assert torch.equal(k_buf[3:8], k) and torch.equal(v_buf[3:8], v)
+    assert not k_buf[:3].any() and not v_buf[8:].any()
+    with pytest.raises(ValueError, match="rows contiguous within"):
+        at.write_kv(k.transpose(1, 2), v, table, torch.tensor([3]))
+
+
 def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
     """The whole-chunk body with the table attention (as captured on CUDA) against
     Qwen35.forward (SDPA) over three chunks: hidden, KV rows, GDN states, in fp32."""

@@ -146,6 +146,36 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
     assert r.committed("s") == 3 * t and r.check_exact("s")
 
 
+def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tiny,
+                                                                              monkeypatch):
+    """A runner that keeps its output states as its next inputs (keep_states, the reader's
+    chunk runner) skips the copy in only for the very states it returned, unchanged: chunks of
+    two sessions interleaved, a state changed in place, and states passed as equal copies all
+    give the bits of a runner that copies every time."""
+    from shadow_reader.model import graphs
+    same, seen = graphs._same, []
+    monkeypatch.setattr(graphs, "_same", lambda *a: seen.append(same(*a)) or seen[-1])
+    cfg, t = tiny.cfg, 64
+    gen = torch.Generator().manual_seed(9)
+    ids = {s: torch.randint(0, 248000, (3 * t,), generator=gen).tolist() for s in "ab"}
+    runs = []
+    for keep in (False, True):
+        runner = graphs.ChunkGraphs(tiny, t, keep_states=keep)
+        kv = {s: _empty_kv(cfg, 3 * t) for s in "ab"}
+        gdn = {s: zero_gdn(cfg, "cpu", torch.float32) for s in "ab"}
+        for pos, s in [(0, "a"), (t, "a"), (2 * t, "a"), (0, "b"), (t, "b")]:
+            if (pos, s) == (2 * t, "a"):
+                gdn[s][0][1].mul_(0.5)               # changed in place since it was returned
+            if (pos, s) == (t, "b"):
+                gdn[s] = [(c.clone(), r.clone()) for c, r in gdn[s]]      # equal, not the same
+            h, gdn[s] = runner.run(ids[s][pos:pos + t], pos, kv[s], gdn[s])
+        runs.append((h, gdn, runner))
+    (h1, g1, _), (h2, g2, runner) = runs
+    assert torch.equal(h1, h2) and runner._fed is not None
+    assert seen == [True, False, False, False]      # skipped once: a's second chunk
+    assert all(torch.equal(x, y) for s in "ab" for p, q in zip(g1[s], g2[s]) for x, y in zip(p, q))
+
+
 def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
     """FlashAttention needs CUDA in fp16/bf16: asked for on the CPU, a clear ValueError; the
     reader's path (written into spilled files) names how chunks are read."""
@@ -156,7 +186,7 @@ def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
         ChunkGraphs(tiny, 64, attention="flash")
     assert Runners(tiny, 64).path == "eager:sdpa"
     assert Runners(tiny, 64, attention="table", fused=True).path == \
-        "eager:table 128x32x8x2+fused+conv+proj"
+        "eager:table 128x32x8x2+fused+proj"
     assert Reader(tiny, grid=64).path == "eager"
     assert Reader(tiny, grid=64, cuda_graphs=True)._identity().kernels == "torch eager:sdpa"
 
@@ -247,3 +277,17 @@ def test_pinning_fla_configs_sets_the_directories_fla_and_inductor_read(tmp_path
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
     autotune.pin(tmp_path / "picks")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+
+
+def test_autotune_dir_defaults_to_the_cache_folder_and_can_be_turned_off():
+    """model.autotune.env_dir: unset, empty or 'auto' pin fla's picks under the home cache
+    folder (exact across processes by default), a path is taken as given, 'off' pins none."""
+    from pathlib import Path
+    from shadow_reader.model import autotune
+    default = Path("~/.cache/shadow-reader/autotune").expanduser()
+    assert autotune.env_dir({}) == default
+    assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": " auto "}) == default
+    assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": ""}) == default
+    assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "/x/picks"}) == Path("/x/picks")
+    assert autotune.env_dir({"QWEN38_SHADOW_AUTOTUNE_DIR": "~/p"}) == Path("~/p").expanduser()
+    assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "OFF"}) is None

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+# the op's one overload, resolved once (the call between graphs is on the host's critical path)
+_FLASH = getattr(getattr(torch.ops.aten, "_flash_attention_forward", None), "default", None)
+
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """True where the flash forward can run: CUDA, fp16 or bf16, and this torch has the op."""
@@ -26,16 +29,22 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.aten, "_flash_attention_forward"))
 
 
+def attend(q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
+           out: torch.Tensor) -> None:
+    """Write to out [T, H * D] the causal attention (bottom-right aligned, scale D^-0.5) of
+    q [T, H, D] at positions [pos, pos + T) over rows [0, pos + T) of k_buf, v_buf [cap, Hkv, D]
+    (contiguous, cap >= pos + T, the chunk's own rows already written). All in the buffers'
+    dtype (fp16/bf16, CUDA). Raises RuntimeError from the op for shapes it does not take (D >
+    256, say)."""
+    t, end = q.shape[0], pos + q.shape[0]
+    o = _FLASH(q.contiguous()[None], k_buf[:end][None], v_buf[:end][None], None, None, t, end,
+               0.0, True, False)[0]                                  # [1, T, H, D]
+    out.copy_(o.view(t, -1))
+
+
 def write_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
                      k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor) -> None:
-    """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf [cap, Hkv, D] (contiguous,
-    cap >= pos + T) and write to out [T, H * D] the causal attention (bottom-right aligned,
-    scale D^-0.5) of q [T, H, D] over rows [0, pos + T). All in the buffers' dtype (fp16/bf16,
-    CUDA). Raises RuntimeError from the op for shapes it does not take (D > 256, say)."""
-    t, end = q.shape[0], pos + q.shape[0]
-    k_buf[pos:end].copy_(k)
-    v_buf[pos:end].copy_(v)
-    o = torch.ops.aten._flash_attention_forward(
-        q.contiguous()[None], k_buf[:end][None], v_buf[:end][None], None, None, t, end, 0.0,
-        True, False)[0]                                             # [1, T, H, D]
-    out.copy_(o.view(t, -1))
+    """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf, then `attend`."""
+    k_buf[pos:pos + q.shape[0]].copy_(k)
+    v_buf[pos:pos + q.shape[0]].copy_(v)
+    attend(q, pos, k_buf, v_buf, out)

@@ -62,8 +62,9 @@ def _split_len(end, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _kv_write_kernel(K, V, TAB, POS, ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """One program per new position t: K[t], V[t] ([ROW] = Hkv * D values) to row pos + t."""
+def _kv_write_kernel(K, V, TAB, POS, SK, SV, ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per new position t: K[t], V[t] ([ROW] = Hkv * D values, rows SK and SV
+    elements apart) to row pos + t."""
     t = tl.program_id(0)
     pos = tl.load(POS)
     kp = tl.multiple_of(tl.load(TAB), 16).to(tl.pointer_type(K.dtype.element_ty))
@@ -71,8 +72,8 @@ def _kv_write_kernel(K, V, TAB, POS, ROW: tl.constexpr, BLOCK: tl.constexpr):
     o = tl.arange(0, BLOCK)
     m = o < ROW
     dst = (pos + t) * ROW + o
-    tl.store(kp + dst, tl.load(K + t * ROW + o, mask=m), mask=m)
-    tl.store(vp + dst, tl.load(V + t * ROW + o, mask=m), mask=m)
+    tl.store(kp + dst, tl.load(K + t * SK + o, mask=m), mask=m)
+    tl.store(vp + dst, tl.load(V + t * SV + o, mask=m), mask=m)
 
 
 @triton.jit
@@ -175,11 +176,19 @@ def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.con
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] (contiguous) -> rows [pos, pos + T) of the buffers whose addresses are
+    """k, v [T, Hkv, D] (each row's Hkv * D values contiguous; rows may be strided, as the
+    slices of a fused projection are) -> rows [pos, pos + T) of the buffers whose addresses are
     table [2] int64 (k_buf, v_buf: contiguous [cap, Hkv, D] of k's dtype); pos [1] int64.
-    Nothing checks the capacity: the caller ensures cap >= pos + T."""
-    row = k.shape[1] * k.shape[2]
-    _kv_write_kernel[(k.shape[0],)](k, v, table, pos, ROW=row, BLOCK=triton.next_power_of_2(row))
+    Nothing checks the capacity: the caller ensures cap >= pos + T. Raises ValueError for rows
+    that are not contiguous within."""
+    t, hkv, d = k.shape
+    for x in (k, v):
+        if x.shape != (t, hkv, d) or x.stride(2) != 1 or x.stride(1) != d:
+            raise ValueError(f"write_kv needs [T, Hkv, D] rows contiguous within, got shape "
+                             f"{tuple(x.shape)} strides {x.stride()}")
+    row = hkv * d
+    _kv_write_kernel[(t,)](k, v, table, pos, k.stride(0), v.stride(0), ROW=row,
+                           BLOCK=triton.next_power_of_2(row))
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv_heads: int,

@@ -6,11 +6,17 @@ split of a reduction, other bits). fla can load configs instead of tuning
 (`fla.ops.utils.cache`: FLA_CONFIG_DIR holds `{kernel}.json`, FLA_CACHE_MODE=strict takes exact
 key matches only and autotunes the rest). Here:
 
-- `pin(path)`, before fla is imported (kernels.select_kernels does it when SHADOW_AUTOTUNE_DIR
-  is set): fla reads its configs from `path`;
+- `pin(path)`, before fla is imported (kernels.select_kernels does it with `env_dir()`: by
+  default ~/.cache/shadow-reader/autotune, SHADOW_AUTOTUNE_DIR to name another, `off` for
+  none): fla reads its configs from `path`;
 - `export(path)`, after the runners' warm-up (model.runners.Runners.prepare): every pick the
   autotuners hold is written to `path` in fla's own format, merged with what is there, so the
   next process loads them.
+
+Measured on the H200 (bench/device_ab.sh, docs/two-process-2026-11-29.log): a state spilled
+at 51,200 ids and read further by a second process started on empty Triton and inductor caches
+(as on another machine) differed from a fresh prefill there (`layers.3.key`, 0.1055 against
+0.1074) without the pin, and equalled it bit for bit with the pin.
 
 Torch inductor tunes the compiled small ops too (a reduction's block sizes can change its
 bits) and keeps its picks in its cache directory: `pin` points TORCHINDUCTOR_CACHE_DIR at
@@ -24,6 +30,18 @@ import sys
 from pathlib import Path
 
 ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
+DEFAULT_DIR = Path("~/.cache/shadow-reader/autotune")
+
+
+def env_dir(env=None) -> Path | None:
+    """Where to pin: SHADOW_AUTOTUNE_DIR (or QWEN38_SHADOW_AUTOTUNE_DIR) as a path; unset, empty
+    or `auto`: DEFAULT_DIR (under the home directory); `off`: None (each process tunes its
+    own, and a state read on in another process may differ in bits)."""
+    env = os.environ if env is None else env
+    raw = (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "").strip()
+    if raw.lower() == "off":
+        return None
+    return (DEFAULT_DIR if raw.lower() in ("", "auto") else Path(raw)).expanduser()
 
 
 def pin(path: str | os.PathLike) -> Path:

@@ -67,9 +67,8 @@ class DecodeLoop:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take {max_steps} steps "
                                  f"from {pos}")
         self.prepare()
-        r._stage(torch.tensor([token], dtype=torch.long), pos, kv)
-        for part in (0, 1):
-            torch._foreach_copy_([x[part] for x in r.gdn_in], [x[part] for x in gdn])
+        r._stage([token], pos, kv)
+        r.feed_states(gdn)                 # the tail rewrites these inputs at every step
         new = torch.empty(max_steps, dtype=torch.long, device=r.meta.device)
         out: list[int] = []
         r._kv = kv

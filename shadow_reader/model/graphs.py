@@ -15,9 +15,18 @@ Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (
 Qwen35.forward's bits (tested).
 
 What varies between chunks reaches the graphs through device memory: the ids and the start
-position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention layer
-(table attention only)], filled by one host-to-device copy from pinned memory; the GDN states
-are copied into static inputs (one multi-tensor copy).
+position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention
+layer], filled by one host-to-device copy from pinned memory (the new KV rows are written inside
+the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
+copied into static inputs (one multi-tensor copy per dtype).
+
+The host's time before a chunk's first kernel is the GPU's idle time when chunks are read one
+at a time (bench/chunk_timeline.py measured 0.43 ms of 5.0 at 16k on the H200's host, most of it
+the states' copy calls and the ids' conversion): a runner made with keep_states=True (the
+reader's chunk runner) also copies its output states into its inputs at the end of a run, while
+the GPU is still busy, and skips the copy in at the next run when it is given exactly the
+states it returned (the same tensors, unchanged since: torch's version counters), as when one
+session is read chunk after chunk.
 
 Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
 states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
@@ -40,6 +49,29 @@ def _flat(pairs) -> list[torch.Tensor]:
     return [x for pair in pairs for x in pair]
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, Hkv, D] as write_kv takes it: itself when each row is contiguous within."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+def _versions(gdn: list) -> tuple[list, list[int]] | None:
+    """(gdn, each tensor's version counter), None for tensors without one (inference mode)."""
+    try:
+        return gdn, [x._version for x in _flat(gdn)]
+    except RuntimeError:
+        return None
+
+
+def _same(fed: tuple[list, list[int]], gdn: list) -> bool:
+    """gdn holds the very tensors of fed, none changed in place since (same versions)."""
+    kept, versions = fed
+    if len(kept) != len(gdn):
+        return False
+    now = _versions(gdn)
+    return now is not None and all(a is b for a, b in zip(_flat(kept), _flat(gdn))) \
+        and now[1] == versions
+
+
 class ChunkGraphs:
     """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
 
@@ -49,11 +81,11 @@ class ChunkGraphs:
     split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
     committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
     compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
-    an input; default: with the fused ops). Raises ValueError for an attention this device
-    cannot run."""
+    an input; default: with the fused ops). keep_states: see the module doc (bits unchanged).
+    Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, op_set: ops.Ops | None = None, proj=None):
+                 split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False):
         self.model, self.t = model, t
         dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
@@ -76,7 +108,10 @@ class ChunkGraphs:
         self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
             if self.use_graphs else torch.zeros_like(self.meta)
+        self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
         self.meta_copied = torch.cuda.Event() if self.use_graphs else None
+        self.keep_states = keep_states
+        self._fed: list | None = None    # (the states gdn_in holds, their versions) or None
         self.steps = torch.arange(t, device=dev)
         self.hidden = z(t, cfg.hidden_size)
         hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -84,9 +119,11 @@ class ChunkGraphs:
         self.gdn_in = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
         self.gdn_out: list = [None] * len(cfg.linear_layers)   # (conv, rec) out of the body
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
-        if self.table:
+        if attention in ("table", "flash"):              # both write KV rows with write_kv
             from . import attn_triton
-            self._at, self.split = attn_triton, split or attn_triton.READ
+            self._at = attn_triton
+        if self.table:
+            self.split = split or self._at.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
                                                self.split, dev)
         self.graphs: list[torch.cuda.CUDAGraph] = []
@@ -99,17 +136,25 @@ class ChunkGraphs:
         """The captured graphs (None before capture or without graphs): `graphs or None`."""
         return self.graphs or None
 
+    def _write_kv(self, j: int, k, v) -> None:
+        """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the session's
+        buffers, their addresses and pos read from meta (inside a graph: no host call)."""
+        t = self.t
+        self._at.write_kv(_rows(k), _rows(v), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
+                          self.meta[t:t + 1])
+
     def _attend(self, j: int) -> None:
-        """Full-attention layer j (in order): write its k, v and attend its q into attn_out[j]."""
+        """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
+        attentions also write its k, v here; flash had them written inside the graph)."""
         (q, k, v), out = self._qkv[j], self.attn_out[j]
         if self.table:
             cfg, at, t = self.model.cfg, self._at, self.t
-            pos, tab = self.meta[t:t + 1], self.meta[t + 1 + 2 * j:t + 3 + 2 * j]
-            at.write_kv(k.contiguous(), v.contiguous(), tab, pos)
-            at.attend_table(q.contiguous(), tab, pos, cfg.num_key_value_heads, *self.scratch,
-                            out, self.split)
+            self._write_kv(j, k, v)
+            at.attend_table(q.contiguous(), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
+                            self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
+                            self.split)
         elif self.attention == "flash":
-            attn_flash.write_and_attend(q, k, v, self._pos, *self._kv[j], out)
+            attn_flash.attend(q, self._pos, *self._kv[j], out)
         else:
             attn = self.model.layers[self.full_layers[j]].self_attn
             out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
@@ -152,6 +197,8 @@ class ChunkGraphs:
         if j < self.num_full:
             q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op,
                                                              self.proj and self.proj.attn_in[stop])
+            if self.attention == "flash":
+                self._write_kv(j, k, v)
             self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
 
     def _body(self) -> None:
@@ -169,7 +216,7 @@ class ChunkGraphs:
         rows = (self.t, cfg.num_key_value_heads, cfg.head_dim)
         kv = [(torch.zeros(rows, device=dev, dtype=dt), torch.zeros(rows, device=dev, dtype=dt))
               for _ in range(self.num_full)]
-        self._stage(torch.zeros(self.t, dtype=torch.long), 0, kv)
+        self._stage([0] * self.t, 0, kv)
         self._pos, self._kv = 0, kv
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -200,15 +247,20 @@ class ChunkGraphs:
             if pinned is not None:
                 autotune.export(pinned)
 
-    def _stage(self, ids: torch.Tensor, pos: int, kv: list) -> None:
-        """ids, pos and the KV addresses into meta: one copy from pinned memory on CUDA."""
+    def _stage(self, ids, pos: int, kv: list) -> None:
+        """ids (a list of T ints, or a [T] int64 tensor), pos and the KV addresses into meta:
+        one copy from pinned memory on CUDA (a list goes in through numpy: a tenth of
+        torch.tensor's time for 512 ids)."""
         if self.meta_copied is not None:
             self.meta_copied.synchronize()          # the last copy has read meta_host
-        host = self.meta_host
-        host[:self.t].copy_(ids)
-        ptrs = [pos] + [x.data_ptr() for x in _flat(kv)] if self.table else [pos]
-        host[self.t:self.t + len(ptrs)] = torch.tensor(ptrs, dtype=torch.long)
-        self.meta.copy_(host, non_blocking=True)
+        t, host = self.t, self.meta_np
+        if isinstance(ids, list):
+            host[:t] = ids
+        else:
+            self.meta_host[:t].copy_(ids)
+        host[t] = pos
+        host[t + 1:t + 1 + 2 * len(kv)] = [x.data_ptr() for x in _flat(kv)]
+        self.meta.copy_(self.meta_host, non_blocking=True)
         if self.meta_copied is not None:
             self.meta_copied.record()
 
@@ -219,16 +271,44 @@ class ChunkGraphs:
             if j < self.num_full and not self.table:
                 self._attend(j)
 
+    def feed_states(self, gdn: list) -> None:
+        """Copy gdn (per GDN layer (conv, recurrent)) into the graphs' input states, unless they
+        hold these very states already (keep_states; see the module doc)."""
+        fed, self._fed = self._fed, None
+        if fed is not None and _same(fed, gdn):
+            return
+        for part in (0, 1):                         # conv states, then recurrent (one dtype each)
+            torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
+
+    def _states_out(self) -> list:
+        """The body's output states copied into new tensors (and, with keep_states, into the
+        inputs for the next run); returns them as a gdn list."""
+        out = []
+        for part in (0, 1):
+            src = [x[part] for x in self.gdn_out]
+            new = [torch.empty_like(x) for x in src]
+            if self.keep_states:
+                torch._foreach_copy_(new + [x[part] for x in self.gdn_in], src + src)
+            else:
+                torch._foreach_copy_(new, src)
+            out.append(new)
+        gdn = list(zip(*out))
+        if self.keep_states:
+            self._fed = _versions(gdn)
+        return gdn
+
     @torch.no_grad()
-    def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
-        """Same contract as Qwen35.forward for T = self.t (ids [T] int64 on any device; every
-        KV buffer contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
-        (hidden [T, hidden], new gdn list); the given states are not changed.
+    def run(self, ids, pos: int, kv: list, gdn: list):
+        """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, or [T] int64
+        on any device; every KV buffer contiguous with capacity >= pos + T): writes KV rows
+        [pos, pos + T), returns (hidden [T, hidden], new gdn list); the given states are not
+        changed.
 
         Raises ValueError for a chunk of another length or a KV buffer that is too small, not
         contiguous or not 16-byte aligned (the kernels address rows by pointer, unchecked)."""
-        if ids.shape != (self.t,):
-            raise ValueError(f"a chunk of {self.t} ids expected, got shape {tuple(ids.shape)}")
+        shape = (len(ids),) if isinstance(ids, list) else tuple(ids.shape)
+        if shape != (self.t,):
+            raise ValueError(f"a chunk of {self.t} ids expected, got shape {shape}")
         for buf in _flat(kv):
             if buf.shape[0] < pos + self.t or not buf.is_contiguous() or buf.data_ptr() % 16:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
@@ -236,16 +316,10 @@ class ChunkGraphs:
                                  f"{buf.data_ptr():#x} must be 16-byte aligned)")
         self.prepare()
         self._stage(ids, pos, kv)
-        for part in (0, 1):                         # conv states, then recurrent (one dtype each)
-            torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
+        self.feed_states(gdn)
         self._pos, self._kv = pos, kv
         try:
             self._replay() if self.graphs else self._body()
         finally:
             self._kv = None
-        out = []
-        for part in (0, 1):
-            src = [x[part] for x in self.gdn_out]
-            out.append([torch.empty_like(x) for x in src])
-            torch._foreach_copy_(out[-1], src)
-        return self.hidden.clone(), list(zip(*out))
+        return self.hidden.clone(), self._states_out()

@@ -7,9 +7,10 @@ Both take and return the same layouts (ref.RECURRENT_LAYOUT, ref.CONV_LAYOUT), s
 one can be read by the other within tolerance (bit-exactness holds only within one path).
 Exactness on CUDA (specs/qwen35.md section 9): FLA_FLASH_QLA=0 is forced before fla is imported, the
 q/k L2 norm is done by us (`use_qk_l2norm_in_kernel=False`, whose autotuned kernel changes bits), and
-the grid is a multiple of 64 so fla's 64-token chunks line up with ours. With SHADOW_AUTOTUNE_DIR
-set, fla's autotuned configs are loaded from (and written to) that directory (model.autotune), so
-another process picks the same kernels.
+the grid is a multiple of 64 so fla's 64-token chunks line up with ours. fla's autotuned
+configs are loaded from (and written to) a pinned directory (model.autotune.env_dir: by default
+~/.cache/shadow-reader/autotune, SHADOW_AUTOTUNE_DIR=off for none), so another process picks the
+same kernels.
 """
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
 def _fla_kernels() -> KernelSet:
     os.environ["FLA_FLASH_QLA"] = "0"       # another kernel family with other numerics (section 9.4)
     os.environ.pop("FLA_INTRACARD_CP", None)
-    if os.environ.get("SHADOW_AUTOTUNE_DIR"):           # before fla is imported (model.autotune)
-        from .autotune import pin
-        pin(os.environ["SHADOW_AUTOTUNE_DIR"])
+    from .autotune import env_dir, pin
+    if env_dir() is not None:                  # before fla is imported (model.autotune)
+        pin(env_dir())
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_step

@@ -117,15 +117,20 @@ class Ops:
 EAGER = Ops()
 
 
-def fused_ops() -> Ops:
+def fused_ops(compile_conv: bool = False) -> Ops:
     """Every op through torch.compile (static shapes; compiled at first call per shape, which
     the chunk runner does before capturing its graph). A reader has runners of several
     lengths (grid, question buckets, decode), each a shape per op: dynamo's default limit of 8
-    compiles per function is raised to 64 (a torch-wide setting)."""
+    compiles per function is raised to 64 (a torch-wide setting). compile_conv: the GDN conv
+    compiled with its gates (`conv_gates`) instead of the kernel set's conv (fla's on CUDA);
+    off by default: on the H200 it read 1-3 % slower a chunk at every context, both op sets in
+    one process with chunks alternating (bench/ops_ab.py, docs/ops-ab-2026-11-29.log), though
+    it launches fewer kernels."""
     dynamo = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), 64))
-    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops)} | {"conv_gates": conv_gates}
-    return Ops(**{name: torch.compile(fn, dynamic=False, fullgraph=True)
+    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops)}
+    fns["conv_gates"] = conv_gates if compile_conv else None
+    return Ops(**{name: fn and torch.compile(fn, dynamic=False, fullgraph=True)
                   for name, fn in fns.items()})

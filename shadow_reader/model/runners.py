@@ -23,7 +23,7 @@ class Runners:
         self.model = model
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
-        self.chunk = ChunkGraphs(model, grid, attention, fused, split)
+        self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
                         "proj": self.chunk.proj}
         self.split = split
