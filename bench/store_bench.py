@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from shadow_reader.model import load_model
+from shadow_reader.model import autotune, load_model
 from shadow_reader.reader import Reader
 
 SECOND = """
@@ -62,8 +62,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--fresh-caches", action="store_true",
                     help="the second process starts with an empty Triton cache and, unless "
-                         "SHADOW_AUTOTUNE_DIR pins the picks (fla's, and inductor's in its "
-                         "cache there), an empty inductor cache: as on another machine")
+                         "the picks are pinned (model.autotune, by default; fla's, and "
+                         "inductor's in its cache there), an empty inductor cache: as on "
+                         "another machine")
     args = ap.parse_args()
     ids = np.concatenate([np.load(args.ids)["ids"], np.load(args.more)["ids"]]).tolist()
     model = load_model(args.model, device=args.device)
@@ -93,7 +94,8 @@ def main() -> None:
     env = dict(os.environ)
     if args.fresh_caches:             # no Triton or inductor picks on disk from this process
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-")
-        pinned = os.environ.get("SHADOW_AUTOTUNE_DIR") and os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        # pinned (model.autotune: the default) keeps inductor's cache under the pinned folder
+        pinned = autotune.env_dir() is not None and os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         env["TORCHINDUCTOR_CACHE_DIR"] = pinned or tempfile.mkdtemp(prefix="inductor-")
     out = subprocess.run([sys.executable, "-c", SECOND, args.model, args.disk, args.more,
                           args.device],

@@ -18,7 +18,8 @@ import torch
 from . import checkpoints
 from .model.qwen35 import Qwen35
 from .questions import Answer
-from .state import SessionState, alloc_kv, clone_gdn, ensure_capacity, round_up, zero_gdn
+from .state import (SessionState, alloc_kv, clone_gdn, copy_rows, ensure_capacity, round_up,
+                    zero_gdn)
 from .step import ReaderConfig, ids_tensor, read_chunk, sync
 
 
@@ -29,8 +30,7 @@ def scratch_state(model: Qwen35, rcfg: ReaderConfig, st: SessionState, line: int
     cp = checkpoints.rollback_target(st.checkpoints, line)
     p = cp.pos if cp else 0
     kv = alloc_kv(model.cfg, round_up(max(rows, 1), rcfg.kv_step), model.device, model.dtype)
-    for (nk, nv), (ok, ov) in zip(kv, st.kv):
-        nk[:p], nv[:p] = ok[:p], ov[:p]
+    copy_rows(kv, st.kv, p)
     gdn = clone_gdn(cp.gdn) if cp else zero_gdn(model.cfg, model.device, model.dtype)
     return SessionState(ids=st.ids[:line], committed=p, kv=kv, gdn=gdn), line - p
 

@@ -70,7 +70,9 @@ def checksum(t: torch.Tensor) -> str:
 
 def _tensors(st: SessionState, packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {"ids": torch.tensor(st.ids, dtype=torch.int64)}
-    out.update({k: v.detach().to("cpu").contiguous() for k, v in packed.items()})
+    # copies, also on the CPU: the KV views share one block (state.alloc_kv), which
+    # safetensors refuses to write as separate tensors
+    out.update({k: v.detach().to("cpu", copy=True).contiguous() for k, v in packed.items()})
     gdn_names = [k for k in packed if k.endswith((".conv", ".recurrent"))]
     for j, cp in enumerate(st.checkpoints):
         flat = [t for pair in cp.gdn for t in pair]

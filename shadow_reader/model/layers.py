@@ -54,8 +54,8 @@ class MLP(nn.Module):
         for one GEMM instead of two."""
         if gate_up is None:
             return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
-        g, u = F.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
-        return self.down_proj(op.swiglu(g, u))
+        g, u = op.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
+        return op.linear(op.swiglu(g, u), self.down_proj.weight)
 
 
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
@@ -98,7 +98,7 @@ class Attention(nn.Module):
         if qkv is None:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
-            qg, k, v = F.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
+            qg, k, v = op.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
         qg = qg.view(t, h, 2 * d)                          # per head: [query 256 | gate 256]
         q, gate = qg[..., :d], qg[..., d:]                 # strided views: no copies
         q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
@@ -125,7 +125,7 @@ class Attention(nn.Module):
 
     def output(self, o: torch.Tensor, gate: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
         """o [T, H * D] gated by sigmoid(gate [T, H, D]) -> o_proj -> [T, hidden]."""
-        return self.o_proj(op.sigmoid_gate(o, gate))
+        return op.linear(op.sigmoid_gate(o, gate), self.o_proj.weight)
 
     def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
         """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
@@ -165,7 +165,7 @@ class GatedDeltaNet(nn.Module):
                 self.in_proj_a(x)
         else:
             # strided column slices: the conv and the compiled gates read them as they lie
-            qkv, z, b, a = F.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
+            qkv, z, b, a = op.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
         weight = self.conv1d.weight[:, 0, :]
         if op.conv_gates is not None:            # the fused op set: conv and gates compiled
             q, k, v, g, beta, conv_state = op.conv_gates(qkv, weight, conv_state, b, a,
@@ -177,4 +177,4 @@ class GatedDeltaNet(nn.Module):
         o, rec_state = gdn(q, k, v, g, beta, rec_state)
         z = z.reshape(t, hv, vd)
         o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
-        return self.out_proj(o), conv_state, rec_state
+        return op.linear(o, self.out_proj.weight), conv_state, rec_state

@@ -10,7 +10,7 @@ through one runner, so its state still equals a fresh prefill through that runne
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import torch
@@ -112,6 +112,7 @@ class Ops:
     sigmoid_gate: Callable = sigmoid_gate
     swiglu: Callable = swiglu
     conv_gates: Callable | None = None     # None: the kernel set's conv, then gdn_gates
+    linear: Callable = F.linear            # the projections (never compiled; model.gemv)
 
 
 EAGER = Ops()
@@ -130,7 +131,14 @@ def fused_ops(compile_conv: bool = False) -> Ops:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), 64))
-    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops)}
+    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops) if f.name != "linear"}
     fns["conv_gates"] = conv_gates if compile_conv else None
     return Ops(**{name: fn and torch.compile(fn, dynamic=False, fullgraph=True)
                   for name, fn in fns.items()})
+
+
+def decode_ops(op_set: Ops) -> Ops:
+    """op_set with single-row projections through model.gemv (CUDA; F.linear elsewhere): the
+    ops of the fork decode runner, whose bits no committed state depends on."""
+    from .gemv import linear
+    return replace(op_set, linear=linear)

@@ -80,6 +80,13 @@ class Runners:
         return self._loop
 
     def decode(self) -> ChunkGraphs:
-        """The single-token runner (its attention split for one query row)."""
-        from .attn_triton import DECODE
-        return self._get(1, DECODE if self.chunk.table else None)
+        """The single-token runner (its attention split for one query row; on CUDA its
+        projections through model.gemv, ops.decode_ops)."""
+        if 1 not in self._sized:
+            from .attn_triton import DECODE
+            options = dict(self.options)
+            if self.chunk.use_graphs and self.chunk.ops is not ops.EAGER:
+                options["op_set"] = ops.decode_ops(self.chunk.ops)
+            self._sized[1] = ChunkGraphs(self.model, 1, split=DECODE if self.chunk.table
+                                         else None, **options)
+        return self._sized[1]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The closing device call of issue 5's session of 2026-11-29 night (about 6 minutes on an H200,
+# with the caches bench/device_host.sh packed restored from .devcache): FlashAttention's twin
+# tests, the read benchmark at grid 512 (every part but the peer and other grids), the stage
+# timeline, and the two-process check on fresh Triton and inductor caches with the default pin
+# (~/.cache/shadow-reader/autotune). Logs to $OUT or ./out.
+#   bash bench/device_final2.sh
+set -uo pipefail
+out=${OUT:-out}
+mkdir -p "$out"
+ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
+if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
+    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
+fi
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py 2>&1 | tail -n 1
+timeout 200 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
+    --parts read,exact,decode,ask,floor,grids --out "$out/read-bench.json" \
+    > "$out/read-bench.log" 2>&1
+tail -n 1 "$out/read-bench.log" | cut -c1-600
+timeout 150 python3 bench/chunk_timeline.py --ids "${ids[@]}" --contexts 16384 \
+    --decode-at 98304 > "$out/timeline.log" 2>&1
+grep -A3 "^chunk at\|^decode step" "$out/timeline.log" | cut -c1-120
+rm -rf /tmp/ab-disk
+env -u TORCHINDUCTOR_CACHE_DIR timeout 150 python3 bench/store_bench.py --sizes 10240,51200 \
+    --ids "${ids[0]}" --more "${ids[1]}" --disk /tmp/ab-disk --fresh-caches \
+    > "$out/two-process-default-pin.log" 2>&1
+tail -n 1 "$out/two-process-default-pin.log" | cut -c1-700

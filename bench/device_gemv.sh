@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# A device call for issue 5 (about 6 minutes on an H200): the single-row projection probe
+# (cuBLAS against model.gemv, bench/gemv_probe.py), then the read benchmark at grid 512 with the
+# decode runner's projections through model.gemv. Restores the caches the last call packed
+# (.devcache, see bench/device_host.sh). Logs to $OUT or ./out.
+#   bash bench/device_gemv.sh
+set -uo pipefail
+out=${OUT:-out}
+mkdir -p "$out"
+ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
+if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
+    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
+fi
+timeout 120 python3 bench/gemv_probe.py > "$out/gemv-probe.log" 2>&1
+grep -v '^{' "$out/gemv-probe.log" | tail -n 8
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py 2>&1 | tail -n 1
+timeout 240 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
+    --parts read,exact,decode,ask,floor --out "$out/read-bench.json" > "$out/read-bench.log" 2>&1
+tail -n 1 "$out/read-bench.log" | cut -c1-1000
