@@ -59,14 +59,16 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
 def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor,
               dt_bias: torch.Tensor, hk: int, kd: int, hv: int, vd: int):
     """From the conv output mixed [T, 2 * HK * K + HV * V] and the b, a projections [T, HV]:
-    q, k [T, HK, K] (L2-normed), v [T, HV, V], g [T, HV] fp32 (log decay), beta [T, HV]."""
+    q, k [T, HK, K] (L2-normed), v [T, HV, V] (contiguous: fla's GDN kernels copy a strided v
+    themselves, a slower copy kernel of their own; 18 a chunk on the H200 profile), g [T, HV]
+    fp32 (log decay), beta [T, HV]."""
     t = mixed.shape[0]
     q, k, v = mixed.split([hk * kd, hk * kd, hv * vd], dim=-1)
     q = l2norm(q.reshape(t, hk, kd))
     k = l2norm(k.reshape(t, hk, kd))
     beta = torch.sigmoid(b)
     g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return q, k, v.reshape(t, hv, vd), g, beta
+    return q, k, v.reshape(t, hv, vd).contiguous(), g, beta
 
 
 def conv_gates(qkv: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, b: torch.Tensor,
@@ -88,7 +90,7 @@ def conv_gates(qkv: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, b: 
         acc = acc + full[1 + w:1 + w + t].float() * weight[:, w].float()
     mixed = F.silu(acc).to(qkv.dtype)
     q, k, v, g, beta = gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
-    return q, k, v.contiguous(), g, beta, full[-width:].t().contiguous()
+    return q, k, v, g, beta, full[-width:].t().contiguous()
 
 
 def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
