@@ -152,9 +152,9 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
     chunk runner) skips the copy in only for the very states it returned, unchanged: chunks of
     two sessions interleaved, a state changed in place, and states passed as equal copies all
     give the bits of a runner that copies every time."""
-    from shadow_reader.model import graphs
-    same, seen = graphs._same, []
-    monkeypatch.setattr(graphs, "_same", lambda *a: seen.append(same(*a)) or seen[-1])
+    from shadow_reader.model import graphs, slots
+    same, seen = slots.same, []
+    monkeypatch.setattr(slots, "same", lambda *a: seen.append(same(*a)) or seen[-1])
     cfg, t = tiny.cfg, 64
     gen = torch.Generator().manual_seed(9)
     ids = {s: torch.randint(0, 248000, (3 * t,), generator=gen).tolist() for s in "ab"}
@@ -171,7 +171,7 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
             h, gdn[s] = runner.run(ids[s][pos:pos + t], pos, kv[s], gdn[s])
         runs.append((h, gdn, runner))
     (h1, g1, _), (h2, g2, runner) = runs
-    assert torch.equal(h1, h2) and runner._fed is not None
+    assert torch.equal(h1, h2) and runner.slots.fed is not None
     assert seen == [True, False, False, False]      # skipped once: a's second chunk
     assert all(torch.equal(x, y) for s in "ab" for p, q in zip(g1[s], g2[s]) for x, y in zip(p, q))
 

@@ -68,7 +68,7 @@ class DecodeLoop:
                                  f"from {pos}")
         self.prepare()
         r._stage([token], pos, kv)
-        r.feed_states(gdn)                 # the tail rewrites these inputs at every step
+        r.slots.feed(gdn)                  # the tail rewrites these inputs at every step
         new = torch.empty(max_steps, dtype=torch.long, device=r.meta.device)
         out: list[int] = []
         r._kv = kv

@@ -18,15 +18,10 @@ What varies between chunks reaches the graphs through device memory: the ids and
 position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention
 layer], filled by one host-to-device copy from pinned memory (the new KV rows are written inside
 the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
-copied into static inputs (one multi-tensor copy per dtype).
-
-The host's time before a chunk's first kernel is the GPU's idle time when chunks are read one
-at a time (bench/chunk_timeline.py measured 0.43 ms of 5.0 at 16k on the H200's host, most of it
-the states' copy calls and the ids' conversion): a runner made with keep_states=True (the
-reader's chunk runner) also copies its output states into its inputs at the end of a run, while
-the GPU is still busy, and skips the copy in at the next run when it is given exactly the
-states it returned (the same tensors, unchanged since: torch's version counters), as when one
-session is read chunk after chunk.
+copied into static inputs (model.slots: skipped for the states the last run returned, with
+keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
+idle time when chunks are read one at a time: staging goes through numpy (bench/chunk_timeline.py
+measured the staging at 0.33 ms of a 5.0 ms chunk at 16k on the H200's host before, 0.12 after).
 
 Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
 states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
@@ -41,6 +36,7 @@ import torch
 from . import attn_flash, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
+from .slots import StateSlots
 
 ATTENTIONS = ("flash", "table", "sdpa")
 
@@ -54,22 +50,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
-def _versions(gdn: list) -> tuple[list, list[int]] | None:
-    """(gdn, each tensor's version counter), None for tensors without one (inference mode)."""
-    try:
-        return gdn, [x._version for x in _flat(gdn)]
-    except RuntimeError:
-        return None
-
-
-def _same(fed: tuple[list, list[int]], gdn: list) -> bool:
-    """gdn holds the very tensors of fed, none changed in place since (same versions)."""
-    kept, versions = fed
-    if len(kept) != len(gdn):
-        return False
-    now = _versions(gdn)
-    return now is not None and all(a is b for a, b in zip(_flat(kept), _flat(gdn))) \
-        and now[1] == versions
 
 
 class ChunkGraphs:
@@ -81,7 +61,8 @@ class ChunkGraphs:
     split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
     committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
     compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
-    an input; default: with the fused ops). keep_states: see the module doc (bits unchanged).
+    an input; default: with the fused ops). keep_states: model.slots.StateSlots' keep (bits
+    unchanged).
     Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
@@ -110,14 +91,10 @@ class ChunkGraphs:
             if self.use_graphs else torch.zeros_like(self.meta)
         self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
         self.meta_copied = torch.cuda.Event() if self.use_graphs else None
-        self.keep_states = keep_states
-        self._fed: list | None = None    # (the states gdn_in holds, their versions) or None
         self.steps = torch.arange(t, device=dev)
         self.hidden = z(t, cfg.hidden_size)
-        hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        conv = (cfg.conv_dim, cfg.linear_conv_kernel_dim)
-        self.gdn_in = [(z(*conv), z(hv, kd, vd, dtype=torch.float32)) for _ in cfg.linear_layers]
-        self.gdn_out: list = [None] * len(cfg.linear_layers)   # (conv, rec) out of the body
+        self.slots = StateSlots(cfg, dev, dt, keep_states)
+        self.gdn_in, self.gdn_out = self.slots.inputs, self.slots.outputs   # the body's view
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
         if attention in ("table", "flash"):              # both write KV rows with write_kv
             from . import attn_triton
@@ -271,32 +248,6 @@ class ChunkGraphs:
             if j < self.num_full and not self.table:
                 self._attend(j)
 
-    def feed_states(self, gdn: list) -> None:
-        """Copy gdn (per GDN layer (conv, recurrent)) into the graphs' input states, unless they
-        hold these very states already (keep_states; see the module doc)."""
-        fed, self._fed = self._fed, None
-        if fed is not None and _same(fed, gdn):
-            return
-        for part in (0, 1):                         # conv states, then recurrent (one dtype each)
-            torch._foreach_copy_([x[part] for x in self.gdn_in], [x[part] for x in gdn])
-
-    def _states_out(self) -> list:
-        """The body's output states copied into new tensors (and, with keep_states, into the
-        inputs for the next run); returns them as a gdn list."""
-        out = []
-        for part in (0, 1):
-            src = [x[part] for x in self.gdn_out]
-            new = [torch.empty_like(x) for x in src]
-            if self.keep_states:
-                torch._foreach_copy_(new + [x[part] for x in self.gdn_in], src + src)
-            else:
-                torch._foreach_copy_(new, src)
-            out.append(new)
-        gdn = list(zip(*out))
-        if self.keep_states:
-            self._fed = _versions(gdn)
-        return gdn
-
     @torch.no_grad()
     def run(self, ids, pos: int, kv: list, gdn: list):
         """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, or [T] int64
@@ -316,10 +267,10 @@ class ChunkGraphs:
                                  f"{buf.data_ptr():#x} must be 16-byte aligned)")
         self.prepare()
         self._stage(ids, pos, kv)
-        self.feed_states(gdn)
+        self.slots.feed(gdn)
         self._pos, self._kv = pos, kv
         try:
             self._replay() if self.graphs else self._body()
         finally:
             self._kv = None
-        return self.hidden.clone(), self._states_out()
+        return self.hidden.clone(), self.slots.take()
