@@ -291,3 +291,21 @@ def test_autotune_dir_defaults_to_the_cache_folder_and_can_be_turned_off():
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "/x/picks"}) == Path("/x/picks")
     assert autotune.env_dir({"QWEN38_SHADOW_AUTOTUNE_DIR": "~/p"}) == Path("~/p").expanduser()
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "OFF"}) is None
+
+
+def test_an_autotune_dir_that_cannot_be_made_warns_for_the_default_and_names_a_chosen_one(
+        tmp_path, monkeypatch):
+    """A read-only home must not stop a model from loading: the default folder is skipped with
+    a warning; a folder the user named is refused with a ValueError that names it."""
+    from shadow_reader.model import autotune
+    blocker = tmp_path / "file"
+    blocker.write_text("")                       # a file where a folder would go
+    monkeypatch.setattr(autotune, "DEFAULT_DIR", blocker / "autotune")
+    monkeypatch.delenv(autotune.ENV_DIR, raising=False)
+    monkeypatch.delenv(autotune.ENV_MODE, raising=False)
+    with pytest.warns(UserWarning, match="not pinned"):
+        assert autotune.pin_from_env({}) is None
+    with pytest.raises(ValueError, match="SHADOW_AUTOTUNE_DIR=.*cannot be made"):
+        autotune.pin_from_env({"SHADOW_AUTOTUNE_DIR": str(blocker / "mine")})
+    assert autotune.pin_from_env({"SHADOW_AUTOTUNE_DIR": "off"}) is None
+    assert autotune.pinned_dir() is None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
@@ -63,6 +64,25 @@ def pin(path: str | os.PathLike) -> Path:
     # directory next to the kernels; unless the user named one, it is the pinned one too
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
     return path
+
+
+def pin_from_env(env=None) -> Path | None:
+    """pin(env_dir(env)) before fla is imported (model.kernels). The default folder that
+    cannot be made (a read-only home, say) is skipped with a warning (each process then tunes
+    its own picks); a folder the user named that cannot be made raises ValueError naming it."""
+    env = os.environ if env is None else env
+    path = env_dir(env)
+    if path is None:
+        return None
+    try:
+        return pin(path)
+    except OSError as e:
+        if path == DEFAULT_DIR.expanduser():
+            warnings.warn(f"fla's kernel picks are not pinned: {path} cannot be made ({e}); "
+                          f"set SHADOW_AUTOTUNE_DIR to a writable folder (or 'off') for "
+                          f"states that read on exactly in another process", stacklevel=2)
+            return None
+        raise ValueError(f"SHADOW_AUTOTUNE_DIR={str(path)!r} cannot be made: {e}") from None
 
 
 def pinned_dir() -> Path | None:
@@ -108,7 +128,11 @@ def export(path: str | os.PathLike) -> int:
         return 0
     import triton
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"fla's picks not written: {path} cannot be made ({e})", stacklevel=2)
+        return 0
     by_kernel: dict[str, dict] = {}
     for tuner in autotuners():
         for key, config in tuner.cache.items():
@@ -116,12 +140,19 @@ def export(path: str | os.PathLike) -> int:
                 cache.AutotuneKey.key_hash(key)] = _entry(key, config)
     for kernel, entries in by_kernel.items():
         file = path / f"{kernel}.json"
-        old = json.loads(file.read_text()).get("autotune_entries", {}) if file.exists() else {}
+        try:
+            old = json.loads(file.read_text()).get("autotune_entries", {}) \
+                if file.exists() else {}
+        except (OSError, ValueError, AttributeError):
+            old = {}                                   # unreadable: rewritten whole
         if all(old.get(h) == e for h, e in entries.items()):
             continue                                   # every runner's warm-up asks: no news
         doc = {"kernel_name": kernel, "triton_version": triton.__version__,
                "autotune_entries": {**old, **entries}}
-        tmp = file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        tmp.replace(file)                              # readers never see half a file
+        tmp = file.with_suffix(f".json.{os.getpid()}.tmp")   # one per process: no torn writes
+        try:
+            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+            tmp.replace(file)                          # readers never see half a file
+        except OSError as e:                           # a full or read-only disk: not fatal
+            warnings.warn(f"fla's picks for {kernel} not written to {path}: {e}", stacklevel=2)
     return sum(len(e) for e in by_kernel.values())

@@ -43,9 +43,8 @@ TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
 def _fla_kernels() -> KernelSet:
     os.environ["FLA_FLASH_QLA"] = "0"       # another kernel family with other numerics (section 9.4)
     os.environ.pop("FLA_INTRACARD_CP", None)
-    from .autotune import env_dir, pin
-    if env_dir() is not None:                  # before fla is imported (model.autotune)
-        pin(env_dir())
+    from .autotune import pin_from_env
+    pin_from_env()                             # before fla is imported (model.autotune)
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_step
