@@ -309,3 +309,45 @@ def test_an_autotune_dir_that_cannot_be_made_warns_for_the_default_and_names_a_c
         autotune.pin_from_env({"SHADOW_AUTOTUNE_DIR": str(blocker / "mine")})
     assert autotune.pin_from_env({"SHADOW_AUTOTUNE_DIR": "off"}) is None
     assert autotune.pinned_dir() is None
+
+
+def _merge_many(folder: str, start: int) -> None:
+    from pathlib import Path
+    from shadow_reader.model import autotune
+    for i in range(start, start + 60):
+        with autotune._locked(Path(folder)):
+            autotune._merge(Path(folder) / "k.json", "k", {f"h{i}": {"pick": i}}, "3.6")
+
+
+def test_merged_picks_keep_the_first_and_survive_concurrent_writers(tmp_path):
+    """autotune's merge: a pick already in the file wins over a later one for the same key
+    (processes sharing the folder keep one pick), and three processes merging at once under
+    the folder's lock lose none of each other's entries."""
+    import json
+    import multiprocessing
+    from shadow_reader.model import autotune
+    file = tmp_path / "k.json"
+    autotune._merge(file, "k", {"a": {"BK": 64}}, "3.6")
+    autotune._merge(file, "k", {"a": {"BK": 32}, "b": {"BK": 32}}, "3.6")
+    assert json.loads(file.read_text())["autotune_entries"] == {"a": {"BK": 64}, "b": {"BK": 32}}
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_merge_many, args=(str(tmp_path), 1000 * k)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    entries = json.loads(file.read_text())["autotune_entries"]
+    assert all(p.exitcode == 0 for p in procs) and len(entries) == 2 + 180
+
+
+def test_runner_refuses_a_negative_position_and_takes_ids_as_a_tuple(tiny):
+    """A negative pos would have the graphs' KV write land below the buffers: refused before
+    anything runs; ids as a tuple read like the list."""
+    from shadow_reader.model.graphs import ChunkGraphs
+    runner, t = ChunkGraphs(tiny, 64), 64
+    kv, gdn = _empty_kv(tiny.cfg, 2 * t), zero_gdn(tiny.cfg, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="pos must be >= 0, got -64"):
+        runner.run([5] * t, -t, kv, gdn)
+    h1, _ = runner.run(tuple(range(t)), 0, kv, gdn)
+    h2, _ = runner.run(list(range(t)), 0, kv, gdn)
+    assert torch.equal(h1, h2)

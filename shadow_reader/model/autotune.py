@@ -24,6 +24,7 @@ path/inductor unless the user set it, so processes sharing `path` share those pi
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -48,10 +49,11 @@ def env_dir(env=None) -> Path | None:
 def pin(path: str | os.PathLike) -> Path:
     """Make fla load its kernel configs from `path` (created), exact key matches only, and
     torch inductor keep its cache (tuned configs included) in path/inductor unless
-    TORCHINDUCTOR_CACHE_DIR is set.
+    TORCHINDUCTOR_CACHE_DIR is set or `path` is not writable (a read-only copy shared with the
+    session files: fla's picks are still loaded from it, inductor keeps its own cache).
 
-    Raises RuntimeError when fla is already imported with other settings (its mode is read
-    once, at import)."""
+    Raises OSError when `path` cannot be made, RuntimeError when fla is already imported with
+    other settings (its mode is read once, at import)."""
     path = Path(path).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     cache = sys.modules.get("fla.ops.utils.cache")
@@ -62,27 +64,32 @@ def pin(path: str | os.PathLike) -> Path:
     os.environ[ENV_DIR], os.environ[ENV_MODE] = str(path), "strict"
     # torch.compile's own tuned configs (the small ops' reductions) are kept in its cache
     # directory next to the kernels; unless the user named one, it is the pinned one too
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
+    if os.access(path, os.W_OK):
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
     return path
 
 
 def pin_from_env(env=None) -> Path | None:
-    """pin(env_dir(env)) before fla is imported (model.kernels). The default folder that
-    cannot be made (a read-only home, say) is skipped with a warning (each process then tunes
-    its own picks); a folder the user named that cannot be made raises ValueError naming it."""
+    """pin(env_dir(env)) before fla is imported (model.kernels). Where the default folder
+    cannot be used (a read-only home, no home at all, fla imported before with other settings)
+    a warning says so and nothing is pinned (each process then tunes its own picks); a folder
+    the user named that cannot be made raises ValueError naming it (and RuntimeError from
+    `pin` when fla was imported first)."""
     env = os.environ if env is None else env
-    path = env_dir(env)
-    if path is None:
-        return None
+    chosen = (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "")
+    chosen = chosen.strip().lower() not in ("", "auto")
     try:
-        return pin(path)
-    except OSError as e:
-        if path == DEFAULT_DIR.expanduser():
-            warnings.warn(f"fla's kernel picks are not pinned: {path} cannot be made ({e}); "
-                          f"set SHADOW_AUTOTUNE_DIR to a writable folder (or 'off') for "
-                          f"states that read on exactly in another process", stacklevel=2)
+        path = env_dir(env)
+        return None if path is None else pin(path)
+    except (OSError, RuntimeError) as e:
+        if not chosen:
+            warnings.warn(f"fla's kernel picks are not pinned ({e}); set SHADOW_AUTOTUNE_DIR "
+                          f"to a writable folder (or 'off') for states that read on exactly "
+                          f"in another process", stacklevel=2)
             return None
-        raise ValueError(f"SHADOW_AUTOTUNE_DIR={str(path)!r} cannot be made: {e}") from None
+        if isinstance(e, OSError):
+            raise ValueError(f"SHADOW_AUTOTUNE_DIR={str(path)!r} cannot be made: {e}") from None
+        raise
 
 
 def pinned_dir() -> Path | None:
@@ -121,8 +128,9 @@ def _entry(key: tuple, config) -> dict:
 
 def export(path: str | os.PathLike) -> int:
     """Write every pick the fla autotuners hold into path/{kernel}.json (fla's format, entries
-    keyed by fla's own key hash, merged with the file's; a file that holds them all already is
-    left as it is). Returns the number of picks held (0 when fla is not loaded)."""
+    keyed by fla's own key hash, merged with the file's under a lock, a pick already there
+    winning; a file that holds every key already is left as it is). Returns the number of picks
+    held (0 when fla is not loaded). A folder or file that cannot be written warns."""
     cache = sys.modules.get("fla.ops.utils.cache")
     if cache is None:
         return 0
@@ -138,21 +146,44 @@ def export(path: str | os.PathLike) -> int:
         for key, config in tuner.cache.items():
             by_kernel.setdefault(tuner.kernel_name, {})[
                 cache.AutotuneKey.key_hash(key)] = _entry(key, config)
-    for kernel, entries in by_kernel.items():
-        file = path / f"{kernel}.json"
-        try:
-            old = json.loads(file.read_text()).get("autotune_entries", {}) \
-                if file.exists() else {}
-        except (OSError, ValueError, AttributeError):
-            old = {}                                   # unreadable: rewritten whole
-        if all(old.get(h) == e for h, e in entries.items()):
-            continue                                   # every runner's warm-up asks: no news
-        doc = {"kernel_name": kernel, "triton_version": triton.__version__,
-               "autotune_entries": {**old, **entries}}
-        tmp = file.with_suffix(f".json.{os.getpid()}.tmp")   # one per process: no torn writes
-        try:
-            tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-            tmp.replace(file)                          # readers never see half a file
-        except OSError as e:                           # a full or read-only disk: not fatal
-            warnings.warn(f"fla's picks for {kernel} not written to {path}: {e}", stacklevel=2)
+    with _locked(path):                                # processes sharing the folder merge
+        for kernel, entries in by_kernel.items():
+            _merge(path / f"{kernel}.json", kernel, entries, triton.__version__)
     return sum(len(e) for e in by_kernel.values())
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on path/.lock while held (POSIX; elsewhere, or on a read-only folder,
+    no lock: the writes stay atomic, a concurrent merge may drop the other's new picks)."""
+    try:
+        import fcntl
+        fd = os.open(path / ".lock", os.O_CREAT | os.O_RDWR)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                                   # closing releases the lock
+
+
+def _merge(file: Path, kernel: str, entries: dict, triton_version: str) -> None:
+    """Add entries to one kernel's file; a pick already there wins (every process that shares
+    the folder keeps the first pick made for a key). Failed writes warn."""
+    try:
+        old = json.loads(file.read_text()).get("autotune_entries", {}) if file.exists() else {}
+    except (OSError, ValueError, AttributeError):
+        old = {}                                       # unreadable: rewritten whole
+    if all(h in old for h in entries):
+        return                                         # every runner's warm-up asks: no news
+    doc = {"kernel_name": kernel, "triton_version": triton_version,
+           "autotune_entries": {**entries, **old}}
+    tmp = file.with_suffix(f".json.{os.getpid()}.tmp")  # one per process: no torn writes
+    try:
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        tmp.replace(file)                              # readers never see half a file
+    except OSError as e:                               # a full or read-only disk: not fatal
+        warnings.warn(f"fla's picks for {kernel} not written to {file.parent}: {e}",
+                      stacklevel=3)

@@ -250,16 +250,21 @@ class ChunkGraphs:
 
     @torch.no_grad()
     def run(self, ids, pos: int, kv: list, gdn: list):
-        """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, or [T] int64
-        on any device; every KV buffer contiguous with capacity >= pos + T): writes KV rows
-        [pos, pos + T), returns (hidden [T, hidden], new gdn list); the given states are not
-        changed.
+        """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, not checked
+        further, the reader validates them, or [T] int64 on any device; every KV buffer
+        contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
+        (hidden [T, hidden], new gdn list); the given states are not changed.
 
-        Raises ValueError for a chunk of another length or a KV buffer that is too small, not
-        contiguous or not 16-byte aligned (the kernels address rows by pointer, unchecked)."""
+        Raises ValueError for a chunk of another length, a negative pos, or a KV buffer that is
+        too small, not contiguous or not 16-byte aligned (the kernels address rows by pointer,
+        unchecked)."""
+        if isinstance(ids, tuple):
+            ids = list(ids)
         shape = (len(ids),) if isinstance(ids, list) else tuple(ids.shape)
         if shape != (self.t,):
             raise ValueError(f"a chunk of {self.t} ids expected, got shape {shape}")
+        if pos < 0:                 # write_kv would write below the buffers, unchecked
+            raise ValueError(f"pos must be >= 0, got {pos}")
         for buf in _flat(kv):
             if buf.shape[0] < pos + self.t or not buf.is_contiguous() or buf.data_ptr() % 16:
                 raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
