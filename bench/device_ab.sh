@@ -7,17 +7,14 @@
 # with fla's picks pinned (model/autotune.py).
 # Logs to $OUT (the device tool's output folder) or ./out.
 #   bash bench/device_ab.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-timeout 240 python3 bench/ops_ab.py --ids .devdata/claudecode_vsla_5f8cbb78.npz \
-    .devdata/claudecode_vsla_9034225e_seg2.npz --contexts 512,8192,16384,65536 \
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
+timeout 240 python3 bench/ops_ab.py --ids "${ids[@]}" --contexts 512,8192,16384,65536 \
     > "$out/ops-ab.log" 2>&1
 for pin in off /tmp/fla-picks; do
     rm -rf /tmp/ab-disk
     [ "$pin" != off ] && unset TORCHINDUCTOR_CACHE_DIR     # the pin keeps inductor's cache too
     SHADOW_AUTOTUNE_DIR=$pin timeout 150 python3 bench/store_bench.py --sizes 10240,51200 \
-        --ids .devdata/claudecode_vsla_5f8cbb78.npz --more .devdata/claudecode_vsla_9034225e_seg2.npz \
+        --ids "${ids[0]}" --more "${ids[1]}" \
         --disk /tmp/ab-disk --fresh-caches > "$out/two-process$([ "$pin" != off ] && echo -pinned).log" 2>&1
 done
 ls /tmp/fla-picks /tmp/fla-picks/inductor 2>/dev/null | head -20

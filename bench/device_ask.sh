@@ -3,13 +3,7 @@
 # KV layout A/B for question latency (bench/ask_ab.py), then where a chunk at 16k goes now
 # (bench/profile_chunk.py --graphs). Logs to $OUT or ./out.
 #   bash bench/device_ask.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 200 python3 bench/ask_ab.py --ids "${ids[@]}" --turns 3 > "$out/ask-ab.log" 2>&1
 grep -v '^!!' "$out/ask-ab.log" | cut -c1-300
 timeout 120 python3 bench/profile_chunk.py --graphs --ids "${ids[0]}" --context 16384 \

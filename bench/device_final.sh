@@ -3,10 +3,7 @@
 # a packed decode since set aside), the read benchmark at grid 512, and the host A/B with the default
 # scheduler after 4 warm turns. Logs to $OUT (the device tool's output folder) or ./out.
 #   bash bench/device_final.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py > "$out/attn-flash-tests.log" 2>&1
 timeout 200 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
     --parts read,exact,decode,ask,floor --out "$out/read-bench.json" > "$out/read-bench.log" 2>&1

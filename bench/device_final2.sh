@@ -5,13 +5,7 @@
 # timeline, and the two-process check on fresh Triton and inductor caches with the default pin
 # (~/.cache/shadow-reader/autotune). Logs to $OUT or ./out.
 #   bash bench/device_final2.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py 2>&1 | tail -n 1
 timeout 200 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
     --parts read,exact,decode,ask,floor,grids --out "$out/read-bench.json" \

@@ -4,13 +4,7 @@
 # decode runner's projections through model.gemv. Restores the caches the last call packed
 # (.devcache, see bench/device_host.sh). Logs to $OUT or ./out.
 #   bash bench/device_gemv.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 120 python3 bench/gemv_probe.py > "$out/gemv-probe.log" 2>&1
 grep -v '^{' "$out/gemv-probe.log" | tail -n 8
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py 2>&1 | tail -n 1

@@ -4,13 +4,7 @@
 # and the read benchmark at grid 512; then the compile caches (Triton, inductor, fla's pinned
 # picks) packed into $OUT for the next call to carry (.devcache). Logs to $OUT or ./out.
 #   bash bench/device_host.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attn_flash.py \
     > "$out/attn-flash-tests.log" 2>&1
 timeout 230 python3 bench/chunk_timeline.py --ids "${ids[@]}" --contexts 512,16384 \

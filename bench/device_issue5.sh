@@ -4,9 +4,7 @@
 # the profile of a chunk at 16k context. Logs to $OUT (the device tool's output folder) or ./out.
 #   bash bench/device_issue5.sh
 set -euo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 300 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
     --parts read,exact,decode,ask,floor --out "$out/read-bench.json" > "$out/read-bench.log" 2>&1 || true
 timeout 150 python3 bench/profile_chunk.py --graphs --ids "${ids[0]}" --context 16384 \

@@ -5,9 +5,7 @@
 # (the device tool's output folder) or ./out.
 #   bash bench/device_issue6.sh
 set -euo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 SHADOW_IDLE_TRUST=0.5 timeout 330 python3 bench/host_ab.py --pairs 8 --ids "${ids[@]}" \
     > "$out/host-ab-idle-trust.log" 2>&1 || true
 timeout 240 python3 bench/host_ab.py --pairs 4 --shares 0.01 --ids "${ids[@]}" \

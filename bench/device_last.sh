@@ -3,13 +3,7 @@
 # restored from .devcache): the read benchmark at grid 512 with v made contiguous in the GDN
 # gates (ops.gdn_gates), and the kernel profile of a chunk at 16k. Logs to $OUT or ./out.
 #   bash bench/device_last.sh
-set -uo pipefail
-out=${OUT:-out}
-mkdir -p "$out"
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
+source "$(dirname "$0")/device_env.sh"      # $out, ${ids[@]}, caches
 timeout 170 python3 bench/read.py --ids "${ids[@]}" --max-context 102400 --grids 512 \
     --parts read,exact,decode,ask,floor --out "$out/read-bench.json" > "$out/read-bench.log" 2>&1
 tail -n 1 "$out/read-bench.log" | cut -c1-900

@@ -1,8 +1,9 @@
 """One session's tensors: KV buffers, recurrent and conv states, checkpoints; grow and snapshot.
 
 Layouts (asserted in `check_layout`):
-- KV buffer per full-attention layer: k and v [capacity, Hkv, D] in the model dtype; rows [0, C)
-  are committed, rows above C are scratch for forks. Capacity grows in steps of `kv_step` rows.
+- KV buffer per full-attention layer: k and v [capacity, Hkv, D] in the model dtype, each a
+  contiguous view of one block a session (`alloc_kv`); rows [0, C) are committed, rows above C
+  are scratch for forks. Capacity grows in steps of `kv_step` rows.
 - GDN state per linear layer: conv [conv_dim, W] (model dtype, the last W raw conv inputs) and
   recurrent [HV, K, V] fp32 (ref.RECURRENT_LAYOUT), both after token C.
 - Checkpoint: a copy of every GDN state at a grid line P <= C (KV rows need none: rows below a
@@ -75,8 +76,8 @@ def round_up(n: int, step: int) -> int:
 def alloc_kv(cfg: ModelConfig, rows: int, device, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per full-attention layer a pair of [rows, Hkv, D] buffers (uninitialised), each a
     contiguous view of one block [num_full, 2, rows, Hkv, D]: one device allocation rather
-    than two a layer (a chunk that grew the buffers cost 1.5 ms more on the H200 whatever
-    their size, BENCHMARKS.md: the allocator's calls, not the copy)."""
+    than two a layer. On the H200 a chunk that grew twelve buffers cost 1.5 ms more whatever
+    their size (so not the copy), one that grows the block 0.5 ms more (BENCHMARKS.md)."""
     block = torch.empty(len(cfg.full_layers), 2, rows, cfg.num_key_value_heads, cfg.head_dim,
                         device=device, dtype=dtype)
     return [(block[j, 0], block[j, 1]) for j in range(len(cfg.full_layers))]

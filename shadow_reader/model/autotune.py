@@ -35,12 +35,17 @@ ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
 DEFAULT_DIR = Path("~/.cache/shadow-reader/autotune")
 
 
+def _raw(env=None) -> str:
+    """SHADOW_AUTOTUNE_DIR (or QWEN38_SHADOW_AUTOTUNE_DIR) as set, stripped; '' when unset."""
+    env = os.environ if env is None else env
+    return (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "").strip()
+
+
 def env_dir(env=None) -> Path | None:
     """Where to pin: SHADOW_AUTOTUNE_DIR (or QWEN38_SHADOW_AUTOTUNE_DIR) as a path; unset, empty
     or `auto`: DEFAULT_DIR (under the home directory); `off`: None (each process tunes its
     own, and a state read on in another process may differ in bits)."""
-    env = os.environ if env is None else env
-    raw = (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "").strip()
+    raw = _raw(env)
     if raw.lower() == "off":
         return None
     return (DEFAULT_DIR if raw.lower() in ("", "auto") else Path(raw)).expanduser()
@@ -75,9 +80,7 @@ def pin_from_env(env=None) -> Path | None:
     a warning says so and nothing is pinned (each process then tunes its own picks); a folder
     the user named that cannot be made raises ValueError naming it (and RuntimeError from
     `pin` when fla was imported first)."""
-    env = os.environ if env is None else env
-    chosen = (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "")
-    chosen = chosen.strip().lower() not in ("", "auto")
+    chosen = _raw(env).lower() not in ("", "auto")
     try:
         path = env_dir(env)
         return None if path is None else pin(path)

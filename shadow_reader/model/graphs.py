@@ -20,8 +20,9 @@ layer], filled by one host-to-device copy from pinned memory (the new KV rows ar
 the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
 copied into static inputs (model.slots: skipped for the states the last run returned, with
 keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
-idle time when chunks are read one at a time: staging goes through numpy (bench/chunk_timeline.py
-measured the staging at 0.33 ms of a 5.0 ms chunk at 16k on the H200's host before, 0.12 after).
+idle time when chunks are read one at a time: bench/chunk_timeline.py measured the staging at
+0.33 ms of a 5.0 ms chunk at 16k on the H200's host before these changes, 0.12 after
+(docs/chunk-timeline-2026-11-29.log, docs/chunk-timeline-2026-11-29-final.log).
 
 Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
 states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
@@ -36,20 +37,14 @@ import torch
 from . import attn_flash, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
-from .slots import StateSlots
+from .slots import StateSlots, flat as _flat
 
 ATTENTIONS = ("flash", "table", "sdpa")
-
-
-def _flat(pairs) -> list[torch.Tensor]:
-    return [x for pair in pairs for x in pair]
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x [T, Hkv, D] as write_kv takes it: itself when each row is contiguous within."""
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
-
-
 
 
 class ChunkGraphs:
@@ -226,8 +221,8 @@ class ChunkGraphs:
 
     def _stage(self, ids, pos: int, kv: list) -> None:
         """ids (a list of T ints, or a [T] int64 tensor), pos and the KV addresses into meta:
-        one copy from pinned memory on CUDA (a list goes in through numpy: a tenth of
-        torch.tensor's time for 512 ids)."""
+        one copy from pinned memory on CUDA (a list goes in through numpy's view of that
+        memory, without building a tensor from it first)."""
         if self.meta_copied is not None:
             self.meta_copied.synchronize()          # the last copy has read meta_host
         t, host = self.t, self.meta_np

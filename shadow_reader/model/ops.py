@@ -74,9 +74,9 @@ def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torc
 def conv_gates(qkv: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, b: torch.Tensor,
                a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, kd: int,
                hv: int, vd: int):
-    """The GDN layer's short conv and gates as one function, for torch.compile to fuse (the
-    fused op set's replacement of the kernel set's conv + `gdn_gates`: no copies of strided
-    projection slices, no separate conv and state kernels).
+    """The GDN layer's short conv and gates as one function, for torch.compile to fuse (with
+    `fused_ops(compile_conv=True)`, in place of the kernel set's conv + `gdn_gates`: fewer
+    kernels, but 1-3 % slower a chunk on the H200, so not the default).
 
     qkv [T, D] raw in_proj_qkv outputs (any strides), weight [D, W] (tap W - 1 is the current
     token), state [D, W] the last W raw inputs (ref.CONV_LAYOUT). The conv sums the W taps in

@@ -33,8 +33,9 @@ class Runners:
     @property
     def path(self) -> str:
         """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:table
-        BMxBNxWxS' or 'eager:sdpa', with '+fused+conv' (the compiled small ops and GDN conv) and
-        '+proj' (fused projections) (written into spilled files: another path, other bits)."""
+        BMxBNxWxS' or 'eager:sdpa', then '+fused' (the compiled small ops), '+conv' (the GDN conv
+        compiled with them, ops.fused_ops(compile_conv=True)) and '+proj' (fused projections)
+        (written into spilled files: another path, other bits)."""
         c = self.chunk
         kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
         if c.table:
@@ -43,7 +44,7 @@ class Runners:
         fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
         return kind + fused + ("+proj" if c.proj else "")
 
-    def run(self, ids: torch.Tensor, pos: int, kv: list, gdn: list):
+    def run(self, ids, pos: int, kv: list, gdn: list):
         """ChunkGraphs.run of the grid chunk runner."""
         return self.chunk.run(ids, pos, kv, gdn)
 

@@ -15,14 +15,15 @@ from __future__ import annotations
 import torch
 
 
-def _flat(pairs) -> list[torch.Tensor]:
+def flat(pairs) -> list[torch.Tensor]:
+    """[(a, b), (c, d)] -> [a, b, c, d]: the tensors of per-layer pairs in order."""
     return [x for pair in pairs for x in pair]
 
 
 def versions(gdn: list) -> tuple[list, list[int]] | None:
     """(gdn, each tensor's version counter), None for tensors without one (inference mode)."""
     try:
-        return gdn, [x._version for x in _flat(gdn)]
+        return gdn, [x._version for x in flat(gdn)]
     except RuntimeError:
         return None
 
@@ -33,7 +34,7 @@ def same(fed: tuple[list, list[int]], gdn: list) -> bool:
     if len(kept) != len(gdn):
         return False
     now = versions(gdn)
-    return now is not None and all(a is b for a, b in zip(_flat(kept), _flat(gdn))) \
+    return now is not None and all(a is b for a, b in zip(flat(kept), flat(gdn))) \
         and now[1] == counts
 
 
