@@ -9,6 +9,7 @@ on CUDA and wall times on the CPU. Prints a table and, last, one JSON object.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import statistics
 import time
@@ -195,6 +196,10 @@ def versions() -> dict:
             out[name] = __import__(name).__version__
         except Exception as e:                   # absent on the CPU: reported, not fatal
             out[name] = f"missing ({type(e).__name__})"
+    try:
+        out["flash_attn_4"] = importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        out["flash_attn_4"] = "missing"
     out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return out
 
@@ -218,7 +223,8 @@ def attn_split(args):
 def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
                graphs: bool = False) -> dict:
     reader = Reader(model, grid=grid, cuda_graphs=graphs,     # the eager path unless graphs
-                    attn_split=attn_split(args) if graphs else None)
+                    attn_split=attn_split(args) if graphs else None,
+                    attention=getattr(args, "attention", None) if graphs else None)
     read_rates(reader, ids[:2 * grid], timer)          # warm-up: graphs captured, ops compiled
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
@@ -251,7 +257,8 @@ def run(args) -> dict:
     timer = Timer(device)
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
            "kernels": model.kernels.name, "max_context": args.max_context,
-           "attn_tiling": getattr(args, "attn_tiling", None) or "default", **versions()}
+           "attn_tiling": getattr(args, "attn_tiling", None) or "default",
+           "attention": getattr(args, "attention", None) or "default", **versions()}
     graphs = device.type == "cuda" and "eager" not in parts     # the reader's default path
     res["path"] = "cuda_graphs" if graphs else "eager"
     if "read" in parts or "graphs" in parts:
@@ -259,7 +266,8 @@ def run(args) -> dict:
             _part(res, f"read_grid{grid}",
                   lambda: _read_part(model, grid, ids, args, parts, timer, graphs=graphs))
     if "ask" in parts:
-        reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs)
+        reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs,
+                        attention=getattr(args, "attention", None) if graphs else None)
         _part(res, "ask_ms", lambda: {_label(at): round(ask_latency(reader, ids, at), 2)
                                       if at <= args.max_context else "skipped: past --max-context"
                                       for at in sorted(args.ask_at)})

@@ -58,19 +58,22 @@ class Reader(ForkCalls):
     default: on CUDA; on the CPU their bodies run without graphs); fused_ops (the runners'
     small ops through torch.compile, model.ops.fused_ops; default: on CUDA); attn_split (the
     runners' attention tiling, model.attn_triton.SplitConfig; setting it picks the table
-    attention). Questions, decoding and summaries: reader_forks.ForkCalls.
-    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes.
+    attention); attention (the runners' attention, model.graphs.ATTENTIONS; default: 'fa4' on
+    Hopper where flash-attn-4 imports, else 'flash' on CUDA). Questions, decoding and
+    summaries: reader_forks.ForkCalls.
+    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, or an
+    attention this device cannot run.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
-                 attn_split=None):
+                 attn_split=None, attention: str | None = None):
         self.model = model
         if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
-        self._graphs = (Runners(model, grid, fused=fused_ops, split=attn_split)
+        self._graphs = (Runners(model, grid, attention, fused=fused_ops, split=attn_split)
                         if cuda_graphs else None)
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)

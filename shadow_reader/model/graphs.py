@@ -34,12 +34,22 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_flash, autotune, ops
+from . import attn_fa4, attn_flash, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
 from .slots import StateSlots, flat as _flat
 
-ATTENTIONS = ("flash", "table", "sdpa")
+ATTENTIONS = ("flash", "fa4", "table", "sdpa")
+# the attentions called eagerly between a chunk's graphs, on the rows as they lie
+_BETWEEN = {"flash": attn_flash, "fa4": attn_fa4}
+
+
+def default_attention(device: torch.device, dtype: torch.dtype) -> str:
+    """'fa4' where it runs (Hopper, flash-attn-4 installed), else 'flash' on CUDA, 'sdpa' on
+    the CPU (the path, and so the bits, of a reader built without naming one)."""
+    if device.type != "cuda":
+        return "sdpa"
+    return "fa4" if attn_fa4.available(device, dtype) else "flash"
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +75,12 @@ class ChunkGraphs:
         self.model, self.t = model, t
         dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
-        attention = attention or ("flash" if self.use_graphs else "sdpa")
+        attention = attention or default_attention(dev, dt)
         if attention not in ATTENTIONS or (self.use_graphs and attention == "sdpa") or (
-                attention == "flash" and not attn_flash.available(dev, dt)):
+                attention in _BETWEEN and not _BETWEEN[attention].available(dev, dt)):
             raise ValueError(f"attention must be one of {ATTENTIONS} ('flash' on CUDA in fp16 or "
-                             f"bf16, 'sdpa' without graphs), got {attention!r} on {dev} in {dt}")
+                             f"bf16, 'fa4' there on Hopper with flash-attn-4 installed, 'sdpa' "
+                             f"without graphs), got {attention!r} on {dev} in {dt}")
         self.attention, self.table = attention, attention == "table"
         self.ops = op_set or (ops.fused_ops() if (self.use_graphs if fused is None else fused)
                               else ops.EAGER)
@@ -91,7 +102,7 @@ class ChunkGraphs:
         self.slots = StateSlots(cfg, dev, dt, keep_states)
         self.gdn_in, self.gdn_out = self.slots.inputs, self.slots.outputs   # the body's view
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
-        if attention in ("table", "flash"):              # both write KV rows with write_kv
+        if attention != "sdpa":                          # these write KV rows with write_kv
             from . import attn_triton
             self._at = attn_triton
         if self.table:
@@ -125,8 +136,8 @@ class ChunkGraphs:
             at.attend_table(q.contiguous(), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
                             self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
                             self.split)
-        elif self.attention == "flash":
-            attn_flash.attend(q, self._pos, *self._kv[j], out)
+        elif self.attention in _BETWEEN:
+            _BETWEEN[self.attention].attend(q, self._pos, *self._kv[j], out)
         else:
             attn = self.model.layers[self.full_layers[j]].self_attn
             out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
@@ -169,7 +180,7 @@ class ChunkGraphs:
         if j < self.num_full:
             q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op,
                                                              self.proj and self.proj.attn_in[stop])
-            if self.attention == "flash":
+            if self.attention in _BETWEEN:
                 self._write_kv(j, k, v)
             self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
 

@@ -1,0 +1,86 @@
+"""FlashAttention-4's Hopper forward (model.attn_fa4) against FlashAttention-2 as torch ships it
+(model.attn_flash), as the reader calls them: shapes of random:qwen3.5-0.8b (H 8, Hkv 2, D 256),
+bf16, one 512-id chunk at 8k-100k context, a 768-row question bucket at 32k and one decode
+token at 100k. For each: median GPU ms (CUDA events, warmed up), the host's ms per call (calls
+issued behind a long GPU sleep, so the host never waits), relative RMS against the fp32 twin
+(ref.attend_ref), determinism (two calls equal) and capacity independence (the same rows in a
+buffer 4,096 rows larger give the same bits). Last line: one JSON object.
+
+    python bench/fa4_probe.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from attn_kernel import DEV, case, rel_rms, timed  # noqa: E402
+
+from shadow_reader.bench import versions  # noqa: E402
+from shadow_reader.model import attn_fa4, attn_flash  # noqa: E402
+from shadow_reader.model.ref import attend_ref  # noqa: E402
+
+IMPLS = {"fa2": attn_flash.attend, "fa4": attn_fa4.attend}
+
+
+def host_ms(call, n: int = 50) -> float:
+    """The host's ms per call, the GPU kept busy by a sleep queued first (nothing waits)."""
+    call()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)            # ~1 s of GPU cycles ahead of the calls
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    ms = (time.perf_counter() - t0) * 1e3 / n
+    torch.cuda.synchronize()
+    return round(ms, 4)
+
+
+def measure(attend, q, kb, vb, pos, ref) -> dict:
+    t, h, d = q.shape
+    out = torch.empty(t, h * d, device=DEV, dtype=q.dtype)
+    call = lambda: attend(q, pos, kb, vb, out)  # noqa: E731
+    call()
+    a = out.clone()
+    call()
+    row = {"ms": round(timed(call), 4), "host_ms": host_ms(call),
+           "deterministic": bool(torch.equal(a, out))}
+    end = pos + t
+    small = torch.empty_like(out)
+    attend(q, pos, kb[:end].clone(), vb[:end].clone(), small)
+    row["capacity_independent"] = bool(torch.equal(small, a))
+    if ref is not None:
+        row["rel_rms_vs_fp32"] = round(rel_rms(a, ref), 6)
+    return row, a
+
+
+def main() -> None:
+    res = {"shape": [8, 2, 256], **versions(), "cases": {}}
+    cases = [(512, c - 512) for c in (8192, 16384, 32768, 65536, 100352)]
+    cases += [(768, 32768), (1, 100352)]
+    for t, pos in cases:
+        q, kb, vb = case(t, pos, 8, 2, 256, cap=pos + t + 4096)
+        ref = attend_ref(q, kb, vb, pos) if pos in (16384 - 512, 32768, 100352) else None
+        rows, outs = {}, {}
+        for name, attend in IMPLS.items():
+            try:
+                rows[name], outs[name] = measure(attend, q, kb, vb, pos, ref)
+            except Exception as e:               # an implementation that fails: say why
+                rows[name] = f"failed: {type(e).__name__}: {e}"[:400]
+        if len(outs) == 2:
+            rows["fa4_vs_fa2_rel_rms"] = round(rel_rms(outs["fa4"], outs["fa2"]), 6)
+            rows["speedup"] = round(rows["fa2"]["ms"] / rows["fa4"]["ms"], 3)
+        key = f"T{t}_ctx{pos + t}"
+        res["cases"][key] = rows
+        print(key, json.dumps(rows), flush=True)
+        del q, kb, vb, ref, outs
+        torch.cuda.empty_cache()
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
