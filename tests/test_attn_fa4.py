@@ -4,13 +4,18 @@ ref.attend_ref and FlashAttention-2 on real-shaped heads: on a Hopper GPU with t
 checks, with timings, ran on the H200 in bench/fa4_probe.py."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from shadow_reader.model import attn_fa4, attn_flash
-from shadow_reader.model.graphs import ATTENTIONS, default_attention
-from shadow_reader.model.ref import attend_ref
-from shadow_reader.reader import Reader
+if not torch.cuda.is_available():               # the combine kernel through Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from shadow_reader.model import attn_fa4, attn_flash  # noqa: E402
+from shadow_reader.model.graphs import ATTENTIONS, default_attention  # noqa: E402
+from shadow_reader.model.ref import attend_ref  # noqa: E402
+from shadow_reader.reader import Reader  # noqa: E402
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
@@ -24,6 +29,67 @@ def test_fa4_is_refused_where_it_cannot_run(tiny):
     assert default_attention(torch.device("cpu"), torch.float32) == "sdpa"
     with pytest.raises(ValueError, match="'fa4' there on Hopper"):
         Reader(tiny, grid=64, cuda_graphs=True, attention="fa4")
+
+
+def test_split_plan_fills_the_gpu_once_and_depends_on_the_shape_only():
+    # a 512-id chunk of random:qwen3.5-0.8b at 16k: 32 tiles, 4 splits of 3,968 keys
+    assert attn_fa4.split_plan(16384 - 512, 512, 8, 2, 132) == (4, 3968)
+    assert attn_fa4.split_plan(100352, 1, 8, 2, 132) == (64, 1536)     # decode: 2 tiles
+    assert attn_fa4.split_plan(32768, 768, 8, 2, 132) == (2, 16384)    # a question bucket
+    assert attn_fa4.split_plan(1500, 512, 8, 2, 132) == (0, 0)         # one causal call
+    assert attn_fa4.split_plan(16384, 4096, 8, 2, 132) == (0, 0)       # tiles fill the GPU
+    for pos in (2048, 5000, 77777):
+        s, ls = attn_fa4.split_plan(pos, 512, 8, 2, 132)
+        assert s * ls <= pos and ls % 128 == 0 and ls >= attn_fa4.MIN_SPLIT_KEYS - 128
+
+
+def _ref_forward(q, k, v, causal, out, lse=None, **_):
+    """What attn_fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v
+    [B, L, Hkv, D], causal bottom-right aligned; writes out and the natural-log lse [B, H, T]."""
+    b, t, h, d = q.shape
+    big = k.shape[1]
+    g = h // k.shape[2]
+    kk, vv = k.float().repeat_interleave(g, 2), v.float().repeat_interleave(g, 2)
+    sc = torch.einsum("bthd,blhd->bhtl", q.float(), kk) * d ** -0.5
+    if causal:
+        vis = torch.arange(big)[None, :] <= big - t + torch.arange(t)[:, None]
+        sc = sc.masked_fill(~vis, float("-inf"))
+    out.copy_(torch.einsum("bhtl,blhd->bthd", sc.softmax(-1), vv).to(out.dtype))
+    if lse is not None:
+        lse.copy_(sc.logsumexp(-1))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
+@pytest.mark.parametrize("t,pos", [(16, 0), (16, 900), (16, 5000), (1, 7000), (48, 3000)])
+def test_split_attention_equals_whole_attention(monkeypatch, t, pos):
+    """The splits, the causal tail and the combine (Triton's interpreter) against the twin,
+    with FA4's forward replaced by an fp32 reference of its contract."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(attn_fa4, "_forward", lambda: _ref_forward)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(attn_fa4, "MIN_SPLIT_KEYS", 256)
+    g = torch.Generator().manual_seed(pos + t)
+    k_buf, v_buf = (torch.randn(pos + t + 9, 2, 32, generator=g) for _ in "kv")
+    q = torch.randn(t, 8, 32, generator=g)
+    out = torch.empty(t, 8 * 32)
+    attn_fa4.attend(q, pos, k_buf, v_buf, out)
+    want = attend_ref(q, k_buf, v_buf, pos)
+    assert torch.allclose(out, want, atol=2e-5, rtol=1e-4)
+    assert attn_fa4.split_plan(pos, t, 8, 2, 132)[0] >= (2 if pos >= 512 else 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
+def test_combine_kernel_matches_its_twin():
+    pytest.importorskip("triton")
+    from shadow_reader.model.attn_triton import combine_lse
+    g = torch.Generator().manual_seed(3)
+    o_part = torch.randn(5, 7, 4, 32, generator=g).half()
+    lse = torch.randn(5, 4, 7, generator=g) * 4
+    lse[2, 1, 3] = -1e4                                   # a split that barely counts
+    out = torch.empty(7, 4 * 32, dtype=torch.half)
+    combine_lse(o_part, lse, out)
+    want = attn_fa4.combine_ref(o_part, lse)
+    assert torch.allclose(out.float(), want.float(), atol=2e-3, rtol=2e-3)
 
 
 def _case(t, pos, cap, seed=0):

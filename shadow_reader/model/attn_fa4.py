@@ -6,12 +6,16 @@ Why: on Hopper (SM90) that package's forward is FlashAttention-3's design (wgmma
 producer warp group feeding two consumer warp groups; Shah et al. 2024) and takes head_dim 256,
 where FlashAttention-2 (what torch ships) runs at about 265 TFLOP/s for a 512-id chunk of
 random:qwen3.5-0.8b at 16k context on the H200 (BENCHMARKS.md, the profile of 2026-11-29), 39 %
-of the chunk. Query heads of one KV group are packed into the rows of one tile (pack_gqa), so a
-KV head is loaded once for its group.
+of the chunk. Query heads of one KV group are packed into the rows of one tile (pack_gqa).
 
-Bits: the kernel and its key splits are chosen by the package from (T, L, H, Hkv, D, the GPU's
-SM count) only (`num_splits=0`: its heuristic), so for one GPU model the result is a function of
-(pos, T, values), never of the buffer's capacity (the rows [0, pos + T) are passed as a slice).
+Its SM90 forward does not split the keys (flash-attn-4 4.0.0b36 refuses num_splits > 1 there),
+and one 512-id chunk is only 32 tiles of 128 rows (T * G / 128 per KV head) for 132 SMs. So the
+keys are split here: the S * Ls keys before the chunk that every row sees go in as a batch of S
+sequences of Ls keys (the chunk's queries repeated S times, no mask), the rest [S * Ls, pos + T)
+in one causal call (bottom-right aligned), and the S + 1 partial outputs are merged by their
+log-sum-exp (`combine`, twin `combine_ref`; flash-decoding, Dao et al. 2023). S and Ls are a
+function of (pos, T, the head shapes, the GPU's SM count) only (`split_plan`), so the bits are a
+function of (pos, T, values), never of the buffer's capacity.
 The kernels are compiled at their first call in a process (CuTe DSL JIT, seconds each; cached on
 disk when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 """
@@ -21,16 +25,25 @@ import functools
 
 import torch
 
+MIN_SPLIT_KEYS = 1024     # fewest keys a prefix split holds
+MAX_SPLITS = 64
+TILE_M = 128              # rows of one FA4 SM90 tile at head_dim 256 (its _tile_size_fwd_sm90)
+
 
 @functools.lru_cache(maxsize=None)
 def _forward():
-    """The package's forward entry (flash_attn.cute.interface._flash_attn_fwd: it takes `out`,
-    which the public flash_attn_func does not), or None when the package does not import."""
+    """The package's forward entry (flash_attn.cute.interface._flash_attn_fwd: it takes `out`
+    and `lse`, which the public flash_attn_func does not), or None when it does not import."""
     try:
         from flash_attn.cute.interface import _flash_attn_fwd
     except Exception:                     # not installed, or its CUDA libraries do not load
         return None
     return _flash_attn_fwd
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -41,6 +54,27 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     if torch.cuda.get_device_capability(device)[0] != 9:
         return False
     return _forward() is not None
+
+
+def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
+               num_sms: int) -> tuple[int, int]:
+    """(S, Ls): S prefix splits of Ls keys each over keys [0, S * Ls) <= pos, enough for the
+    tiles of all splits to fill the GPU once (S * tiles <= num_sms); (0, 0) when fewer than 2
+    splits of MIN_SPLIT_KEYS fit (one causal call then). Ls is a multiple of 128."""
+    tiles = -(-t * (num_heads // num_kv_heads) // TILE_M) * num_kv_heads
+    s = min(num_sms // tiles, pos // MIN_SPLIT_KEYS, MAX_SPLITS)
+    if s < 2:
+        return 0, 0
+    return s, pos // s // 128 * 128
+
+
+def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
+    """Twin of `combine` in fp32: o_part [S1, T, H, D] (each split's normalised output),
+    lse_part [S1, H, T] fp32 (natural log-sum-exp of its scaled scores) -> [T, H * D] in
+    o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the max over s."""
+    s1, t, h, d = o_part.shape
+    w = torch.softmax(lse_part.float(), dim=0).permute(0, 2, 1)[..., None]   # [S1, T, H, 1]
+    return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
 
 
 def attend(q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
@@ -54,6 +88,18 @@ def attend(q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
     if fwd is None:
         raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
     t, h, d = q.shape
-    end = pos + t
-    fwd(q.contiguous()[None], k_buf[:end][None], v_buf[:end][None], causal=True, num_splits=0,
-        out=out.view(1, t, h, d))
+    hkv, end = k_buf.shape[1], pos + t
+    q = q.contiguous()
+    s, ls = split_plan(pos, t, h, hkv, _num_sms(q.device.index or 0))
+    if s == 0:
+        fwd(q[None], k_buf[:end][None], v_buf[:end][None], causal=True, out=out.view(1, t, h, d))
+        return
+    o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
+    lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
+    prefix = s * ls
+    fwd(q[None].expand(s, t, h, d).contiguous(), k_buf[:prefix].view(s, ls, hkv, d),
+        v_buf[:prefix].view(s, ls, hkv, d), causal=False, out=o_part[:s], lse=lse_part[:s])
+    fwd(q[None], k_buf[prefix:end][None], v_buf[prefix:end][None], causal=True,
+        out=o_part[s:], lse=lse_part[s:])
+    from .attn_triton import combine_lse
+    combine_lse(o_part, lse_part, out)

@@ -175,6 +175,34 @@ def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.con
     tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
 
 
+@triton.jit
+def _combine_lse_kernel(O_PART, LSE, OUT, T, H: tl.constexpr, D: tl.constexpr, S1):
+    """Program per row t*H + h: its S1 partial outputs merged by their log-sum-exp."""
+    r = tl.program_id(0)
+    t, h = r // H, r % H
+    d = tl.arange(0, D)
+    m = tl.load(LSE + h * T + t)
+    for s in range(1, S1):
+        m = tl.maximum(m, tl.load(LSE + (s * H + h) * T + t))
+    den = tl.zeros([1], tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for s in range(0, S1):
+        w = tl.exp(tl.load(LSE + (s * H + h) * T + t) - m)
+        acc += w * tl.load(O_PART + ((s * T + t) * H + h) * D + d).to(tl.float32)
+        den += w
+    tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
+
+
+def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Merge attention over S1 disjoint key ranges: o_part [S1, T, H, D] (each range's
+    normalised output, any float dtype), lse_part [S1, H, T] fp32 (natural log-sum-exp of its
+    scaled scores; every row must have at least one finite value) -> out [T, H * D]
+    (contiguous), in fp32 then out's dtype, splits in order. Twin: attn_fa4.combine_ref."""
+    s1, t, h, d = o_part.shape
+    _combine_lse_kernel[(t * h,)](o_part, lse_part, out, t, H=h, D=d, S1=s1)
+    return out
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor) -> None:
     """k, v [T, Hkv, D] (each row's Hkv * D values contiguous; rows may be strided, as the
     slices of a fused projection are) -> rows [pos, pos + T) of the buffers whose addresses are
