@@ -1,6 +1,7 @@
 """FlashAttention-4's Hopper forward (model.attn_fa4) against FlashAttention-2 as torch ships it
-(model.attn_flash), as the reader calls them (and FA4 as one causal call, without the key
-splits attn_fa4 adds): shapes of random:qwen3.5-0.8b (H 8, Hkv 2, D 256),
+(model.attn_flash), as the reader calls them (`fa4`: attn_fa4.FA4Attention, its recorded kernels
+called directly; `fa4_package`: the same splits through the package's Python each call;
+`fa4_one_call`: FA4 as one causal call, without the key splits): shapes of random:qwen3.5-0.8b (H 8, Hkv 2, D 256),
 bf16, one 512-id chunk at 8k-100k context, a 768-row question bucket at 32k and one decode
 token at 100k. For each: median GPU ms (CUDA events, warmed up), the host's ms per call (calls
 issued behind a long GPU sleep, so the host never waits), relative RMS against the fp32 twin
@@ -34,7 +35,15 @@ def fa4_one_call(q, pos, k_buf, v_buf, out):
                         causal=True, out=out.view(1, t, h, d))
 
 
-IMPLS = {"fa2": attn_flash.attend, "fa4": attn_fa4.attend, "fa4_one_call": fa4_one_call}
+class ThroughThePackage(attn_fa4.FA4Attention):
+    """attn_fa4's splits with every FA4 call through the package's Python (no direct calls)."""
+
+    def _fwd(self, q, k, v, causal, out, lse):
+        attn_fa4._forward()(q, k, v, causal=causal, out=out, lse=lse)
+
+
+IMPLS = {"fa2": attn_flash.attend, "fa4": attn_fa4.FA4Attention().attend,
+         "fa4_package": ThroughThePackage().attend, "fa4_one_call": fa4_one_call}
 
 
 def host_ms(call, n: int = 50) -> float:

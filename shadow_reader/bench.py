@@ -228,7 +228,7 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
     read_rates(reader, ids[:2 * grid], timer)          # warm-up: graphs captured, ops compiled
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
-    out = {"ms_per_1k": band_rates(chunks, grid),
+    out = {"path": reader.path, "ms_per_1k": band_rates(chunks, grid),
            "ms_per_1k_backlog": backlog_rates(reader, ids[:args.max_context], timer),
            **chunk_points(chunks, reader.config.kv_step),
            "series": [[c, round(ms, 3)] for c, ms in chunks]}     # (context, ms) per chunk

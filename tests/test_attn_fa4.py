@@ -59,23 +59,70 @@ def _ref_forward(q, k, v, causal, out, lse=None, **_):
         lse.copy_(sc.logsumexp(-1))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
-@pytest.mark.parametrize("t,pos", [(16, 0), (16, 900), (16, 5000), (1, 7000), (48, 3000)])
-def test_split_attention_equals_whole_attention(monkeypatch, t, pos):
-    """The splits, the causal tail and the combine (Triton's interpreter) against the twin,
-    with FA4's forward replaced by an fp32 reference of its contract."""
-    pytest.importorskip("triton")
-    monkeypatch.setattr(attn_fa4, "_forward", lambda: _ref_forward)
+def _fake_package(monkeypatch):
+    """flash_attn.cute.interface as far as attn_fa4 uses it: `_flash_attn_fwd` finds its
+    kernel in `_flash_attn_fwd.compile_cache` and calls it with the tensors at the front of
+    its arguments, then constants (what flash-attn-4 4.0.0b36 does on SM90)."""
+    import types
+
+    def compile_kernel(causal):
+        def kernel(q, k, v, out, lse, scale, *rest):
+            assert scale == q.shape[-1] ** -0.5 and all(x is None for x in rest)
+            _ref_forward(q, k, v, causal, out, lse)
+        return kernel
+
+    def fwd(q, k, v, causal, out, lse=None, **_):
+        key = (causal, lse is None)
+        if key not in fwd.compile_cache:
+            fwd.compile_cache[key] = compile_kernel(causal)
+        fwd.compile_cache[key](q.detach(), k.detach(), v.detach(), out.detach(), lse,
+                               q.shape[-1] ** -0.5, None, None, None)
+
+    fwd.compile_cache = {}
+    mods = {n: types.ModuleType(n) for n in ("flash_attn", "flash_attn.cute",
+                                             "flash_attn.cute.interface")}
+    mods["flash_attn"].cute = mods["flash_attn.cute"]
+    mods["flash_attn.cute"].interface = mods["flash_attn.cute.interface"]
+    mods["flash_attn.cute.interface"]._flash_attn_fwd = fwd
+    for name, mod in mods.items():
+        monkeypatch.setitem(__import__("sys").modules, name, mod)
+    monkeypatch.setattr(attn_fa4, "_forward", lambda: fwd)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
     monkeypatch.setattr(attn_fa4, "MIN_SPLIT_KEYS", 256)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
+@pytest.mark.parametrize("t,pos", [(32, 0), (32, 900), (64, 7000), (48, 3000)])
+def test_split_attention_equals_whole_attention(monkeypatch, t, pos):
+    """The splits, the causal tail and the combine (Triton's interpreter) against the twin,
+    with FA4 replaced by an fp32 reference of its contract; the second call of each kind goes
+    straight to the recorded kernel and gives the same bits."""
+    pytest.importorskip("triton")
+    _fake_package(monkeypatch)
     g = torch.Generator().manual_seed(pos + t)
     k_buf, v_buf = (torch.randn(pos + t + 9, 2, 32, generator=g) for _ in "kv")
     q = torch.randn(t, 8, 32, generator=g)
-    out = torch.empty(t, 8 * 32)
-    attn_fa4.attend(q, pos, k_buf, v_buf, out)
+    out, again = torch.empty(t, 8 * 32), torch.empty(t, 8 * 32)
+    attn = attn_fa4.FA4Attention()
+    attn.attend(q, pos, k_buf, v_buf, out)
+    assert attn.num_direct_calls == 0
     want = attend_ref(q, k_buf, v_buf, pos)
     assert torch.allclose(out, want, atol=2e-5, rtol=1e-4)
-    assert attn_fa4.split_plan(pos, t, 8, 2, 132)[0] >= (2 if pos >= 512 else 0)
+    split = attn_fa4.split_plan(pos, t, 8, 2, 132)[0]
+    assert split >= (2 if pos >= 512 else 0)
+    attn.attend(q, pos, k_buf, v_buf, again)
+    assert attn.num_direct_calls == (2 if split else 1)
+    assert torch.equal(out, again)
+
+
+def test_fewer_rows_than_a_tile_go_to_flash_attention_2(monkeypatch):
+    """Single-token decode (4 rows of a 128-row tile) is FlashAttention-2's."""
+    seen = []
+    monkeypatch.setattr(attn_flash, "attend", lambda *a: seen.append(a[1]))
+    monkeypatch.setattr(attn_fa4, "_forward", lambda: pytest.fail("FA4 called"))
+    q, kv = torch.randn(1, 8, 32), torch.randn(50, 2, 32)
+    attn_fa4.FA4Attention().attend(q, 41, kv, kv, torch.empty(1, 256))
+    assert seen == [41]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
@@ -111,14 +158,18 @@ def _rel(a, b) -> float:
 def test_fa4_matches_the_twin_and_ignores_capacity(t, pos):
     q, k_buf, v_buf = _case(t, pos, pos + t + 300)
     out = torch.empty(t, 8 * 256, device="cuda", dtype=torch.bfloat16)
-    attn_fa4.attend(q, pos, k_buf, v_buf, out)
+    attn = attn_fa4.FA4Attention()
+    attn.attend(q, pos, k_buf, v_buf, out)
     want = attend_ref(q, k_buf, v_buf, pos)
     assert _rel(out, want) < 5e-3                       # bf16 P.V; FA2 measured 2.0-2.5e-3
     fa2 = torch.empty_like(out)
     attn_flash.attend(q, pos, k_buf, v_buf, fa2)
     assert _rel(out, fa2) < 5e-3
     again = torch.empty_like(out)
-    attn_fa4.attend(q, pos, k_buf[:pos + t].clone(), v_buf[:pos + t].clone(), again)
+    attn.attend(q, pos, k_buf[:pos + t].clone(), v_buf[:pos + t].clone(), again)
     assert torch.equal(out, again)                      # bits independent of the capacity
-    attn_fa4.attend(q, pos, k_buf, v_buf, again)
-    assert torch.equal(out, again)                      # and of the call: deterministic
+    direct = attn.num_direct_calls
+    assert direct > 0 or t == 1                         # the recorded kernels were called
+    slow = torch.empty_like(out)
+    attn_fa4.FA4Attention().attend(q, pos, k_buf, v_buf, slow)   # through the package
+    assert torch.equal(out, slow)                       # direct calls: the package's bits

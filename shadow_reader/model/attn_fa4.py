@@ -1,6 +1,7 @@
 """Attention of a chunk over a session's KV buffer through FlashAttention-4's CuTe DSL kernels
 (the `flash-attn-4` package, `flash_attn.cute`), called eagerly between the CUDA graphs of a
-chunk like model.attn_flash (attention "fa4"); the pure-torch twin is `ref.attend_ref`.
+chunk like model.attn_flash (attention "fa4": `FA4Attention.attend`, one object per runner); the
+pure-torch twin is `ref.attend_ref`.
 
 Why: on Hopper (SM90) that package's forward is FlashAttention-3's design (wgmma, TMA loads, a
 producer warp group feeding two consumer warp groups; Shah et al. 2024) and takes head_dim 256,
@@ -41,6 +42,15 @@ def _forward():
     return _flash_attn_fwd
 
 
+def package_version() -> str:
+    """flash-attn-4's installed version ('missing' without it)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("flash-attn-4")
+    except PackageNotFoundError:
+        return "missing"
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -77,29 +87,133 @@ def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
     return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
 
 
-def attend(q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
-           out: torch.Tensor) -> None:
-    """Write to out [T, H * D] (contiguous) the causal attention (bottom-right aligned, scale
-    D^-0.5) of q [T, H, D] at positions [pos, pos + T) over rows [0, pos + T) of k_buf, v_buf
-    [cap, Hkv, D] (contiguous, cap >= pos + T, the chunk's own rows already written). All in the
-    buffers' dtype (fp16/bf16, CUDA). Raises RuntimeError when flash_attn.cute is missing, and
-    the package's AssertionError for shapes it does not take (D > 256, say)."""
-    fwd = _forward()
-    if fwd is None:
-        raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
-    t, h, d = q.shape
-    hkv, end = k_buf.shape[1], pos + t
-    q = q.contiguous()
-    s, ls = split_plan(pos, t, h, hkv, _num_sms(q.device.index or 0))
-    if s == 0:
-        fwd(q[None], k_buf[:end][None], v_buf[:end][None], causal=True, out=out.view(1, t, h, d))
-        return
-    o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
-    lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
-    prefix = s * ls
-    fwd(q[None].expand(s, t, h, d).contiguous(), k_buf[:prefix].view(s, ls, hkv, d),
-        v_buf[:prefix].view(s, ls, hkv, d), causal=False, out=o_part[:s], lse=lse_part[:s])
-    fwd(q[None], k_buf[prefix:end][None], v_buf[prefix:end][None], causal=True,
-        out=o_part[s:], lse=lse_part[s:])
-    from .attn_triton import combine_lse
-    combine_lse(o_part, lse_part, out)
+class FA4Attention:
+    """`attend` for one runner (ChunkGraphs), with what it learns between calls: the package's
+    compiled kernels, called directly once seen.
+
+    Why: the package's Python around a kernel (checks, config, compile-key building) costs the
+    host about 0.1 ms a call on the H200's host (bench/fa4_probe.py, `fa4_one_call` host_ms),
+    two calls a layer here, six layers a chunk. The first call of each kind (causal or not,
+    with or without lse) goes through `_flash_attn_fwd`; while it runs, its compile cache is
+    watched and the one compiled kernel it calls, with its arguments, is kept (`_record`).
+    Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
+    where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
+    calls equal the package's own). A call that does not fit that pattern (no kernel seen, or
+    a tensor argument not ours) is never taken directly.
+
+    Rows fewer than one tile (T * H / Hkv < TILE_M: single-token decode) go to
+    FlashAttention-2 (attn_flash) instead, whose decode kernel packs the query heads (FA4 was
+    3x slower there: bench/fa4_probe.py, T1 at 100k)."""
+
+    def __init__(self):
+        self._direct: dict = {}          # (causal, with lse) -> (kernel, args, slots) or None
+        self.num_direct_calls = 0
+
+    def warm_up(self, t: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                device: torch.device, dtype: torch.dtype) -> None:
+        """Compile and record each kind of call a runner of t rows makes, before its first
+        real chunk (a kernel's first compile takes seconds): at pos 0 (one causal call) and,
+        where t rows are split, at pos 2 * MIN_SPLIT_KEYS (the splits and the causal tail)."""
+        pos = 2 * MIN_SPLIT_KEYS
+        g = torch.Generator(device=device).manual_seed(0)
+        k, v = (torch.randn(pos + t, num_kv_heads, head_dim, device=device, generator=g)
+                .to(dtype) for _ in "kv")
+        q = torch.randn(t, num_heads, head_dim, device=device, generator=g).to(dtype)
+        out = torch.empty(t, num_heads * head_dim, device=device, dtype=dtype)
+        self.attend(q, 0, k, v, out)
+        self.attend(q, pos, k, v, out)
+
+    def attend(self, q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
+               out: torch.Tensor) -> None:
+        """Write to out [T, H * D] (contiguous) the causal attention (bottom-right aligned,
+        scale D^-0.5) of q [T, H, D] at positions [pos, pos + T) over rows [0, pos + T) of
+        k_buf, v_buf [cap, Hkv, D] (contiguous, cap >= pos + T, the chunk's own rows already
+        written). All in the buffers' dtype (fp16/bf16, CUDA). Raises RuntimeError when
+        flash_attn.cute is missing, and the package's AssertionError for shapes it does not
+        take (D > 256, say)."""
+        t, h, d = q.shape
+        hkv, end = k_buf.shape[1], pos + t
+        if t * (h // hkv) < TILE_M:
+            from .attn_flash import attend as fa2_attend
+            return fa2_attend(q, pos, k_buf, v_buf, out)
+        q = q.contiguous()
+        s, ls = split_plan(pos, t, h, hkv, _num_sms(q.device.index or 0))
+        if s == 0:
+            self._fwd(q[None], k_buf[:end][None], v_buf[:end][None], True,
+                      out.view(1, t, h, d), None)
+            return
+        o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
+        lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
+        prefix = s * ls
+        self._fwd(q[None].expand(s, t, h, d).contiguous(), k_buf[:prefix].view(s, ls, hkv, d),
+                  v_buf[:prefix].view(s, ls, hkv, d), False, o_part[:s], lse_part[:s])
+        self._fwd(q[None], k_buf[prefix:end][None], v_buf[prefix:end][None], True,
+                  o_part[s:], lse_part[s:])
+        from .attn_triton import combine_lse
+        combine_lse(o_part, lse_part, out)
+
+    def _fwd(self, q, k, v, causal: bool, out, lse) -> None:
+        """One FA4 forward, q [B, T, H, D], k, v [B, L, Hkv, D] -> out [B, T, H, D] (and lse
+        [B, H, T] fp32 when given): directly when this kind was recorded, else through the
+        package (recording it)."""
+        key = (causal, lse is not None)
+        entry = self._direct.get(key, False)
+        if entry:
+            kernel, args, slots = entry
+            for i, x in zip(slots, (q, k, v, out, lse)):
+                args[i] = x
+            kernel(*args)
+            self.num_direct_calls += 1
+            return
+        fwd = _forward()
+        if fwd is None:
+            raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
+        if entry is None:                     # seen, and not fit for direct calls
+            fwd(q, k, v, causal=causal, out=out, lse=lse)
+            return
+        self._direct[key] = _record(fwd, q, k, v, causal, out, lse)
+
+
+def _record(fwd, q, k, v, causal, out, lse):
+    """Run fwd once, watching its compile cache: (kernel, args, slots) when exactly one
+    compiled kernel ran and q, k, v, out, lse (by address and shape) are its only tensor
+    arguments, at `slots`; else None."""
+    try:
+        import flash_attn.cute.interface as fi
+        cache, seen = fi._flash_attn_fwd.compile_cache, []
+    except Exception:                         # another layout of the package: never direct
+        fwd(q, k, v, causal=causal, out=out, lse=lse)
+        return None
+
+    class Watch:
+        def __contains__(self, key):
+            return key in cache
+
+        def __setitem__(self, key, value):
+            cache[key] = value
+
+        def __getitem__(self, key):
+            kernel = cache[key]
+            return lambda *args: (seen.append((kernel, list(args))), kernel(*args))[1]
+
+    fi._flash_attn_fwd.compile_cache = Watch()
+    try:
+        fwd(q, k, v, causal=causal, out=out, lse=lse)
+    finally:
+        fi._flash_attn_fwd.compile_cache = cache
+    if len(seen) != 1:
+        return None
+    kernel, args = seen[0]
+    ours = [x for x in (q, k, v, out, lse)]
+    slots = []
+    for x in ours:
+        hits = [i for i, a in enumerate(args) if x is not None and isinstance(a, torch.Tensor)
+                and a.data_ptr() == x.data_ptr() and a.shape == x.shape
+                and a.stride() == x.stride()]
+        slots.append(hits[0] if len(hits) == 1 else (None if x is None else -1))
+    if -1 in slots or sum(isinstance(a, torch.Tensor) for a in args) != sum(
+            x is not None for x in ours):
+        return None
+    if lse is None:                           # no lse: the kernel's lse argument stays None
+        slots = slots[:4]
+    return kernel, args, slots

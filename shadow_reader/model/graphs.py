@@ -41,7 +41,7 @@ from .slots import StateSlots, flat as _flat
 
 ATTENTIONS = ("flash", "fa4", "table", "sdpa")
 # the attentions called eagerly between a chunk's graphs, on the rows as they lie
-_BETWEEN = {"flash": attn_flash, "fa4": attn_fa4}
+_BETWEEN = {"flash": attn_flash, "fa4": attn_fa4}     # their `available`
 
 
 def default_attention(device: torch.device, dtype: torch.dtype) -> str:
@@ -109,6 +109,8 @@ class ChunkGraphs:
             self.split = split or self._at.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
                                                self.split, dev)
+        # the eager attention between graphs: attn_flash.attend, or FA4's per runner
+        self._between = attn_fa4.FA4Attention() if attention == "fa4" else attn_flash
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
@@ -137,7 +139,7 @@ class ChunkGraphs:
                             self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
                             self.split)
         elif self.attention in _BETWEEN:
-            _BETWEEN[self.attention].attend(q, self._pos, *self._kv[j], out)
+            self._between.attend(q, self._pos, *self._kv[j], out)
         else:
             attn = self.model.layers[self.full_layers[j]].self_attn
             out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
@@ -201,6 +203,9 @@ class ChunkGraphs:
               for _ in range(self.num_full)]
         self._stage([0] * self.t, 0, kv)
         self._pos, self._kv = 0, kv
+        if self.attention == "fa4":                     # FA4 compiles at its first calls
+            self._between.warm_up(self.t, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                  cfg.head_dim, dev, dt)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():

@@ -32,15 +32,19 @@ class Runners:
 
     @property
     def path(self) -> str:
-        """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:table
-        BMxBNxWxS' or 'eager:sdpa', then '+fused' (the compiled small ops), '+conv' (the GDN conv
-        compiled with them, ops.fused_ops(compile_conv=True)) and '+proj' (fused projections)
-        (written into spilled files: another path, other bits)."""
+        """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:fa4
+        VERSION' (flash-attn-4's), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
+        (the compiled small ops), '+conv' (the GDN conv compiled with them,
+        ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
+        spilled files: another path, other bits)."""
         c = self.chunk
         kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
         if c.table:
             s = c.split
             kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
+        elif c.attention == "fa4":                     # its kernels' code: the package's
+            from .attn_fa4 import package_version
+            kind += f" {package_version()}"
         fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
         return kind + fused + ("+proj" if c.proj else "")
 
