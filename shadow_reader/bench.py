@@ -249,6 +249,10 @@ def run(args) -> dict:
     if bad or args.max_context < max(args.grids):
         raise ValueError(f"--grids must be positive multiples of 64 (got {args.grids}) and "
                          f"--max-context at least the largest (got {args.max_context})")
+    if getattr(args, "attn_tiling", None) and getattr(args, "attention", None) not in (None,
+                                                                                   "table"):
+        raise ValueError(f"--attn-tiling is the table attention's, not --attention "
+                         f"{args.attention}")
     if any(a < 1 for a in args.ask_at):
         raise ValueError(f"--ask-at positions must be >= 1, got {args.ask_at}")
     ids = load_ids(args.ids, args.max_context + 1024)

@@ -61,8 +61,8 @@ class Reader(ForkCalls):
     attention); attention (the runners' attention, model.graphs.ATTENTIONS; default: 'fa4' on
     Hopper where flash-attn-4 imports, else 'flash' on CUDA). Questions, decoding and
     summaries: reader_forks.ForkCalls.
-    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, or an
-    attention this device cannot run.
+    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, an
+    attention this device cannot run, or an attention or attn_split without the runners.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
@@ -73,6 +73,10 @@ class Reader(ForkCalls):
         self.model = model
         if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
+        if not cuda_graphs and (attention is not None or attn_split is not None):
+            raise ValueError(f"attention={attention!r} and attn_split={attn_split!r} choose the "
+                             f"CUDA-graph runners' attention; with cuda_graphs off the reader "
+                             f"reads through Qwen35.forward (SDPA): leave them unset")
         self._graphs = (Runners(model, grid, attention, fused=fused_ops, split=attn_split)
                         if cuda_graphs else None)
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)

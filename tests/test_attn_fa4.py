@@ -89,6 +89,8 @@ def _fake_package(monkeypatch):
     monkeypatch.setattr(attn_fa4, "_forward", lambda: fwd)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
     monkeypatch.setattr(attn_fa4, "MIN_SPLIT_KEYS", 256)
+    monkeypatch.setattr(attn_fa4, "package_version", lambda: "4.0.0b36 cute-dsl 4.8.1")
+    return fwd
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
@@ -113,6 +115,47 @@ def test_split_attention_equals_whole_attention(monkeypatch, t, pos):
     attn.attend(q, pos, k_buf, v_buf, again)
     assert attn.num_direct_calls == (2 if split else 1)
     assert torch.equal(out, again)
+    for entry in attn._direct.values():     # the recorded arguments keep no tensor alive
+        assert not any(isinstance(a, torch.Tensor) for a in entry[1])
+
+
+def test_direct_calls_only_for_the_versions_checked(monkeypatch):
+    """Another flash-attn-4 version stays on the package's own path (same bits, slower)."""
+    pytest.importorskip("triton")
+    fwd = _fake_package(monkeypatch)
+    monkeypatch.setattr(attn_fa4, "package_version", lambda: "4.1.0 cute-dsl 4.9.0")
+    calls = []
+    monkeypatch.setattr(fwd, "compile_cache", type("C", (dict,), {
+        "__getitem__": lambda self, k: (calls.append(k), dict.__getitem__(self, k))[1]})())
+    q, kv = torch.randn(32, 8, 32), torch.randn(100, 2, 32)
+    attn = attn_fa4.FA4Attention()
+    for _ in range(3):
+        attn.attend(q, 40, kv, kv, torch.empty(32, 256))
+    assert attn.num_direct_calls == 0 and len(calls) == 3
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(pos=-1), "rows"), (dict(pos=80), "rows"), (dict(out=torch.empty(32, 255)), "shapes"),
+    (dict(k=torch.randn(100, 3, 32)), "shapes"), (dict(v=torch.randn(100, 2, 32).double()),
+                                                  "rows|dtypes"),
+    (dict(out=torch.empty(256, 32).t()), "shapes")])
+def test_bad_input_is_refused_before_any_kernel(monkeypatch, change, match):
+    monkeypatch.setattr(attn_fa4, "_forward", lambda: pytest.fail("a kernel ran"))
+    args = dict(q=torch.randn(32, 8, 32), pos=40, k=torch.randn(100, 2, 32),
+                v=torch.randn(100, 2, 32), out=torch.empty(32, 256))
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        attn_fa4.FA4Attention().attend(args["q"], args["pos"], args["k"], args["v"],
+                                       args["out"])
+
+
+def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
+    with pytest.raises(ValueError, match="cuda_graphs off"):
+        Reader(tiny, grid=64, cuda_graphs=False, attention="flash")
+    from shadow_reader.model.attn_triton import READ
+    from shadow_reader.model.runners import Runners
+    with pytest.raises(ValueError, match="table attention's"):
+        Runners(tiny, 64, attention="sdpa", split=READ)
 
 
 def test_fewer_rows_than_a_tile_go_to_flash_attention_2(monkeypatch):
@@ -173,3 +216,23 @@ def test_fa4_matches_the_twin_and_ignores_capacity(t, pos):
     slow = torch.empty_like(out)
     attn_fa4.FA4Attention().attend(q, pos, k_buf, v_buf, slow)   # through the package
     assert torch.equal(out, slow)                       # direct calls: the package's bits
+
+
+def test_the_pin_folder_keeps_fa4s_compiled_kernels(tmp_path):
+    """autotune.pin turns FA4's on-disk kernel cache on, in path/fa4, unless the user set
+    either variable (read when flash_attn.cute is imported, after the pin)."""
+    import subprocess
+    import sys
+    code = ("import os; from shadow_reader.model import autotune; autotune.pin(%r);"
+            "print(os.environ[autotune.FA4_CACHE_ENABLED], os.environ[autotune.FA4_CACHE_DIR])"
+            % str(tmp_path / "picks"))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FLA_", "FLASH_ATTENTION_", "TORCHINDUCTOR_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1", str(tmp_path.resolve() / "picks" / "fa4")]
+    env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1", str(tmp_path / "mine")]
+

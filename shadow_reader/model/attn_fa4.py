@@ -23,12 +23,21 @@ disk when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
 from __future__ import annotations
 
 import functools
+import os
+import threading
 
 import torch
 
 MIN_SPLIT_KEYS = 1024     # fewest keys a prefix split holds
 MAX_SPLITS = 64
-TILE_M = 128              # rows of one FA4 SM90 tile at head_dim 256 (its _tile_size_fwd_sm90)
+# rows of one FA4 SM90 tile for head_dim > 96 (its _tile_size_fwd_sm90; 192 below): Qwen3.5's
+# attention heads are 256 wide
+TILE_M = 128
+# the package versions whose SM90 call pattern `_record` was checked against (interface.py's
+# _flash_attn_fwd: the tensors, then constants that do not depend on the shapes); others stay
+# on the package's path (slower, same bits)
+DIRECT_VERSIONS = ("4.0.0b36",)
+_RECORD_LOCK = threading.Lock()   # the package's compile cache is swapped while recording
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,12 +52,17 @@ def _forward():
 
 
 def package_version() -> str:
-    """flash-attn-4's installed version ('missing' without it)."""
+    """flash-attn-4's version and its compiler's (nvidia-cutlass-dsl), 'flash-attn-4 missing'
+    without it: both decide the kernels' bits (the path tag carries this)."""
     from importlib.metadata import PackageNotFoundError, version
     try:
-        return version("flash-attn-4")
+        fa4 = version("flash-attn-4")
     except PackageNotFoundError:
-        return "missing"
+        return "flash-attn-4 missing"
+    try:
+        return f"{fa4} cute-dsl {version('nvidia-cutlass-dsl')}"
+    except PackageNotFoundError:
+        return fa4
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,10 +72,16 @@ def _num_sms(index: int) -> int:
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """True where the FA4 forward can run: a Hopper GPU (compute capability 9.x, the kernels
-    this module was measured with), fp16 or bf16, and flash_attn.cute importable."""
+    this module was measured with), fp16 or bf16, flash_attn.cute importable, and the package
+    choosing kernels for this GPU (it reads the current device's capability, or
+    FLASH_ATTENTION_ARCH)."""
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
-    if torch.cuda.get_device_capability(device)[0] != 9:
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9 or torch.cuda.get_device_capability() != (major, minor):
+        return False
+    arch = os.environ.get("FLASH_ATTENTION_ARCH", "").lower().removeprefix("sm_").rstrip("a")
+    if arch and arch != f"{major}{minor}":
         return False
     return _forward() is not None
 
@@ -69,8 +89,9 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
                num_sms: int) -> tuple[int, int]:
     """(S, Ls): S prefix splits of Ls keys each over keys [0, S * Ls) <= pos, enough for the
-    tiles of all splits to fill the GPU once (S * tiles <= num_sms); (0, 0) when fewer than 2
-    splits of MIN_SPLIT_KEYS fit (one causal call then). Ls is a multiple of 128."""
+    tiles of all splits to fill the GPU once (S * tiles <= num_sms); (0, 0), one causal call,
+    when fewer than 2 splits of MIN_SPLIT_KEYS fit before pos or the tiles of one call already
+    take half the SMs or more. Ls is a multiple of 128."""
     tiles = -(-t * (num_heads // num_kv_heads) // TILE_M) * num_kv_heads
     s = min(num_sms // tiles, pos // MIN_SPLIT_KEYS, MAX_SPLITS)
     if s < 2:
@@ -87,6 +108,25 @@ def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
     return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
 
 
+def _check(q, pos: int, k_buf, v_buf, out) -> None:
+    """ValueError naming what does not fit `FA4Attention.attend`'s contract."""
+    t, h, d = q.shape
+    cap, hkv, dk = k_buf.shape
+    problems = []
+    if pos < 0 or cap < pos + t or v_buf.shape != k_buf.shape:
+        problems.append(f"rows [0, {pos + t}) of KV buffers {tuple(k_buf.shape)} / "
+                        f"{tuple(v_buf.shape)}")
+    if dk != d or h % hkv or out.shape != (t, h * d) or not out.is_contiguous():
+        problems.append(f"shapes q {tuple(q.shape)}, KV rows [{hkv}, {dk}], out "
+                        f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
+    if len({q.dtype, k_buf.dtype, v_buf.dtype, out.dtype}) != 1:
+        problems.append(f"dtypes {q.dtype}, {k_buf.dtype}, {v_buf.dtype}, {out.dtype}")
+    if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
+        problems.append("KV buffers not contiguous")
+    if problems:
+        raise ValueError("attn_fa4.attend: " + "; ".join(problems))
+
+
 class FA4Attention:
     """`attend` for one runner (ChunkGraphs), with what it learns between calls: the package's
     compiled kernels, called directly once seen.
@@ -99,14 +139,15 @@ class FA4Attention:
     Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
     where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
     calls equal the package's own). A call that does not fit that pattern (no kernel seen, or
-    a tensor argument not ours) is never taken directly.
+    a tensor argument not ours, a package version not in DIRECT_VERSIONS) is never taken
+    directly. The recorded arguments keep no tensor: each direct call fills a fresh copy.
 
     Rows fewer than one tile (T * H / Hkv < TILE_M: single-token decode) go to
     FlashAttention-2 (attn_flash) instead, whose decode kernel packs the query heads (FA4 was
     3x slower there: bench/fa4_probe.py, T1 at 100k)."""
 
     def __init__(self):
-        self._direct: dict = {}          # (causal, with lse) -> (kernel, args, slots) or None
+        self._direct: dict = {}          # kind (see _fwd) -> (kernel, args, slots) or None
         self.num_direct_calls = 0
 
     def warm_up(self, t: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -128,11 +169,13 @@ class FA4Attention:
         """Write to out [T, H * D] (contiguous) the causal attention (bottom-right aligned,
         scale D^-0.5) of q [T, H, D] at positions [pos, pos + T) over rows [0, pos + T) of
         k_buf, v_buf [cap, Hkv, D] (contiguous, cap >= pos + T, the chunk's own rows already
-        written). All in the buffers' dtype (fp16/bf16, CUDA). Raises RuntimeError when
-        flash_attn.cute is missing, and the package's AssertionError for shapes it does not
-        take (D > 256, say)."""
+        written). All in the buffers' dtype (fp16/bf16, CUDA). Raises ValueError for inputs
+        that do not fit that (checked before any kernel runs), RuntimeError when
+        flash_attn.cute is missing, and, at the first call of a kind, the package's
+        AssertionError for shapes it does not take (D > 256, say)."""
         t, h, d = q.shape
         hkv, end = k_buf.shape[1], pos + t
+        _check(q, pos, k_buf, v_buf, out)
         if t * (h // hkv) < TILE_M:
             from .attn_flash import attend as fa2_attend
             return fa2_attend(q, pos, k_buf, v_buf, out)
@@ -154,12 +197,14 @@ class FA4Attention:
 
     def _fwd(self, q, k, v, causal: bool, out, lse) -> None:
         """One FA4 forward, q [B, T, H, D], k, v [B, L, Hkv, D] -> out [B, T, H, D] (and lse
-        [B, H, T] fp32 when given): directly when this kind was recorded, else through the
-        package (recording it)."""
-        key = (causal, lse is not None)
+        [B, H, T] fp32 when given): directly when this kind (causal, lse, dtype, T, H, D, Hkv:
+        what the package's choice of kernel can depend on; B and L cannot) was recorded, else
+        through the package (recording it)."""
+        key = (causal, lse is not None, q.dtype, tuple(q.shape[1:]), k.shape[2])
         entry = self._direct.get(key, False)
         if entry:
-            kernel, args, slots = entry
+            kernel, template, slots = entry
+            args = list(template)            # a fresh list: no tensor outlives its call here
             for i, x in zip(slots, (q, k, v, out, lse)):
                 args[i] = x
             kernel(*args)
@@ -168,22 +213,23 @@ class FA4Attention:
         fwd = _forward()
         if fwd is None:
             raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
-        if entry is None:                     # seen, and not fit for direct calls
-            fwd(q, k, v, causal=causal, out=out, lse=lse)
+        if entry is None or package_version().split()[0] not in DIRECT_VERSIONS:
+            fwd(q, k, v, causal=causal, out=out, lse=lse)     # seen, not fit for direct calls
+            self._direct[key] = None
             return
         self._direct[key] = _record(fwd, q, k, v, causal, out, lse)
 
 
 def _record(fwd, q, k, v, causal, out, lse):
-    """Run fwd once, watching its compile cache: (kernel, args, slots) when exactly one
-    compiled kernel ran and q, k, v, out, lse (by address and shape) are its only tensor
-    arguments, at `slots`; else None."""
+    """Run fwd once, watching its compile cache: (kernel, args with our tensors' places empty,
+    slots) when exactly one compiled kernel ran and q, k, v, out, lse (by address, shape and
+    strides) are its only tensor arguments, at `slots`; else None."""
     try:
         import flash_attn.cute.interface as fi
-        cache, seen = fi._flash_attn_fwd.compile_cache, []
     except Exception:                         # another layout of the package: never direct
         fwd(q, k, v, causal=causal, out=out, lse=lse)
         return None
+    seen = []
 
     class Watch:
         def __contains__(self, key):
@@ -196,24 +242,27 @@ def _record(fwd, q, k, v, causal, out, lse):
             kernel = cache[key]
             return lambda *args: (seen.append((kernel, list(args))), kernel(*args))[1]
 
-    fi._flash_attn_fwd.compile_cache = Watch()
-    try:
-        fwd(q, k, v, causal=causal, out=out, lse=lse)
-    finally:
-        fi._flash_attn_fwd.compile_cache = cache
+    with _RECORD_LOCK:                        # one swap at a time, always undone
+        cache = fi._flash_attn_fwd.compile_cache
+        fi._flash_attn_fwd.compile_cache = Watch()
+        try:
+            fwd(q, k, v, causal=causal, out=out, lse=lse)
+        finally:
+            fi._flash_attn_fwd.compile_cache = cache
     if len(seen) != 1:
         return None
     kernel, args = seen[0]
-    ours = [x for x in (q, k, v, out, lse)]
+    ours = [x for x in (q, k, v, out, lse) if x is not None]
     slots = []
     for x in ours:
-        hits = [i for i, a in enumerate(args) if x is not None and isinstance(a, torch.Tensor)
+        hits = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
                 and a.data_ptr() == x.data_ptr() and a.shape == x.shape
                 and a.stride() == x.stride()]
-        slots.append(hits[0] if len(hits) == 1 else (None if x is None else -1))
-    if -1 in slots or sum(isinstance(a, torch.Tensor) for a in args) != sum(
-            x is not None for x in ours):
+        if len(hits) != 1:
+            return None
+        slots.append(hits[0])
+    if sum(isinstance(a, torch.Tensor) for a in args) != len(ours):
         return None
-    if lse is None:                           # no lse: the kernel's lse argument stays None
-        slots = slots[:4]
+    for i in slots:                           # the template holds no tensor of this call
+        args[i] = None
     return kernel, args, slots

@@ -21,6 +21,9 @@ at 51,200 ids and read further by a second process started on empty Triton and i
 Torch inductor tunes the compiled small ops too (a reduction's block sizes can change its
 bits) and keeps its picks in its cache directory: `pin` points TORCHINDUCTOR_CACHE_DIR at
 path/inductor unless the user set it, so processes sharing `path` share those picks as well.
+FlashAttention-4's compiled kernels (model.attn_fa4) are kept in path/fa4 the same way: not for
+the bits (the same code compiles to the same kernel) but for the minutes a new process would
+spend compiling them.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from pathlib import Path
 
 ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
 DEFAULT_DIR = Path("~/.cache/shadow-reader/autotune")
+FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
 
 def _raw(env=None) -> str:
@@ -71,6 +76,12 @@ def pin(path: str | os.PathLike) -> Path:
     # directory next to the kernels; unless the user named one, it is the pinned one too
     if os.access(path, os.W_OK):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
+        # FlashAttention-4 compiles its kernels at their first call in a process (the GPU
+        # tests that first reached the split kinds took 100 and 123 s on the H200's host,
+        # docs/tests-fa4-gpu-2026-11-29.log); its on-disk cache (off by default, read when
+        # flash_attn.cute is imported) keeps them here too
+        os.environ.setdefault(FA4_CACHE_ENABLED, "1")
+        os.environ.setdefault(FA4_CACHE_DIR, str(path / "fa4"))
     return path
 
 

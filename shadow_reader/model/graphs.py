@@ -3,11 +3,14 @@ static buffers; replayed for every chunk of every session (model.runners holds a
 runners: grid chunks, questions padded to 256-row buckets, single-token decode).
 
 The body is cut at the full-attention layers into segments (segment j ends with the q/k/v
-projection of full-attention layer j; segment j + 1 starts with its output projection). Two
-attentions:
-- "flash" (the default on CUDA): one CUDA graph per segment, and between them FlashAttention-2
-  called eagerly on the session's own KV rows (model.attn_flash: faster than our kernel at every
-  context length, and the host knows pos and the buffers' addresses when it launches it);
+projection of full-attention layer j; segment j + 1 starts with its output projection).
+Attentions:
+- "fa4" (the default on Hopper with flash-attn-4 installed) and "flash" (the default on other
+  CUDA GPUs): one CUDA graph per segment, and between them FlashAttention-4 (model.attn_fa4,
+  the keys split by us; 1.5-2.4x FlashAttention-2 for a 512-id chunk at 8k-100k on the H200,
+  docs/fa4-probe-2026-11-29.log) or FlashAttention-2 (model.attn_flash: faster than our kernel
+  at every context length) called eagerly on the session's own KV rows (the host knows pos and
+  the buffers' addresses when it launches them);
 - "table": the whole chunk as one graph, attention by attn_triton's table-addressed kernel,
   which reads the position and the KV addresses from device memory at replay.
 Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (SDPA) unless
@@ -60,7 +63,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 class ChunkGraphs:
     """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
 
-    attention: "flash" (the default on CUDA: a graph per segment, FlashAttention between),
+    attention: "fa4" or "flash" (the defaults on CUDA, `default_attention`: a graph per
+    segment, FlashAttention-4 or -2 between),
     "table" (one graph, attn_triton) or "sdpa" (eager only: the default on the CPU). fused: the
     layer's small ops through torch.compile (ops.fused_ops; default on CUDA), else ops.EAGER.
     split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the

@@ -23,6 +23,9 @@ class Runners:
         self.model = model
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
+        if split is not None and attention != "table":
+            raise ValueError(f"a tiling ({split}) is the table attention's; attention "
+                             f"{attention!r} has none")
         self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
                         "proj": self.chunk.proj}
@@ -33,7 +36,7 @@ class Runners:
     @property
     def path(self) -> str:
         """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:fa4
-        VERSION' (flash-attn-4's), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
+        VERSIONS' (flash-attn-4's and its compiler's, attn_fa4.package_version), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
         (the compiled small ops), '+conv' (the GDN conv compiled with them,
         ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
         spilled files: another path, other bits)."""
