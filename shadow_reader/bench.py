@@ -223,8 +223,7 @@ def attn_split(args):
 def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
                graphs: bool = False) -> dict:
     reader = Reader(model, grid=grid, cuda_graphs=graphs,     # the eager path unless graphs
-                    attn_split=attn_split(args) if graphs else None,
-                    attention=getattr(args, "attention", None) if graphs else None)
+                    attn_split=attn_split(args), attention=getattr(args, "attention", None))
     read_rates(reader, ids[:2 * grid], timer)          # warm-up: graphs captured, ops compiled
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
@@ -257,21 +256,25 @@ def run(args) -> dict:
         raise ValueError(f"--ask-at positions must be >= 1, got {args.ask_at}")
     ids = load_ids(args.ids, args.max_context + 1024)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    graphs = device.type == "cuda" and "eager" not in parts     # the reader's default path
+    if not graphs and (getattr(args, "attention", None) or getattr(args, "attn_tiling", None)):
+        raise ValueError("--attention and --attn-tiling choose the CUDA-graph runners' "
+                         "attention; this run reads eagerly (the CPU, or --parts eager)")
+    split = attn_split(args)
     model = load_model(args.model, device=device)
     timer = Timer(device)
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
            "kernels": model.kernels.name, "max_context": args.max_context,
            "attn_tiling": getattr(args, "attn_tiling", None) or "default",
            "attention": getattr(args, "attention", None) or "default", **versions()}
-    graphs = device.type == "cuda" and "eager" not in parts     # the reader's default path
     res["path"] = "cuda_graphs" if graphs else "eager"
     if "read" in parts or "graphs" in parts:
         for grid in args.grids:
             _part(res, f"read_grid{grid}",
                   lambda: _read_part(model, grid, ids, args, parts, timer, graphs=graphs))
     if "ask" in parts:
-        reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs,
-                        attention=getattr(args, "attention", None) if graphs else None)
+        reader = Reader(model, grid=args.grids[0], cuda_graphs=graphs, attn_split=split,
+                        attention=getattr(args, "attention", None))
         _part(res, "ask_ms", lambda: {_label(at): round(ask_latency(reader, ids, at), 2)
                                       if at <= args.max_context else "skipped: past --max-context"
                                       for at in sorted(args.ask_at)})

@@ -62,7 +62,8 @@ class Reader(ForkCalls):
     Hopper where flash-attn-4 imports, else 'flash' on CUDA). Questions, decoding and
     summaries: reader_forks.ForkCalls.
     Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, an
-    attention this device cannot run, or an attention or attn_split without the runners.
+    attention this device cannot run, or an attention, attn_split or fused_ops without the
+    runners.
     """
 
     def __init__(self, model: Qwen35, grid: int = 512, kv_step: int = 8192,
@@ -73,10 +74,15 @@ class Reader(ForkCalls):
         self.model = model
         if cuda_graphs is None:                 # on by default on CUDA
             cuda_graphs = model.device.type == "cuda"
-        if not cuda_graphs and (attention is not None or attn_split is not None):
-            raise ValueError(f"attention={attention!r} and attn_split={attn_split!r} choose the "
-                             f"CUDA-graph runners' attention; with cuda_graphs off the reader "
-                             f"reads through Qwen35.forward (SDPA): leave them unset")
+        if not cuda_graphs and (attention, attn_split, fused_ops) != (None, None, None):
+            raise ValueError(f"attention={attention!r}, attn_split={attn_split!r} and "
+                             f"fused_ops={fused_ops!r} choose how the CUDA-graph runners work; "
+                             f"with cuda_graphs off the reader reads through Qwen35.forward "
+                             f"(SDPA): leave them unset")
+        from .model.attn_triton import SplitConfig
+        if attn_split is not None and not isinstance(attn_split, SplitConfig):
+            raise ValueError(f"attn_split must be an attn_triton.SplitConfig (SplitConfig.parse"
+                             f"('128x32x8x2')), got {type(attn_split).__name__}")
         self._graphs = (Runners(model, grid, attention, fused=fused_ops, split=attn_split)
                         if cuda_graphs else None)
         self.config = ReaderConfig(grid, kv_step, max_checkpoints)
@@ -187,7 +193,8 @@ class Reader(ForkCalls):
         (`kind="output"`, appended). A prompt that differs from the held ids at position d rolls
         back to the newest checkpoint at or below d (KV rows below stay), or to 0 without one.
         `episode_start` says whether the prompt ends a real user message (default: read from
-        the ids). A prompt for an unknown session creates it.
+        the ids). A prompt for an unknown session creates it, as it does for a session known
+        only by a file the reader refuses (written by another path, model or grid, or damaged).
 
         Raises ValueError for bad ids, kind or session id (nothing changes), KeyError for output
         to an unknown session.
@@ -205,7 +212,13 @@ class Reader(ForkCalls):
             raise ValueError("a prompt must hold at least one id")
         if session not in self._sessions and not self._residency.knows(session):
             self._sessions[session] = new_state(self.model.cfg, self.model.device, self.model.dtype)
-        st = self._get(session)
+        try:
+            st = self._get(session)
+        except KeyError:    # known only by a file the restore refused (another path, model,
+            # grid, or damaged, set aside): the prompt starts the session again from 0
+            self._sessions[session] = new_state(self.model.cfg, self.model.device,
+                                                self.model.dtype)
+            st = self._get(session)
         result = self._feed_prompt(st, new, episode_start)
         self._settle(session)
         return result

@@ -156,6 +156,14 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
     from shadow_reader.model.runners import Runners
     with pytest.raises(ValueError, match="table attention's"):
         Runners(tiny, 64, attention="sdpa", split=READ)
+    with pytest.raises(ValueError, match="fused_ops=True"):
+        Reader(tiny, grid=64, cuda_graphs=False, fused_ops=True)
+    with pytest.raises(ValueError, match="must be an attn_triton.SplitConfig"):
+        Reader(tiny, grid=64, cuda_graphs=True, attn_split="64x64x4x2")
+    from shadow_reader.model.attn_triton import SplitConfig
+    for bad in ("0x0x0x0", "-64x64x4x2", "7x64x4x2", "64x64x3x2"):
+        with pytest.raises(ValueError, match="powers of two"):
+            SplitConfig.parse(bad)
 
 
 def test_fewer_rows_than_a_tile_go_to_flash_attention_2(monkeypatch):

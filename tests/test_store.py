@@ -191,6 +191,20 @@ def test_refuses_another_fingerprint_and_grid(tiny, tmp_path):
     _refused(r, "grid")
 
 
+def test_a_prompt_for_a_session_whose_file_is_refused_starts_it_again(tiny, tmp_path):
+    """A reader on another path (here the runners' eager body instead of Qwen35.forward; on a
+    GPU, another attention or its version) refuses the parked file; the host's next prompt
+    reads the session again from 0 instead of failing."""
+    _parked_file(tiny, tmp_path)
+    r = _reader(tiny, tmp_path, cuda_graphs=True)
+    ids = list(range(5, 205))
+    got = r.feed("s", ids, "prompt")
+    _refused(r, "kernels")
+    assert got.backlog == len(ids) and r.ids("s") == ids
+    r.read("s")
+    assert r.check_exact("s")
+
+
 @pytest.mark.parametrize("damage,reason", [("truncate", "unreadable"), ("flip_data", "checksum"),
                                            ("flip_header", "unreadable")])
 def test_refuses_damaged_files(tiny, tmp_path, damage, reason):

@@ -37,6 +37,16 @@ class SplitConfig:
     num_warps: int = 8
     num_stages: int = 2
 
+    def __post_init__(self):
+        pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
+        if not (pow2(self.block_m) and pow2(self.block_n) and self.block_m >= 16
+                and self.block_n >= 16 and pow2(self.num_warps) and self.num_warps <= 16
+                and self.num_stages >= 1 and self.s_max >= 1
+                and self.min_split % self.block_n == 0 and self.min_split > 0):
+            raise ValueError(f"{self}: block_m and block_n powers of two >= 16, num_warps a "
+                             f"power of two <= 16, num_stages and s_max >= 1, min_split a "
+                             f"positive multiple of block_n")
+
 
     @classmethod
     def parse(cls, text: str) -> "SplitConfig":
