@@ -205,13 +205,16 @@ def _bench(args) -> int:
     from .bench import run
     if not args.ids:
         raise ValueError("--ids: no session files given and none found beside the checkout")
+    out = Path(args.out) if args.out else None
+    if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+        raise ValueError(f"--out {args.out}: its folder does not exist or cannot be written")
     res = run(args)
     for key, value in res.items():
         print(f"{key:>32}  {value}", file=sys.stderr)
     line = json.dumps(res)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+    print(line)                      # the result first: a failing write must not lose it
+    if out is not None:
+        out.write_text(line + "\n")
     return 0
 
 

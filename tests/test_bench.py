@@ -42,4 +42,6 @@ def test_bench_refuses_bad_grids_context_and_files(capsys, tmp_path):
         assert "choose the CUDA-graph runners' attention" in capsys.readouterr().err
     assert main(base + ["--attention", "flash", "--attn-tiling", "128x32x8x2"]) == 2
     assert "--attn-tiling is the table attention's" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "missing" / "r.json")]) == 2
+    assert "--out" in capsys.readouterr().err
 
