@@ -53,6 +53,26 @@ def case(t, pos, h, hkv, d, cap=None, seed=0):
     return q, kb, vb
 
 
+def probe_cases(question_rows: int, measure_case) -> dict:
+    """The attention probes' cases (random:qwen3.5-0.8b heads: H 8, Hkv 2, D 256): one 512-id
+    chunk at 8k-100k context, a question of `question_rows` rows at 32k, one decode token at
+    100k, each over a buffer 4,096 rows larger than it needs. measure_case(t, pos, q, kb, vb,
+    ref) -> a dict of rows (ref: the fp32 twin's output at 16k, 32k and 100k, else None),
+    printed per case; returns {"T{t}_ctx{L}": rows}."""
+    out = {}
+    cases = [(512, c - 512) for c in (8192, 16384, 32768, 65536, 100352)]
+    cases += [(question_rows, 32768), (1, 100352)]
+    for t, pos in cases:
+        q, kb, vb = case(t, pos, 8, 2, 256, cap=pos + t + 4096)
+        ref = attend_ref(q, kb, vb, pos) if pos in (16384 - 512, 32768, 100352) else None
+        key = f"T{t}_ctx{pos + t}"
+        out[key] = measure_case(t, pos, q, kb, vb, ref)
+        print(key, json.dumps(out[key]), flush=True)
+        del q, kb, vb, ref
+        torch.cuda.empty_cache()
+    return out
+
+
 def run_table(q, kb, vb, pos, cfg):
     t, h, d = q.shape
     table = torch.tensor([kb.data_ptr(), vb.data_ptr()], device=DEV)

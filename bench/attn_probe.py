@@ -22,11 +22,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from attn_kernel import DEV, case, rel_rms, run_table, sdpa, timed  # noqa: E402
+from attn_kernel import DEV, probe_cases, rel_rms, run_table, sdpa, timed  # noqa: E402
 
 from shadow_reader.bench import versions  # noqa: E402
 from shadow_reader.model import attn_triton as at  # noqa: E402
-from shadow_reader.model.ref import attend_ref  # noqa: E402
 
 FA = torch.ops.aten._flash_attention_forward
 
@@ -91,23 +90,16 @@ def measure(name, fn, q, kb, vb, pos, ref):
 
 
 def main() -> None:
-    res = {"shape": [8, 2, 256], **versions(), "cases": {}}
-    cases = [(512, c - 512) for c in (8192, 16384, 32768, 65536, 100352)]
-    cases += [(620, 32768), (1, 100352)]
-    for t, pos in cases:
-        q, kb, vb = case(t, pos, 8, 2, 256, cap=pos + t + 4096)
-        ref = attend_ref(q, kb, vb, pos) if pos in (16384 - 512, 32768, 100352) else None
+    def measure_case(t, pos, q, kb, vb, ref):
         rows = {}
         for name, fn in variants(t).items():
             try:
                 rows[name] = measure(name, fn, q, kb, vb, pos, ref)
             except Exception as e:               # a variant this build refuses: say why
                 rows[name] = f"failed: {type(e).__name__}: {e}"[:300]
-        key = f"T{t}_ctx{pos + t}"
-        res["cases"][key] = rows
-        print(key, json.dumps(rows), flush=True)
-        del q, kb, vb, ref
-        torch.cuda.empty_cache()
+        return rows
+
+    res = {"shape": [8, 2, 256], **versions(), "cases": probe_cases(620, measure_case)}
     print(json.dumps(res))
 
 

@@ -20,11 +20,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from attn_kernel import DEV, case, rel_rms, timed  # noqa: E402
+from attn_kernel import DEV, probe_cases, rel_rms, timed  # noqa: E402
 
 from shadow_reader.bench import versions  # noqa: E402
 from shadow_reader.model import attn_fa4, attn_flash  # noqa: E402
-from shadow_reader.model.ref import attend_ref  # noqa: E402
 
 
 
@@ -78,12 +77,7 @@ def measure(attend, q, kb, vb, pos, ref) -> dict:
 
 
 def main() -> None:
-    res = {"shape": [8, 2, 256], **versions(), "cases": {}}
-    cases = [(512, c - 512) for c in (8192, 16384, 32768, 65536, 100352)]
-    cases += [(768, 32768), (1, 100352)]
-    for t, pos in cases:
-        q, kb, vb = case(t, pos, 8, 2, 256, cap=pos + t + 4096)
-        ref = attend_ref(q, kb, vb, pos) if pos in (16384 - 512, 32768, 100352) else None
+    def measure_case(t, pos, q, kb, vb, ref):
         rows, outs = {}, {}
         for name, attend in IMPLS.items():
             try:
@@ -94,11 +88,9 @@ def main() -> None:
             rows["fa4_vs_fa2_rel_rms"] = round(rel_rms(outs["fa4"], outs["fa2"]), 6)
             rows["speedup"] = round(rows["fa2"]["ms"] / rows["fa4"]["ms"], 3)
             rows["split_plan"] = attn_fa4.split_plan(pos, t, 8, 2, attn_fa4._num_sms(0))
-        key = f"T{t}_ctx{pos + t}"
-        res["cases"][key] = rows
-        print(key, json.dumps(rows), flush=True)
-        del q, kb, vb, ref, outs
-        torch.cuda.empty_cache()
+        return rows
+
+    res = {"shape": [8, 2, 256], **versions(), "cases": probe_cases(768, measure_case)}
     print(json.dumps(res))
 
 

@@ -28,6 +28,8 @@ import threading
 
 import torch
 
+from . import attn_flash
+
 MIN_SPLIT_KEYS = 1024     # fewest keys a prefix split holds
 MAX_SPLITS = 64
 # rows of one FA4 SM90 tile for head_dim > 96 (its _tile_size_fwd_sm90; 192 below): Qwen3.5's
@@ -100,7 +102,7 @@ def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
 
 
 def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
-    """Twin of `combine` in fp32: o_part [S1, T, H, D] (each split's normalised output),
+    """Twin of attn_triton.combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised output),
     lse_part [S1, H, T] fp32 (natural log-sum-exp of its scaled scores) -> [T, H * D] in
     o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the max over s."""
     s1, t, h, d = o_part.shape
@@ -133,8 +135,8 @@ class FA4Attention:
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
     host about 0.1 ms a call on the H200's host (bench/fa4_probe.py, `fa4_one_call` host_ms),
-    two calls a layer here, six layers a chunk. The first call of each kind (causal or not,
-    with or without lse) goes through `_flash_attn_fwd`; while it runs, its compile cache is
+    two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
+    through `_flash_attn_fwd`; while it runs, its compile cache is
     watched and the one compiled kernel it calls, with its arguments, is kept (`_record`).
     Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
     where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
@@ -177,8 +179,7 @@ class FA4Attention:
         hkv, end = k_buf.shape[1], pos + t
         _check(q, pos, k_buf, v_buf, out)
         if t * (h // hkv) < TILE_M:
-            from .attn_flash import attend as fa2_attend
-            return fa2_attend(q, pos, k_buf, v_buf, out)
+            return attn_flash.attend(q, pos, k_buf, v_buf, out)
         q = q.contiguous()
         s, ls = split_plan(pos, t, h, hkv, _num_sms(q.device.index or 0))
         if s == 0:
