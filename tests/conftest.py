@@ -8,9 +8,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from shadow_reader.model.config import PRESETS  # noqa: E402
-from shadow_reader.model.qwen35 import ModelInfo  # noqa: E402
-from shadow_reader.model.weights import build_model, fingerprint, random_tensors  # noqa: E402
+from adapters.model.config import PRESETS  # noqa: E402
+from adapters.model.qwen35 import ModelInfo  # noqa: E402
+from adapters.model.weights import build_model, fingerprint, random_tensors  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -12,10 +12,10 @@ import torch
 if not torch.cuda.is_available():               # the combine kernel through Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from shadow_reader.model import attn_fa4, attn_flash  # noqa: E402
-from shadow_reader.model.graphs import ATTENTIONS, default_attention  # noqa: E402
-from shadow_reader.model.ref import attend_ref  # noqa: E402
-from shadow_reader.reader import Reader  # noqa: E402
+from adapters.model import attn_fa4, attn_flash  # noqa: E402
+from adapters.model.graphs import ATTENTIONS, default_attention  # noqa: E402
+from adapters.model.ref import attend_ref  # noqa: E402
+from shadow_plugin.reader import Reader  # noqa: E402
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
@@ -152,15 +152,15 @@ def test_bad_input_is_refused_before_any_kernel(monkeypatch, change, match):
 def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
     with pytest.raises(ValueError, match="cuda_graphs off"):
         Reader(tiny, grid=64, cuda_graphs=False, attention="flash")
-    from shadow_reader.model.attn_triton import READ
-    from shadow_reader.model.runners import Runners
+    from adapters.model.attn_triton import READ
+    from adapters.model.runners import Runners
     with pytest.raises(ValueError, match="table attention's"):
         Runners(tiny, 64, attention="sdpa", split=READ)
     with pytest.raises(ValueError, match="fused_ops=True"):
         Reader(tiny, grid=64, cuda_graphs=False, fused_ops=True)
     with pytest.raises(ValueError, match="must be an attn_triton.SplitConfig"):
         Reader(tiny, grid=64, cuda_graphs=True, attn_split="64x64x4x2")
-    from shadow_reader.model.attn_triton import SplitConfig
+    from adapters.model.attn_triton import SplitConfig
     for bad in ("0x0x0x0", "-64x64x4x2", "7x64x4x2", "64x64x3x2"):
         with pytest.raises(ValueError, match="powers of two"):
             SplitConfig.parse(bad)
@@ -179,7 +179,7 @@ def test_fewer_rows_than_a_tile_go_to_flash_attention_2(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
 def test_combine_kernel_matches_its_twin():
     pytest.importorskip("triton")
-    from shadow_reader.model.attn_triton import combine_lse
+    from adapters.model.attn_triton import combine_lse
     g = torch.Generator().manual_seed(3)
     o_part = torch.randn(5, 7, 4, 32, generator=g).half()
     lse = torch.randn(5, 4, 7, generator=g) * 4
@@ -231,7 +231,7 @@ def test_the_pin_folder_keeps_fa4s_compiled_kernels(tmp_path):
     either variable (read when flash_attn.cute is imported, after the pin)."""
     import subprocess
     import sys
-    code = ("import os; from shadow_reader.model import autotune; autotune.pin(%r);"
+    code = ("import os; from adapters.model import autotune; autotune.pin(%r);"
             "print(os.environ[autotune.FA4_CACHE_ENABLED], os.environ[autotune.FA4_CACHE_DIR])"
             % str(tmp_path / "picks"))
     env = {k: v for k, v in os.environ.items()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shadow_reader.model import attn_flash
-from shadow_reader.model.ref import attend_ref
+from adapters.model import attn_flash
+from adapters.model.ref import attend_ref
 
 pytestmark = pytest.mark.skipif(
     not attn_flash.available(torch.device("cuda"), torch.bfloat16)

@@ -14,8 +14,8 @@ import torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from shadow_reader.model import attn_triton as at  # noqa: E402
-from shadow_reader.model.ref import attend_ref  # noqa: E402
+from adapters.model import attn_triton as at  # noqa: E402
+from adapters.model.ref import attend_ref  # noqa: E402
 
 DT = torch.float16
 SMALL = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4)
@@ -99,13 +99,15 @@ def test_write_kv_takes_rows_strided_as_a_fused_projection_leaves_them():
 def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
     """The whole-chunk body with the table attention (as captured on CUDA) against
     Qwen35.forward (SDPA) over three chunks: hidden, KV rows, GDN states, in fp32."""
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.state import alloc_kv, zero_gdn
+    from adapters import spec_for
+    from adapters.model.graphs import ChunkGraphs
+    from block_store.layout import alloc_kv, zero_gdn
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
     for fn in (tiny, ChunkGraphs(tiny, t, attention="table").run):
-        kv, gdn = alloc_kv(cfg, 3 * t + 5, "cpu", torch.float32), zero_gdn(cfg, "cpu", torch.float32)
+        spec = spec_for(cfg, "cpu", torch.float32)
+        kv, gdn = alloc_kv(spec, 3 * t + 5), zero_gdn(spec)
         for pos in range(0, 3 * t, t):
             h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
         runs.append((h, kv, gdn))
@@ -117,12 +119,14 @@ def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
 
 
 def test_chunk_runner_refuses_a_buffer_too_small(tiny):
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.state import alloc_kv, zero_gdn
+    from adapters import spec_for
+    from adapters.model.graphs import ChunkGraphs
+    from block_store.layout import alloc_kv, zero_gdn
     runner = ChunkGraphs(tiny, 64, attention="table")
-    kv = alloc_kv(tiny.cfg, 100, "cpu", torch.float32)
+    kv = alloc_kv(spec_for(tiny.cfg, "cpu", torch.float32), 100)
     with pytest.raises(ValueError, match="cannot take rows up to 128"):
-        runner.run(torch.zeros(64, dtype=torch.long), 64, kv, zero_gdn(tiny.cfg, "cpu", torch.float32))
+        runner.run(torch.zeros(64, dtype=torch.long), 64, kv,
+                   zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)))
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +135,9 @@ def tiny_deep():
     reach the committed state (in tiny they reach only the last layer's output)."""
     import dataclasses
 
-    from shadow_reader.model.config import FULL, LINEAR, PRESETS
-    from shadow_reader.model.qwen35 import ModelInfo
-    from shadow_reader.model.weights import build_model, random_tensors
+    from adapters.model.config import FULL, LINEAR, PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model, random_tensors
     cfg = dataclasses.replace(PRESETS["tiny"], layer_types=(FULL, LINEAR, LINEAR, FULL))
     return build_model(cfg, random_tensors(cfg), ModelInfo("tiny-deep", "", True))
 
@@ -144,18 +148,18 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
     the state still equals a fresh prefill through the same runner; an ask (through a padded
     question runner) below C equals a fresh reader's, and so does a decode through the
     single-token runner."""
-    from shadow_reader.model.runners import Runners
-    from shadow_reader.reader import Reader
-    from shadow_reader.router import ROUTER
+    from adapters import GraphAdapter
+    from adapters.model.runners import Runners
+    from shadow_plugin.reader import Reader
+    from shadow_plugin.router import ROUTER
     tiny = tiny_deep
 
     class SmallRunners(Runners):
         BUCKET = 64                      # keeps the interpreter's work small
 
     def reader():
-        r = Reader(tiny, grid=64, kv_step=64, max_checkpoints=2, cuda_graphs=True)
-        r._graphs = SmallRunners(tiny, 64, attention="table")
-        return r
+        runners = SmallRunners(tiny, 64, attention="table")
+        return Reader(GraphAdapter(tiny, 64, runners=runners), kv_step=64, max_checkpoints=2)
 
     ids = torch.randint(0, 248000, (300,), generator=torch.Generator().manual_seed(9)).tolist()
     r = reader()
@@ -180,14 +184,16 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
 def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
     """The runner with its small ops through torch.compile (as on CUDA) against ops.EAGER:
     hidden and GDN states close in fp32 after two chunks; deterministic on a second run."""
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.state import alloc_kv, zero_gdn
+    from adapters import spec_for
+    from adapters.model.graphs import ChunkGraphs
+    from block_store.layout import alloc_kv, zero_gdn
     cfg, t = tiny_deep.cfg, 64
     ids = torch.randint(0, 248000, (2 * t,), generator=torch.Generator().manual_seed(3))
     runs = []
     for fused in (False, True, True):
         runner = ChunkGraphs(tiny_deep, t, attention="table", fused=fused)
-        kv, gdn = alloc_kv(cfg, 2 * t, "cpu", torch.float32), zero_gdn(cfg, "cpu", torch.float32)
+        spec = spec_for(cfg, "cpu", torch.float32)
+        kv, gdn = alloc_kv(spec, 2 * t), zero_gdn(spec)
         for pos in (0, t):
             h, gdn = runner.run(ids[pos:pos + t], pos, kv, gdn)
         runs.append((h, gdn))
@@ -200,7 +206,7 @@ def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
 def test_runners_prepare_sizes_and_decode(tiny):
     """Runners: question lengths go to multiples of BUCKET (none past MAX_ROWS); prepare
     builds the decode and bucket runners (nothing to capture on the CPU)."""
-    from shadow_reader.model.runners import Runners
+    from adapters.model.runners import Runners
     r = Runners(tiny, 64)
     assert r.for_rows(1).t == r.BUCKET and r.for_rows(r.BUCKET + 1).t == 2 * r.BUCKET
     assert r.for_rows(r.MAX_ROWS + 1) is None

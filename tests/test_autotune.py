@@ -12,7 +12,7 @@ import pytest
 fla_cache = pytest.importorskip("fla.ops.utils.cache")
 triton = pytest.importorskip("triton")
 
-from shadow_reader.model import autotune  # noqa: E402
+from adapters.model import autotune  # noqa: E402
 
 KEY = (32, 32, 128, 128, 64, False, "torch.bfloat16")
 
@@ -69,7 +69,7 @@ def test_pin_refuses_once_fla_is_imported_with_other_settings(tmp_path, monkeypa
 def test_pin_before_import_sets_fla_to_strict_on_that_directory(tmp_path):
     """In a fresh process: pin, then import fla: strict mode on the pinned directory, and
     pinning again to the same place is accepted."""
-    code = ("from shadow_reader.model import autotune; p = autotune.pin(%r);"
+    code = ("from adapters.model import autotune; p = autotune.pin(%r);"
             "import fla.ops.utils.cache as c; autotune.pin(%r);"
             "print(c.FLA_CACHE_MODE.value, c.get_fla_config_dir() == p, autotune.pinned_dir() == p)"
             % (str(tmp_path / "picks"), str(tmp_path / "picks")))

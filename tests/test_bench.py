@@ -3,7 +3,7 @@ device; here only their presence and the exactness after the timed runs are chec
 import json
 from pathlib import Path
 
-from shadow_reader.cli import main
+from evals.cli import main
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "session.json")
 

@@ -1,14 +1,21 @@
-"""Tests for shadow_reader.chat (spec: /work/shared/specs/qwen35-chat-format.md)."""
+"""Tests for shadow_plugin.chat (spec: docs/specs/qwen35-chat-format.md)."""
 
 import json
 
 import pytest
 
-from shadow_reader.chat import (
-    CHAT_TOKENS, SPECIAL_TOKENS, TEMPLATES, ChatTemplateError, ChatTokens, Renderer,
-    normalize_messages, render, render_with_template,
+from shadow_plugin.chat import (
+    CHAT_TOKENS,
+    SPECIAL_TOKENS,
+    TEMPLATES,
+    ChatTemplateError,
+    ChatTokens,
+    Renderer,
+    normalize_messages,
+    render,
+    render_with_template,
 )
-from shadow_reader.tokenizer import load_tokenizer
+from shadow_plugin.tokenizer import load_tokenizer
 
 # ---------------------------------------------------------------- spec section 12, verbatim
 # fmt: off
@@ -168,7 +175,7 @@ def test_whitespace_system_dropped_with_tools_and_tool_json_unsorted():
 
 
 def test_tools_instruction_length():
-    from shadow_reader.chat import TOOLS_INSTR
+    from shadow_plugin.chat import TOOLS_INSTR
     assert len(TOOLS_INSTR) == 817
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shadow_reader.reader import Reader
+from shadow_plugin.reader import Reader
 
 
 def _reader(tiny, runners: bool) -> Reader:
@@ -33,15 +33,16 @@ def test_decode_loop_gives_the_step_by_step_ids(tiny):
 
 
 def test_decode_loop_refuses_a_runner_of_many_rows_and_a_short_buffer(tiny):
-    from shadow_reader.model.decode import DecodeLoop
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.state import alloc_kv, zero_gdn
+    from adapters import spec_for
+    from adapters.model.decode import DecodeLoop
+    from adapters.model.graphs import ChunkGraphs
+    from block_store.layout import alloc_kv, zero_gdn
     with pytest.raises(ValueError, match="single-token runner, got t = 64"):
         DecodeLoop(tiny, ChunkGraphs(tiny, 64))
     loop = DecodeLoop(tiny, ChunkGraphs(tiny, 1))
-    kv = alloc_kv(tiny.cfg, 10, "cpu", torch.float32)
+    kv = alloc_kv(spec_for(tiny.cfg, "cpu", torch.float32), 10)
     with pytest.raises(ValueError, match="cannot take 8 steps from 5"):
-        loop.run(3, 5, kv, zero_gdn(tiny.cfg, "cpu", torch.float32), 8, set())
+        loop.run(3, 5, kv, zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)), 8, set())
 
 
 def test_steps_past_a_late_stop_id_are_counted(tiny):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from shadow_reader.cli import main
-from shadow_reader.fresh import fresh_report, load_timeline, percentile, simulate
-from shadow_reader.scheduler import SchedulerConfig
+from evals.cli import main
+from evals.fresh import fresh_report, load_timeline, percentile, simulate
+from shadow_plugin.scheduler import SchedulerConfig
 
 T0 = 1767225600.0            # 2026-01-01T00:00:00Z
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "timelines"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from shadow_reader.model import gemv  # noqa: E402
+from adapters.model import gemv  # noqa: E402
 
 
 @pytest.mark.parametrize("n,k", [(64, 32), (37, 100), (2100, 96), (8, 1030)])

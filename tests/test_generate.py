@@ -5,9 +5,10 @@ import random
 import pytest
 import torch
 
-from shadow_reader.exact import fresh_prefill
-from shadow_reader.reader import Reader
-from shadow_reader.state import zero_gdn
+from adapters import EagerAdapter, spec_for
+from block_store.layout import zero_gdn
+from shadow_plugin.exact import fresh_prefill
+from shadow_plugin.reader import Reader
 
 G = 64
 
@@ -30,7 +31,7 @@ def _plain_logits(model, ids):
     cfg = model.cfg
     shape = (len(ids), cfg.num_key_value_heads, cfg.head_dim)
     kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in cfg.full_layers]
-    h, _ = model(torch.tensor(ids), 0, kv, zero_gdn(cfg, "cpu", torch.float32))
+    h, _ = model(torch.tensor(ids), 0, kv, zero_gdn(spec_for(cfg, "cpu", torch.float32)))
     return model.logits(h).float()
 
 
@@ -60,7 +61,7 @@ def test_generate_leaves_the_state_and_depends_only_on_ids(reader, tiny):
         assert fresh.generate("f", "Summarize.", max_new_tokens=4, at=at).ids == below.ids
     text, g = reader.summarize("s", max_tokens=3)
     assert isinstance(text, str) and 1 <= len(g.ids) <= 3
-    state = fresh_prefill(tiny, reader.ids("s")[:reader.committed("s")], G)
+    state = fresh_prefill(EagerAdapter(tiny, G), reader.ids("s")[:reader.committed("s")])
     assert all(torch.equal(state[k], reader.state_tensors("s")[k]) for k in state)
 
 

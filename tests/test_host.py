@@ -2,9 +2,9 @@
 import random
 import time
 
-from shadow_reader.host import Host
-from shadow_reader.reader import Reader
-from shadow_reader.scheduler import SchedulerConfig, VirtualClock
+from shadow_plugin.host import Host
+from shadow_plugin.reader import Reader
+from shadow_plugin.scheduler import SchedulerConfig, VirtualClock
 
 G = 64
 
@@ -138,7 +138,7 @@ def test_forget_drops_the_session_everywhere(tiny):
 def test_a_round_with_no_chunk_due_is_free_and_a_slice_pays_its_overhead(tiny, monkeypatch):
     """between_rounds returns at once when no chunk fits the ration (no sync, nothing used);
     a slice's wall time beyond its chunks (syncs, bookkeeping) counts against the ration."""
-    import shadow_reader.host as host_mod
+    import shadow_plugin.host as host_mod
     clock, syncs = VirtualClock(), []
 
     def sync(device):                      # a sync that takes 2 ms of the clock

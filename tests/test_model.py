@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from shadow_reader.model import ref
-from shadow_reader.model.config import PRESETS
-from shadow_reader.model.export import save_hf_dir
-from shadow_reader.state import zero_gdn
+from adapters import spec_for
+from adapters.model import ref
+from adapters.model.config import PRESETS
+from adapters.model.export import save_hf_dir
+from block_store.layout import zero_gdn
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,7 +28,7 @@ def test_logits_and_states_match_transformers(tiny, hf_model):
     cache = transformers.DynamicCache(config=hf_model.config)
     with torch.no_grad():
         want = hf_model(ids[None], cache=cache, use_cache=True).logits[0]
-    kv, gdn, pos, got = _empty_kv(cfg, 256), zero_gdn(cfg, "cpu", torch.float32), 0, []
+    kv, gdn, pos, got = _empty_kv(cfg, 256), zero_gdn(spec_for(cfg, "cpu", torch.float32)), 0, []
     for n in (64, 64, 64, 8):                      # chunked, with a ragged last chunk
         h, gdn = tiny(ids[pos:pos + n], pos, kv, gdn)
         got.append(tiny.logits(h))
@@ -88,7 +89,7 @@ def test_conv_gates_twin_of_the_conv_then_the_gates(t):
     ref.causal_conv1d then ops.gdn_gates, in bf16 on strided projection slices as the fused
     projections give them: outputs within bf16 rounding, the new state the same bits, v
     contiguous; also through torch.compile (what the runners use)."""
-    from shadow_reader.model import ops
+    from adapters.model import ops
     g = torch.Generator().manual_seed(t)
     hk, kd, hv, vd, w = 2, 16, 4, 8, 4
     d = 2 * hk * kd + hv * vd
@@ -110,9 +111,9 @@ def test_conv_gates_twin_of_the_conv_then_the_gates(t):
 def _with_layers(types):
     import dataclasses
 
-    from shadow_reader.model.config import PRESETS
-    from shadow_reader.model.qwen35 import ModelInfo
-    from shadow_reader.model.weights import build_model, random_tensors
+    from adapters.model.config import PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model, random_tensors
     cfg = dataclasses.replace(PRESETS["tiny"], layer_types=types)
     return build_model(cfg, random_tensors(cfg), ModelInfo("tiny-" + "".join(t[0] for t in types),
                                                            "", True))
@@ -123,16 +124,16 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
     """The CUDA-graph runner's split of the forward into segments cut at the full-attention
     layers (run without graphs on the CPU, attention between) gives the eager forward's bits:
     hidden, KV rows and GDN states; also with the attention first, in the middle, back to back."""
-    from shadow_reader.model.config import FULL, LINEAR
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.reader import Reader
+    from adapters.model.config import FULL, LINEAR
+    from adapters.model.graphs import ChunkGraphs
+    from shadow_plugin.reader import Reader
     if order:
         tiny = _with_layers(tuple(FULL if c == "f" else LINEAR for c in order))
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
     for fn in (tiny, ChunkGraphs(tiny, t).run):
-        kv, gdn = _empty_kv(cfg, 3 * t), zero_gdn(cfg, "cpu", torch.float32)
+        kv, gdn = _empty_kv(cfg, 3 * t), zero_gdn(spec_for(cfg, "cpu", torch.float32))
         for pos in range(0, 3 * t, t):
             h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
         runs.append((h, kv, gdn))
@@ -152,7 +153,7 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
     chunk runner) skips the copy in only for the very states it returned, unchanged: chunks of
     two sessions interleaved, a state changed in place, and states passed as equal copies all
     give the bits of a runner that copies every time."""
-    from shadow_reader.model import graphs, slots
+    from adapters.model import graphs, slots
     same, seen = slots.same, []
     monkeypatch.setattr(slots, "same", lambda *a: seen.append(same(*a)) or seen[-1])
     cfg, t = tiny.cfg, 64
@@ -162,7 +163,7 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
     for keep in (False, True):
         runner = graphs.ChunkGraphs(tiny, t, keep_states=keep)
         kv = {s: _empty_kv(cfg, 3 * t) for s in "ab"}
-        gdn = {s: zero_gdn(cfg, "cpu", torch.float32) for s in "ab"}
+        gdn = {s: zero_gdn(spec_for(cfg, "cpu", torch.float32)) for s in "ab"}
         for pos, s in [(0, "a"), (t, "a"), (2 * t, "a"), (0, "b"), (t, "b")]:
             if (pos, s) == (2 * t, "a"):
                 gdn[s][0][1].mul_(0.5)               # changed in place since it was returned
@@ -179,16 +180,16 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
 def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
     """FlashAttention needs CUDA in fp16/bf16: asked for on the CPU, a clear ValueError; the
     reader's path (written into spilled files) names how chunks are read."""
-    from shadow_reader.model.graphs import ChunkGraphs
-    from shadow_reader.model.runners import Runners
-    from shadow_reader.reader import Reader
+    from adapters.model.graphs import ChunkGraphs
+    from adapters.model.runners import Runners
+    from shadow_plugin.reader import Reader
     with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
         ChunkGraphs(tiny, 64, attention="flash")
     assert Runners(tiny, 64).path == "eager:sdpa"
     assert Runners(tiny, 64, attention="table", fused=True).path == \
         "eager:table 128x32x8x2+fused+proj"
     assert Reader(tiny, grid=64).path == "eager"
-    assert Reader(tiny, grid=64, cuda_graphs=True)._identity().kernels == "torch eager:sdpa"
+    assert Reader(tiny, grid=64, cuda_graphs=True).adapter.identity().kernels == "torch eager:sdpa"
 
 
 def test_a_one_token_forward_takes_the_step_kernel(tiny):
@@ -196,7 +197,7 @@ def test_a_one_token_forward_takes_the_step_kernel(tiny):
     whose result is the chunked form's within fp32 rounding."""
     import dataclasses
 
-    from shadow_reader.model.kernels import TORCH
+    from adapters.model.kernels import TORCH
     calls = []
 
     def spy(*args):
@@ -204,7 +205,7 @@ def test_a_one_token_forward_takes_the_step_kernel(tiny):
         return ref.recurrent_gated_delta_rule(*args)
 
     cfg = tiny.cfg
-    kv, gdn = _empty_kv(cfg, 8), zero_gdn(cfg, "cpu", torch.float32)
+    kv, gdn = _empty_kv(cfg, 8), zero_gdn(spec_for(cfg, "cpu", torch.float32))
     ids = torch.tensor([1234])
     try:
         tiny.kernels = dataclasses.replace(TORCH, gdn_step=ref.chunk_gated_delta_rule)
@@ -223,14 +224,14 @@ def test_fused_projections_are_views_and_close_to_the_four_gemms(tiny):
     """model.fuse: the parameters become row views of one weight per layer (no copy kept, the
     eager forward's bits unchanged, a second call finds the same weights); one GEMM gives the
     separate projections' values within fp32 rounding."""
-    from shadow_reader.model.fuse import fuse_projections
-    from shadow_reader.model.weights import build_model, random_tensors
-    from shadow_reader.model.qwen35 import ModelInfo
-    from shadow_reader.model.config import PRESETS
+    from adapters.model.config import PRESETS
+    from adapters.model.fuse import fuse_projections
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model, random_tensors
     cfg = PRESETS["tiny"]
     model = build_model(cfg, random_tensors(cfg), ModelInfo("tiny-fuse", "", True))
     ids = torch.randint(0, 248000, (64,), generator=torch.Generator().manual_seed(2))
-    before = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(cfg, "cpu", torch.float32))[0]
+    before = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(spec_for(cfg, "cpu", torch.float32)))[0]
     f = fuse_projections(model)
     g = model.layers[0].linear_attn
     w = f.gdn_in[0]
@@ -239,7 +240,7 @@ def test_fused_projections_are_views_and_close_to_the_four_gemms(tiny):
     assert torch.equal(w[cfg.conv_dim:cfg.conv_dim + cfg.value_dim], g.in_proj_z.weight)
     again = fuse_projections(model)
     assert all(again.mlp_in[i].data_ptr() == f.mlp_in[i].data_ptr() for i in f.mlp_in)
-    after = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(cfg, "cpu", torch.float32))[0]
+    after = model(ids, 0, _empty_kv(cfg, 64), zero_gdn(spec_for(cfg, "cpu", torch.float32)))[0]
     assert torch.equal(before, after)
     x = torch.randn(5, cfg.hidden_size)
     state = (torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim),
@@ -252,7 +253,7 @@ def test_fused_projections_are_views_and_close_to_the_four_gemms(tiny):
     assert (mlp(x) - mlp(x, gate_up=f.mlp_in[0])).abs().max().item() < 1e-5
     i = next(iter(f.attn_in))
     attn = model.layers[i].self_attn
-    from shadow_reader.model.layers import rope_cos_sin
+    from adapters.model.layers import rope_cos_sin
     rope = rope_cos_sin(torch.arange(5), cfg.rotary_dim, cfg.rope_theta, torch.float32)
     for p, q in zip(attn.project(x, rope), attn.project(x, rope, qkv=f.attn_in[i])):
         assert (p - q).abs().max().item() < 1e-5
@@ -264,7 +265,7 @@ def test_pinning_fla_configs_sets_the_directories_fla_and_inductor_read(tmp_path
     import os
     import sys
 
-    from shadow_reader.model import autotune
+    from adapters.model import autotune
     if "fla.ops.utils.cache" in sys.modules:
         pytest.skip("fla was imported unpinned in this process (test_autotune covers it)")
     for var in (autotune.ENV_DIR, autotune.ENV_MODE, "TORCHINDUCTOR_CACHE_DIR"):
@@ -283,7 +284,8 @@ def test_autotune_dir_defaults_to_the_cache_folder_and_can_be_turned_off():
     """model.autotune.env_dir: unset, empty or 'auto' pin fla's picks under the home cache
     folder (exact across processes by default), a path is taken as given, 'off' pins none."""
     from pathlib import Path
-    from shadow_reader.model import autotune
+
+    from adapters.model import autotune
     default = Path("~/.cache/shadow-reader/autotune").expanduser()
     assert autotune.env_dir({}) == default
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": " auto "}) == default
@@ -297,7 +299,7 @@ def test_an_autotune_dir_that_cannot_be_made_warns_for_the_default_and_names_a_c
         tmp_path, monkeypatch):
     """A read-only home must not stop a model from loading: the default folder is skipped with
     a warning; a folder the user named is refused with a ValueError that names it."""
-    from shadow_reader.model import autotune
+    from adapters.model import autotune
     blocker = tmp_path / "file"
     blocker.write_text("")                       # a file where a folder would go
     monkeypatch.setattr(autotune, "DEFAULT_DIR", blocker / "autotune")
@@ -313,7 +315,8 @@ def test_an_autotune_dir_that_cannot_be_made_warns_for_the_default_and_names_a_c
 
 def _merge_many(folder: str, start: int) -> None:
     from pathlib import Path
-    from shadow_reader.model import autotune
+
+    from adapters.model import autotune
     for i in range(start, start + 60):
         with autotune._locked(Path(folder)):
             autotune._merge(Path(folder) / "k.json", "k", {f"h{i}": {"pick": i}}, "3.6")
@@ -325,7 +328,8 @@ def test_merged_picks_keep_the_first_and_survive_concurrent_writers(tmp_path):
     the folder's lock lose none of each other's entries."""
     import json
     import multiprocessing
-    from shadow_reader.model import autotune
+
+    from adapters.model import autotune
     file = tmp_path / "k.json"
     autotune._merge(file, "k", {"a": {"BK": 64}}, "3.6")
     autotune._merge(file, "k", {"a": {"BK": 32}, "b": {"BK": 32}}, "3.6")
@@ -343,9 +347,9 @@ def test_merged_picks_keep_the_first_and_survive_concurrent_writers(tmp_path):
 def test_runner_refuses_a_negative_position_and_takes_ids_as_a_tuple(tiny):
     """A negative pos would have the graphs' KV write land below the buffers: refused before
     anything runs; ids as a tuple read like the list."""
-    from shadow_reader.model.graphs import ChunkGraphs
+    from adapters.model.graphs import ChunkGraphs
     runner, t = ChunkGraphs(tiny, 64), 64
-    kv, gdn = _empty_kv(tiny.cfg, 2 * t), zero_gdn(tiny.cfg, "cpu", torch.float32)
+    kv, gdn = _empty_kv(tiny.cfg, 2 * t), zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32))
     with pytest.raises(ValueError, match="pos must be >= 0, got -64"):
         runner.run([5] * t, -t, kv, gdn)
     h1, _ = runner.run(tuple(range(t)), 0, kv, gdn)

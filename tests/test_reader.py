@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from shadow_reader import checkpoints
-from shadow_reader.reader import Reader
+from shadow_plugin import lines
+from shadow_plugin.reader import Reader
 
 G = 64
 IM_START, IM_END, USER, ASSISTANT, NL, TOOL_RESPONSE = 248045, 248046, 846, 74455, 198, 248066
@@ -106,7 +106,7 @@ def test_new_user_message_rolls_back_to_episode_start_not_zero(tiny):
     prompt = [IM_START, 8948, NL] + _rand(40, 1) + [IM_END, NL] + _user(90, 2) + GEN_PROMPT
     r.feed("s", prompt, "prompt")
     r.read("s")
-    episode_line = checkpoints.prompt_line(prompt, G)
+    episode_line = lines.prompt_line(prompt, G)
     assert r.checkpoint_positions("s") == [episode_line]
     first_answer = len(prompt) - 2        # where "<think>\n" of the first assistant turn starts
     held = prompt
@@ -156,9 +156,9 @@ def test_output_before_prompt_and_empty_prompt(tiny):
 def test_sessions_past_max_positions_are_read_and_flagged(tiny_tensors):
     import dataclasses
 
-    from shadow_reader.model.qwen35 import ModelInfo
-    from shadow_reader.model.weights import build_model
-    from shadow_reader.model.config import PRESETS
+    from adapters.model.config import PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model
     cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=100)
     model = build_model(cfg, tiny_tensors, ModelInfo("short", "x", True))
     r = Reader(model, grid=G, kv_step=128)
@@ -175,8 +175,8 @@ def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
     base is not used (the answer still equals a fresh reader's)."""
     import random
 
-    from shadow_reader.reader import Reader
-    from shadow_reader.router import ROUTER
+    from shadow_plugin.reader import Reader
+    from shadow_plugin.router import ROUTER
     rng = random.Random(11)
     ids = [rng.randrange(1000, 240000) for _ in range(5 * 64 + 9)]
     r = Reader(tiny, grid=64, kv_step=64)

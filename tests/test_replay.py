@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from shadow_reader.chat import Renderer
-from shadow_reader.cli import main
-from shadow_reader.host_view import host_turns
-from shadow_reader.reader import Reader
-from shadow_reader.replay import replay_turns
-from shadow_reader.router import ROUTER, load_question
-from shadow_reader.tokenizer import load_tokenizer
+from evals.cli import main
+from evals.replay import replay_turns
+from shadow_plugin.chat import Renderer
+from shadow_plugin.host_view import host_turns
+from shadow_plugin.reader import Reader
+from shadow_plugin.router import ROUTER, load_question
+from shadow_plugin.tokenizer import load_tokenizer
 
 G = 64
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 7}  # step {i}" for i in range(30))

@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from shadow_reader.config import ServiceConfig  # noqa: E402
-from shadow_reader.scheduler import SchedulerConfig  # noqa: E402
-from shadow_reader.server.app import create_app  # noqa: E402
+from shadow_plugin.config import ServiceConfig  # noqa: E402
+from shadow_plugin.scheduler import SchedulerConfig  # noqa: E402
+from shadow_plugin.server.app import create_app  # noqa: E402
 
 G = 64
 KEY = {"Authorization": "Bearer k3y"}
@@ -207,7 +207,7 @@ def test_web_pages_cannot_drive_a_local_server(tmp_path):
     """Without a key: a cross-origin POST (a page may send a bodiless /end without a
     preflight) and a rebound Host are refused with 403 before any route; same-origin and
     Origin-less clients pass."""
-    from shadow_reader.server.limits import Guard
+    from shadow_plugin.server.limits import Guard
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path)
     with TestClient(create_app(cfg), base_url=LOCAL) as c:
         r = c.post("/v1/shadow/sessions/s9/end", headers={"Origin": "http://evil.example"})
@@ -363,7 +363,7 @@ def test_a_question_while_the_model_loads_gets_503_with_retry_after(tmp_path, mo
     Retry-After; once loaded, the same call works."""
     import threading
 
-    import shadow_reader.server.service as service_mod
+    import shadow_plugin.server.service as service_mod
     gate, real = threading.Event(), service_mod.load_model
 
     def slow_load(*a, **kw):

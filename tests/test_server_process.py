@@ -24,7 +24,7 @@ def _start(tmp_path, port):
     env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
            "SHADOW_GRID": str(G), "SHADOW_DISK": str(tmp_path / "disk"),
            "SHADOW_DIR": str(tmp_path), "SHADOW_POLL_S": "0.02"}
-    proc = subprocess.Popen([sys.executable, "-m", "shadow_reader.cli", "serve", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port",
                              str(port)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from shadow_reader.chat import Renderer
-from shadow_reader.host_view import host_turns
-from shadow_reader.reader import Reader
-from shadow_reader.replay import load_session, replay_turns
-from shadow_reader.router import ROUTER
-from shadow_reader.tokenizer import load_tokenizer
+from evals.replay import load_session, replay_turns
+from shadow_plugin.chat import Renderer
+from shadow_plugin.host_view import host_turns
+from shadow_plugin.reader import Reader
+from shadow_plugin.router import ROUTER
+from shadow_plugin.tokenizer import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions"
 FILES = sorted(DATA.glob("*.json")) if DATA.is_dir() else []
@@ -40,8 +40,8 @@ def test_state_bytes_counts_every_tensor(tiny):
     over every tensor the state holds."""
     import random
 
-    from shadow_reader.reader import Reader
-    from shadow_reader.state import state_bytes
+    from block_store.session import state_bytes
+    from shadow_plugin.reader import Reader
     rng = random.Random(7)
     r = Reader(tiny, grid=64, kv_step=64)
     ids = [rng.randrange(1000, 240000) for _ in range(300)]
@@ -50,7 +50,7 @@ def test_state_bytes_counts_every_tensor(tiny):
     for cut in (130, 200):                      # later prompts take checkpoints at their lines
         r.feed("s", ids[:cut] + [5] * 100, "prompt")
         r.read("s")
-    st = r._sessions["s"]
+    st = r.table.resident["s"]
     assert st.checkpoints
     every = [*(x for kv in st.kv for x in kv), *(x for g in st.gdn for x in g),
              *(x for cp in st.checkpoints for g in cp.gdn for x in g)]

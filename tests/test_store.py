@@ -12,10 +12,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadow_reader import store
-from shadow_reader.model.qwen35 import ModelInfo
-from shadow_reader.reader import Reader
-from shadow_reader.state import state_bytes
+from adapters.model.qwen35 import ModelInfo
+from block_store import files as store
+from block_store.session import state_bytes
+from shadow_plugin.reader import Reader
 
 G = 64
 SIZES = st.one_of(st.sampled_from([1, G - 1, G, G + 1, 2 * G + 3]), st.integers(0, 150))
@@ -31,7 +31,7 @@ def _check_accounting(reader, in_use):
     s = reader.stats()
     per = s["sessions"]
     assert s["resident_bytes"] == sum(v["bytes"] for v in per.values())
-    assert s["resident_bytes"] == sum(state_bytes(st) for st in reader._sessions.values())
+    assert s["resident_bytes"] == sum(state_bytes(st) for st in reader.table.resident.values())
     others = sum(v["bytes"] for k, v in per.items() if k != in_use)
     assert others <= s["resident_cap_bytes"] or others == 0
 
@@ -106,8 +106,8 @@ def test_without_disk_a_session_is_read_again_from_zero(tiny):
 
 RESTORE_SCRIPT = """
 import json, sys
-from shadow_reader.model import load_model
-from shadow_reader.reader import Reader
+from adapters.model import load_model
+from shadow_plugin.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=0, disk_dir=sys.argv[1])
 ids = r.ids("s")
 r.feed("s", ids + list(range(1000, 1200)), "prompt")
@@ -129,8 +129,8 @@ def test_restore_in_a_new_process_continues_exactly(tiny, tmp_path):
 
 WRITER_SCRIPT = """
 import random, sys
-from shadow_reader.model import load_model
-from shadow_reader.reader import Reader
+from adapters.model import load_model
+from shadow_plugin.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=10**12,
            disk_dir=sys.argv[1])
 rng = random.Random(1)
@@ -138,8 +138,8 @@ r.feed("s", r.ids("s") + [rng.randrange(248000) for _ in range(700)], "prompt")
 r.read("s")
 print("ready", flush=True)
 while True:
-    r._residency.park(r._sessions, "s")      # write, then bring back, forever
-    r._get("s")
+    r.table.residency.park(r.table.resident, "s")      # write, then bring back, forever
+    r.table.get("s")
 """
 
 
@@ -297,8 +297,8 @@ def test_a_session_below_one_chunk_outlives_a_restart(tiny, tmp_path):
 def test_position_and_the_scheduler_do_not_restore_parked_sessions(tiny, tmp_path):
     """Reader.position reads a parked session's (ids, C) from its record; the host's scheduler
     looks through it on every round, so a round never restores (or spills) anything."""
-    from shadow_reader.host import Host
-    from shadow_reader.scheduler import SchedulerConfig
+    from shadow_plugin.host import Host
+    from shadow_plugin.scheduler import SchedulerConfig
     r = _reader(tiny, tmp_path)                  # resident cap 0: all but the one in use parked
     _session(r, "a")
     _session(r, "b", seed=1)

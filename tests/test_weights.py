@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from shadow_reader.model import load_model
-from shadow_reader.model.config import PRESETS, ModelConfig
-from shadow_reader.model.export import save_hf_dir
-from shadow_reader.model.weights import fingerprint
+from adapters.model import load_model
+from adapters.model.config import PRESETS, ModelConfig
+from adapters.model.export import save_hf_dir
+from adapters.model.weights import fingerprint
 
 CFG = PRESETS["tiny"]
 
@@ -80,8 +80,8 @@ def test_random_presets_have_real_shapes_and_realistic_values(tiny_tensors):
 
 
 def test_fingerprint_is_stable_across_processes(tiny):
-    code = ("from shadow_reader.model.weights import random_tensors, fingerprint;"
-            "from shadow_reader.model.config import PRESETS;"
+    code = ("from adapters.model.weights import random_tensors, fingerprint;"
+            "from adapters.model.config import PRESETS;"
             "print(fingerprint(random_tensors(PRESETS['tiny'])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == tiny.info.fingerprint

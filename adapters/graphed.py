@@ -1,0 +1,68 @@
+"""The CUDA-graph path: every forward through a reader's runners (adapters.model.runners:
+the grid chunk runner, question runners padded to 256-row buckets, the single-token runner
+and its device-fed decode loop). On CUDA each runner replays CUDA graphs with FlashAttention-4
+or -2 (or the table attention) between them; on the CPU the same bodies run without graphs.
+Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
+reference on CUDA.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from block_store.layout import GdnState, KvState
+
+from .interface import Adapter
+from .model.qwen35 import Qwen35
+from .model.runners import Runners
+
+
+class GraphAdapter(Adapter):
+    """Args: model, grid; attention, fused, split: the runners' options (Runners); runners: a
+    Runners for this model and grid built elsewhere (tests pass smaller buckets). Raises
+    ValueError for an attention this device cannot run or a tiling of another attention."""
+
+    def __init__(self, model: Qwen35, grid: int, attention: str | None = None,
+                 fused: bool | None = None, split=None, runners: Runners | None = None):
+        super().__init__(model, grid)
+        self.runners = runners or Runners(model, grid, attention, fused=fused, split=split)
+        if self.runners.chunk.t != grid:
+            raise ValueError(f"the runners read chunks of {self.runners.chunk.t} ids, the "
+                             f"grid is {grid}")
+
+    @property
+    def path(self) -> str:
+        return self.runners.path
+
+    def prepare(self) -> None:
+        self.runners.prepare()
+
+    def read_chunk(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState) -> GdnState:
+        _, new = self.runners.run(ids, pos, kv, gdn)    # the runner stages host ids itself
+        return new
+
+    def fork_rows(self, num_ids: int) -> int:
+        runner = self.runners.for_rows(num_ids)
+        return runner.t if runner is not None else num_ids
+
+    def fork_logits(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+                    token_ids: Sequence[int]) -> torch.Tensor:
+        """Through the runner of the ids' length bucket, padded after the real rows (into
+        scratch rows above them, which change none of the real rows' values); eagerly past
+        the largest bucket."""
+        ids = list(ids)
+        runner = self.runners.for_rows(len(ids))
+        if runner is not None:
+            padded = torch.tensor(ids + [ids[-1]] * (runner.t - len(ids)), dtype=torch.long)
+            hidden, _ = runner.run(padded, pos, kv, gdn)
+            hidden = hidden[len(ids) - 1:len(ids)]
+        else:
+            hidden, _ = self.model(self._ids(ids), pos, kv, gdn)
+        return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
+
+    def _decode_steps(self, token: int, pos: int, kv: KvState, gdn: GdnState, max_steps: int,
+                      stop_ids: set[int]) -> tuple[list[int], int]:
+        """Through the decode loop (adapters.model.decode: the single-token runner, each token
+        fed back on the device)."""
+        return self.runners.decode_loop().run(token, pos, kv, gdn, max_steps, stop_ids)

@@ -1,0 +1,163 @@
+"""The one interface the reader calls for every forward: the forward at page granularity.
+
+An adapter runs Qwen3.5 over state it is handed (block_store's layouts, `spec`):
+- `read_chunk`: one grid chunk of exactly `grid` ids at `pos` (what commits state);
+- `fork_logits`: a fork's ids above C (a question), logits of the last id only;
+- `decode`: a fork's prompt above C, then up to n tokens greedily, stopping at a stop id.
+KV rows at and above `pos` are written into the buffers given; GDN states are returned new,
+never changed in place. `path` names what the bits depend on beyond the weights (spilled
+files carry it); the reader never asks which implementation it holds.
+
+Implementations: adapters.graphed.GraphAdapter (the CUDA-graph runners; their bodies run
+eagerly on the CPU), adapters.eager.EagerAdapter (Qwen35.forward with the model's kernel set)
+and adapters.eager.ReferenceAdapter (the pure-torch kernels on any device: the CPU path and
+the oracle). adapters.select.make_adapter picks one.
+"""
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from block_store import FileIdentity, StateSpec
+from block_store.layout import ATTENTION, GDN, GdnState, KvState
+
+from .model.config import FULL, ModelConfig
+from .model.kernels import KernelSet
+from .model.qwen35 import ModelInfo, Qwen35
+
+
+def spec_for(cfg: ModelConfig, device, dtype: torch.dtype) -> StateSpec:
+    """The layouts of a session's state for a model of config `cfg` (block_store.StateSpec),
+    states on `device` in `dtype` (recurrent states fp32)."""
+    return StateSpec(tuple(ATTENTION if t == FULL else GDN for t in cfg.layer_types),
+                     cfg.num_key_value_heads, cfg.head_dim, cfg.conv_dim,
+                     cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
+                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, dtype, device)
+
+
+def state_spec(model: Qwen35) -> StateSpec:
+    """spec_for the model's config, device and dtype."""
+    return spec_for(model.cfg, model.device, model.dtype)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """ids: the greedy continuation (ending with a stop id when one came); num_steps: one-token
+    forwards run (those past a stop id seen late included); prefill_ms: wall time of the
+    prompt's forward and the first token; decode_ms: wall time of the steps after it."""
+
+    ids: tuple[int, ...]
+    num_steps: int
+    prefill_ms: float
+    decode_ms: float
+
+
+class Adapter(ABC):
+    """Qwen3.5 (`model`, a adapters.model.Qwen35) read in chunks of `grid` ids.
+
+    Facts the reader needs: spec (block_store.StateSpec), vocab_size, max_positions, info
+    (ModelInfo: name, fingerprint, random or not), path, identity() (what spilled files must
+    match)."""
+
+    def __init__(self, model: Qwen35, grid: int):
+        self.model, self.grid = model, grid
+        self.spec = state_spec(model)
+
+    # -- facts ----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        """The model's max_position_embeddings (positions past it are read, and flagged)."""
+        return self.model.cfg.max_position_embeddings
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model.info
+
+    @property
+    def kernels(self) -> KernelSet:
+        """The GDN kernel set the forwards use."""
+        return self.model.kernels
+
+    @property
+    @abstractmethod
+    def path(self) -> str:
+        """How chunks are read, e.g. 'eager' or 'graphs:fa4 ...+fused+proj': the committed
+        bits depend on it."""
+
+    def identity(self) -> FileIdentity:
+        """What a spilled file must match to be loaded: weights' fingerprint, model config,
+        grid, dtype, device kind ('cpu' or 'cuda:<GPU name>'), kernels and path."""
+        dev = self.model.device
+        kind = f"cuda:{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
+        return FileIdentity(self.info.fingerprint,
+                            json.dumps(self.model.cfg.to_dict(), sort_keys=True), self.grid,
+                            str(self.model.dtype).removeprefix("torch."), kind,
+                            f"{self.kernels.name} {self.path}")
+
+    def sync(self) -> None:
+        """Wait for the device (CUDA) to finish what was queued."""
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    def prepare(self) -> None:
+        """Compile and capture now what the first forwards would (nothing by default)."""
+
+    # -- forwards -------------------------------------------------------------------------------
+    @abstractmethod
+    def read_chunk(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState) -> GdnState:
+        """Forward exactly `grid` ids at absolute positions [pos, pos + grid): writes KV rows
+        [pos, pos + grid) of every buffer in `kv` (per attention layer (k, v) [cap, Hkv, D],
+        cap >= pos + grid, rows [0, pos) the prefix); returns the GDN states after the chunk
+        (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
+
+    def fork_rows(self, num_ids: int) -> int:
+        """KV rows at and above pos that a fork_logits of num_ids ids writes (>= num_ids: a
+        runner may pad to its bucket)."""
+        return num_ids
+
+    @abstractmethod
+    def fork_logits(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+                    token_ids: Sequence[int]) -> torch.Tensor:
+        """Forward `ids` at pos (rows [pos, pos + fork_rows(len(ids))) are scratch) and return
+        the logits of the last id for `token_ids` only: [len(token_ids)] fp32. GDN states
+        produced are dropped."""
+
+    def decode(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+               max_new_tokens: int, stop_ids: set[int]) -> Decoded:
+        """Forward the prompt `ids` at pos, then decode greedily up to max_new_tokens ids,
+        stopping after a stop id. kv needs room for pos + len(ids) + max_new_tokens rows."""
+        t0 = time.perf_counter()
+        hidden, gdn = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
+        token = int(self.model.logits(hidden[-1:])[0].argmax())
+        t1 = time.perf_counter()
+        out, steps = [token], 0
+        if max_new_tokens > 1 and token not in stop_ids:
+            new, steps = self._decode_steps(token, pos + len(ids), kv, gdn,
+                                            max_new_tokens - 1, stop_ids)
+            out += new
+        self.sync()
+        return Decoded(tuple(out), steps, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
+
+    def _decode_steps(self, token: int, pos: int, kv: KvState, gdn: GdnState, max_steps: int,
+                      stop_ids: set[int]) -> tuple[list[int], int]:
+        """Feed `token` at pos and decode greedily, one eager forward a step: (new ids, steps)."""
+        out = []
+        while len(out) < max_steps and (token not in stop_ids):
+            hidden, gdn = self.model(self._ids([token]), pos, kv, gdn, self.kernels)
+            token = int(self.model.logits(hidden)[0].argmax())
+            out.append(token)
+            pos += 1
+        return out, len(out)
+
+    def _ids(self, ids: Sequence[int]) -> torch.Tensor:
+        """[T] int64 on the model's device."""
+        return torch.tensor(list(ids), dtype=torch.long, device=self.model.device)

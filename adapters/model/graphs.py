@@ -1,0 +1,297 @@
+"""Whole-chunk reads through CUDA graphs: embedding, all layers (GDN and full attention), into
+static buffers; replayed for every chunk of every session (model.runners holds a reader's
+runners: grid chunks, questions padded to 256-row buckets, single-token decode).
+
+The body is cut at the full-attention layers into segments (segment j ends with the q/k/v
+projection of full-attention layer j; segment j + 1 starts with its output projection).
+Attentions:
+- "fa4" (the default on Hopper with flash-attn-4 installed) and "flash" (the default on other
+  CUDA GPUs): one CUDA graph per segment, and between them FlashAttention-4 (model.attn_fa4,
+  the keys split by us; 1.5-2.4x FlashAttention-2 for a 512-id chunk at 8k-100k on the H200,
+  docs/fa4-probe-2026-11-29.log) or FlashAttention-2 (model.attn_flash: faster than our kernel
+  at every context length) called eagerly on the session's own KV rows (the host knows pos and
+  the buffers' addresses when it launches them);
+- "table": the whole chunk as one graph, attention by attn_triton's table-addressed kernel,
+  which reads the position and the KV addresses from device memory at replay.
+Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (SDPA) unless
+`attention="table"` (Triton's interpreter in the tests); with ops.EAGER the segmented body gives
+Qwen35.forward's bits (tested).
+
+What varies between chunks reaches the graphs through device memory: the ids and the start
+position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention
+layer], filled by one host-to-device copy from pinned memory (the new KV rows are written inside
+the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
+copied into static inputs (model.slots: skipped for the states the last run returned, with
+keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
+idle time when chunks are read one at a time: bench/chunk_timeline.py measured the staging at
+0.33 ms of a 5.0 ms chunk at 16k on the H200's host before these changes, 0.12 after
+(docs/chunk-timeline-2026-11-29.log, docs/chunk-timeline-2026-11-29-final.log).
+
+Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
+states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
+output [T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
+(attn_triton.scratch). The output states are the body's own tensors, which a graph's replay
+rewrites in place; `run` copies them out.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import attn_fa4, attn_flash, autotune, ops
+from .config import FULL
+from .layers import rope_cos_sin
+from .slots import StateSlots
+from .slots import flat as _flat
+
+ATTENTIONS = ("flash", "fa4", "table", "sdpa")
+# the attentions called eagerly between a chunk's graphs, on the rows as they lie
+_BETWEEN = {"flash": attn_flash, "fa4": attn_fa4}     # their `available`
+
+
+def default_attention(device: torch.device, dtype: torch.dtype) -> str:
+    """'fa4' where it runs (Hopper, flash-attn-4 installed), else 'flash' on CUDA, 'sdpa' on
+    the CPU (the path, and so the bits, of a reader built without naming one)."""
+    if device.type != "cuda":
+        return "sdpa"
+    return "fa4" if attn_fa4.available(device, dtype) else "flash"
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, Hkv, D] as write_kv takes it: itself when each row is contiguous within."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+class ChunkGraphs:
+    """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
+
+    attention: "fa4" or "flash" (the defaults on CUDA, `default_attention`: a graph per
+    segment, FlashAttention-4 or -2 between),
+    "table" (one graph, attn_triton) or "sdpa" (eager only: the default on the CPU). fused: the
+    layer's small ops through torch.compile (ops.fused_ops; default on CUDA), else ops.EAGER.
+    split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
+    committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
+    compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
+    an input; default: with the fused ops). keep_states: model.slots.StateSlots' keep (bits
+    unchanged).
+    Raises ValueError for an attention this device cannot run."""
+
+    def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
+                 split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False):
+        self.model, self.t = model, t
+        dev, cfg, dt = model.device, model.cfg, model.dtype
+        self.use_graphs = dev.type == "cuda"
+        attention = attention or default_attention(dev, dt)
+        if attention not in ATTENTIONS or (self.use_graphs and attention == "sdpa") or (
+                attention in _BETWEEN and not _BETWEEN[attention].available(dev, dt)):
+            raise ValueError(f"attention must be one of {ATTENTIONS} ('flash' on CUDA in fp16 or "
+                             f"bf16, 'fa4' there on Hopper with flash-attn-4 installed, 'sdpa' "
+                             f"without graphs), got {attention!r} on {dev} in {dt}")
+        self.attention, self.table = attention, attention == "table"
+        self.ops = op_set or (ops.fused_ops() if (self.use_graphs if fused is None else fused)
+                              else ops.EAGER)
+        if proj is None and self.ops is not ops.EAGER:
+            from .fuse import fuse_projections
+            proj = fuse_projections(model)
+        self.proj = proj
+        z = lambda *shape, dtype=dt: torch.zeros(*shape, device=dev, dtype=dtype)  # noqa: E731
+        self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
+        self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
+        self.num_full = len(self.full_layers)
+        self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
+        self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
+            if self.use_graphs else torch.zeros_like(self.meta)
+        self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
+        self.meta_copied = torch.cuda.Event() if self.use_graphs else None
+        self.steps = torch.arange(t, device=dev)
+        self.hidden = z(t, cfg.hidden_size)
+        self.slots = StateSlots(cfg, dev, dt, keep_states)
+        self.gdn_in, self.gdn_out = self.slots.inputs, self.slots.outputs   # the body's view
+        self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
+        if attention != "sdpa":                          # these write KV rows with write_kv
+            from . import attn_triton
+            self._at = attn_triton
+        if self.table:
+            self.split = split or self._at.READ
+            self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
+                                               self.split, dev)
+        # the eager attention between graphs: attn_flash.attend, or FA4's per runner
+        self._between = attn_fa4.FA4Attention() if attention == "fa4" else attn_flash
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
+        self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
+        self._pos, self._kv = 0, None                      # the eager attention's inputs
+
+    @property
+    def graph(self):
+        """The captured graphs (None before capture or without graphs): `graphs or None`."""
+        return self.graphs or None
+
+    def _write_kv(self, j: int, k, v) -> None:
+        """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the session's
+        buffers, their addresses and pos read from meta (inside a graph: no host call)."""
+        t = self.t
+        self._at.write_kv(_rows(k), _rows(v), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
+                          self.meta[t:t + 1])
+
+    def _attend(self, j: int) -> None:
+        """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
+        attentions also write its k, v here; flash had them written inside the graph)."""
+        (q, k, v), out = self._qkv[j], self.attn_out[j]
+        if self.table:
+            cfg, at, t = self.model.cfg, self._at, self.t
+            self._write_kv(j, k, v)
+            at.attend_table(q.contiguous(), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
+                            self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
+                            self.split)
+        elif self.attention in _BETWEEN:
+            self._between.attend(q, self._pos, *self._kv[j], out)
+        else:
+            attn = self.model.layers[self.full_layers[j]].self_attn
+            out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
+
+    def _finish(self, i: int, x, h):
+        """The rest of layer i after its mixer: residual, post norm, MLP, the next layer's norm
+        (or, after the last layer, the final hidden). Returns (x, h)."""
+        m, op, eps = self.model, self.ops, self.model.cfg.rms_norm_eps
+        layer = m.layers[i]
+        x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
+        h = layer.mlp(h, op, self.proj and self.proj.mlp_in[i])
+        if i + 1 < len(m.layers):
+            return op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
+        self.hidden.copy_(x + h)
+        return x, h
+
+    def _segment(self, j: int) -> None:
+        """Segment j of the chunk forward (Qwen35.forward's ops in the same order, each residual
+        add joined to the norm after it): from full-attention layer j - 1's output projection
+        (or the embedding) to full-attention layer j's q/k/v projection (or the final hidden)."""
+        m, cfg, op = self.model, self.model.cfg, self.ops
+        if j == 0:
+            x = m.embed_tokens(self.meta[:self.t])
+            rope = rope_cos_sin(self.steps + self.meta[self.t], cfg.rotary_dim, cfg.rope_theta,
+                                x.dtype)
+            h, start = op.rms_norm(x, m.layers[0].input_layernorm.weight, cfg.rms_norm_eps), 0
+        else:
+            x, gate, rope = self._carry[j - 1]
+            i = self.full_layers[j - 1]
+            h = m.layers[i].self_attn.output(self.attn_out[j - 1], gate, op)
+            x, h = self._finish(i, x, h)
+            start = i + 1
+        stop = self.full_layers[j] if j < self.num_full else len(m.layers)
+        for i in range(start, stop):                                # GDN layers only
+            g = self.gdn_index[i]
+            # the new states stay where the body put them (in the graph's memory pool)
+            h, *self.gdn_out[g] = m.layers[i].linear_attn(h, *self.gdn_in[g], m.kernels, op,
+                                                          self.proj and self.proj.gdn_in[i])
+            x, h = self._finish(i, x, h)
+        if j < self.num_full:
+            q, k, v, gate = m.layers[stop].self_attn.project(h, rope, op,
+                                                             self.proj and self.proj.attn_in[stop])
+            if self.attention in _BETWEEN:
+                self._write_kv(j, k, v)
+            self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
+
+    def _body(self) -> None:
+        """Every segment with the attention between (eagerly, or inside the table graph)."""
+        for j in range(self.num_full + 1):
+            self._segment(j)
+            if j < self.num_full:
+                self._attend(j)
+
+    def _capture(self) -> None:
+        """Warm up (Triton compiles, cuBLAS handles) on a side stream with KV rows of its own
+        (pos 0), then capture: the whole body (table) or each segment into one memory pool
+        (flash; replayed in the order captured, as a shared pool requires)."""
+        cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
+        rows = (self.t, cfg.num_key_value_heads, cfg.head_dim)
+        kv = [(torch.zeros(rows, device=dev, dtype=dt), torch.zeros(rows, device=dev, dtype=dt))
+              for _ in range(self.num_full)]
+        self._stage([0] * self.t, 0, kv)
+        self._pos, self._kv = 0, kv
+        if self.attention == "fa4":                     # FA4 compiles at its first calls
+            self._between.warm_up(self.t, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                  cfg.head_dim, dev, dt)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize(dev)
+        self._kv = None
+        bodies = [self._body] if self.table else \
+            [(lambda j: lambda: self._segment(j))(j) for j in range(self.num_full + 1)]
+        pool = torch.cuda.graph_pool_handle()
+        for body in bodies:
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+                body()
+            self.graphs.append(graph)
+
+    def prepare(self) -> None:
+        """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
+        real chunk does not pay for it (about a minute with the fused ops' first compile).
+        With fla's configs pinned (SHADOW_AUTOTUNE_DIR, model.autotune), the picks the warm-up
+        made are written there, for the next process to load instead of tuning its own."""
+        if self.use_graphs and not self.graphs:
+            with torch.no_grad():
+                self._capture()
+            pinned = autotune.pinned_dir()
+            if pinned is not None:
+                autotune.export(pinned)
+
+    def _stage(self, ids, pos: int, kv: list) -> None:
+        """ids (a list of T ints, or a [T] int64 tensor), pos and the KV addresses into meta:
+        one copy from pinned memory on CUDA (a list goes in through numpy's view of that
+        memory, without building a tensor from it first)."""
+        if self.meta_copied is not None:
+            self.meta_copied.synchronize()          # the last copy has read meta_host
+        t, host = self.t, self.meta_np
+        if isinstance(ids, list):
+            host[:t] = ids
+        else:
+            self.meta_host[:t].copy_(ids)
+        host[t] = pos
+        host[t + 1:t + 1 + 2 * len(kv)] = [x.data_ptr() for x in _flat(kv)]
+        self.meta.copy_(self.meta_host, non_blocking=True)
+        if self.meta_copied is not None:
+            self.meta_copied.record()
+
+    def _replay(self) -> None:
+        """The captured graphs in order, the flash attention between them."""
+        for j, graph in enumerate(self.graphs):
+            graph.replay()
+            if j < self.num_full and not self.table:
+                self._attend(j)
+
+    @torch.no_grad()
+    def run(self, ids, pos: int, kv: list, gdn: list):
+        """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, not checked
+        further, the reader validates them, or [T] int64 on any device; every KV buffer
+        contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
+        (hidden [T, hidden], new gdn list); the given states are not changed.
+
+        Raises ValueError for a chunk of another length, a negative pos, or a KV buffer that is
+        too small, not contiguous or not 16-byte aligned (the kernels address rows by pointer,
+        unchecked)."""
+        if isinstance(ids, tuple):
+            ids = list(ids)
+        shape = (len(ids),) if isinstance(ids, list) else tuple(ids.shape)
+        if shape != (self.t,):
+            raise ValueError(f"a chunk of {self.t} ids expected, got shape {shape}")
+        if pos < 0:                 # write_kv would write below the buffers, unchecked
+            raise ValueError(f"pos must be >= 0, got {pos}")
+        for buf in _flat(kv):
+            if buf.shape[0] < pos + self.t or not buf.is_contiguous() or buf.data_ptr() % 16:
+                raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
+                                 f"{pos + self.t} (contiguous: {buf.is_contiguous()}, address "
+                                 f"{buf.data_ptr():#x} must be 16-byte aligned)")
+        self.prepare()
+        self._stage(ids, pos, kv)
+        self.slots.feed(gdn)
+        self._pos, self._kv = pos, kv
+        try:
+            self._replay() if self.graphs else self._body()
+        finally:
+            self._kv = None
+        return self.hidden.clone(), self.slots.take()

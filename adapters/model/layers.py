@@ -1,0 +1,180 @@
+"""Qwen3.5 layers: zero-centred RMSNorm, SwiGLU MLP, gated full attention, Gated DeltaNet.
+
+Every forward takes one sequence chunk x [T, hidden] and its state explicitly (no hidden caches),
+following docs/specs/qwen35.md sections 3 (attention), 4 (GDN) and 5 (norms, MLP). Parameter
+names are the Hugging Face names, so a checkpoint's state dict loads as it is.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from . import ops
+from .config import ModelConfig
+from .kernels import KernelSet
+from .ops import EAGER, Ops
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm: (x * rsqrt(mean(x^2) + eps) * (1 + w)) in fp32, cast to x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """The GDN output norm over one value head: plain weight (fp32), gate silu(z) (section 4.8)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return ops.gated_rms_norm(x, z, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, op: Ops = EAGER, gate_up=None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; gate_up: the fused [2I, hidden] weight (model.fuse)
+        for one GEMM instead of two."""
+        if gate_up is None:
+            return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
+        g, u = op.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
+        return op.linear(op.swiglu(g, u), self.down_proj.weight)
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [T, rotary_dim] for absolute positions [T], computed in fp32, cast to `dtype`
+    (rotate-half layout: the 32 frequencies repeated twice; specs section 3.4)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, device=positions.device,
+                                            dtype=torch.float32) / rotary_dim)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def sdpa_backends(device: torch.device, dtype: torch.dtype) -> list[SDPBackend]:
+    """The pinned SDPA backend (backends differ in bits, section 9.6): flash on CUDA in bf16/fp16,
+    math otherwise (the CPU, and fp32 on CUDA, which flash does not take)."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return [SDPBackend.FLASH_ATTENTION] if device.type == "cuda" and half else [SDPBackend.MATH]
+
+
+class Attention(nn.Module):
+    """Gated full attention with partial RoPE over a KV buffer of layout [capacity, Hkv, D]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, hkv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def project(self, x: torch.Tensor, rope, op: Ops = EAGER, qkv=None):
+        """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
+        v [T, Hkv, D], gate [T, H, D] (a strided view). qkv: the fused [2HD + 2HkvD, hidden] weight
+        (model.fuse) for one GEMM instead of three."""
+        cfg, t = self.cfg, x.shape[0]
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        if qkv is None:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            qg, k, v = op.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
+        qg = qg.view(t, h, 2 * d)                          # per head: [query 256 | gate 256]
+        q, gate = qg[..., :d], qg[..., d:]                 # strided views: no copies
+        q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
+        k = op.norm_rope(k.view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
+        return q, k, v.view(t, hkv, d), gate
+
+    def attend(self, q, k, v, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
+        """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf [cap, Hkv, D] and
+        attend q [T, H, D] over rows [0, pos + T) (causal, bottom-right aligned): [T, H * D].
+
+        Rows sliced from the buffer's front are contiguous whatever its capacity, so the kernel
+        sees the same strides for the same (pos, T): results never depend on capacity."""
+        t, h = q.shape[0], q.shape[1]
+        end = pos + t
+        k_buf[pos:end] = k
+        v_buf[pos:end] = v
+        keys = k_buf[:end].permute(1, 0, 2)[None]         # [1, Hkv, end, D]
+        values = v_buf[:end].permute(1, 0, 2)[None]
+        with sdpa_kernel(sdpa_backends(q.device, q.dtype)):
+            o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values,
+                                               attn_mask=causal_lower_right(t, end),
+                                               enable_gqa=k.shape[1] != h)
+        return o[0].permute(1, 0, 2).reshape(t, -1)
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor, op: Ops = EAGER) -> torch.Tensor:
+        """o [T, H * D] gated by sigmoid(gate [T, H, D]) -> o_proj -> [T, hidden]."""
+        return op.linear(op.sigmoid_gate(o, gate), self.o_proj.weight)
+
+    def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
+        """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
+        cap >= pos + T. Writes KV rows [pos, pos + T), returns [T, hidden] (see `attend`)."""
+        q, k, v, gate = self.project(x, rope)
+        return self.output(self.attend(q, k, v, pos, k_buf, v_buf), gate)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5 linear-attention layer (section 4): conv -> L2-normed q/k -> gated delta rule."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hv = cfg.linear_num_value_heads
+        self.cfg = cfg
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, cfg.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(cfg.hidden_size, cfg.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.in_proj_a = nn.Linear(cfg.hidden_size, hv, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim,
+                                groups=cfg.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(hv))
+        self.A_log = nn.Parameter(torch.zeros(hv))
+        self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, conv_state, rec_state, kernels: KernelSet, op: Ops = EAGER, proj=None):
+        """x [T, hidden]; conv_state [conv_dim, W] (x's dtype); rec_state [HV, K, V] fp32;
+        proj: the fused [conv_dim + value_dim + 2HV, hidden] weight (model.fuse) for one GEMM
+        instead of four. Returns (out [T, hidden], new conv_state, new rec_state); the inputs
+        are not modified."""
+        cfg, t = self.cfg, x.shape[0]
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        if proj is None:
+            qkv, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), \
+                self.in_proj_a(x)
+        else:
+            # strided column slices: the conv and the compiled gates read them as they lie
+            qkv, z, b, a = op.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
+        weight = self.conv1d.weight[:, 0, :]
+        if op.conv_gates is not None:            # the fused op set: conv and gates compiled
+            q, k, v, g, beta, conv_state = op.conv_gates(qkv, weight, conv_state, b, a,
+                                                         self.A_log, self.dt_bias, hk, kd, hv, vd)
+        else:
+            mixed, conv_state = kernels.conv(qkv, weight, conv_state)
+            q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
+        gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
+        o, rec_state = gdn(q, k, v, g, beta, rec_state)
+        z = z.reshape(t, hv, vd)
+        o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
+        return op.linear(o, self.out_proj.weight), conv_state, rec_state

@@ -1,0 +1,146 @@
+"""The small ops of a layer (norms, gates, activations, RoPE, the GDN conv) as pure functions of
+tensors, so the chunk runner can swap in fused versions (`fused_ops`: torch.compile, one Triton
+kernel a function instead of 5-10 launches) while the eager forward keeps these reference
+versions.
+
+Formulas: docs/specs/qwen35.md sections 3.4 (partial RoPE, rotate-half), 4.3-4.8 (GDN gates, L2
+norm, gated norm), 5 (zero-centred RMSNorm, SwiGLU). Fused versions compute in fp32 and may round
+intermediate values differently, so their bits differ from these; the reader's chunks all go
+through one runner, so its state still equals a fresh prefill through that runner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .ref import l2norm
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (1 + w) in fp32,
+    cast to x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + w.float())).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
+    """Residual add then norm: (x + h, rms_norm(x + h)), both [T, hidden] in x's dtype."""
+    x = x + h
+    return x, rms_norm(x, w, eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """The GDN output norm over one value head (plain weight) gated by silu(z): x, z [T, HV, V]."""
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (w * n * F.silu(z.float())).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotate the first rotary_dim dims (rotate-half), pass the rest through."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    xr = xr * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([xr, xp], dim=-1)
+
+
+def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
+    """Per-head q or k norm, then RoPE: x [T, H, D] -> [T, H, D]."""
+    return apply_rope(rms_norm(x, w, eps), cos, sin)
+
+
+def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor,
+              dt_bias: torch.Tensor, hk: int, kd: int, hv: int, vd: int):
+    """From the conv output mixed [T, 2 * HK * K + HV * V] and the b, a projections [T, HV]:
+    q, k [T, HK, K] (L2-normed), v [T, HV, V] (contiguous: fla's GDN kernels copy a strided v
+    themselves, a slower copy kernel of their own; 18 a chunk on the H200 profile), g [T, HV]
+    fp32 (log decay), beta [T, HV]."""
+    t = mixed.shape[0]
+    q, k, v = mixed.split([hk * kd, hk * kd, hv * vd], dim=-1)
+    q = l2norm(q.reshape(t, hk, kd))
+    k = l2norm(k.reshape(t, hk, kd))
+    beta = torch.sigmoid(b)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return q, k, v.reshape(t, hv, vd).contiguous(), g, beta
+
+
+def conv_gates(qkv: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, b: torch.Tensor,
+               a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, kd: int,
+               hv: int, vd: int):
+    """The GDN layer's short conv and gates as one function, for torch.compile to fuse (with
+    `fused_ops(compile_conv=True)`, in place of the kernel set's conv + `gdn_gates`: fewer
+    kernels, but 1-3 % slower a chunk on the H200, so not the default).
+
+    qkv [T, D] raw in_proj_qkv outputs (any strides), weight [D, W] (tap W - 1 is the current
+    token), state [D, W] the last W raw inputs (ref.CONV_LAYOUT). The conv sums the W taps in
+    fp32 in tap order, SiLU, cast to qkv's dtype (ref.causal_conv1d's formula; its bits
+    differ). Returns gdn_gates' (q, k, v, g, beta) with v contiguous (the GDN kernel takes it as
+    it lies), and the new state [D, W] in qkv's dtype."""
+    t, width = qkv.shape[0], weight.shape[1]
+    full = torch.cat([state.t().to(qkv.dtype), qkv], dim=0)             # [W + T, D]
+    acc = full[1:1 + t].float() * weight[:, 0].float()
+    for w in range(1, width):
+        acc = acc + full[1 + w:1 + w + t].float() * weight[:, w].float()
+    mixed = F.silu(acc).to(qkv.dtype)
+    q, k, v, g, beta = gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
+    return q, k, v, g, beta, full[-width:].t().contiguous()
+
+
+def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Attention output gate: o [T, H * D] * sigmoid(gate) (gate [T, H * D] or [T, H, D], any
+    strides: the fused version reads it as it lies)."""
+    return o * torch.sigmoid(gate).reshape(o.shape)
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u, [T, intermediate]."""
+    return F.silu(g) * u
+
+
+@dataclass(frozen=True)
+class Ops:
+    rms_norm: Callable = rms_norm
+    add_rms_norm: Callable = add_rms_norm
+    gated_rms_norm: Callable = gated_rms_norm
+    norm_rope: Callable = norm_rope
+    gdn_gates: Callable = gdn_gates
+    sigmoid_gate: Callable = sigmoid_gate
+    swiglu: Callable = swiglu
+    conv_gates: Callable | None = None     # None: the kernel set's conv, then gdn_gates
+    linear: Callable = F.linear            # the projections (never compiled; model.gemv)
+
+
+EAGER = Ops()
+
+
+def fused_ops(compile_conv: bool = False) -> Ops:
+    """Every op through torch.compile (static shapes; compiled at first call per shape, which
+    the chunk runner does before capturing its graph). A reader has runners of several
+    lengths (grid, question buckets, decode), each a shape per op: dynamo's default limit of 8
+    compiles per function is raised to 64 (a torch-wide setting). compile_conv: the GDN conv
+    compiled with its gates (`conv_gates`) instead of the kernel set's conv (fla's on CUDA);
+    off by default: on the H200 it read 1-3 % slower a chunk at every context, both op sets in
+    one process with chunks alternating (bench/ops_ab.py, docs/ops-ab-2026-11-29.log), though
+    it launches fewer kernels."""
+    dynamo = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 64))
+    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops) if f.name != "linear"}
+    fns["conv_gates"] = conv_gates if compile_conv else None
+    return Ops(**{name: fn and torch.compile(fn, dynamic=False, fullgraph=True)
+                  for name, fn in fns.items()})
+
+
+def decode_ops(op_set: Ops) -> Ops:
+    """op_set with single-row projections through model.gemv (CUDA; F.linear elsewhere): the
+    ops of the fork decode runner, whose bits no committed state depends on."""
+    from .gemv import linear
+    return replace(op_set, linear=linear)

@@ -1,0 +1,98 @@
+"""A reader's runners (model.graphs.ChunkGraphs): grid chunks (what commits state), questions
+padded to 256-row buckets, single-token decode and its device-fed loop (model.decode)."""
+from __future__ import annotations
+
+from . import ops
+from .graphs import ChunkGraphs
+
+
+class Runners:
+    """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
+    per question length bucket (`for_rows`: forwards padded to a multiple of BUCKET rows, at
+    most MAX_ROWS) and one for single-token decode steps (`decode`; with the table attention
+    its attn_triton.DECODE tiling), with its device-fed loop (`decode_loop`).
+    Every runner is a ChunkGraphs with the same options; `run` is the chunk runner's."""
+
+    BUCKET = 256
+    MAX_ROWS = 4096
+
+    def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
+                 split=None):
+        self.model = model
+        if split is not None and attention is None:      # a tiling is the table attention's
+            attention = "table"
+        if split is not None and attention != "table":
+            raise ValueError(f"a tiling ({split}) is the table attention's; attention "
+                             f"{attention!r} has none")
+        self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True)
+        self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
+                        "proj": self.chunk.proj}
+        self.split = split
+        self._sized: dict[int, ChunkGraphs] = {}
+        self._loop = None
+
+    @property
+    def path(self) -> str:
+        """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:fa4
+        VERSIONS' (flash-attn-4's and its compiler's, attn_fa4.package_version), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
+        (the compiled small ops), '+conv' (the GDN conv compiled with them,
+        ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
+        spilled files: another path, other bits)."""
+        c = self.chunk
+        kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
+        if c.table:
+            s = c.split
+            kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
+        elif c.attention == "fa4":                     # its kernels' code: the package's
+            from .attn_fa4 import package_version
+            kind += f" {package_version()}"
+        fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
+        return kind + fused + ("+proj" if c.proj else "")
+
+    def run(self, ids, pos: int, kv: list, gdn: list):
+        """ChunkGraphs.run of the grid chunk runner."""
+        return self.chunk.run(ids, pos, kv, gdn)
+
+    def _get(self, t: int, split) -> ChunkGraphs:
+        if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
+            return self.chunk
+        if t not in self._sized:
+            self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
+        return self._sized[t]
+
+    def for_rows(self, num_rows: int) -> ChunkGraphs | None:
+        """The runner for a forward of num_rows ids padded up to a multiple of BUCKET (None past
+        MAX_ROWS: forward eagerly). Padded rows come after the real ones, so they change none
+        of the real rows' values; a runner's size depends only on num_rows."""
+        t = -(-num_rows // self.BUCKET) * self.BUCKET
+        return self._get(t, self.split) if t <= self.MAX_ROWS else None
+
+    def prepare(self, question_rows=None) -> None:
+        """Capture the chunk runner, the decode runner and the question runners for these row
+        counts (default: the first 4 buckets, what the 9-class question with a tail below one
+        512-id chunk needs)."""
+        self.chunk.prepare()
+        self.decode_loop().prepare()
+        for rows in question_rows or [self.BUCKET * k for k in range(1, 5)]:
+            runner = self.for_rows(rows)
+            if runner is not None:
+                runner.prepare()
+
+    def decode_loop(self):
+        """model.decode.DecodeLoop over the decode runner (its tail graph captured once)."""
+        if self._loop is None:
+            from .decode import DecodeLoop
+            self._loop = DecodeLoop(self.model, self.decode())
+        return self._loop
+
+    def decode(self) -> ChunkGraphs:
+        """The single-token runner (its attention split for one query row; on CUDA its
+        projections through model.gemv, ops.decode_ops)."""
+        if 1 not in self._sized:
+            from .attn_triton import DECODE
+            options = dict(self.options)
+            if self.chunk.use_graphs and self.chunk.ops is not ops.EAGER:
+                options["op_set"] = ops.decode_ops(self.chunk.ops)
+            self._sized[1] = ChunkGraphs(self.model, 1, split=DECODE if self.chunk.table
+                                         else None, **options)
+        return self._sized[1]

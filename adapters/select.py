@@ -1,0 +1,33 @@
+"""The one place that decides how a reader's forwards run: the CUDA-graph runners or eager."""
+from __future__ import annotations
+
+from .eager import EagerAdapter
+from .graphed import GraphAdapter
+from .interface import Adapter
+from .model.qwen35 import Qwen35
+
+
+def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
+                 fused_ops: bool | None = None, attn_split=None,
+                 attention: str | None = None) -> Adapter:
+    """cuda_graphs: the runners (GraphAdapter; default: on CUDA; on the CPU their bodies run
+    without graphs), else Qwen35.forward (EagerAdapter). fused_ops (the runners' small ops
+    through torch.compile; default: on CUDA), attn_split (the table attention's tiling, a
+    SplitConfig; setting it picks the table attention) and attention (model.graphs.ATTENTIONS;
+    default: 'fa4' on Hopper where flash-attn-4 imports, else 'flash' on CUDA) choose how the
+    runners work. Raises ValueError for an attention this device cannot run, a tiling that is
+    not a SplitConfig, or any runner option without the runners."""
+    if cuda_graphs is None:                 # on by default on CUDA
+        cuda_graphs = model.device.type == "cuda"
+    if not cuda_graphs and (attention, attn_split, fused_ops) != (None, None, None):
+        raise ValueError(f"attention={attention!r}, attn_split={attn_split!r} and "
+                         f"fused_ops={fused_ops!r} choose how the CUDA-graph runners work; "
+                         f"with cuda_graphs off the reader reads through Qwen35.forward "
+                         f"(SDPA): leave them unset")
+    from .model.attn_triton import SplitConfig  # imports triton
+    if attn_split is not None and not isinstance(attn_split, SplitConfig):
+        raise ValueError(f"attn_split must be an attn_triton.SplitConfig (SplitConfig.parse"
+                         f"('128x32x8x2')), got {type(attn_split).__name__}")
+    if not cuda_graphs:
+        return EagerAdapter(model, grid)
+    return GraphAdapter(model, grid, attention, fused=fused_ops, split=attn_split)

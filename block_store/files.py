@@ -1,0 +1,205 @@
+"""Session files: one safetensors file a session, written atomically, checked on the way back.
+
+File layout (format version 1):
+- tensors: `ids` int64 [N]; the committed state as layout.pack names it (layers.{i}.key /
+  .value [C, Hkv, D], layers.{i}.conv [conv_dim, W], layers.{i}.recurrent [HV, K, V] fp32);
+  `checkpoints.{j}.layers.{i}.conv` / `.recurrent` per checkpoint j.
+- metadata (str -> str): format_version, session (the id), fingerprint, model_config (JSON),
+  grid, dtype, device_kind, kernels, committed, checkpoints (JSON [[pos, episode_start], ...]),
+  pending_lines (JSON), checksums (JSON name -> xxh3-64 hex of the tensor's bytes), written_at.
+The name is the xxh3-128 hex of the session id (never the raw id): no id reaches a path.
+A file that does not fit (format, fingerprint, grid, dtype, device, kernels, a failing checksum,
+a truncated file, ids that do not match the tensors) raises RefusedFile with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import xxhash
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .layout import StateSpec, alloc_kv, round_up, state_names
+from .session import Checkpoint, SessionState
+
+FORMAT_VERSION = "1"
+HASH_THREADS = min(8, os.cpu_count() or 1)
+SUFFIX = ".safetensors"
+
+
+class RefusedFile(Exception):
+    """A session file that must not be loaded; `reason` is a short slug, str(e) the details."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What a file must match to be loaded (the exactness contract's 'same model, grid, dtype,
+    device type and kernels')."""
+
+    fingerprint: str
+    model_config: str      # JSON of ModelConfig.to_dict()
+    grid: int
+    dtype: str
+    device_kind: str       # "cpu" or "cuda:<GPU name>"
+    kernels: str
+
+    def as_meta(self) -> dict[str, str]:
+        return {"fingerprint": self.fingerprint, "model_config": self.model_config,
+                "grid": str(self.grid), "dtype": self.dtype, "device_kind": self.device_kind,
+                "kernels": self.kernels}
+
+
+def file_name(session: str) -> str:
+    """xxh3-128 hex of the UTF-8 session id + '.safetensors'."""
+    return xxhash.xxh3_128(session.encode("utf-8", "surrogatepass")).hexdigest() + SUFFIX
+
+
+def checksum(t: torch.Tensor) -> str:
+    return xxhash.xxh3_64(t.contiguous().view(torch.uint8).numpy().data).hexdigest()
+
+
+def _tensors(st: SessionState, packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {"ids": torch.tensor(st.ids, dtype=torch.int64)}
+    # copies, also on the CPU: the KV views share one block (layout.alloc_kv), which
+    # safetensors refuses to write as separate tensors
+    out.update({k: v.detach().to("cpu", copy=True).contiguous() for k, v in packed.items()})
+    gdn_names = [k for k in packed if k.endswith((".conv", ".recurrent"))]
+    for j, cp in enumerate(st.checkpoints):
+        flat = [t for pair in cp.gdn for t in pair]
+        for name, t in zip(gdn_names, flat):
+            out[f"checkpoints.{j}.{name}"] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def write_session(directory: Path, session: str, st: SessionState,
+                  packed: dict[str, torch.Tensor], ident: FileIdentity) -> tuple[Path, int]:
+    """Write one session atomically (temporary file, fsync, rename, fsync of the folder).
+
+    `packed` is layout.pack of the session (KV rows [0, C) only). Returns (path, bytes)."""
+    tensors = _tensors(st, packed)
+    meta = {"format_version": FORMAT_VERSION, "session": session, **ident.as_meta(),
+            "committed": str(st.committed),
+            "checkpoints": json.dumps([[cp.pos, cp.episode_start] for cp in st.checkpoints]),
+            "pending_lines": json.dumps(sorted([p, e] for p, e in st.pending_lines.items())),
+            "checksums": json.dumps({k: checksum(v) for k, v in tensors.items()}),
+            "written_at": str(time.time())}
+    path = directory / file_name(session)
+    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    save_file(tensors, str(tmp), metadata=meta)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path, path.stat().st_size
+
+
+def _check_meta(meta: dict[str, str], session: str, ident: FileIdentity) -> None:
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise RefusedFile("format_version", f"{meta.get('format_version')!r} != {FORMAT_VERSION}")
+    if meta.get("session") != session:
+        raise RefusedFile("session", "the file holds another session")
+    for key, want in ident.as_meta().items():
+        if meta.get(key) != want:
+            raise RefusedFile(key, f"file has {str(meta.get(key))[:80]!r}, reader has "
+                                   f"{want[:80]!r}")
+
+
+def _verify(futures: dict, checksums: dict[str, str]) -> None:
+    """Raise RefusedFile unless every tensor's hash (a future) matches its checksum."""
+    for name, fut in futures.items():
+        if checksums.get(name) != fut.result():
+            raise RefusedFile("checksum", f"tensor {name} does not match its checksum")
+
+
+def read_session(path: Path, session: str, ident: FileIdentity, spec: StateSpec,
+                 kv_step: int) -> SessionState:
+    """Load and check a session file written for states of `spec`.
+
+    Returns a SessionState on spec.device. Raises RefusedFile (with the reason) for any file that
+    does not fit, including truncated or unreadable files."""
+    try:
+        with safe_open(str(path), framework="pt") as f:     # tensors map the file, no copy
+            meta = f.metadata() or {}
+            _check_meta(meta, session, ident)
+            checksums = json.loads(meta["checksums"])
+            if set(checksums) != set(f.keys()):
+                raise RefusedFile("tensors", "the tensors differ from the checksum list")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        # Hash in threads (xxhash releases the GIL) while the tensors are copied to the device;
+        # the state is returned only once every checksum matched.
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            futures = {k: pool.submit(checksum, t) for k, t in tensors.items()}
+            st = _build_state(meta, tensors, spec, kv_step)
+            _verify(futures, checksums)
+        return st
+    except RefusedFile:
+        raise
+    except Exception as e:                 # truncated, not safetensors, bad JSON: all refused
+        raise RefusedFile("unreadable", f"{type(e).__name__}: {e}") from e
+
+
+def _build_state(meta, tensors, spec: StateSpec, kv_step: int) -> SessionState:
+    names, device = state_names(spec), spec.device
+    committed = int(meta["committed"])
+    ids = tensors["ids"].tolist()
+    grid = int(meta["grid"])
+    if committed > len(ids) or committed % grid:
+        raise RefusedFile("ids", f"committed {committed} does not fit {len(ids)} ids on grid {grid}")
+    for name in names:
+        if name.endswith((".key", ".value")) and tensors[name].shape[0] != committed:
+            raise RefusedFile("ids", f"{name} has {tensors[name].shape[0]} rows, C is {committed}")
+    kv = alloc_kv(spec, round_up(committed, kv_step))                 # none at C = 0
+    gdn, kv_it = [], iter(kv)
+    for name in names:
+        if name.endswith(".key"):
+            k, v = next(kv_it)
+            k[:committed].copy_(tensors[name])
+            v[:committed].copy_(tensors[name[:-4] + ".value"])
+        elif name.endswith(".conv"):
+            gdn.append((tensors[name].to(device), tensors[name[:-5] + ".recurrent"].to(device)))
+    cps = []
+    for j, (pos, episode) in enumerate(json.loads(meta["checkpoints"])):
+        g = [(tensors[f"checkpoints.{j}.{n}"].to(device),
+              tensors[f"checkpoints.{j}.{n[:-5]}.recurrent"].to(device))
+             for n in names if n.endswith(".conv")]
+        cps.append(Checkpoint(int(pos), g, bool(episode)))
+    pending = {int(p): bool(e) for p, e in json.loads(meta["pending_lines"])}
+    return SessionState(ids=ids, committed=committed, kv=kv, gdn=gdn, checkpoints=cps,
+                        pending_lines=pending)
+
+
+def peek(path: Path, ident: FileIdentity) -> tuple[str, np.ndarray, int] | None:
+    """(session, ids, committed) of a file this reader could load, read without its state
+    tensors; None for a file of another model, grid, dtype, device or format, or unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format_version") != FORMAT_VERSION or any(
+                    meta.get(k) != v for k, v in ident.as_meta().items()):
+                return None
+            ids = f.get_tensor("ids")
+            if json.loads(meta["checksums"]).get("ids") != checksum(ids):
+                return None
+        return meta["session"], ids.numpy().astype(np.int64), int(meta["committed"])
+    except Exception:                       # not ours to judge here: refused if ever used
+        return None
+
+
+def ids_array(ids: list[int]) -> np.ndarray:
+    """Compact copy of a parked session's ids (int64)."""
+    return np.asarray(ids, dtype=np.int64)

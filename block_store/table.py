@@ -1,0 +1,105 @@
+"""The sessions one reader holds: resident states (device memory) and parked records (on disk,
+or dropped), the LRU clock, the resident cap. The one place a session's memory is looked up,
+created, restored, parked and forgotten; the reader decides what to read and keeps the ids valid.
+"""
+from __future__ import annotations
+
+from .files import FileIdentity
+from .layout import StateSpec
+from .residency import Residency, StoreConfig
+from .session import SessionState, new_state, state_bytes
+
+
+class SessionTable:
+    """Args: spec (the states' layouts); cfg (StoreConfig: cap, disk, TTL); ident (what files
+    must match, files.FileIdentity); kv_step (KV growth in rows). Session ids are the caller's
+    to validate; none is used as a path."""
+
+    def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, kv_step: int):
+        self.spec, self.cfg = spec, cfg
+        self.resident: dict[str, SessionState] = {}
+        self.residency = Residency(cfg, spec, kv_step, ident)
+        self._clock = 0
+
+    def knows(self, sid: str) -> bool:
+        """Whether the session is resident, parked or has a file on disk; restores nothing."""
+        return sid in self.resident or self.residency.knows(sid)
+
+    def get(self, sid: str) -> SessionState:
+        """The session's state, restored from disk when parked; it becomes the most recently
+        used, and after a restore the others are parked past the cap (the calls that grow a
+        resident state settle after their work; settling on every call summed every session's
+        bytes for each id a host streams). Raises KeyError for an unknown session (also one
+        known only by a file that was refused and set aside)."""
+        st = self.resident.get(sid)
+        restored = st is None
+        if restored:
+            st = self.residency.restore(sid)
+            if st is None:
+                raise KeyError(f"unknown session {sid!r}")
+            self.resident[sid] = st
+        self._clock += 1
+        st.last_used = self._clock
+        if restored:
+            self.settle(sid)
+        return st
+
+    def create(self, sid: str) -> SessionState:
+        """A new empty resident state for `sid`, replacing what was held (none, or a record
+        whose file was refused); the most recently used."""
+        self.resident[sid] = new_state(self.spec)
+        return self.get(sid)
+
+    def settle(self, keep: str | None) -> None:
+        """Keep resident bytes within the cap, sparing the session in use."""
+        self.residency.make_room(self.resident, keep)
+
+    def names(self) -> list[str]:
+        """Resident session ids, most recently used first, then parked ones."""
+        resident = sorted(self.resident, key=lambda s: -self.resident[s].last_used)
+        return resident + [s for s in self.residency.parked if s not in self.resident]
+
+    def position(self, sid: str) -> tuple[int, int]:
+        """(ids held, C) without restoring the session or making it the most recently used.
+        KeyError when unknown."""
+        st = self.resident.get(sid)
+        if st is not None:
+            return len(st.ids), st.committed
+        rec = self.residency.parked.get(sid)
+        if rec is None:
+            raise KeyError(f"unknown session {sid!r}")
+        return len(rec.ids), rec.committed_on_disk
+
+    def drop(self, sid: str) -> None:
+        """Forget a session: its tensors, its record and its file. KeyError when unknown."""
+        if not self.knows(sid):
+            raise KeyError(f"unknown session {sid!r}")
+        self.resident.pop(sid, None)
+        self.residency.forget(sid)
+
+    def close(self) -> None:
+        """A planned stop: park every resident session (written to disk when there is one)."""
+        self.residency.close(self.resident)
+
+    def stats(self) -> dict:
+        """Per session: residency ("resident", "disk" or "dropped"), resident bytes, C, backlog,
+        checkpoints, ids; totals against the cap; counts of spills, drops, restores, refusals
+        and deleted files."""
+        per = {sid: {"residency": "resident", "bytes": state_bytes(st), "committed": st.committed,
+                     "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
+                     "num_ids": len(st.ids)}
+               for sid, st in self.resident.items()}
+        for sid, rec in self.residency.parked.items():
+            per[sid] = {"residency": "disk" if rec.path else "dropped", "bytes": 0,
+                        "committed": rec.committed_on_disk,
+                        "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
+                        "num_ids": len(rec.ids)}
+        c = self.residency.counters
+        return {"sessions": per,
+                "resident_bytes": sum(v["bytes"] for v in per.values()),
+                "resident_cap_bytes": self.cfg.resident_bytes,
+                "disk_bytes": self.residency.disk_usage_bytes(),
+                "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
+                "spills": c.spills, "drops": c.drops, "restores": c.restores,
+                "refusals": c.refusals, "refusal_reasons": dict(c.refusal_reasons),
+                "deleted_files": c.deleted_files}

@@ -1,0 +1,239 @@
+"""shadow-reader: an exact incremental Qwen3.5 reader that follows the sessions a big model serves.
+
+Commands:
+  replay   replay a recorded agent session turn by turn through the reader
+  bench    the read benchmark
+  fresh    how fresh the shadow stays on recorded request timelines
+  serve    the HTTP service for hosts in another process
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+from jinja2 import TemplateError
+
+from shadow_plugin.host import (
+    DEFAULT_MS_PER_1K,  # the one default read cost (eager H200 figure)
+)
+
+HF_NAME = "models--Qwen--Qwen3.5-0.8B"
+
+
+def find_local_model() -> str | None:
+    """A real Qwen3.5-0.8B in the Hugging Face cache ($HF_HOME or ~/.cache/huggingface), if any."""
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    for snap in sorted((home / "hub" / HF_NAME / "snapshots").glob("*")):
+        if (snap / "config.json").is_file():
+            return str(snap)
+    return None
+
+
+def default_model(device: str) -> str:
+    """A local real 0.8B, else random:qwen3.5-0.8b on CUDA and random:tiny on the CPU."""
+    return find_local_model() or ("random:qwen3.5-0.8b" if device == "cuda" else "random:tiny")
+
+
+def _replay(args) -> int:
+    from adapters.model import load_model
+    from shadow_plugin.chat import Renderer
+    from shadow_plugin.exact import ExactnessError
+    from shadow_plugin.reader import Reader
+    from shadow_plugin.router import load_question
+    from shadow_plugin.step import ReaderConfig
+    from shadow_plugin.tokenizer import load_tokenizer
+
+    from .replay import load_session, replay_file
+
+    ReaderConfig(args.grid)                          # bad flags and files fail before the model
+    messages, tools = load_session(args.session)
+    question = load_question(args.question)
+    renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
+    if args.template_dir and not renderer.uses_model_template:
+        print(f"note: {args.template_dir} has no chat template; using {args.template}",
+              file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    spec = args.model or default_model(device)
+    model = load_model(spec, device=device)
+    tokenizer = load_tokenizer(None if spec.startswith("random:") else spec)
+    reader = Reader(model, grid=args.grid, tokenizer=tokenizer)
+    print(f"model {model.info.name} ({'random' if model.info.is_random else 'real'} weights, "
+          f"fingerprint {model.info.fingerprint[:12]}), device {device}, grid {args.grid}, "
+          f"kernels {model.kernels.name}", file=sys.stderr)
+    try:
+        totals = replay_file(reader, args.session, renderer, tokenizer, question,
+                             args.check_exact, False if args.no_thinking else None,
+                             messages=messages, tools=tools)
+    except ExactnessError as e:
+        print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(totals.as_dict()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    rp = sub.add_parser(
+        "replay", help="replay a recorded agent session turn by turn through the reader",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replay a session as its host served it: per assistant message, feed the "
+        "prompt (rendered with the host's chat template, tokenised whole) and the output, read "
+        "all whole chunks, ask the question. One row a turn, then one JSON line of totals.",
+        epilog="models: a Hugging Face Qwen3.5 directory, or random:tiny, random:qwen3.5-0.8b, "
+        "random:qwen3.5-2b, random:qwen3.5-4b (seeded random weights)\n"
+        "templates: qwen3.5-27b (default, thinking on), qwen3.5-0.8b, qwen3.6-27b, ...\n"
+        "question file: {\"question\": str, \"choices\": [str, ...], \"labels\": [str, ...]}\n"
+        "columns: turn, prompt ids, ids read (this turn, asks included), rollback (C from -> "
+        "to), read ms, C (committed), tail (ids not yet read), checkpoints, answer, its "
+        "probability, ask ms")
+    rp.add_argument("session", help="a session JSON file ({'messages': [...], 'tools': [...]})")
+    rp.add_argument("--model", help="a HF model directory or random:NAME (default: a local "
+                    "Qwen3.5-0.8B, else random:qwen3.5-0.8b on CUDA, random:tiny on the CPU)")
+    rp.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    rp.add_argument("--grid", type=int, default=512, help="chunk length G (multiple of 64)")
+    rp.add_argument("--question", help="a question JSON file (default: the 9-class router)")
+    rp.add_argument("--check-exact", action="store_true",
+                    help="compare the final committed state with a fresh prefill")
+    rp.add_argument("--template", default="qwen3.5-27b",
+                    help="the host's chat template (default: qwen3.5-27b, thinking on)")
+    rp.add_argument("--template-dir", help="a model directory whose chat template the host uses")
+    rp.add_argument("--no-thinking", action="store_true", help="the host runs with thinking off")
+    rp.set_defaults(func=_replay)
+    bp = sub.add_parser("bench", help="the read benchmark (read rate, chunk and question "
+                        "latency, decode, the transformers peer, the GEMM floor)",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        description="On a CPU, a smoke run: --model random:tiny --device cpu "
+                        "--ids examples/session.json --max-context 2048 --grids 512 "
+                        "--ask-at 1024,2048")
+    bp.add_argument("--model", default="random:qwen3.5-0.8b", help="random:NAME or a directory")
+    bp.add_argument("--device", choices=["cpu", "cuda"])
+    bp.add_argument("--ids", nargs="+", default=_default_sessions(),
+                    help=".npz (evals/session_ids.py) or session .json files, used in order")
+    bp.add_argument("--max-context", type=int, default=32768, help="ids read from 0")
+    bp.add_argument("--grids", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[512, 1024, 2048])
+    bp.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[8192, 32768, 102400],
+                    help="question positions (those past --max-context are reported skipped)")
+    bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
+                    help="comma-separated parts to run (add eager: the eager path, no CUDA graphs)")
+    bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
+                    " (default: attn_triton.READ)")
+    bp.add_argument("--attention", choices=["flash", "fa4", "table"],
+                    help="the runners' attention on CUDA (default: fa4 where it runs, else flash)")
+    bp.add_argument("--out", help="also write the JSON object to this file")
+    bp.set_defaults(func=_bench)
+    fp = sub.add_parser("fresh", help="replay request timelines through the scheduler on "
+                        "virtual time: how fresh the shadow stays, and what it costs the host")
+    fp.add_argument("timelines", nargs="+", help="timeline JSON files (shared/data/timelines)")
+    cost = fp.add_mutually_exclusive_group()
+    cost.add_argument("--read-ms-per-1k", type=float, default=None,
+                      help=f"read cost (default {DEFAULT_MS_PER_1K}: the eager H200 figure)")
+    cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands)")
+    fp.add_argument("--grid", type=int, default=512)
+    fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
+    fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
+    fp.set_defaults(func=_fresh)
+    sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)")
+    sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
+    sp.add_argument("--device", choices=["cpu", "cuda"])
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--api-key", help="require this bearer key on every route but /healthz")
+    sp.add_argument("--grid", type=int)
+    sp.set_defaults(func=_serve)
+    return ap
+
+
+def _serve(args) -> int:
+    import uvicorn
+
+    from shadow_plugin.config import ServiceConfig
+    from shadow_plugin.server.app import create_app
+    cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
+                                                  api_key=args.api_key, grid=args.grid,
+                                                  bind_host=args.host)
+    app = create_app(cfg)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+
+
+def _fresh(args) -> int:
+    from shadow_plugin.scheduler import SchedulerConfig
+
+    from .fresh import cost_from_bench, fresh_report
+    if args.grid < 64 or args.grid % 64:
+        raise ValueError(f"--grid must be a positive multiple of 64, got {args.grid}")
+    if args.read_ms_per_1k is not None and not args.read_ms_per_1k > 0:
+        raise ValueError(f"--read-ms-per-1k must be > 0, got {args.read_ms_per_1k}")
+    if args.cost_model:
+        name, ms_per_1k = cost_from_bench(args.cost_model)
+    else:
+        rate = args.read_ms_per_1k or DEFAULT_MS_PER_1K
+        name, ms_per_1k = f"{rate} ms per 1,000 ids", (lambda c: rate)
+    cfg = SchedulerConfig.from_env(grid=args.grid)
+    res = fresh_report(args.timelines, cfg, name, ms_per_1k)
+    if args.plot:
+        from .fresh import load_timeline, plot_backlog
+        shown = plot_backlog(load_timeline(args.timelines[0]), cfg, ms_per_1k, args.session,
+                             args.plot)
+        print(f"plot of session {shown} written to {args.plot}", file=sys.stderr)
+    print("token counts are the timelines' own (other tokenizers), used as they are",
+          file=sys.stderr)
+    for arm in ("idle", "idle_ration"):
+        print(f"{arm:>12}: " + ", ".join(f"{k} {v}" for k, v in res[arm].items()),
+              file=sys.stderr)
+    print(json.dumps(res))
+    return 0
+
+
+def _default_sessions() -> list[str]:
+    """The shared sessions beside the checkout, longest first, when present."""
+    d = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions"
+    files = sorted(d.glob("*.json"), key=lambda p: -p.stat().st_size) if d.is_dir() else []
+    return [str(p) for p in files]
+
+
+def _bench(args) -> int:
+    from .bench import run
+    if not args.ids:
+        raise ValueError("--ids: no session files given and none found beside the checkout")
+    out = Path(args.out) if args.out else None
+    if out is not None and not (out.parent.is_dir() and os.access(out.parent, os.W_OK)):
+        raise ValueError(f"--out {args.out}: its folder does not exist or cannot be written")
+    res = run(args)
+    for key, value in res.items():
+        print(f"{key:>32}  {value}", file=sys.stderr)
+    line = json.dumps(res)
+    print(line)                      # the result first: a failing write must not lose it
+    if out is not None:
+        out.write_text(line + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TemplateError as e:
+        print(f"shadow-reader: error: chat template: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, OSError, ImportError) as e:
+        print(f"shadow-reader: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""The read benchmark; the same as `shadow-reader bench` (see evals/bench.py).
+
+    python -m evals.read --ids .devdata/claudecode_vsla_5f8cbb78.npz \
+        .devdata/claudecode_vsla_9034225e_seg2.npz --max-context 102400
+"""
+import sys
+
+from evals.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,262 @@
+"""The reader: sessions fed turn by turn, read in whole grid chunks, rolled back on rewrites,
+asked letter-choice questions in one forward (those calls, which run in a fork of a session,
+are in reader_forks.py). Forwards go through an adapter (adapters.Adapter); a session's memory
+lives in the block store (block_store.SessionTable); the reader joins the two and keeps the ids.
+
+Contract (docs/design.md): after any history of feeds, reads and asks, a session's committed
+state equals a fresh prefill of ids[:C] on the same grid, bit for bit (`check_exact`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from adapters import Adapter, Qwen35, make_adapter
+from block_store import SessionState, SessionTable, StoreConfig, compare, pack
+from block_store.checkpoints import first_difference, rollback, take
+from block_store.session import check_layout, state_bytes
+
+from . import exact, fork, lines, validate
+from .reader_forks import ForkCalls
+from .step import ReaderConfig, read_chunk
+
+
+@dataclass(frozen=True)
+class FeedResult:
+    """first_difference: first position where a prompt differed from the held ids (None for
+    output); rolled_back_from / rolled_back_to: C before and after a rollback (None when there
+    was none); backlog: len(ids) - C after the feed; episode_start: the prompt ends a real user
+    message."""
+
+    first_difference: int | None
+    rolled_back_from: int | None
+    rolled_back_to: int | None
+    backlog: int
+    episode_start: bool = False
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync."""
+
+    num_read_tokens: int
+    num_chunks: int
+    ms: float
+
+
+class Reader(ForkCalls):
+    """Exact incremental reader over one model.
+
+    Args: model (adapters.Qwen35, whose forwards adapters.make_adapter chooses from the
+    options below, or an adapters.Adapter already built); grid (G, a multiple of 64; default
+    512, or the adapter's); kv_step (KV growth in rows); max_checkpoints; tokenizer (an object
+    with encode(text) -> ids; default: shadow_plugin.tokenizer.load_tokenizer(), loaded on the
+    first text question); resident_bytes (cap on resident session bytes, 4 GiB); disk_dir
+    (where sessions past the cap are parked; None: they are dropped and read again from 0);
+    disk_bytes (cap on the folder, None: none); disk_ttl_s (files older than this are
+    deleted, 48 h); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
+    (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
+    summaries: reader_forks.ForkCalls.
+    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, an
+    attention this device cannot run, or an attention, attn_split or fused_ops without the
+    runners.
+    """
+
+    def __init__(self, model: Qwen35 | Adapter, grid: int | None = None, kv_step: int = 8192,
+                 max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
+                 disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
+                 cuda_graphs: bool | None = None, fused_ops: bool | None = None,
+                 attn_split=None, attention: str | None = None):
+        options = (cuda_graphs, fused_ops, attn_split, attention)
+        if isinstance(model, Adapter):
+            if options != (None,) * 4 or grid not in (None, model.grid):
+                raise ValueError(f"an adapter already chose its grid ({model.grid}) and how its "
+                                 f"forwards run: pass grid, cuda_graphs, fused_ops, attn_split "
+                                 f"and attention to the adapter, not the reader")
+            self.config = ReaderConfig(model.grid, kv_step, max_checkpoints)
+            self.adapter = model
+        else:
+            self.config = ReaderConfig(512 if grid is None else grid, kv_step, max_checkpoints)
+            self.adapter = make_adapter(model, self.config.grid, *options)
+        self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
+        self._tokenizer = tokenizer
+        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
+        self.table = SessionTable(self.adapter.spec, self.store_config,
+                                  self.adapter.identity(), kv_step)
+        self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
+
+    # -- sessions -------------------------------------------------------------------------------
+    @property
+    def model(self) -> Qwen35:
+        """The weights the adapter runs (adapters.Qwen35)."""
+        return self.adapter.model
+
+    @property
+    def path(self) -> str:
+        """How chunks are read (the adapter's path tag): the committed bits depend on it, so
+        spilled files carry it."""
+        return self.adapter.path
+
+    def _get(self, session) -> SessionState:
+        """The session's state (SessionTable.get: restored from disk when parked, the most
+        recently used). Raises ValueError for a bad session id, KeyError for an unknown one."""
+        return self.table.get(validate.session_id(session))
+
+    def _settle(self, session: str | None) -> None:
+        """Keep resident bytes within the cap, sparing the session in use."""
+        self.table.settle(session)
+
+    def sessions(self) -> list[str]:
+        """Resident session ids, most recently used first, then parked ones."""
+        return self.table.names()
+
+    def knows(self, session: str) -> bool:
+        """Whether the session is held (resident, parked or on disk); restores nothing."""
+        return self.table.knows(validate.session_id(session))
+
+    def drop(self, session: str) -> None:
+        """Forget a session: its tensors, its record and its file. KeyError when unknown."""
+        self.table.drop(validate.session_id(session))
+        self._scratch.pop(session, None)
+
+    def stats(self) -> dict:
+        """Residency and counters (block_store.SessionTable.stats), each session also flagged
+        `beyond_max_positions` when it holds more ids than the model's positions."""
+        out = self.table.stats()
+        for s in out["sessions"].values():
+            s["beyond_max_positions"] = s["num_ids"] > self.adapter.max_positions
+        return out
+
+    def close(self) -> None:
+        """A planned stop: park every resident session (written to disk when there is one)."""
+        self.table.close()
+
+    def position(self, session: str) -> tuple[int, int]:
+        """(ids held, C) of a resident or parked session without restoring it or making it
+        the most recently used (what a scheduler looks at on every round). KeyError when
+        unknown."""
+        return self.table.position(validate.session_id(session))
+
+    def committed(self, session: str) -> int:
+        """C, the committed length in ids (a multiple of the grid). KeyError when unknown."""
+        return self._get(session).committed
+
+    def backlog(self, session: str) -> int:
+        """len(ids) - C, in ids. KeyError when unknown."""
+        return self._get(session).backlog
+
+    def ids(self, session: str) -> list[int]:
+        """A copy of the session's ids. KeyError when unknown."""
+        return list(self._get(session).ids)
+
+    def checkpoint_positions(self, session: str) -> list[int]:
+        """Grid lines (ids) of the checkpoints held, ascending. KeyError when unknown."""
+        return [cp.pos for cp in self._get(session).checkpoints]
+
+    def state_bytes(self, session: str) -> int:
+        """Resident bytes of the session (block_store.session.state_bytes). KeyError when
+        unknown."""
+        return state_bytes(self._get(session))
+
+    # -- feeding --------------------------------------------------------------------------------
+    def feed(self, session: str, ids, kind: str, episode_start: bool | None = None) -> FeedResult:
+        """Give the reader a new turn's whole prompt (`kind="prompt"`) or ids the host produced
+        (`kind="output"`, appended). A prompt that differs from the held ids at position d rolls
+        back to the newest checkpoint at or below d (KV rows below stay), or to 0 without one.
+        `episode_start` says whether the prompt ends a real user message (default: read from
+        the ids). A prompt for an unknown session creates it, as it does for a session known
+        only by a file the reader refuses (written by another path, model or grid, or damaged).
+
+        Raises ValueError for bad ids, kind or session id (nothing changes), KeyError for output
+        to an unknown session.
+        """
+        validate.session_id(session)
+        validate.flag(episode_start, "episode_start")
+        if kind not in ("prompt", "output"):
+            raise ValueError(f"kind must be 'prompt' or 'output', got {kind!r}")
+        new = validate.token_ids(ids, self.adapter.vocab_size)
+        if kind == "output":
+            st = self._get(session)
+            st.ids.extend(new)
+            return FeedResult(None, None, None, st.backlog)
+        if not new:
+            raise ValueError("a prompt must hold at least one id")
+        if not self.table.knows(session):
+            st = self.table.create(session)
+        else:
+            try:
+                st = self.table.get(session)
+            except KeyError:    # known only by a file the restore refused (another path, model,
+                # grid, or damaged, set aside): the prompt starts the session again from 0
+                st = self.table.create(session)
+        result = self._feed_prompt(st, new, episode_start)
+        self._settle(session)
+        return result
+
+    def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
+        """Roll back to the first difference, hold the prompt, and hand down the checkpoint line
+        of its generation prompt (lines.prompt_line) as a position."""
+        d = first_difference(st.ids, prompt)
+        before = st.committed
+        rolled = d < st.committed
+        if rolled:
+            rollback(st, self.adapter.spec, d)
+        st.ids = prompt
+        st.pending_lines = {p: e for p, e in st.pending_lines.items() if st.committed < p <= d}
+        episode = lines.is_episode_start(prompt) if episode is None else bool(episode)
+        line = lines.prompt_line(prompt, self.config.grid)
+        if line == st.committed:
+            take(st, episode, self.config.max_checkpoints)
+        elif line > st.committed:
+            st.pending_lines[line] = episode or st.pending_lines.get(line, False)
+        return FeedResult(d, before if rolled else None, st.committed if rolled else None,
+                          st.backlog, episode)
+
+    def warm_up(self) -> float:
+        """Compile and capture the adapter's runners now (chunks, decode, question buckets)
+        instead of inside the first read, question or decode; returns the seconds it took
+        (about 0 on the CPU or without graphs)."""
+        t0 = time.perf_counter()
+        self.adapter.prepare()
+        return time.perf_counter() - t0
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, session: str | None = None, max_chunks: int | None = None) -> ReadResult:
+        """Advance whole chunks only: the given session, or every resident session with a
+        backlog of a chunk or more, most recently used first; at most `max_chunks` chunks in
+        all. Returns ReadResult."""
+        max_chunks = validate.count(max_chunks, "max_chunks")
+        names = [session] if session is not None else [
+            s for s in self.sessions() if s in self.table.resident]
+        t0, n = time.perf_counter(), 0
+        for name in names:
+            st = self._get(name)
+            while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
+                read_chunk(self.adapter, self.config, st)
+                n += 1
+            self._settle(name)
+        self.adapter.sync()
+        result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
+        self.totals["num_read_tokens"] += result.num_read_tokens
+        self.totals["num_chunks"] += n
+        self.totals["read_ms"] += result.ms
+        return result
+
+    # -- exactness ------------------------------------------------------------------------------
+    def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
+        """name -> tensor of the committed state (block_store.state_names): KV rows [0, C) and
+        the GDN states after token C. Views, not copies: clone before changing the session."""
+        st = self._get(session)
+        check_layout(st, self.adapter.spec)
+        return pack(self.adapter.spec, st.kv, st.gdn, st.committed)
+
+    def check_exact(self, session: str) -> bool:
+        """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by
+        exact.fresh_prefill's own loop, through the same adapter). Returns True; raises
+        block_store.ExactnessError naming the first differing tensor and index."""
+        st = self._get(session)
+        want = exact.fresh_prefill(self.adapter, st.ids[:st.committed])
+        compare(self.state_tensors(session), want)
+        return True

@@ -1,0 +1,215 @@
+"""The one door from the HTTP routes to the reader: every method takes the service's lock (the
+host interface's, which the idle loop takes for each chunk it reads), so no route touches the
+reader beside the idle thread. Existence checks look at a session's position (Reader.position)
+and restore nothing; a route that reads takes the lock one chunk at a time where it can
+(`catch_up`, `wait_for`), so a host's call waits at most one chunk.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..host import Host
+from ..reader import FeedResult
+from .narrator import Narrator
+from .router_journal import Profile, RouterJournal, insertion_point
+
+WAIT_POLL_S = 0.05          # how often a waiting ask looks at C
+
+
+class WaitTimeout(Exception):
+    """An ask with `wait` whose session did not reach its line in time (504 with the backlog)."""
+
+    def __init__(self, backlog: int, committed: int, why: str):
+        super().__init__(backlog, committed, why)
+        self.backlog, self.committed, self.why = backlog, committed, why
+
+
+@dataclass(frozen=True)
+class Fed:
+    """A feed's result and the session's position after it (ids held, C)."""
+
+    result: FeedResult
+    num_ids: int
+    committed: int
+
+
+class Shadow:
+    """Args: host (the in-process host interface over the reader: its lock is the one lock);
+    journal, narrator: the service's router journal and narrator; profiles: name -> Profile;
+    grid: the reader's grid."""
+
+    def __init__(self, host: Host, journal: RouterJournal, narrator: Narrator,
+                 profiles: dict[str, Profile]):
+        self.host, self.reader = host, host.reader
+        self.journal, self.narrator, self.profiles = journal, narrator, profiles
+        self.grid = self.reader.config.grid
+        self.session_profiles: dict[str, Profile] = {}
+
+    @property
+    def lock(self):
+        """The one lock: the host interface's (read at each use, so it can be instrumented)."""
+        return self.host.lock
+
+    def _position(self, session: str) -> tuple[int, int]:
+        """(ids held, C) without restoring; KeyError (404) for an unknown session."""
+        return self.reader.position(session)
+
+    def _fed(self, session: str, result: FeedResult) -> Fed:
+        return Fed(result, *self._position(session))
+
+    # -- host events ----------------------------------------------------------------------------
+    def turn(self, session: str, ids: list[int], profile: str | None,
+             router_label: str | None) -> Fed | None:
+        """A new turn under its profile: None when the profile's mode is off (not followed);
+        registers the router question at the insertion point when the profile asks for it.
+        Raises ValueError for an unknown profile or bad ids (nothing changes)."""
+        if profile is not None and profile not in self.profiles:
+            raise ValueError(f"unknown profile {profile!r}")
+        prof = self.profiles.get(profile, Profile())
+        if not prof.mode:
+            return None
+        with self.lock:
+            try:
+                n, c = self._position(session)
+                backlog = n - c
+            except KeyError:
+                backlog = 0
+            result = self.host.turn_started(session, ids, profile, router_label)
+            self.session_profiles[session] = prof
+            self.narrator.turn_started(session)
+            if prof.router and len(ids) >= prof.router_min_tokens:
+                at = insertion_point(ids)
+                self.journal.expect(session, at, router_label, backlog)
+                self.host.question_at(session, at)
+            return self._fed(session, result)
+
+    def output(self, session: str, ids: list[int]) -> Fed:
+        """Ids the host produced; queues a narration at each </think> when the profile asks."""
+        with self.lock:
+            start = self._position(session)[0]
+            result = self.host.output(session, ids)
+            if self.session_profiles.get(session, Profile()).narrator:
+                self.narrator.on_output(session, start, list(ids))
+            return self._fed(session, result)
+
+    def between_rounds(self, session: str):
+        """The ration slice (host.Slice), then one narration if the narrator's share covers
+        its cost."""
+        with self.lock:
+            self._position(session)
+            sl = self.host.between_rounds(session)
+            turn = self.host.scheduler.turns.get(session)
+            first = turn.first_token_s if turn else None
+            budget = self.narrator.budget_ms(session, first, self.host.scheduler.clock())
+            if budget >= self.narrator.estimate_ms():
+                self.narrator.run_one(self.reader, session)
+            return sl
+
+    def end(self, session: str) -> None:
+        """The turn ended (the session stays)."""
+        with self.lock:
+            self._position(session)
+            self.host.turn_finished(session)
+
+    def delete(self, session: str) -> None:
+        """Forget the session in the reader and the scheduler, its file included."""
+        with self.lock:
+            self._position(session)
+            self.host.forget(session)
+
+    def narration(self, session: str) -> dict:
+        with self.lock:
+            self._position(session)
+            return {"session": session,
+                    "narrations": list(self.narrator.narrations.get(session, [])),
+                    "pending": sum(1 for s, _ in self.narrator.jobs if s == session)}
+
+    # -- questions ------------------------------------------------------------------------------
+    def fork_position(self, session: str, at: int | None) -> int:
+        """The position a question or summary forks at: `at`, or all the session's ids. KeyError
+        (404) for an unknown session, ValueError (400) for an `at` past its ids."""
+        with self.lock:
+            n = self._position(session)[0]
+        if at is not None and at > n:
+            raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
+        return n if at is None else at
+
+    def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
+        """Block until the session's C reaches the grid line at or below `at` (default: all its
+        ids; the idle window reads meanwhile), taking the lock for each look; WaitTimeout with
+        the backlog when timeout_s passes first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                n, c = self._position(session)
+            if c >= (n if at is None else at) // self.grid * self.grid:
+                return
+            if time.monotonic() > deadline:
+                with self.lock:
+                    why = self._not_reading_why()
+                raise WaitTimeout(n - c, c, why)
+            time.sleep(WAIT_POLL_S)
+
+    def _not_reading_why(self) -> str:
+        """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
+        turns = sorted(self.host.scheduler.turns)
+        if turns:
+            more = f" and {len(turns) - 5} more" if len(turns) > 5 else ""
+            return (f"the idle window waits for open turns to end (POST .../end): "
+                    f"{', '.join(turns[:5])}{more}")
+        if self.host.scheduler.host_busy():
+            return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
+        return "the reader is reading other sessions or the backlog is large"
+
+    def catch_up(self, session: str, at: int) -> int:
+        """Read the chunks a question or fork at `at` needs one at a time, taking the lock for
+        each, so a host's call waits at most one chunk (the ask itself would read them all
+        under one hold): at or above C, commit up to the grid line at or below `at`; below C,
+        re-read in scratch from the newest checkpoint (Reader.prepare_fork). Returns the
+        chunks read."""
+        line, done = at // self.grid * self.grid, 0
+        for _ in range(2 * line // self.grid + 2):   # bounded: another call may restart it
+            with self.lock:
+                r = self.reader
+                try:
+                    n, c = self._position(session)
+                except KeyError:
+                    return done
+                if at < c:
+                    k = r.prepare_fork(session, at, 1)
+                elif c < line and n - c >= self.grid:
+                    k = r.read(session, max_chunks=1).num_chunks
+                else:
+                    k = 0
+                if k == 0:
+                    return done
+                done += k
+        return done
+
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int):
+        """Reader.ask under the lock, after catch_up read toward `fork_at` (fork_position's
+        answer) chunk by chunk."""
+        self.catch_up(session, fork_at)
+        with self.lock:
+            return self.reader.ask(session, question, choices, at)
+
+    def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None):
+        """Reader.summarize under the lock, held for the whole decode (after catch_up)."""
+        self.catch_up(session, self.fork_position(session, at))
+        with self.lock:
+            return self.reader.summarize(session, instruction, max_tokens, at)
+
+    def check_exact(self, session: str) -> bool:
+        """Reader.check_exact under the lock (raises ExactnessError naming what differs)."""
+        with self.lock:
+            return self.reader.check_exact(session)
+
+    # -- reporting ------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Reader.stats and totals, the open turns and the host share, in one hold."""
+        with self.lock:
+            ration_ms, decode_ms = self.host.scheduler.host_share()
+            return {**self.reader.stats(), "totals": dict(self.reader.totals),
+                    "open_turns": sorted(self.host.scheduler.turns),
+                    "ration_ms": ration_ms, "host_decode_ms": decode_ms}

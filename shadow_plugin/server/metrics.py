@@ -1,0 +1,48 @@
+"""Prometheus metrics, read from the service (through its facade, under the one lock) at
+scrape time."""
+from __future__ import annotations
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
+
+
+class Collector:
+    """A prometheus_client collector over a server.service.Service (nothing until it is
+    ready)."""
+
+    def __init__(self, svc):
+        self.svc = svc
+
+    def collect(self):
+        svc = self.svc
+        if svc.state != "ready":
+            return
+        stats = svc.shadow.stats()
+        t = stats["totals"]
+        yield CounterMetricFamily("shadow_ids_read", "ids committed by reads", t["num_read_tokens"])
+        yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
+        yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
+        backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet", labels=["session"])
+        for sid, s in stats["sessions"].items():
+            backlog.add_metric([sid[:128]], s["backlog"])
+        yield backlog
+        for key in ("spills", "restores", "refusals", "drops"):
+            yield CounterMetricFamily(f"shadow_{key}", f"sessions {key}", stats[key])
+        yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
+                                stats["resident_bytes"])
+        ration_ms, decode_ms = stats["ration_ms"], stats["host_decode_ms"]
+        yield CounterMetricFamily("shadow_ration_ms", "ms the in-turn ration used", ration_ms)
+        yield CounterMetricFamily("shadow_host_decode_ms", "ms of host decode (first token to "
+                                  "turn end) the ration was earned over", decode_ms)
+        yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
+                                ration_ms / decode_ms if decode_ms > 0 else 0.0)
+        ms = list(svc.ask_ms)
+        buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
+                   for b in ASK_BUCKETS_MS]
+        yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",
+                                    buckets=buckets, sum_value=sum(ms))

@@ -1,0 +1,124 @@
+"""Request and response bodies of the HTTP API (pydantic)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
+
+MAX_TEXT_CHARS = 32_000       # a question or an instruction (about 8k tokens at most)
+MAX_CHOICE_CHARS = 1_000
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TurnIn(Strict):
+    """A new turn: the whole prompt as ids, or as chat messages (+ tools) rendered here."""
+
+    prompt_ids: list[StrictInt] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    profile: str | None = None
+    router_label: str | None = None
+
+    @model_validator(mode="after")
+    def one_prompt(self):
+        if (self.prompt_ids is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt_ids and messages")
+        for i, m in enumerate(self.messages or []):
+            check_message(i, m)
+        return self
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_message(i: int, m: dict) -> None:
+    """Two of the Qwen3.5 template's refusals (docs/specs/qwen35-chat-format.md section 9), checked
+    before it runs so the error names the message: a role outside ROLES, content that is not
+    a string, a list of parts or None. Nothing the template renders is refused."""
+    role = m.get("role")
+    if role not in ROLES:
+        raise ValueError(f"messages[{i}].role: {role!r} is not one of {', '.join(ROLES)}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise ValueError(f"messages[{i}].content: {type(content).__name__} given, a string or "
+                         "a list of parts expected")
+
+
+class FeedOut(BaseModel):
+    """followed: False when the turn's profile has the shadow off (nothing else is set then)."""
+
+    followed: bool = True
+    first_difference: int | None = None
+    rolled_back_from: int | None = None
+    rolled_back_to: int | None = None
+    backlog: int | None = None
+    committed: int | None = None
+    num_ids: int | None = None
+
+
+class OutputIn(Strict):
+    ids: list[StrictInt]
+
+
+class HostIn(Strict):
+    busy: StrictBool
+
+
+class SliceOut(BaseModel):
+    kind: str
+    chunks: int
+    ms: float
+    stop: str
+
+
+class AskIn(Strict):
+    session: str = Field(min_length=1, max_length=128)
+    question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    choices: list[str] = Field(min_length=2, max_length=26)
+    at: StrictInt | None = Field(default=None, ge=0)
+    wait: StrictBool = False
+    timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+
+    @model_validator(mode="after")
+    def short_choices(self):
+        for i, c in enumerate(self.choices):
+            if len(c) > MAX_CHOICE_CHARS:
+                raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
+        return self
+
+
+class AskOut(BaseModel):
+    label: str
+    letter: str
+    probs: list[float]
+    ms: float
+    backlog: int
+    num_forwarded_tokens: int
+    at: int
+    beyond_max_positions: bool
+
+
+class SummarizeIn(Strict):
+    session: str = Field(min_length=1, max_length=128)
+    instruction: str = Field(default="Summarize this session in a few sentences.", min_length=1,
+                             max_length=MAX_TEXT_CHARS)
+    max_tokens: StrictInt = Field(default=128, ge=1, le=4096)
+    at: StrictInt | None = Field(default=None, ge=0)
+
+
+class SummarizeOut(BaseModel):
+    text: str
+    ids: list[int]
+    ms_per_token: float
+    prefill_ms: float

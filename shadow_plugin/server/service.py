@@ -1,0 +1,149 @@
+"""The service behind the HTTP routes: model loading in the background, the reader, its host
+interface and the facade every route goes through (facade.Shadow: the one lock), the busy
+signal, status, recent answers."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from adapters import PRESETS, load_model
+
+from ..config import ServiceConfig
+from ..host import Host
+from ..reader import Reader
+from ..step import ReaderConfig
+from ..tokenizer import load_tokenizer
+from .facade import Shadow
+from .metrics import Collector
+from .narrator import Narrator
+from .router_journal import RouterJournal, load_profiles
+
+log = logging.getLogger(__name__)
+
+
+def check_config(cfg: ServiceConfig) -> None:
+    """What can be refused before the service starts (ValueError naming the setting): an empty
+    or unknown model, a grid the reader cannot take. A model that fails later while loading is
+    reported by /healthz (503) instead."""
+    if not cfg.model:
+        raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
+                         "random:NAME (or pass --model)")
+    if cfg.model.startswith("random:"):
+        name = cfg.model.removeprefix("random:")
+        if name not in PRESETS:
+            raise ValueError(f"SHADOW_MODEL {cfg.model!r}: no such preset (random:"
+                             f"{', random:'.join(PRESETS)})")
+    elif not Path(cfg.model).expanduser().is_dir():
+        raise ValueError(f"SHADOW_MODEL {cfg.model!r} is not a directory (a Qwen3.5 model "
+                         "directory or random:NAME)")
+    try:
+        ReaderConfig(grid=cfg.grid)
+    except ValueError as e:
+        raise ValueError(f"SHADOW_GRID / --grid: {e}") from None
+
+
+class NotReady(Exception):
+    """The model is still loading (or failed to load): the route answers 503."""
+
+
+class Service:
+    """Holds the reader once loaded; `state` is "loading", "ready" or "failed". Routes reach
+    the reader only through `require()`, the facade."""
+
+    def __init__(self, cfg: ServiceConfig):
+        check_config(cfg)
+        self.cfg = cfg
+        self.profiles = load_profiles(cfg.profiles_path)
+        self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
+        self.narrator = Narrator()
+        self.state, self.error, self.loaded_s = "loading", None, None
+        self.stage, self.warm_up_s = "loading the model", None
+        self.reader: Reader | None = None
+        self.host: Host | None = None
+        self.shadow: Shadow | None = None
+        self.tokenizer = None
+        self.busy = False                     # the host's own signal (POST /v1/shadow/host)
+        self.answers: deque = deque(maxlen=20)
+        self.ask_ms: deque = deque(maxlen=10_000)      # for the latency histogram
+        self.registry = CollectorRegistry()
+        self.registry.register(Collector(self))
+        self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
+
+    def start(self) -> None:
+        """Start loading the model (once; a second start, e.g. a second lifespan, is a no-op)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            cfg = self.cfg
+            device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            model = load_model(cfg.model, device=device)
+            self.tokenizer = load_tokenizer(None if cfg.model.startswith("random:") else cfg.model)
+            disk_bytes = int(cfg.disk_gb * 2**30) if cfg.disk_gb else None
+            self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
+                                 resident_bytes=int(cfg.resident_gb * 2**30),
+                                 disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
+            self.stage = "compiling and capturing CUDA graphs"    # not inside a host's round
+            self.warm_up_s = self.reader.warm_up()
+            self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
+                             on_question=lambda s, at: self.journal.answer(self.reader, s, at),
+                             idle_hook=lambda: self.narrator.run_one(self.reader))
+            self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles)
+            self.host.start_idle_loop()
+            self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
+        except Exception as e:                # reported by /healthz and status, not raised
+            log.exception("model load failed")
+            self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+
+    def require(self) -> Shadow:
+        """The facade; NotReady (503) while the model loads or after it failed to."""
+        if self.state != "ready":
+            raise NotReady(self.error or "the model is loading")
+        return self.shadow
+
+    def close(self) -> None:
+        """A planned stop: let a load in progress finish (a process that exits while the
+        loading thread is inside torch aborts), stop the idle loop, then park every resident
+        session."""
+        if self._thread.ident is not None:
+            self._thread.join()
+        if self.host is not None:
+            self.host.stop_idle_loop()
+            with self.host.lock:
+                self.reader.close()
+
+    def record_answer(self, session: str, answer) -> None:
+        self.ask_ms.append(answer.ms)
+        self.answers.append({"session": session, "label": answer.label,
+                             "p": max(answer.probs), "ms": round(answer.ms, 2),
+                             "at": answer.at, "time": time.time()})
+
+    def status(self) -> dict:
+        out = {"state": self.state, "stage": self.stage, "error": self.error,
+               "model": self.cfg.model, "warm_up_s": self.warm_up_s,
+               "grid": self.cfg.grid, "host_busy": self.busy,
+               "last_answers": list(self.answers),
+               "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
+               "narrations": {s: list(v)[-3:] for s, v in self.narrator.narrations.items()},
+               "narrator_jobs_pending": len(self.narrator.jobs),
+               "open_turns": [],
+               "scheduler": dataclasses.asdict(self.cfg.scheduler)}       # settings in effect
+        if self.state == "ready":
+            stats = self.shadow.stats()
+            for key in ("ration_ms", "host_decode_ms"):
+                stats.pop(key)
+            info, spec = self.reader.adapter.info, self.reader.adapter.spec
+            out.update({"fingerprint": info.fingerprint, "random_weights": info.is_random,
+                        "device": str(spec.device),
+                        "dtype": str(spec.dtype).removeprefix("torch."),
+                        "load_s": round(self.loaded_s, 2), **stats})
+        return out

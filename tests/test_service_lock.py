@@ -1,0 +1,162 @@
+"""The service's one lock: routes and the idle loop at once on a real server (loopback, seeded
+and bounded loops) with a cap small enough that sessions spill, then every session exact and
+holding exactly the ids the clients sent; existence checks restore nothing."""
+import random
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from shadow_plugin.config import ServiceConfig
+from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.server.app import create_app
+
+G = 64
+SESSION_MB = 8           # random:tiny at kv_step 8192: 8 MiB of KV rows a session (fp32)
+
+
+def _cfg(tmp_path, resident_mb: float) -> ServiceConfig:
+    return ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path / "state",
+                         resident_gb=resident_mb / 1024, disk_dir=tmp_path / "disk",
+                         scheduler=SchedulerConfig(grid=G, poll_s=0.02, idle_burst_s=0.2))
+
+
+class Server:
+    """create_app(cfg) served by uvicorn on 127.0.0.1 in a thread, until stop()."""
+
+    def __init__(self, cfg: ServiceConfig):
+        self.app = create_app(cfg)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz").json()["state"] == "ready":
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("the service did not become ready in 60 s")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+    @property
+    def service(self):
+        return self.app.state.service
+
+
+def _client_loop(url: str, seed: int, sent: dict, errors: list, num_ops: int = 24) -> None:
+    """Seeded host events and questions on two sessions of one client; `sent` gets the ids each
+    session should hold (prompts as served, outputs appended)."""
+    rng = random.Random(seed)
+    names = [f"c{seed}-{k}" for k in range(2)]
+    held = {s: [] for s in names}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for s in names:
+            held[s] = [rng.randrange(1000, 240000) for _ in range(rng.randrange(70, 200))]
+            _ok(c.post(f"/v1/shadow/sessions/{s}/turn", json={"prompt_ids": held[s]}), errors)
+        for _ in range(num_ops):
+            s = rng.choice(names)
+            op = rng.choice(["turn", "rewrite", "output", "output", "round", "end", "ask",
+                             "status", "narration", "metrics"])
+            if op in ("turn", "rewrite"):
+                cut = rng.randrange(len(held[s]) + 1) if op == "rewrite" else len(held[s])
+                held[s] = held[s][:cut] + [rng.randrange(1000, 240000)
+                                           for _ in range(rng.randrange(1, 150))]
+                _ok(c.post(f"/v1/shadow/sessions/{s}/turn", json={"prompt_ids": held[s]}),
+                    errors)
+            elif op == "output":
+                new = [rng.randrange(1000, 240000) for _ in range(rng.randrange(1, 60))]
+                held[s] += new
+                _ok(c.post(f"/v1/shadow/sessions/{s}/output", json={"ids": new}), errors)
+            elif op in ("round", "end"):
+                _ok(c.post(f"/v1/shadow/sessions/{s}/{op}"), errors)
+            elif op == "ask":
+                _ok(c.post("/v1/shadow/ask", json={"session": s, "question": "Code?",
+                                                   "choices": ["yes", "no"]}), errors)
+            elif op == "narration":
+                _ok(c.get(f"/v1/shadow/sessions/{s}/narration"), errors)
+            else:
+                _ok(c.get("/metrics" if op == "metrics" else "/v1/shadow/status"), errors)
+        for s in names:
+            _ok(c.post(f"/v1/shadow/sessions/{s}/end"), errors)
+    sent.update(held)
+
+
+def _ok(response: httpx.Response, errors: list) -> None:
+    if response.status_code != 200:
+        errors.append((response.request.url.path, response.status_code, response.text[:200]))
+
+
+def test_routes_and_the_idle_loop_at_once_leave_every_session_exact(tmp_path):
+    """Four clients on eight sessions against the idle loop, with room for two sessions: every
+    route answers 200, sessions spill and come back, and afterwards each session holds exactly
+    the ids its client sent and its committed state equals a fresh prefill."""
+    with Server(_cfg(tmp_path, 2.5 * SESSION_MB)) as srv:
+        sent, errors = {}, []
+        clients = [threading.Thread(target=_client_loop, args=(srv.url, seed, sent, errors))
+                   for seed in range(4)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(timeout=300)
+        assert not any(t.is_alive() for t in clients), "a client did not finish in 300 s"
+        assert errors == []
+        shadow = srv.service.shadow
+        stats = shadow.stats()
+        assert stats["spills"] > 0 and stats["restores"] > 0
+        assert stats["totals"]["num_chunks"] > 0
+        assert sorted(stats["sessions"]) == sorted(sent)
+        for sid, ids in sent.items():
+            with shadow.lock:
+                assert shadow.reader.ids(sid) == ids, sid
+            assert shadow.check_exact(sid)
+            assert shadow.reader.committed(sid) % G == 0
+
+
+def test_existence_checks_restore_nothing(tmp_path):
+    """`end`, `narration`, `output` of a parked session and status answer without bringing it
+    back from disk: the restores counter stays and the session stays on disk until it is read."""
+    with Server(_cfg(tmp_path, 1.2 * SESSION_MB)) as srv, httpx.Client(base_url=srv.url) as c:
+        rng = random.Random(3)
+        for sid in ("a", "b"):
+            ids = [rng.randrange(1000, 240000) for _ in range(3 * G + 5)]
+            assert c.post(f"/v1/shadow/sessions/{sid}/turn",
+                          json={"prompt_ids": ids}).status_code == 200
+            assert c.post("/v1/shadow/ask", json={"session": sid, "question": "Code?",
+                                                  "choices": ["yes", "no"]}).status_code == 200
+        status = c.get("/v1/shadow/status").json()
+        assert status["sessions"]["a"]["residency"] == "disk"
+        restores = status["restores"]
+        assert c.post("/v1/shadow/sessions/a/end").status_code == 200
+        assert c.get("/v1/shadow/sessions/a/narration").json()["narrations"] == []
+        assert c.post("/v1/shadow/sessions/zz/end").status_code == 404
+        status = c.get("/v1/shadow/status").json()
+        assert status["restores"] == restores
+        assert status["sessions"]["a"]["residency"] == "disk"
+        assert status["sessions"]["a"]["committed"] == 3 * G
+        out = c.post("/v1/shadow/sessions/a/output", json={"ids": [5, 6]})   # feeds: restores
+        assert out.status_code == 200 and out.json()["num_ids"] == 3 * G + 7
+        assert c.get("/v1/shadow/status").json()["restores"] == restores + 1
+        assert srv.service.shadow.check_exact("a")
+
+
+@pytest.mark.parametrize("route", ["end", "narration"])
+def test_unknown_sessions_are_404_without_touching_the_disk(tmp_path, route):
+    with Server(_cfg(tmp_path, 1.2 * SESSION_MB)) as srv, httpx.Client(base_url=srv.url) as c:
+        r = (c.post if route == "end" else c.get)(f"/v1/shadow/sessions/nobody/{route}")
+        assert r.status_code == 404 and "unknown session" in r.json()["detail"]
+        assert c.get("/v1/shadow/status").json()["restores"] == 0
