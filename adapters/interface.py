@@ -58,7 +58,7 @@ class Decoded:
 
 
 class Adapter(ABC):
-    """Qwen3.5 (`model`, a adapters.model.Qwen35) read in chunks of `grid` ids.
+    """Qwen3.5 (`model`, an adapters.model.Qwen35) read in chunks of `grid` ids.
 
     Facts the reader needs: spec (block_store.StateSpec), vocab_size, max_positions, info
     (ModelInfo: name, fingerprint, random or not), path, identity() (what spilled files must

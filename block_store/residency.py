@@ -62,7 +62,8 @@ class Counters:
 
 class Residency:
     """Parks and restores sessions for a reader. Holds only the parked records and counters;
-    the resident sessions dict is passed in by the reader on every call."""
+    the resident sessions dict is passed in by the session table (table.SessionTable) on every
+    call."""
 
     def __init__(self, cfg: StoreConfig, spec: StateSpec, kv_step: int,
                  ident: files.FileIdentity):
@@ -79,10 +80,27 @@ class Residency:
     def _adopt(self) -> None:
         """List the sessions an earlier process parked here (stats shows them as on disk)."""
         for path in sorted(self.cfg.disk_dir.glob("*" + files.SUFFIX)):
-            found = files.peek(path, self.ident)
-            if found is not None and path.name == files.file_name(found[0]):
-                sid, ids, committed = found
-                self.parked[sid] = Parked(ids, path, {}, committed)
+            self._adopt_file(path)
+
+    def _adopt_file(self, path: Path) -> Parked | None:
+        """Record a file this reader could load (its header and ids read, its state left on
+        disk) as a parked session; None for a file of another model, grid or format."""
+        found = files.peek(path, self.ident)
+        if found is None or path.name != files.file_name(found[0]):
+            return None
+        sid, ids, committed = found
+        self.parked[sid] = Parked(ids, path, {}, committed)
+        return self.parked[sid]
+
+    def record(self, sid: str) -> Parked | None:
+        """The parked record of `sid`, adopting its file when one appeared on disk since this
+        reader started (another process sharing the folder); None when there is none this
+        reader could load. Restores nothing."""
+        rec = self.parked.get(sid)
+        if rec is None:
+            path = self._disk_path(sid)
+            rec = self._adopt_file(path) if path is not None else None
+        return rec
 
     # -- parking --------------------------------------------------------------------------------
     def make_room(self, sessions: dict[str, SessionState], keep: str | None) -> None:

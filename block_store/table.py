@@ -60,12 +60,13 @@ class SessionTable:
         return resident + [s for s in self.residency.parked if s not in self.resident]
 
     def position(self, sid: str) -> tuple[int, int]:
-        """(ids held, C) without restoring the session or making it the most recently used.
-        KeyError when unknown."""
+        """(ids held, C) without restoring the session or making it the most recently used (a
+        file that appeared on disk since the table started is read for its header and ids
+        only). KeyError when unknown, or known only by a file this reader cannot load."""
         st = self.resident.get(sid)
         if st is not None:
             return len(st.ids), st.committed
-        rec = self.residency.parked.get(sid)
+        rec = self.residency.record(sid)       # adopts a file another process wrote since
         if rec is None:
             raise KeyError(f"unknown session {sid!r}")
         return len(rec.ids), rec.committed_on_disk

@@ -150,7 +150,7 @@ def main() -> None:
     reader.warm_up()
     reader.feed("s", ids, "prompt")
     timer, marks, res = Timer(torch.device("cuda")), Marks(), {"contexts": {}}
-    runners = reader._graphs
+    runners = reader.adapter.runners
     plain = {}
     for ctx in contexts:
         while reader.committed("s") < ctx:

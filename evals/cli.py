@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 
-from shadow_plugin.host import (
-    DEFAULT_MS_PER_1K,  # the one default read cost (eager H200 figure)
-)
+from evals.data import data_dir
+from shadow_plugin.host import DEFAULT_MS_PER_1K  # the one default read cost (eager H200)
 
 HF_NAME = "models--Qwen--Qwen3.5-0.8B"
 
@@ -199,8 +198,8 @@ def _fresh(args) -> int:
 
 
 def _default_sessions() -> list[str]:
-    """The shared sessions beside the checkout, longest first, when present."""
-    d = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions"
+    """The shared data set's sessions (evals.data), longest first, when present."""
+    d = data_dir() / "sessions"
     files = sorted(d.glob("*.json"), key=lambda p: -p.stat().st_size) if d.is_dir() else []
     return [str(p) for p in files]
 

@@ -40,8 +40,8 @@ def decode_profile(reader: Reader, num_steps: int = 16) -> dict:
     """Single-token steps through the decode runner on top of the session (rows above C are
     scratch): wall ms per step with a sync each (as fork decode does), and the GPU's busy ms
     per step from the profiler's kernel times."""
-    st = reader._sessions["s"]
-    c, runner = st.committed, reader._graphs.decode()
+    st = reader.table.resident["s"]
+    c, runner = st.committed, reader.adapter.runners.decode()
     tok = torch.tensor([11], dtype=torch.long)
 
     def steps():
@@ -64,7 +64,7 @@ def decode_profile(reader: Reader, num_steps: int = 16) -> dict:
 def loop_equals_steps(reader: Reader, runner) -> bool:
     """The decode loop's ids (each token fed back on the device) against runner steps with
     the argmax taken on the host, 24 tokens on top of the session."""
-    st = reader._sessions["s"]
+    st = reader.table.resident["s"]
     gen = reader.generate("s", [11, 12, 13], max_new_tokens=24, stop_ids=())
     pos = st.committed
     h, gdn = reader.model(torch.tensor(st.ids[pos:] + [11, 12, 13], device="cuda"), pos,

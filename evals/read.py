@@ -2,6 +2,9 @@
 
     python -m evals.read --ids .devdata/claudecode_vsla_5f8cbb78.npz \
         .devdata/claudecode_vsla_9034225e_seg2.npz --max-context 102400
+
+(the .npz files made by `python -m evals.session_ids SESSION.json -o .devdata/` from sessions
+of the shared data set, evals.data)
 """
 import sys
 

@@ -78,9 +78,10 @@ def main() -> None:
         reader.feed("s", ids[:size], "prompt")
         reader.read("s")
         before = {k: v.clone() for k, v in reader.state_tensors("s").items()}
-        _, spill_ms = timed(lambda: reader._residency.park(reader._sessions, "s"))
+        table = reader.table
+        _, spill_ms = timed(lambda: table.residency.park(table.resident, "s"))
         nbytes = reader.stats()["disk_bytes"]
-        _, restore_ms = timed(lambda: reader._get("s"))
+        _, restore_ms = timed(lambda: table.get("s"))
         after = reader.state_tensors("s")
         same = all(torch.equal(before[k], after[k]) for k in before)
         row = {"num_ids": size, "file_bytes": nbytes, "spill_ms": round(spill_ms, 1),

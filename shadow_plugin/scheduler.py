@@ -22,14 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .sched_types import (
-    CostModel,
-    ReaderPort,
-    SchedulerConfig,
-    Slice,
-    Turn,
-    VirtualClock,
-)
+from .sched_types import CostModel, ReaderPort, SchedulerConfig, Slice, Turn, VirtualClock
 
 __all__ = ["EPS_MS", "IDLE_MEMO_S", "CostModel", "ReaderPort", "Scheduler", "SchedulerConfig",
            "Slice", "Turn", "VirtualClock"]       # the data types live in sched_types
@@ -217,7 +210,7 @@ class Scheduler:
         question pending on this session, and every session's backlog (whole chunks, at the
         cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
         IDLE_MEMO_S (the host asks every round: with 11 sessions a round costs 13 us kept
-        against 22 us asked afresh, bench/host_calls.py on a CPU); a turn's start or finish, a
+        against 22 us asked afresh, evals/host_calls.py on a CPU); a turn's start or finish, a
         forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
         answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
         if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):

@@ -1,7 +1,7 @@
 """model.attn_fa4 (FlashAttention-4's Hopper forward, flash-attn-4) against its pure-torch twin
 ref.attend_ref and FlashAttention-2 on real-shaped heads: on a Hopper GPU with the package only
 (skipped elsewhere). Where it cannot run, asking for it is refused with the reason. The same
-checks, with timings, ran on the H200 in bench/fa4_probe.py."""
+checks, with timings, ran on the H200 in evals/fa4_probe.py."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """model.attn_flash (FlashAttention-2 through torch) against its pure-torch twin ref.attend_ref
 on real-shaped heads; CUDA only (skipped elsewhere: the op has no CPU kernel). The same checks
-ran on the H200 in bench/attn_probe.py (docs/attn-probe-2026-11-29.log)."""
+ran on the H200 in evals/attn_probe.py (docs/attn-probe-2026-11-29.log)."""
 from __future__ import annotations
 
 import pytest

@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 
 from evals.cli import main
+from evals.data import data_dir
 from evals.fresh import fresh_report, load_timeline, percentile, simulate
 from shadow_plugin.scheduler import SchedulerConfig
 
 T0 = 1767225600.0            # 2026-01-01T00:00:00Z
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "timelines"
+DATA = data_dir() / "timelines"
 
 
 def _iso(s):
@@ -55,7 +56,7 @@ def test_percentile_nearest_rank():
     assert percentile([5, 1, 3], 0.5) == 3 and percentile([0, 4096], 0.9) == 4096
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason="no shared timelines")
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"no shared timelines at {DATA}")
 @pytest.mark.parametrize("path", sorted(DATA.glob("*.json")), ids=lambda p: p.stem)
 def test_every_shared_timeline(path, capsys):
     assert main(["fresh", str(path), "--read-ms-per-1k", "100"]) == 0

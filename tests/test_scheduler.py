@@ -1,13 +1,7 @@
 """The scheduler on virtual time with a fake reader and a fake host: exact slice plans."""
 import pytest
 
-from shadow_plugin.scheduler import (
-    CostModel,
-    Scheduler,
-    SchedulerConfig,
-    Slice,
-    VirtualClock,
-)
+from shadow_plugin.scheduler import CostModel, Scheduler, SchedulerConfig, Slice, VirtualClock
 
 G = 512
 

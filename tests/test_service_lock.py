@@ -160,3 +160,27 @@ def test_unknown_sessions_are_404_without_touching_the_disk(tmp_path, route):
         r = (c.post if route == "end" else c.get)(f"/v1/shadow/sessions/nobody/{route}")
         assert r.status_code == 404 and "unknown session" in r.json()["detail"]
         assert c.get("/v1/shadow/status").json()["restores"] == 0
+
+
+def test_a_session_another_process_wrote_is_found_without_a_restore(tmp_path, tiny):
+    """A file written into the service's disk folder after it started (another process sharing
+    the folder): routes find the session by its header and ids without restoring it, DELETE
+    deletes the file, and a later turn starts from 0."""
+    from shadow_plugin import Reader
+    with Server(_cfg(tmp_path, 2.5 * SESSION_MB)) as srv, httpx.Client(base_url=srv.url) as c:
+        other = Reader(tiny, grid=G, disk_dir=tmp_path / "disk")
+        ids = [random.Random(5).randrange(1000, 240000) for _ in range(2 * G + 9)]
+        other.feed("x", ids, "prompt")
+        other.read("x")
+        other.close()                                   # writes x's file
+        files = list((tmp_path / "disk").glob("*.safetensors"))
+        assert len(files) == 1
+        assert c.post("/v1/shadow/sessions/x/end").status_code == 200
+        status = c.get("/v1/shadow/status").json()
+        assert status["sessions"]["x"]["residency"] == "disk" and status["restores"] == 0
+        assert status["sessions"]["x"]["committed"] == 2 * G
+        assert c.delete("/v1/shadow/sessions/x").status_code == 200
+        assert not files[0].exists()
+        assert c.post("/v1/shadow/sessions/x/end").status_code == 404
+        r = c.post("/v1/shadow/sessions/x/turn", json={"prompt_ids": ids})
+        assert r.status_code == 200 and r.json()["committed"] == 0

@@ -1,13 +1,13 @@
-"""Every real session of ../shared/data/sessions replayed exactly on random:tiny (the issue's
-`shadow-reader replay FILE --model random:tiny --check-exact`). Sessions above
+"""Every real session of the shared data set (evals.data: $SHADOW_DATA_DIR/sessions) replayed
+exactly on random:tiny (`shadow-reader replay FILE --model random:tiny --check-exact`). Sessions above
 SHADOW_TEST_MAX_IDS rendered ids (default 20,000) are skipped to keep CI short; set it to 0 for
 all of them."""
 import io
 import os
-from pathlib import Path
 
 import pytest
 
+from evals.data import data_dir
 from evals.replay import load_session, replay_turns
 from shadow_plugin.chat import Renderer
 from shadow_plugin.host_view import host_turns
@@ -15,7 +15,7 @@ from shadow_plugin.reader import Reader
 from shadow_plugin.router import ROUTER
 from shadow_plugin.tokenizer import load_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions"
+DATA = data_dir() / "sessions"
 FILES = sorted(DATA.glob("*.json")) if DATA.is_dir() else []
 MAX_IDS = int(os.environ.get("SHADOW_TEST_MAX_IDS", "20000"))
 

@@ -134,7 +134,7 @@ class FA4Attention:
     compiled kernels, called directly once seen.
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
-    host about 0.1 ms a call on the H200's host (bench/fa4_probe.py, `fa4_one_call` host_ms),
+    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py, `fa4_one_call` host_ms),
     two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
     through `_flash_attn_fwd`; while it runs, its compile cache is
     watched and the one compiled kernel it calls, with its arguments, is kept (`_record`).
@@ -146,7 +146,7 @@ class FA4Attention:
 
     Rows fewer than one tile (T * H / Hkv < TILE_M: single-token decode) go to
     FlashAttention-2 (attn_flash) instead, whose decode kernel packs the query heads (FA4 was
-    3x slower there: bench/fa4_probe.py, T1 at 100k)."""
+    3x slower there: evals/fa4_probe.py, T1 at 100k)."""
 
     def __init__(self):
         self._direct: dict = {}          # kind (see _fwd) -> (kernel, args, slots) or None

@@ -5,14 +5,14 @@
 Why this call and not F.scaled_dot_product_attention: it takes the buffer's rows as they lie,
 [1, L, Hkv, D] (no permuted copies), grouped query heads natively, and its causal mask is
 bottom-right aligned (FlashAttention >= 2.1), what a chunk at positions [pos, pos + T) needs.
-Measured on the H200 for one 512-id chunk of random:qwen3.5-0.8b (`bench/attn_probe.py`,
+Measured on the H200 for one 512-id chunk of random:qwen3.5-0.8b (`evals/attn_probe.py`,
 BENCHMARKS.md): 0.16 / 0.30 / 0.47 / 0.89 / 1.34 ms at 8k / 16k / 32k / 64k / 98k context,
 against 0.20 / 0.40 / 0.70 / 1.32 / 1.99 for our Triton kernel (attn_triton) and 0.25 / 0.38 /
 0.53 / 0.94 / 1.38 for F.scaled_dot_product_attention.
 
 Bits: FlashAttention's forward splits the keys by a heuristic of (batch, heads, T, L, the GPU's
 number of SMs) only, so for one GPU model the result is a function of (pos, T, values): never of
-the buffer's capacity or of what ran before (checked by bench/attn_probe.py: deterministic and
+the buffer's capacity or of what ran before (checked by evals/attn_probe.py: deterministic and
 capacity-independent at every size).
 """
 from __future__ import annotations

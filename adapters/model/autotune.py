@@ -13,7 +13,7 @@ key matches only and autotunes the rest). Here:
   autotuners hold is written to `path` in fla's own format, merged with what is there, so the
   next process loads them.
 
-Measured on the H200 (bench/device_ab.sh, docs/two-process-2026-11-29.log): a state spilled
+Measured on the H200 (evals/device/ab.sh, docs/two-process-2026-11-29.log): a state spilled
 at 51,200 ids and read further by a second process started on empty Triton and inductor caches
 (as on another machine) differed from a fresh prefill there (`layers.3.key`, 0.1055 against
 0.1074) without the pin, and equalled it bit for bit with the pin.

@@ -23,7 +23,7 @@ layer], filled by one host-to-device copy from pinned memory (the new KV rows ar
 the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
 copied into static inputs (model.slots: skipped for the states the last run returned, with
 keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
-idle time when chunks are read one at a time: bench/chunk_timeline.py measured the staging at
+idle time when chunks are read one at a time: evals/chunk_timeline.py measured the staging at
 0.33 ms of a 5.0 ms chunk at 16k on the H200's host before these changes, 0.12 after
 (docs/chunk-timeline-2026-11-29.log, docs/chunk-timeline-2026-11-29-final.log).
 

@@ -8,10 +8,9 @@ one can be read by the other within tolerance (bit-exactness holds only within o
 Exactness on CUDA (docs/specs/qwen35.md section 9): FLA_FLASH_QLA=0 is forced before fla is
 imported, the q/k L2 norm is done by us (`use_qk_l2norm_in_kernel=False`, whose autotuned
 kernel changes bits), and the grid is a multiple of 64 so fla's 64-token chunks line up with
-ours. fla's autotuned
-configs are loaded from (and written to) a pinned directory (model.autotune.env_dir: by default
-~/.cache/shadow-reader/autotune, SHADOW_AUTOTUNE_DIR=off for none), so another process picks the
-same kernels.
+ours. fla's autotuned configs are loaded from (and written to) a pinned directory
+(model.autotune.env_dir: by default ~/.cache/shadow-reader/autotune, SHADOW_AUTOTUNE_DIR=off
+for none), so another process picks the same kernels.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 # one process (the compiled GDN conv against the kernel set's conv, chunks alternating);
 # then a state spilled by one process and read further by a second that starts with empty
 # Triton and inductor caches (as on another machine), without (SHADOW_AUTOTUNE_DIR=off) and
-# with fla's picks pinned (model/autotune.py).
+# with fla's picks pinned (adapters/model/autotune.py).
 # Logs to $OUT (the device tool's output folder) or ./out.
 #   bash evals/device/ab.sh
 source "$(dirname "$0")/env.sh"      # $out, ${ids[@]}, caches

@@ -162,7 +162,6 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         if body.wait:
             shadow.wait_for(body.session, body.at, body.timeout_s)
         ans = shadow.ask(body.session, body.question, body.choices, body.at, at)
-        svc.record_answer(body.session, ans)
         return schemas.AskOut(label=ans.label, letter=ans.letter, probs=list(ans.probs),
                               ms=ans.ms, backlog=ans.backlog,
                               num_forwarded_tokens=ans.num_forwarded_tokens, at=ans.at,

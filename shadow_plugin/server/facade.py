@@ -7,6 +7,7 @@ and restore nothing; a route that reads takes the lock one chunk at a time where
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from ..host import Host
@@ -15,6 +16,14 @@ from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
 WAIT_POLL_S = 0.05          # how often a waiting ask looks at C
+
+
+def narration_status(narrator: Narrator, journal: RouterJournal) -> dict:
+    """The router journal's agreement and the narrator's last three narrations a session (call
+    under the lock once the idle loop runs)."""
+    return {"router_agreement": {"agree": journal.agree, "total": journal.total},
+            "narrations": {s: list(v)[-3:] for s, v in narrator.narrations.items()},
+            "narrator_jobs_pending": len(narrator.jobs)}
 
 
 class WaitTimeout(Exception):
@@ -36,8 +45,7 @@ class Fed:
 
 class Shadow:
     """Args: host (the in-process host interface over the reader: its lock is the one lock);
-    journal, narrator: the service's router journal and narrator; profiles: name -> Profile;
-    grid: the reader's grid."""
+    journal, narrator: the service's router journal and narrator; profiles: name -> Profile."""
 
     def __init__(self, host: Host, journal: RouterJournal, narrator: Narrator,
                  profiles: dict[str, Profile]):
@@ -45,6 +53,8 @@ class Shadow:
         self.journal, self.narrator, self.profiles = journal, narrator, profiles
         self.grid = self.reader.config.grid
         self.session_profiles: dict[str, Profile] = {}
+        self.answers: deque = deque(maxlen=20)          # the last answers, for status
+        self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
 
     @property
     def lock(self):
@@ -189,10 +199,14 @@ class Shadow:
 
     def ask(self, session: str, question, choices, at: int | None, fork_at: int):
         """Reader.ask under the lock, after catch_up read toward `fork_at` (fork_position's
-        answer) chunk by chunk."""
+        answer) chunk by chunk; the answer is kept for status and the latency histogram."""
         self.catch_up(session, fork_at)
         with self.lock:
-            return self.reader.ask(session, question, choices, at)
+            ans = self.reader.ask(session, question, choices, at)
+            self.ask_ms.append(ans.ms)
+            self.answers.append({"session": session, "label": ans.label, "p": max(ans.probs),
+                                 "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()})
+            return ans
 
     def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None):
         """Reader.summarize under the lock, held for the whole decode (after catch_up)."""
@@ -207,9 +221,18 @@ class Shadow:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Reader.stats and totals, the open turns and the host share, in one hold."""
+        """Reader.stats and totals, the open turns, the host share (ration_ms, host_decode_ms),
+        the last answers, the router journal's agreement and the narrator's latest narrations,
+        in one hold (the idle loop's narrator writes them under the lock)."""
         with self.lock:
             ration_ms, decode_ms = self.host.scheduler.host_share()
             return {**self.reader.stats(), "totals": dict(self.reader.totals),
                     "open_turns": sorted(self.host.scheduler.turns),
-                    "ration_ms": ration_ms, "host_decode_ms": decode_ms}
+                    "ration_ms": ration_ms, "host_decode_ms": decode_ms,
+                    "last_answers": list(self.answers),
+                    **narration_status(self.narrator, self.journal)}
+
+    def question_ms(self) -> list[float]:
+        """The questions' latencies kept (ms), oldest first."""
+        with self.lock:
+            return list(self.ask_ms)

@@ -2,11 +2,7 @@
 scrape time."""
 from __future__ import annotations
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
 
@@ -41,7 +37,7 @@ class Collector:
                                   "turn end) the ration was earned over", decode_ms)
         yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
                                 ration_ms / decode_ms if decode_ms > 0 else 0.0)
-        ms = list(svc.ask_ms)
+        ms = svc.shadow.question_ms()
         buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
                    for b in ASK_BUCKETS_MS]
         yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",

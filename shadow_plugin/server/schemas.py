@@ -3,14 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 MAX_TEXT_CHARS = 32_000       # a question or an instruction (about 8k tokens at most)
 MAX_CHOICE_CHARS = 1_000

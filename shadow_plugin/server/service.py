@@ -1,13 +1,12 @@
 """The service behind the HTTP routes: model loading in the background, the reader, its host
 interface and the facade every route goes through (facade.Shadow: the one lock), the busy
-signal, status, recent answers."""
+signal, status."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from ..host import Host
 from ..reader import Reader
 from ..step import ReaderConfig
 from ..tokenizer import load_tokenizer
-from .facade import Shadow
+from .facade import Shadow, narration_status
 from .metrics import Collector
 from .narrator import Narrator
 from .router_journal import RouterJournal, load_profiles
@@ -70,8 +69,6 @@ class Service:
         self.shadow: Shadow | None = None
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
-        self.answers: deque = deque(maxlen=20)
-        self.ask_ms: deque = deque(maxlen=10_000)      # for the latency histogram
         self.registry = CollectorRegistry()
         self.registry.register(Collector(self))
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
@@ -121,29 +118,24 @@ class Service:
             with self.host.lock:
                 self.reader.close()
 
-    def record_answer(self, session: str, answer) -> None:
-        self.ask_ms.append(answer.ms)
-        self.answers.append({"session": session, "label": answer.label,
-                             "p": max(answer.probs), "ms": round(answer.ms, 2),
-                             "at": answer.at, "time": time.time()})
-
     def status(self) -> dict:
+        """The service's state and settings; once ready, the reader's stats, totals, open turns,
+        router agreement and narrations, read under the one lock (Shadow.stats)."""
+        ready = self.state == "ready"
+        stats = self.shadow.stats() if ready else {
+            **narration_status(self.narrator, self.journal), "open_turns": [],  # no idle loop
+            "last_answers": []}
         out = {"state": self.state, "stage": self.stage, "error": self.error,
                "model": self.cfg.model, "warm_up_s": self.warm_up_s,
                "grid": self.cfg.grid, "host_busy": self.busy,
-               "last_answers": list(self.answers),
-               "router_agreement": {"agree": self.journal.agree, "total": self.journal.total},
-               "narrations": {s: list(v)[-3:] for s, v in self.narrator.narrations.items()},
-               "narrator_jobs_pending": len(self.narrator.jobs),
-               "open_turns": [],
                "scheduler": dataclasses.asdict(self.cfg.scheduler)}       # settings in effect
-        if self.state == "ready":
-            stats = self.shadow.stats()
+        if ready:
             for key in ("ration_ms", "host_decode_ms"):
                 stats.pop(key)
             info, spec = self.reader.adapter.info, self.reader.adapter.spec
             out.update({"fingerprint": info.fingerprint, "random_weights": info.is_random,
                         "device": str(spec.device),
                         "dtype": str(spec.dtype).removeprefix("torch."),
-                        "load_s": round(self.loaded_s, 2), **stats})
+                        "load_s": round(self.loaded_s, 2)})
+        out.update(stats)
         return out
