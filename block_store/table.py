@@ -4,6 +4,10 @@ created, restored, parked and forgotten; the reader decides what to read and kee
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from .files import FileIdentity
 from .layout import StateSpec
 from .residency import Residency, StoreConfig
@@ -70,6 +74,28 @@ class SessionTable:
         if rec is None:
             raise KeyError(f"unknown session {sid!r}")
         return len(rec.ids), rec.committed_on_disk
+
+    def held_ids(self, sid: str):
+        """The session's ids (a list, or an int64 numpy array for a parked session: do not
+        change it) without restoring it or making it the most recently used. KeyError when
+        unknown."""
+        st = self.resident.get(sid)
+        if st is not None:
+            return st.ids
+        rec = self.residency.record(sid)
+        if rec is None:
+            raise KeyError(f"unknown session {sid!r}")
+        return rec.ids
+
+    def starts_with(self, sid: str, ids: Sequence[int]) -> bool:
+        """Whether the session's ids begin with `ids`, without restoring it or copying its ids.
+        KeyError when unknown."""
+        held = self.held_ids(sid)
+        if len(held) < len(ids):
+            return False
+        if isinstance(held, list):
+            return held[:len(ids)] == list(ids)
+        return bool(np.array_equal(held[:len(ids)], np.asarray(ids, dtype=np.int64)))
 
     def drop(self, sid: str) -> None:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""

@@ -80,6 +80,7 @@ class Host:
                                    CostModel(DEFAULT_MS_PER_1K, reader.config.grid),
                                    lock=self.lock)
         self.idle_hook = idle_hook
+        self.num_chunks = {"ration": 0, "idle": 0}   # chunks read in each window, since start
         self._stop = threading.Event()
         self._wake = threading.Event()            # set: the idle loop polls now
         self._thread: threading.Thread | None = None
@@ -116,6 +117,7 @@ class Host:
             sync(self.reader.adapter)
             wall_ms = (clock() - t0) * 1e3
             self.scheduler.charge(session, wall_ms - out.ms)
+            self._count(out)
             return Slice(out.kind, out.chunks, max(out.ms, wall_ms), out.stop)
 
     def turn_finished(self, session: str) -> None:
@@ -145,7 +147,15 @@ class Host:
         """One poll of the idle window (what the loop runs every poll_s); the lock is held for
         each chunk, not the burst, so host events wait at most one chunk; `stop()` true before
         a chunk ends the burst (the loop passes its stop, so stopping waits one chunk)."""
-        return self.scheduler.idle_burst(stop)
+        out = self.scheduler.idle_burst(stop)
+        if out is not None:
+            with self.lock:
+                self._count(out)
+        return out
+
+    def _count(self, out: Slice) -> None:
+        self.num_chunks[out.kind] = self.num_chunks.get(out.kind, 0) + sum(
+            n for _, n in out.chunks)
 
     def start_idle_loop(self) -> None:
         """Poll the idle window every poll_s on a daemon thread until `stop_idle_loop`."""

@@ -139,6 +139,11 @@ class Reader(ForkCalls):
         unknown."""
         return self.table.position(validate.session_id(session))
 
+    def held_starts_with(self, session: str, ids) -> bool:
+        """Whether the session's ids begin with `ids`, restoring nothing. KeyError when
+        unknown."""
+        return self.table.starts_with(validate.session_id(session), ids)
+
     def committed(self, session: str) -> int:
         """C, the committed length in ids (a multiple of the grid). KeyError when unknown."""
         return self._get(session).committed

@@ -1,5 +1,6 @@
 """The HTTP API in-process (FastAPI TestClient, random:tiny): a scripted multi-turn session,
 questions, status and metrics against the reader's own numbers, and bad inputs."""
+import math
 import random
 import time
 
@@ -382,3 +383,39 @@ def test_a_question_while_the_model_loads_gets_503_with_retry_after(tmp_path, mo
         while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert c.post(turn[0], json=turn[1]).status_code == 200
+
+
+def test_the_openai_shaped_question_sessions_and_check(client):
+    """POST /v1/shadow/chat/completions answers a chat.completion: with choices the label and
+    the letters' logprobs (the same probabilities as /ask), without them a summary; the
+    sessions route lists positions; the check route compares with a fresh prefill."""
+    client.post("/v1/shadow/sessions/oa/turn", json={"prompt_ids": _rand(2 * G + 3, 21)},
+                headers=KEY)
+    q = {"session": "oa", "messages": [{"role": "system", "content": "ignored"},
+                                       {"role": "user", "content": "Is this code?"}]}
+    r = client.post("/v1/shadow/chat/completions", json={**q, "choices": ["yes", "no"],
+                                                          "model": "any", "temperature": 0.7},
+                    headers=KEY)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    a = client.post("/v1/shadow/ask", json={"session": "oa", "question": "Is this code?",
+                                            "choices": ["yes", "no"]}, headers=KEY).json()
+    assert out["object"] == "chat.completion" and out["choices"][0]["message"]["content"] == \
+        a["label"]
+    lps = out["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert [x["token"] for x in lps] == ["A", "B"]
+    assert [round(math.exp(x["logprob"]), 6) for x in lps] == [round(p, 6) for p in a["probs"]]
+    s = client.post("/v1/shadow/chat/completions", json={**q, "max_tokens": 3},
+                    headers=KEY).json()
+    assert isinstance(s["choices"][0]["message"]["content"], str)
+    assert 1 <= s["usage"]["completion_tokens"] <= 3 and s["choices"][0]["logprobs"] is None
+    bad = client.post("/v1/shadow/chat/completions", headers=KEY,
+                      json={"session": "oa", "messages": [{"role": "system", "content": "x"}]})
+    assert bad.status_code == 422 and "last user message" in bad.text
+    assert client.post("/v1/shadow/chat/completions", headers=KEY,
+                       json={**q, "session": "nobody"}).status_code == 404
+    listed = client.get("/v1/shadow/sessions", headers=KEY).json()["sessions"]
+    assert listed["oa"]["num_ids"] == 2 * G + 3
+    check = client.get("/v1/shadow/sessions/oa/check", headers=KEY).json()
+    assert check["exact"] is True and check["committed"] % G == 0 and check["error"] is None
+    assert client.get("/v1/shadow/sessions/nobody/check", headers=KEY).status_code == 404

@@ -164,4 +164,10 @@ PRESETS: dict[str, ModelConfig] = {
                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                         linear_num_key_heads=2, linear_num_value_heads=4,
                         linear_key_head_dim=32, linear_value_head_dim=32),
+    # The tiny shape with GDN key/value head dims of 128: vLLM's CPU GDN kernel refuses 32, so
+    # this is the host model of the vLLM tests (shadow-reader export-model random:tiny-host DIR).
+    "tiny-host": ModelConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=128, linear_value_head_dim=128),
 }

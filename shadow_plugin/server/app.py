@@ -9,7 +9,6 @@ that times out -> 504 with the backlog.
 """
 from __future__ import annotations
 
-import re
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -20,13 +19,14 @@ from prometheus_client import generate_latest
 
 from ..chat import Renderer
 from ..config import ServiceConfig
-from . import schemas
+from . import errors, schemas
 from .docs import add_docs
-from .facade import Fed, WaitTimeout
+from .errors import NotReady, WaitTimeout
+from .facade import Fed
 from .limits import LOOPBACK, Guard
-from .service import NotReady, Service
+from .routes import question_router, session_id
+from .service import Service
 
-SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad session id, `at` "
                                "beyond the ids, an unknown profile)"},
           401: {"description": "missing or wrong API key (when the server has one)"},
@@ -66,40 +66,16 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
         """422 naming each field, without echoing the (possibly huge) input back."""
-        errors = [{"loc": e.get("loc"), "msg": str(e.get("msg"))[:200], "type": e.get("type")}
+        found = [{"loc": e.get("loc"), "msg": str(e.get("msg"))[:200], "type": e.get("type")}
                   for e in exc.errors()[:20]]
-        return JSONResponse({"detail": errors}, 422)
+        return JSONResponse({"detail": found}, 422)
 
     @app.exception_handler(NotReady)
-    async def not_ready(request, exc):
-        if svc.state == "failed":                # retrying cannot help: no Retry-After
-            return JSONResponse({"detail": f"the model failed to load: {exc}; fix the "
-                                           "configuration and restart the service"}, 503)
-        return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
-                            headers={"Retry-After": "5"})
-
     @app.exception_handler(WaitTimeout)
-    async def timed_out(request, exc):
-        return JSONResponse({"detail": f"the reader has not caught up: {exc.why}",
-                             "backlog": exc.backlog, "committed": exc.committed}, 504)
-
     @app.exception_handler(KeyError)
-    async def unknown(request, exc):
-        return JSONResponse({"detail": str(exc.args[0]) if exc.args else "unknown"}, 404)
-
     @app.exception_handler(ValueError)
-    async def bad_value(request, exc):
-        return JSONResponse({"detail": str(exc)}, 400)
-
-    def session_id(sid: str) -> str:
-        if not SESSION_RE.fullmatch(sid):
-            raise HTTPException(400, "session id must match [A-Za-z0-9._:-]{1,128}")
-        return sid
-
-    def body_session(sid: str) -> str:
-        if not SESSION_RE.fullmatch(sid):
-            raise ValueError("session must match [A-Za-z0-9._:-]{1,128}")
-        return sid
+    async def shadow_error(request, exc):
+        return errors.answer(exc)
 
     def check_ids(ids: list[int], field: str) -> list[int]:
         if len(ids) > cfg.max_ids:
@@ -144,41 +120,12 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         svc.require().delete(sid)                       # reader and scheduler alike
         return {"deleted": sid}
 
-    @app.get("/v1/shadow/sessions/{sid}/narration")
-    def narration(sid: str = Depends(session_id)):
-        return svc.require().narration(sid)
-
     @app.post("/v1/shadow/host")
     def host_signal(body: schemas.HostIn):
         svc.busy = body.busy
         return {"busy": svc.busy}
 
-    @app.post("/v1/shadow/ask", response_model=schemas.AskOut)
-    @app.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
-    def ask(body: schemas.AskIn):
-        shadow = svc.require()
-        body_session(body.session)
-        at = shadow.fork_position(body.session, body.at)     # 404 / 400 before any wait
-        if body.wait:
-            shadow.wait_for(body.session, body.at, body.timeout_s)
-        ans = shadow.ask(body.session, body.question, body.choices, body.at, at)
-        return schemas.AskOut(label=ans.label, letter=ans.letter, probs=list(ans.probs),
-                              ms=ans.ms, backlog=ans.backlog,
-                              num_forwarded_tokens=ans.num_forwarded_tokens, at=ans.at,
-                              beyond_max_positions=ans.beyond_max_positions)
-
-    @app.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)
-    def summarize(body: schemas.SummarizeIn):
-        shadow = svc.require()
-        body_session(body.session)
-        text, gen = shadow.summarize(body.session, body.instruction, body.max_tokens, body.at)
-        return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,
-                                    prefill_ms=gen.prefill_ms)
-
-    @app.get("/v1/shadow/status")
-    @app.get("/v1/conductor/shadow/status", include_in_schema=False)
-    def status():
-        return svc.status()
+    app.include_router(question_router(svc))   # ask, summarize, chat, status, sessions, ...
 
     @app.get("/metrics")
     def metrics():

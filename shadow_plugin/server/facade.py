@@ -10,8 +10,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from block_store import ExactnessError
+
 from ..host import Host
 from ..reader import FeedResult
+from .errors import WaitTimeout
 from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
@@ -24,14 +27,6 @@ def narration_status(narrator: Narrator, journal: RouterJournal) -> dict:
     return {"router_agreement": {"agree": journal.agree, "total": journal.total},
             "narrations": {s: list(v)[-3:] for s, v in narrator.narrations.items()},
             "narrator_jobs_pending": len(narrator.jobs)}
-
-
-class WaitTimeout(Exception):
-    """An ask with `wait` whose session did not reach its line in time (504 with the backlog)."""
-
-    def __init__(self, backlog: int, committed: int, why: str):
-        super().__init__(backlog, committed, why)
-        self.backlog, self.committed, self.why = backlog, committed, why
 
 
 @dataclass(frozen=True)
@@ -219,6 +214,24 @@ class Shadow:
         with self.lock:
             return self.reader.check_exact(session)
 
+    def check(self, session: str) -> dict:
+        """check_exact as a report: {session, num_ids, committed, exact, error}. KeyError for
+        an unknown session."""
+        with self.lock:
+            n, c = self._position(session)
+            try:
+                exact, error = self.reader.check_exact(session), None
+            except ExactnessError as e:
+                exact, error = False, str(e)
+            return {"session": session, "num_ids": n, "committed": c, "exact": exact,
+                    "error": error}
+
+    def sessions(self) -> dict:
+        """Every session held: ids, C, backlog, residency, bytes (Reader.stats's), restoring
+        nothing."""
+        with self.lock:
+            return {"sessions": self.reader.stats()["sessions"]}
+
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Reader.stats and totals, the open turns, the host share (ration_ms, host_decode_ms),
@@ -229,6 +242,7 @@ class Shadow:
             return {**self.reader.stats(), "totals": dict(self.reader.totals),
                     "open_turns": sorted(self.host.scheduler.turns),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
+                    "chunks_by_window": dict(self.host.num_chunks),
                     "last_answers": list(self.answers),
                     **narration_status(self.narrator, self.journal)}
 

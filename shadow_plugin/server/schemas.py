@@ -115,3 +115,40 @@ class SummarizeOut(BaseModel):
     ids: list[int]
     ms_per_token: float
     prefill_ms: float
+
+
+class ChatIn(BaseModel):
+    """The questions in the OpenAI shape: `messages` (the last user message is the question),
+    `session`, optional `at`; with `choices` a letter-choice answer, else a summary decoded
+    with the question as its instruction (at most `max_tokens`). Other OpenAI fields (model,
+    temperature, ...) are accepted and ignored: the answer is greedy and exact."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    session: str = Field(min_length=1, max_length=128)
+    at: StrictInt | None = Field(default=None, ge=0)
+    choices: list[str] | None = Field(default=None, min_length=2, max_length=26)
+    max_tokens: StrictInt = Field(default=128, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def a_question(self):
+        for i, m in enumerate(self.messages):
+            check_message(i, m)
+        for i, c in enumerate(self.choices or []):
+            if len(c) > MAX_CHOICE_CHARS:
+                raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
+        text = self.question()
+        if not text.strip() or len(text) > MAX_TEXT_CHARS:
+            raise ValueError(f"the last user message must hold 1 to {MAX_TEXT_CHARS} "
+                             "characters of text")
+        return self
+
+    def question(self) -> str:
+        """The text of the last user message (text parts joined)."""
+        users = [m for m in self.messages if m.get("role") == "user"]
+        if not users:
+            return ""
+        content = users[-1].get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content

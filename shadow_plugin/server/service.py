@@ -19,6 +19,7 @@ from ..host import Host
 from ..reader import Reader
 from ..step import ReaderConfig
 from ..tokenizer import load_tokenizer
+from .errors import NotReady
 from .facade import Shadow, narration_status
 from .metrics import Collector
 from .narrator import Narrator
@@ -46,10 +47,6 @@ def check_config(cfg: ServiceConfig) -> None:
         ReaderConfig(grid=cfg.grid)
     except ValueError as e:
         raise ValueError(f"SHADOW_GRID / --grid: {e}") from None
-
-
-class NotReady(Exception):
-    """The model is still loading (or failed to load): the route answers 503."""
 
 
 class Service:
@@ -104,7 +101,7 @@ class Service:
     def require(self) -> Shadow:
         """The facade; NotReady (503) while the model loads or after it failed to."""
         if self.state != "ready":
-            raise NotReady(self.error or "the model is loading")
+            raise NotReady(self.error or "the model is loading", self.state == "failed")
         return self.shadow
 
     def close(self) -> None:

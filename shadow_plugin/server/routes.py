@@ -1,0 +1,144 @@
+"""The shadow's question routes, one definition for the standalone service (server.app) and for
+vLLM's server (shadow_plugin.vllm.endpoint): ask, summarize, the OpenAI-shaped chat completion,
+status, the sessions, a session's narration and its exactness check.
+
+They reach the shadow through a door: an object with `status()` (works while the model loads)
+and `require()` (the facade, or errors.NotReady): server.service.Service in the service's own
+process, server.remote.RemoteService where the shadow lives in an engine's worker. Errors become
+HTTP answers here (errors.answer), so the routes need no app-wide handlers.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+import time
+import uuid
+from typing import Callable
+
+from fastapi import APIRouter, Depends, HTTPException
+
+from . import errors, schemas
+
+SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def session_id(sid: str) -> str:
+    """A session id in a path: [A-Za-z0-9._:-]{1,128}, else 400."""
+    if not SESSION_RE.fullmatch(sid):
+        raise HTTPException(400, "session id must match [A-Za-z0-9._:-]{1,128}")
+    return sid
+
+
+def body_session(sid: str) -> str:
+    if not SESSION_RE.fullmatch(sid):
+        raise ValueError("session must match [A-Za-z0-9._:-]{1,128}")
+    return sid
+
+
+def answered(fn: Callable) -> Callable:
+    """The route's own errors as HTTP answers (errors.answer); others propagate."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (KeyError, ValueError, errors.NotReady, errors.WaitTimeout) as e:
+            return errors.answer(e)
+    return run
+
+
+def ask_out(ans) -> schemas.AskOut:
+    return schemas.AskOut(label=ans.label, letter=ans.letter, probs=list(ans.probs), ms=ans.ms,
+                          backlog=ans.backlog, num_forwarded_tokens=ans.num_forwarded_tokens,
+                          at=ans.at, beyond_max_positions=ans.beyond_max_positions)
+
+
+def ask(door, session: str, question: str, choices: list[str], at: int | None,
+        wait: bool = False, timeout_s: float = 10.0):
+    """The position checked (404 / 400 before any wait), the optional wait, then the answer."""
+    shadow = door.require()
+    body_session(session)
+    fork_at = shadow.fork_position(session, at)
+    if wait:
+        shadow.wait_for(session, at, timeout_s)
+    return shadow.ask(session, question, choices, at, fork_at)
+
+
+def chat_completion(door, body: schemas.ChatIn) -> dict:
+    """A chat.completion: with choices, the label as the message and the letters' logprobs;
+    without, a summary decoded with the question as its instruction."""
+    created, model = int(time.time()), f"shadow:{door.status().get('model', '')}"
+    out = {"id": f"shadowcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+           "created": created, "model": model}
+    if body.choices:
+        ans = ask(door, body.session, body.question(), body.choices, body.at)
+        lps = [{"token": chr(65 + i), "logprob": math.log(max(p, 1e-45))}
+               for i, p in enumerate(ans.probs)]
+        best = next(x for x in lps if x["token"] == ans.letter)
+        choice = {"index": 0, "message": {"role": "assistant", "content": ans.label},
+                  "finish_reason": "stop",
+                  "logprobs": {"content": [{**best, "top_logprobs": lps}]}}
+        usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
+        out["shadow"] = ask_out(ans).model_dump()
+    else:
+        shadow = door.require()
+        body_session(body.session)
+        text, gen = shadow.summarize(body.session, body.question(), body.max_tokens, body.at)
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
+                  "logprobs": None}
+        usage = {"prompt_tokens": max(gen.num_forwarded_tokens - (len(gen.ids) - 1), 0),
+                 "completion_tokens": len(gen.ids)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {**out, "choices": [choice], "usage": usage}
+
+
+def question_router(door) -> APIRouter:
+    """The shared routes over `door` (module doc)."""
+    r = APIRouter()
+
+    @r.post("/v1/shadow/ask", response_model=schemas.AskOut)
+    @r.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
+    @answered
+    def ask_route(body: schemas.AskIn):
+        ans = ask(door, body.session, body.question, body.choices, body.at, body.wait,
+                  body.timeout_s)
+        return ask_out(ans)
+
+    @r.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)
+    @answered
+    def summarize(body: schemas.SummarizeIn):
+        shadow = door.require()
+        body_session(body.session)
+        text, gen = shadow.summarize(body.session, body.instruction, body.max_tokens, body.at)
+        return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,
+                                    prefill_ms=gen.prefill_ms)
+
+    @r.post("/v1/shadow/chat/completions")
+    @answered
+    def chat(body: schemas.ChatIn):
+        return chat_completion(door, body)
+
+    @r.get("/v1/shadow/status")
+    @r.get("/v1/conductor/shadow/status", include_in_schema=False)
+    def status():
+        return door.status()
+
+    @r.get("/v1/shadow/sessions")
+    @answered
+    def sessions():
+        return door.require().sessions()
+
+    @r.get("/v1/shadow/sessions/{sid}/narration")
+    @answered
+    def narration(sid: str = Depends(session_id)):
+        return door.require().narration(sid)
+
+    @r.get("/v1/shadow/sessions/{sid}/check")
+    @answered
+    def check(sid: str = Depends(session_id)):
+        """The session's committed state against a fresh prefill of its ids (a diagnostic: it
+        reads the session again from 0, holding the shadow meanwhile)."""
+        return door.require().check(sid)
+
+    return r
