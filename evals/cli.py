@@ -2,6 +2,7 @@
 
 Commands:
   replay   replay a recorded agent session turn by turn through the reader
+  export-model  a preset's random weights as a Hugging Face directory
   bench    the read benchmark
   fresh    how fresh the shadow stays on recorded request timelines
   serve    the HTTP service for hosts in another process
@@ -142,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
     fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
     fp.set_defaults(func=_fresh)
+    ep = sub.add_parser("export-model", help="write a preset's seeded random weights as a "
+                        "Hugging Face directory (a host model for vLLM, e.g. random:tiny-host)")
+    ep.add_argument("spec", help="random:NAME (tiny, tiny-host, qwen3.5-0.8b, -2b, -4b)")
+    ep.add_argument("dir", help="the directory to write (config.json, model.safetensors)")
+    ep.add_argument("--scheme", choices=["causal", "conditional"], default="causal",
+                    help="tensor names of Qwen3_5ForCausalLM or ...ForConditionalGeneration")
+    ep.set_defaults(func=_export)
     sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)")
     sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
     sp.add_argument("--device", choices=["cpu", "cuda"])
@@ -151,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--grid", type=int)
     sp.set_defaults(func=_serve)
     return ap
+
+
+def _export(args) -> int:
+    from adapters.model.export import export_preset
+    print(export_preset(args.spec, Path(args.dir).expanduser(), args.scheme))
+    return 0
 
 
 def _serve(args) -> int:

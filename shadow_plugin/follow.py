@@ -7,8 +7,8 @@ whose ids its prompt holds, all but at most that session's last page (a re-rende
 BPE merge at the boundary) and at least half of them, and which no other request is extending;
 otherwise it starts a new session `req-<request id>`. Two sessions that share more than all
 but one page of one of them (an agent's system prompt and a first message) cannot be told
-apart this way: name sessions when that matters. Events are proportional to the new ids: a prompt once, then only
-the output ids not sent before.
+apart this way: name sessions when that matters. Events are proportional to the new ids: a
+prompt once, then only the output ids not sent before.
 """
 from __future__ import annotations
 

@@ -52,3 +52,17 @@ def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme
     (path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
     return path
+
+
+def export_preset(spec: str, path, scheme: str = "causal") -> Path:
+    """Write the seeded random weights of `spec` (random:NAME, NAME a config.PRESETS key) as a
+    Hugging Face directory at `path` (what a vLLM host or transformers loads; the same weights
+    and fingerprint as load_model(spec)). Raises ValueError for another spec or an unknown
+    preset."""
+    from .config import PRESETS
+    from .weights import random_tensors
+    name = spec.removeprefix("random:")
+    if not spec.startswith("random:") or name not in PRESETS:
+        raise ValueError(f"{spec!r}: export-model takes random:NAME with NAME one of "
+                         f"{', '.join(PRESETS)}")
+    return save_hf_dir(PRESETS[name], random_tensors(PRESETS[name]), path, scheme)

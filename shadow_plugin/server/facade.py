@@ -10,6 +10,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+import xxhash
+
 from block_store import ExactnessError
 
 from ..host import Host
@@ -19,6 +22,26 @@ from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
 WAIT_POLL_S = 0.05          # how often a waiting ask looks at C
+
+
+def ids_digest(ids) -> str:
+    """xxh3-64 hex of the ids as int64 little-endian bytes."""
+    return xxhash.xxh3_64(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()
+
+
+def wait_for_line(position, why, grid: int, at: int | None, timeout_s: float) -> None:
+    """Block until C reaches the grid line at or below `at` (default: all the session's ids;
+    the idle window reads meanwhile), looking every WAIT_POLL_S: `position()` gives (ids held,
+    C), `why()` the reason for a 504. Raises WaitTimeout with the backlog when timeout_s passes
+    first, KeyError when the session goes away."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n, c = position()
+        if c >= (n if at is None else at) // grid * grid:
+            return
+        if time.monotonic() > deadline:
+            raise WaitTimeout(n - c, c, why())
+        time.sleep(WAIT_POLL_S)
 
 
 def narration_status(narrator: Narrator, journal: RouterJournal) -> dict:
@@ -140,21 +163,20 @@ class Shadow:
             raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
         return n if at is None else at
 
+    def position(self, session: str) -> tuple[int, int]:
+        """(ids held, C) under the lock, restoring nothing; KeyError for an unknown session."""
+        with self.lock:
+            return self._position(session)
+
     def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
-        """Block until the session's C reaches the grid line at or below `at` (default: all its
-        ids; the idle window reads meanwhile), taking the lock for each look; WaitTimeout with
-        the backlog when timeout_s passes first."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                n, c = self._position(session)
-            if c >= (n if at is None else at) // self.grid * self.grid:
-                return
-            if time.monotonic() > deadline:
-                with self.lock:
-                    why = self._not_reading_why()
-                raise WaitTimeout(n - c, c, why)
-            time.sleep(WAIT_POLL_S)
+        """Block until the session's C reaches the grid line at or below `at` (wait_for_line,
+        taking the lock for each look)."""
+        wait_for_line(lambda: self.position(session), self.not_reading_why, self.grid, at,
+                      timeout_s)
+
+    def not_reading_why(self) -> str:
+        with self.lock:
+            return self._not_reading_why()
 
     def _not_reading_why(self) -> str:
         """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
@@ -215,16 +237,18 @@ class Shadow:
             return self.reader.check_exact(session)
 
     def check(self, session: str) -> dict:
-        """check_exact as a report: {session, num_ids, committed, exact, error}. KeyError for
-        an unknown session."""
+        """check_exact as a report: {session, num_ids, committed, exact, error, ids_xxh3 (the
+        xxh3-64 hex of the ids as int64 little-endian bytes, for a host to compare with what
+        it served)}. KeyError for an unknown session."""
         with self.lock:
             n, c = self._position(session)
+            digest = ids_digest(self.reader.ids(session))
             try:
                 exact, error = self.reader.check_exact(session), None
             except ExactnessError as e:
                 exact, error = False, str(e)
             return {"session": session, "num_ids": n, "committed": c, "exact": exact,
-                    "error": error}
+                    "error": error, "ids_xxh3": digest}
 
     def sessions(self) -> dict:
         """Every session held: ids, C, backlog, residency, bytes (Reader.stats's), restoring
@@ -246,7 +270,8 @@ class Shadow:
                     "last_answers": list(self.answers),
                     **narration_status(self.narrator, self.journal)}
 
-    def question_ms(self) -> list[float]:
-        """The questions' latencies kept (ms), oldest first."""
+    def metrics(self) -> dict:
+        """stats() and the questions' latencies kept (question_ms, oldest first): what
+        server.metrics.Collector reports."""
         with self.lock:
-            return list(self.ask_ms)
+            return {**self.stats(), "question_ms": list(self.ask_ms)}

@@ -1,5 +1,6 @@
-"""Prometheus metrics, read from the service (through its facade, under the one lock) at
-scrape time."""
+"""Prometheus metrics, read at scrape time from a source: the facade's metrics (under the one
+lock) in the standalone service, or the last ones fetched from vLLM's worker by the endpoint
+plugin."""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -8,17 +9,16 @@ ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
 
 
 class Collector:
-    """A prometheus_client collector over a server.service.Service (nothing until it is
-    ready)."""
+    """A prometheus_client collector over `source()`: facade.Shadow.metrics's dict, or None
+    (nothing to report yet: the model loads)."""
 
-    def __init__(self, svc):
-        self.svc = svc
+    def __init__(self, source):
+        self.source = source
 
     def collect(self):
-        svc = self.svc
-        if svc.state != "ready":
+        stats = self.source()
+        if stats is None:
             return
-        stats = svc.shadow.stats()
         t = stats["totals"]
         yield CounterMetricFamily("shadow_ids_read", "ids committed by reads", t["num_read_tokens"])
         yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
@@ -37,7 +37,7 @@ class Collector:
                                   "turn end) the ration was earned over", decode_ms)
         yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
                                 ration_ms / decode_ms if decode_ms > 0 else 0.0)
-        ms = svc.shadow.question_ms()
+        ms = stats["question_ms"]
         buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
                    for b in ASK_BUCKETS_MS]
         yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",

@@ -67,7 +67,8 @@ class Service:
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
         self.registry = CollectorRegistry()
-        self.registry.register(Collector(self))
+        self.registry.register(Collector(
+            lambda: self.shadow.metrics() if self.state == "ready" else None))
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
 
     def start(self) -> None:
@@ -97,6 +98,12 @@ class Service:
         except Exception as e:                # reported by /healthz and status, not raised
             log.exception("model load failed")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+
+    def wait_loaded(self, timeout_s: float | None = None) -> str:
+        """Wait for the model's load to end (started by `start`); returns the state."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        return self.state
 
     def require(self) -> Shadow:
         """The facade; NotReady (503) while the model loads or after it failed to."""

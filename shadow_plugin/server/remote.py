@@ -1,0 +1,107 @@
+"""A door (server.routes) to a shadow that lives in another process: an engine's worker, reached
+by a call `call(name, kwargs) -> reply` (vLLM: a collective RPC). The worker side answers with
+`serve_call`, which runs the facade's method and packs the shadow's errors so that this side
+raises them again as the same types (a route answers 404, 400 or 503 as in the standalone
+service). Waiting for the reader (`wait`) runs here, one look per call, so the engine never
+waits on a client.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from ..fork import Generation
+from ..questions import Answer
+from .errors import NotReady
+from .facade import wait_for_line
+
+# The facade's methods a remote door may call, with the status (no model needed).
+CALLS = ("status", "fork_position", "position", "not_reading_why", "ask", "summarize",
+         "narration", "sessions", "check", "metrics")
+ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady}
+
+Call = Callable[[str, dict], Any]
+
+
+def serve_call(service, name: str, kwargs: dict, extra_status: dict | None = None):
+    """Run call `name` on a server.service.Service (its status, or its facade's method) and
+    return ("ok", result) or ("error", type name, args) for the shadow's errors (KeyError,
+    ValueError, NotReady); other exceptions propagate. ValueError for an unknown call."""
+    if name not in CALLS:
+        return ("error", "ValueError", (f"unknown call {name!r} (known: {', '.join(CALLS)})",))
+    try:
+        if name == "status":
+            return ("ok", {**service.status(), **(extra_status or {})})
+        return ("ok", plain(getattr(service.require(), name)(**kwargs)))
+    except NotReady as e:
+        return ("error", "NotReady", (e.why, e.failed))
+    except (KeyError, ValueError) as e:                # subclasses travel as their base
+        return ("error", "KeyError" if isinstance(e, KeyError) else "ValueError", e.args)
+
+
+def plain(result):
+    """The result as plain data (dataclasses as dicts, tuples as lists): what an engine's RPC
+    carries (vLLM's serialises replies with msgpack)."""
+    if dataclasses.is_dataclass(result):
+        return dataclasses.asdict(result)
+    if isinstance(result, (tuple, list)):
+        return [plain(x) for x in result]
+    return result
+
+
+def unpack(reply):
+    """The result of a serve_call reply, or its error raised again."""
+    if reply[0] == "ok":
+        return reply[1]
+    raise ERRORS[reply[1]](*reply[2])
+
+
+class RemoteService:
+    """The door's `status` and `require` over `call`."""
+
+    def __init__(self, call: Call):
+        self._call = call
+
+    def status(self) -> dict:
+        return unpack(self._call("status", {}))
+
+    def require(self) -> "RemoteShadow":
+        return RemoteShadow(self._call)
+
+
+class RemoteShadow:
+    """The facade's question methods (server.facade.Shadow) over `call`."""
+
+    def __init__(self, call: Call):
+        self._call = call
+
+    def _run(self, name: str, **kwargs):
+        return unpack(self._call(name, kwargs))
+
+    def fork_position(self, session: str, at: int | None) -> int:
+        return self._run("fork_position", session=session, at=at)
+
+    def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
+        grid = self._run("status")["grid"]
+        wait_for_line(lambda: tuple(self._run("position", session=session)),
+                      lambda: self._run("not_reading_why"), grid, at, timeout_s)
+
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int) -> Answer:
+        d = self._run("ask", session=session, question=question, choices=choices, at=at,
+                      fork_at=fork_at)
+        return Answer(**{**d, "probs": tuple(d["probs"])})
+
+    def summarize(self, session: str, instruction: str, max_tokens: int,
+                  at: int | None) -> tuple[str, Generation]:
+        text, g = self._run("summarize", session=session, instruction=instruction,
+                            max_tokens=max_tokens, at=at)
+        return text, Generation(**{**g, "ids": tuple(g["ids"])})
+
+    def narration(self, session: str) -> dict:
+        return self._run("narration", session=session)
+
+    def sessions(self) -> dict:
+        return self._run("sessions")
+
+    def check(self, session: str) -> dict:
+        return self._run("check", session=session)

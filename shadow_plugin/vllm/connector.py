@@ -1,0 +1,168 @@
+"""ShadowConnector: a vLLM KV connector that only observes (docs/vllm.md).
+
+It never changes what the host computes or keeps: 0 external tokens matched, blocks freed as
+usual (request_finished answers False), no KV delivery needed, `SupportsHMA` so that a GDN host
+(Qwen3.5/3.6) keeps its hybrid cache manager. Use it with `"kv_role": "kv_producer"` (the
+role that costs the host nothing: a consumer role defers block frees under async scheduling
+and relaxes multimodal input checks).
+
+- Scheduler half (the engine's scheduler process): each request's prompt when it arrives, its
+  output ids as they appear (one step late, as vLLM's scheduler sees them; the last ones when
+  it finishes) and its end, as request events (shadow_plugin.follow.RequestTracker) shipped to
+  the worker half in each step's metadata. `has_pending_push_work` keeps the engine stepping
+  until the events of finished requests have gone out.
+- Worker half (rank 0 only; the engine's worker, on the host's device): the shadow
+  (shadow_plugin.embedded.EmbeddedShadow) told when a step begins (`bind_connector_metadata`),
+  given the per-step slot (`wait_for_save`) and told when it ends
+  (`clear_connector_metadata`); calls from the endpoint plugin reach it through the worker
+  method the general plugin installs (`shadow_call`).
+
+Settings: the standalone service's SHADOW_* variables; `kv_connector_extra_config` may set any
+of them too (`{"SHADOW_MODEL": "random:tiny"}` or `{"model": "random:tiny"}`), over the
+environment. A session id the client passes in `kv_transfer_params` or `vllm_xargs` as
+`shadow_session` names a request's session (shadow_plugin.follow for the rule without one).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from ..config import ServiceConfig
+from ..embedded import EmbeddedShadow, StepInfo
+from ..follow import RequestTracker
+
+log = logging.getLogger(__name__)
+SESSION_KEY = "shadow_session"
+
+
+@dataclass
+class ShadowMetadata(KVConnectorMetadata):
+    """One step's news for the worker half (embedded.StepInfo)."""
+
+    info: StepInfo
+
+
+def settings(extra: dict[str, Any] | None, environ=None) -> ServiceConfig:
+    """ServiceConfig from the SHADOW_* variables, with kv_connector_extra_config's entries
+    (SHADOW_NAME or name, any case) over them. ValueError naming a bad one."""
+    env = dict(os.environ if environ is None else environ)
+    for key, value in (extra or {}).items():
+        name = key.upper()
+        env[name if name.startswith(("SHADOW_", "QWEN38_SHADOW_")) else f"SHADOW_{name}"] = \
+            str(value)
+    return ServiceConfig.from_env(env)
+
+
+def session_of(request) -> str | None:
+    """The session a client named: kv_transfer_params or vllm_xargs' `shadow_session`."""
+    for params in (getattr(request, "kv_transfer_params", None),
+                   getattr(getattr(request, "sampling_params", None), "extra_args", None)):
+        if isinstance(params, dict) and params.get(SESSION_KEY):
+            return str(params[SESSION_KEY])
+    return None
+
+
+def _rank() -> int:
+    """This worker's global rank (0 without distributed state)."""
+    try:
+        from vllm.distributed.parallel_state import get_world_group
+        return get_world_group().rank
+    except (AssertionError, ImportError):
+        return 0
+
+
+class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
+    """See the module doc. Args as vLLM gives them (vllm_config, role, kv_cache_config)."""
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._tracker: RequestTracker | None = None
+        self._requests: dict[str, Any] = {}             # scheduler: live vLLM requests
+        self._shadow: EmbeddedShadow | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._tracker = RequestTracker()
+        elif _rank() == 0:
+            self._shadow = EmbeddedShadow(settings(extra))
+            atexit.register(self._shadow.close)        # a stop that skips `shutdown`
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False                                   # nothing is handed off
+
+    # -- scheduler half -------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        return None
+
+    def on_new_request(self, request) -> None:
+        self._requests[request.request_id] = request
+        self._tracker.start(request.request_id, request.prompt_token_ids or (),
+                            session_of(request))
+
+    def build_connector_meta(self, scheduler_output) -> ShadowMetadata:
+        for rid, request in self._requests.items():
+            self._tracker.progress(rid, request.output_token_ids)
+        return ShadowMetadata(StepInfo(tuple(self._tracker.take()),
+                                       tuple(scheduler_output.num_scheduled_tokens),
+                                       bool(self._requests)))
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        request = self._requests.pop(request.request_id, request)
+        self._tracker.finish(request.request_id, request.output_token_ids)
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:
+        return self.request_finished(request, block_ids)
+
+    def has_pending_push_work(self) -> bool:
+        """True while events wait to be shipped: the engine steps once more to send them."""
+        return self._tracker is not None and self._tracker.pending
+
+    # -- worker half ----------------------------------------------------------------------------
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._shadow is not None and isinstance(connector_metadata, ShadowMetadata):
+            self._shadow.begin_step(connector_metadata.info)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        """The per-step slot, after the host's forward: the ration slices."""
+        meta = self._connector_metadata
+        if self._shadow is not None and isinstance(meta, ShadowMetadata):
+            self._shadow.step_slot(meta.info)
+
+    def clear_connector_metadata(self) -> None:
+        meta = self._connector_metadata
+        if self._shadow is not None and isinstance(meta, ShadowMetadata):
+            self._shadow.end_step(meta.info)
+        super().clear_connector_metadata()
+
+    def shadow_call(self, name: str, kwargs: dict):
+        """A call from the endpoint plugin (server.remote.serve_call's reply); None on ranks
+        other than 0."""
+        return self._shadow.call(name, kwargs) if self._shadow is not None else None
+
+    def shutdown(self) -> None:
+        if self._shadow is not None:
+            self._shadow.close()

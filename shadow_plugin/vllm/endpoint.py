@@ -1,0 +1,103 @@
+"""The endpoint plugin (entry point `shadow` in `vllm.endpoint_plugins`; vLLM loads it when
+`VLLM_PLUGINS` names it): the shadow's question routes on vLLM's own OpenAI-compatible server,
+the same routes and rules as the standalone service (shadow_plugin.server.routes: ask,
+summarize, POST /v1/shadow/chat/completions, status, sessions, narration, check), reaching the
+shadow in vLLM's worker through `engine_client.collective_rpc("shadow_call", ...)`, the worker
+method the general plugin installs. The shadow's counters join vLLM's `/metrics`, refreshed
+from the worker every METRICS_EVERY_S (not with several API servers, whose metrics vLLM
+gathers from PROMETHEUS_MULTIPROC_DIR).
+
+A route's call runs on vLLM's engine thread between the host's steps; a waiting ask waits here,
+one look a call, never in the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+
+import anyio.from_thread
+from prometheus_client import REGISTRY
+
+from ..server.metrics import Collector
+from ..server.remote import RemoteService
+from ..server.routes import question_router
+
+log = logging.getLogger(__name__)
+METRICS_EVERY_S = 1.0
+STOP_TIMEOUT_S = 120.0      # how long a planned stop waits for the shadow to write its sessions
+NOT_RUNNING = ("the shadow does not run in vLLM's worker: start vLLM with --kv-transfer-config "
+               "'{\"kv_connector\": \"ShadowConnector\", \"kv_role\": \"kv_producer\"}' and "
+               "VLLM_PLUGINS=shadow")
+
+
+class ShadowEndpoint:
+    """vLLM's EndpointPlugin protocol: name, required_tasks, attach_router, init_state."""
+
+    name = "shadow"
+    required_tasks = ("generate",)
+
+    def __init__(self):
+        self.engine_client = None
+        self.metrics: dict | None = None          # the last metrics fetched from the worker
+        self._task: asyncio.Task | None = None
+
+    # -- the door's call, from a route's worker thread ------------------------------------------
+    async def call_async(self, name: str, kwargs: dict):
+        """serve_call's reply from rank 0's worker (the first reply that is not None)."""
+        if self.engine_client is None:
+            return ("error", "NotReady", ("vLLM's engine is not up", False))
+        replies = await self.engine_client.collective_rpc("shadow_call", args=(name, kwargs))
+        reply = next((r for r in replies or () if r is not None), None)
+        return reply if reply is not None else ("error", "NotReady", (NOT_RUNNING, True))
+
+    def call(self, name: str, kwargs: dict):
+        return anyio.from_thread.run(functools.partial(self.call_async, name, kwargs))
+
+    # -- vLLM's hooks ---------------------------------------------------------------------------
+    def attach_router(self, app) -> None:
+        app.include_router(question_router(RemoteService(self.call)))
+
+    async def init_state(self, engine_client, state, args) -> None:
+        self.engine_client = engine_client
+        if engine_client is None:            # vLLM's render-only server: no engine, no shadow
+            return
+        try:
+            REGISTRY.register(Collector(lambda: self.metrics))
+        except ValueError:                   # registered by an earlier init in this process
+            pass
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._refresh_metrics())
+        self._stop_first(engine_client, loop)
+
+    def _stop_first(self, engine_client, loop) -> None:
+        """On a planned stop (SIGTERM) vLLM's front end stops the engine at once (killing its
+        processes after `--shutdown-timeout`, 0 by default), so the connector's `shutdown` may
+        never run: the shadow is told to stop and write its sessions first, through the same
+        RPC, when the front end calls the engine client's `shutdown` (from a thread, while
+        the event loop still runs)."""
+        original = engine_client.shutdown
+        loop_thread = threading.get_ident()
+
+        def shutdown(*args, **kwargs):
+            if threading.get_ident() != loop_thread and loop.is_running():
+                try:
+                    asyncio.run_coroutine_threadsafe(self.call_async("stop", {}), loop
+                                                     ).result(STOP_TIMEOUT_S)
+                except Exception as e:           # the stop goes on without the shadow's files
+                    log.warning("shadow: sessions not written at the stop: %s", e)
+            return original(*args, **kwargs)
+        engine_client.shutdown = shutdown
+
+    async def _refresh_metrics(self) -> None:
+        while True:
+            try:
+                reply = await self.call_async("metrics", {})
+                self.metrics = reply[1] if reply[0] == "ok" else None
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:               # the engine restarting or gone: try again
+                log.debug("shadow: metrics not fetched: %s", e)
+                self.metrics = None
+            await asyncio.sleep(METRICS_EVERY_S)
