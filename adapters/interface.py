@@ -108,6 +108,13 @@ class Adapter(ABC):
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
+    def bind_thread(self) -> None:
+        """Make the calling thread's current CUDA device the adapter's: graphs are captured
+        and some kernels launch on the current device, which a new thread starts at cuda:0
+        (an engine's worker on another GPU would otherwise get the shadow's work there)."""
+        if self.model.device.type == "cuda":
+            torch.cuda.set_device(self.model.device)
+
     def prepare(self) -> None:
         """Compile and capture now what the first forwards would (nothing by default)."""
 

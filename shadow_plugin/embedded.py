@@ -1,25 +1,34 @@
 """The shadow inside a serving engine's process (vLLM's worker, rank 0): the service (model,
-reader, host interface and facade: server.service.Service, loaded in a thread so the engine
-never waits for it), the request events of each engine step applied at the step's start, the
-in-turn ration in the per-step slot, the idle window in its own thread, calls from the engine's
-API process, and a planned stop that writes the sessions.
+reader, host interface and facade: server.service.Service), the engine's request events, the
+in-turn ration in the per-step slot, the idle window, questions from the engine's API process,
+and a planned stop that writes the sessions (docs/vllm.md).
 
-The engine tells it three things a step (`StepInfo`); the bandwidth rule follows from when:
-- `begin_step`: the engine is about to run the host's forward. The host is marked busy before
-  the lock is taken, so the idle loop starts no chunk now and the host's step waits at most for
-  the chunk in flight; then the events are applied (under the lock).
-- `step_slot`: after the host's forward (vLLM: `wait_for_save`), the ration slice of each
-  session whose request ran this step (Host.between_rounds: 2 % of the host's decode time).
-- `end_step`: the host stays busy while the engine has requests; once it has none, the idle
-  window opens.
+The engine tells it when each step begins and ends, and gives it the slot between (StepInfo).
+The shadow works only between steps or in the slot (turnstile.Turnstile): a step's start waits
+at most for the shadow's work in flight, one chunk or one event batch or one question forward.
+- `begin_step` queues the step's events; a thread applies them between steps, in order (a
+  prompt for a session parked on disk is restored there, not on the engine's thread).
+- `step_slot` (after the host's forward): one ration slice, within each turn's ration and the
+  engine's share (turnstile.StepBudget).
+- `end_step`: the host stays busy for the idle window while the engine has requests.
+- `call`: a question from the API process is queued for a question thread (it reads what it
+  needs chunk by chunk between steps) and answered by ticket, so the engine's loop, which runs
+  the call, never waits on it; light calls (status, positions) run at once.
+The model loads at `start`, in a thread: at the first call from the API process or the first
+step, whichever comes first, both after the engine's own warm-up and graph captures (vLLM's
+API server starts once its engine is up); events that come before it is ready wait.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import itertools
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+import time
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -27,14 +36,17 @@ from .config import ServiceConfig
 from .follow import Follower, RequestEvent
 from .server.remote import serve_call
 from .server.service import Service
+from .turnstile import StepBudget, Turnstile
 
 log = logging.getLogger(__name__)
+QUESTIONS = ("ask", "summarize", "check")     # answered by ticket, in the question thread
+MAX_JOBS = 1000                               # tickets kept for their results at most
 
 
 def plain_mode(fn):
     """Run `fn` with torch's inference mode off: an engine runs its step under inference mode,
     and tensors the shadow made there (KV buffers grown in the per-step slot) could then not be
-    updated by its idle thread, which runs outside it."""
+    updated by its other threads, which run outside it."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         with torch.inference_mode(False):
@@ -52,94 +64,169 @@ class StepInfo:
     has_requests: bool = False
 
 
-@dataclass
 class EmbeddedShadow:
-    """Args: cfg (the service's settings, SHADOW_* variables: ServiceConfig.from_env). Starts
-    loading the model at once; events that come before it is ready wait, in order, and are
-    applied when it is (also when the engine has gone idle meanwhile)."""
+    """Args: cfg (the service's settings: ServiceConfig.from_env and the connector's)."""
 
-    cfg: ServiceConfig
-    service: Service = field(init=False)
-    _pending: list = field(default_factory=list)
-    _follower: Follower | None = None
-    _guard: threading.Lock = field(default_factory=threading.Lock)   # _pending, _follower
-    _closed: bool = False
+    def __init__(self, cfg: ServiceConfig):
+        self.cfg = cfg
+        self.service = Service(cfg)
+        self.budget = StepBudget(cfg.scheduler.share)
+        self.turnstile: Turnstile | None = None
+        self._follower: Follower | None = None
+        self._events: deque = deque()
+        self._wake = threading.Condition()     # _events, _queued, _applied
+        self._queued = self._applied = 0
+        self._jobs: dict[int, concurrent.futures.Future] = {}
+        self._tickets = itertools.count(1)
+        self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
+        self._events_thread = threading.Thread(target=self._events_loop, name="shadow-events",
+                                               daemon=True)
+        self._closed = False
 
-    def __post_init__(self) -> None:
-        self.service = Service(self.cfg)
-        self.service.start()
-        threading.Thread(target=self._when_loaded, name="shadow-embedded-load",
-                         daemon=True).start()
+    def start(self) -> None:
+        """Load the model in a thread (once), then apply what queued meanwhile."""
+        if self._events_thread.ident is None:
+            self.service.start()
+            self._events_thread.start()
 
-    def _when_loaded(self) -> None:
-        if self.service.wait_loaded() == "ready":
-            with self._guard:
-                self._follower = Follower(self.service.shadow, self.cfg.grid)
-            self._apply(())
-
+    # -- events ---------------------------------------------------------------------------------
     @plain_mode
-    def _apply(self, events) -> None:
-        """Queue `events` and, once the service is ready, apply every queued event in order
-        under the one lock (a bad event is logged and skipped)."""
-        with self._guard:
-            self._pending.extend(events)
-            if self._follower is None:
-                return
-            todo, self._pending = self._pending, []
-            follower = self._follower
-        if todo:
-            with self.service.shadow.lock:
+    def _events_loop(self) -> None:
+        if self.service.wait_loaded() != "ready":
+            with self._wake:
+                self._events.clear()          # no model: nothing will follow them
+                self._wake.notify_all()
+            return
+        shadow = self.service.shadow
+        shadow.reader.adapter.bind_thread()
+        self._questions.submit(shadow.reader.adapter.bind_thread)
+        self.turnstile = Turnstile(shadow.lock)
+        shadow.gate = self.turnstile           # questions read between steps only
+        self._follower = Follower(shadow, self.cfg.grid)
+        while True:
+            with self._wake:
+                while not self._events and not self._closed:
+                    self._wake.wait()
+                if not self._events:           # closed, and every event applied
+                    return
+                batch = list(self._events)
+                self._events.clear()
+            with self.turnstile():
                 try:
-                    follower.apply(todo)
+                    self._follower.apply(batch)
                 except ValueError as e:
                     log.warning("shadow: request events skipped: %s", e)
+            with self._wake:
+                self._applied += len(batch)
+                self._wake.notify_all()
 
     # -- the engine's step ----------------------------------------------------------------------
     def begin_step(self, info: StepInfo) -> None:
-        self.service.busy = True           # before the lock: the idle loop starts no chunk now
-        self._apply(info.events)
+        if self._closed:
+            return
+        self.start()
+        self.service.busy = True              # the idle window starts no chunk now
+        self.budget.step_begins()
+        if self.turnstile is not None:
+            self.turnstile.step_begins()      # waits for the work in flight
+        if info.events and self.service.state != "failed":
+            with self._wake:
+                self._events.extend(info.events)
+                self._queued += len(info.events)
+                self._wake.notify_all()
+
+    def wait_applied(self, timeout_s: float | None = None) -> bool:
+        """Wait until every event queued so far is applied (or the model failed to load);
+        True when they are."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._wake:
+            target = self._queued
+            while self._applied < target and self.service.state != "failed":
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._wake.wait(0.05 if left is None else min(left, 0.05))
+            return self._applied >= target
 
     @plain_mode
     def step_slot(self, info: StepInfo) -> None:
-        """The ration slices of the sessions whose requests ran this step."""
+        """One ration slice of a session whose request ran this step (StepBudget)."""
         follower = self._follower
-        if follower is None:
+        if self._closed or follower is None:
             return
-        shadow = self.service.shadow
-        for rid in info.running:
-            session = follower.sessions.get(rid)
-            if session is not None:
-                try:
-                    shadow.between_rounds(session)
-                except KeyError:           # deleted meanwhile
-                    pass
+        sessions = [s for s in (follower.sessions.get(r) for r in info.running) if s]
+        session = self.budget.next_session(sessions)
+        if session is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.service.shadow.between_rounds(session)
+        except KeyError:                       # deleted meanwhile
+            pass
+        self.budget.charge((time.perf_counter() - t0) * 1e3)
 
     def end_step(self, info: StepInfo) -> None:
+        if self._closed:
+            return
+        self.budget.step_ends()
         self.service.busy = info.has_requests
+        if self.turnstile is not None:
+            self.turnstile.step_ends()
 
     # -- calls from the API process, and the stop -----------------------------------------------
     @plain_mode
     def call(self, name: str, kwargs: dict):
-        """A call from the engine's API process (server.remote.serve_call's reply); status
-        also names this process (pid) and the requests being followed; "stop" is `close`
-        (the engine's front end calls it when a planned stop begins, before it stops the
-        engine)."""
+        """A call from the engine's API process: server.remote.serve_call's reply, or for a
+        question ("ticket", n), whose reply `result` gives later (("pending", None) until
+        then); "stop" is `close` (the front end calls it when a planned stop begins). The first
+        call (the endpoint plugin's, once vLLM's API server is up) starts the model's load."""
+        if not self._closed:
+            self.start()
         if name == "stop":
             self.close()
             return ("ok", None)
+        if name == "result":
+            return self._result(kwargs.get("ticket"))
+        if name in QUESTIONS:
+            return self._submit(name, kwargs)
         follower = self._follower
-        extra = {"pid": os.getpid(), "embedded": True,
+        extra = {"pid": os.getpid(), "embedded": True, "stepping": bool(
+            self.turnstile and self.turnstile.stepping),
+                 "engine_share": {"slot_ms": self.budget.slot_ms,
+                                  "steps_ms": self.budget.steps_ms},
                  "followed_requests": dict(follower.sessions) if follower else {}}
         return serve_call(self.service, name, kwargs, extra)
 
-    @plain_mode
+    def _submit(self, name: str, kwargs: dict):
+        ticket = next(self._tickets)
+        self._jobs[ticket] = self._questions.submit(
+            plain_mode(serve_call), self.service, name, kwargs)
+        if len(self._jobs) > MAX_JOBS:         # results nobody fetched (clients gone)
+            for old in [t for t, f in self._jobs.items() if f.done()][:len(self._jobs) - MAX_JOBS]:
+                del self._jobs[old]
+        return ("ticket", ticket)
+
+    def _result(self, ticket):
+        job = self._jobs.get(ticket)
+        if job is None:
+            return ("error", "KeyError", (f"no question with ticket {ticket!r}",))
+        if not job.done():
+            return ("pending", None)
+        del self._jobs[ticket]
+        return job.result()
+
     def close(self) -> None:
-        """A planned stop: apply what is queued, stop the idle loop, write every resident
-        session (with SHADOW_DISK set). Runs once."""
-        with self._guard:
-            if self._closed:
-                return
+        """A planned stop: stop following, stop the idle loop, write every resident session
+        (with SHADOW_DISK set). Runs once; the step hooks do nothing after it."""
+        if self._closed:
+            return
+        with self._wake:
             self._closed = True
-        if self.service.wait_loaded() == "ready":
-            self._apply(())
-        self.service.close()
+            self._wake.notify()
+        if self.turnstile is not None:
+            self.turnstile.step_ends()        # a question waiting for a step's end goes on
+        self._questions.shutdown(wait=False, cancel_futures=True)
+        if self.service.wait_loaded(120) == "ready":
+            self._events_thread.join(120)      # the events queued before the stop, applied
+            with torch.inference_mode(False):
+                self.service.close()

@@ -2,7 +2,8 @@
 becomes request events on the engine's scheduler side (`RequestTracker`, integers only), and
 the events become the host interface's session events where the shadow lives (`Follower`).
 
-A request names its session when the client passes one; otherwise it continues the session
+A request names its session when the client passes one (while another running request holds
+that name, `name:<request id>`); otherwise it continues the session
 whose ids its prompt holds, all but at most that session's last page (a re-rendered tail, a
 BPE merge at the boundary) and at least half of them, and which no other request is extending;
 otherwise it starts a new session `req-<request id>`. Two sessions that share more than all
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
+
+from .validate import HTTP_SESSION_RE
 
 START, OUTPUT, FINISH = "start", "output", "finish"
 
@@ -38,7 +41,8 @@ class RequestTracker:
     events: list[RequestEvent] = field(default_factory=list)
 
     def start(self, request_id: str, prompt_ids: Sequence[int], session: str | None) -> None:
-        if request_id in self.sent:            # a preempted request scheduled again
+        """A request's prompt, once (a second start of a running request is ignored)."""
+        if request_id in self.sent:
             return
         self.sent[request_id] = 0
         self.events.append(RequestEvent(START, request_id, tuple(prompt_ids), session))
@@ -90,15 +94,34 @@ class Follower:
 
     def _apply(self, ev: RequestEvent) -> None:
         if ev.kind == START:
-            session = ev.session or self.match(ev.ids) or f"req-{ev.request_id}"
-            self.sessions[ev.request_id] = session
-            self.door.turn(session, list(ev.ids), None, None)
+            session = self._session_for(ev)
+            self.door.turn(session, list(ev.ids), None, None)   # refused: the request is
+            self.sessions[ev.request_id] = session              # not followed
         elif ev.kind == OUTPUT:
-            self.door.output(self.sessions[ev.request_id], list(ev.ids))
+            session = self.sessions.get(ev.request_id)
+            if session is not None:               # else its turn was refused
+                try:
+                    self.door.output(session, list(ev.ids))
+                except (ValueError, KeyError):    # the rest of this request is not followed
+                    del self.sessions[ev.request_id]
+                    raise
         elif ev.kind == FINISH:
-            self.door.end(self.sessions.pop(ev.request_id))
+            session = self.sessions.pop(ev.request_id, None)
+            if session is not None:
+                self.door.end(session)
         else:
             raise ValueError(f"unknown event kind {ev.kind!r}")
+
+    def _session_for(self, ev: RequestEvent) -> str:
+        """The client's name (while another running request holds it: `name:<request id>`;
+        a name the HTTP routes could not ask about is not used), else the session the prompt
+        continues, else a new one."""
+        named = ev.session
+        if named and named in set(self.sessions.values()):
+            named = f"{named}:{ev.request_id}"
+        if named and HTTP_SESSION_RE.fullmatch(named):
+            return named
+        return self.match(ev.ids) or f"req-{ev.request_id}"[:128]
 
     def match(self, prompt: Sequence[int]) -> str | None:
         """The session this prompt continues (module doc): its first difference from the

@@ -166,6 +166,7 @@ class Host:
         self._thread.start()
 
     def _loop(self) -> None:
+        self.reader.adapter.bind_thread()
         while not self._stop.is_set():
             woken = self._wake.wait(self.scheduler.cfg.poll_s)   # a poll, or a turn's finish
             self._wake.clear()

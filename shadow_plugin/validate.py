@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import numbers
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 MAX_SESSION_ID_CHARS = 256
+# the session ids the HTTP routes take (in paths and bodies); the library takes any str
+HTTP_SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def session_id(session) -> str:

@@ -86,8 +86,22 @@ def test_the_follower_matches_all_but_the_last_page_and_never_a_busy_session(tin
     t.start("8", [11, 12, 13, 50, 51], None)        # over half of them: continues
     fs.apply(t.take())
     assert fs.sessions == {"7": "req-7", "8": "req-6"}
-    with pytest.raises(ValueError, match="output nobody"):
-        fs.apply([RequestEvent(OUTPUT, "nobody", (1,))])
+    # a refused turn (an id outside the vocabulary): reported, and the request's later
+    # outputs go nowhere (not into the session's earlier turn)
+    t.start("9", [11, 12, 13, 14, 10**9], "req-6")
+    t.progress("9", [5, 5])
+    with pytest.raises(ValueError, match="start 9"):
+        fs.apply(t.take())
+    assert "9" not in fs.sessions and short.reader.position("req-6")[0] == 5 + 0
+    fs.apply([RequestEvent(OUTPUT, "nobody", (1,))])            # unknown: skipped
+    # two running requests naming one session: the second gets its own
+    t.start("10", [1, 2], "named")
+    t.start("11", [3, 4], "named")
+    fs.apply(t.take())
+    assert fs.sessions["10"] == "named" and fs.sessions["11"] == "named:11"
+    t.start("12", [1, 2], "bad name!")                         # not a name the routes take
+    fs.apply(t.take())
+    assert fs.sessions["12"] == "req-12"
 
 
 @pytest.fixture
@@ -96,9 +110,22 @@ def embedded(tmp_path):
                         disk_dir=tmp_path / "disk",
                         scheduler=SchedulerConfig(grid=G, poll_s=0.02, share=0.3))
     emb = EmbeddedShadow(cfg)
+    emb.start()
     assert emb.service.wait_loaded(60) == "ready"
     yield emb
     emb.close()
+
+
+def _step(emb, events, running, has_requests, host_s=0.01):
+    """One engine step: its start (events queued), the host's forward (`host_s`), the slot, its
+    end; then the events are applied by the shadow's thread, between steps (waited for here,
+    so that the next step's slot finds them)."""
+    info = StepInfo(tuple(events), tuple(running), has_requests)
+    emb.begin_step(info)
+    time.sleep(host_s)
+    emb.step_slot(info)
+    emb.end_step(info)
+    assert emb.wait_applied(30)
 
 
 def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
@@ -108,22 +135,14 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     t, emb = RequestTracker(), embedded
     prompt = _rand(16 * G + 7, 2)
     t.start("r", prompt, "s1")
-    emb.begin_step(StepInfo(tuple(t.take()), ("r",), True))
-    emb.step_slot(StepInfo((), ("r",), True))
-    emb.end_step(StepInfo((), ("r",), True))
+    _step(emb, t.take(), ("r",), True)
     out = []
     for i in range(30):                                # decode steps, 8 ids each
         out += _rand(8, 100 + i)
         t.progress("r", out)
-        info = StepInfo(tuple(t.take()), ("r",), True)
-        emb.begin_step(info)
-        time.sleep(0.01)                               # the host's forward: time earns ration
-        emb.step_slot(info)
-        emb.end_step(info)
+        _step(emb, t.take(), ("r",), True)
     t.finish("r", out)
-    last = StepInfo(tuple(t.take()), (), False)
-    emb.begin_step(last)
-    emb.end_step(last)
+    _step(emb, t.take(), (), False)
     shadow = emb.service.shadow
     deadline = time.monotonic() + 30
     while shadow.position("s1")[0] - shadow.position("s1")[1] >= G and time.monotonic() < deadline:
@@ -143,9 +162,9 @@ def test_events_before_the_model_is_ready_are_kept_in_order(tmp_path):
     t = RequestTracker()
     t.start("r", _rand(G + 3, 3), "early")
     t.finish("r", [7, 8])
-    emb.begin_step(StepInfo(tuple(t.take()), (), False))  # very likely still loading
+    emb.begin_step(StepInfo(tuple(t.take()), (), False))  # starts loading: still loading
     emb.end_step(StepInfo((), (), False))
-    assert emb.service.wait_loaded(60) == "ready"
+    assert emb.service.wait_loaded(60) == "ready" and emb.wait_applied(30)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and "early" not in emb.service.reader.sessions():
         time.sleep(0.02)
@@ -160,8 +179,7 @@ def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embe
     t, emb = RequestTracker(), embedded
     t.start("r", _rand(3 * G + 1, 4), "q")
     t.finish("r", [5])
-    emb.begin_step(StepInfo(tuple(t.take()), (), False))
-    emb.end_step(StepInfo((), (), False))
+    _step(emb, t.take(), (), False)
     app = FastAPI()
     app.include_router(question_router(RemoteService(emb.call)))
     with TestClient(app) as c:
@@ -193,16 +211,13 @@ def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(e
     t.start("r", _rand(40 * G, 9), "im")
     with torch.inference_mode():
         t.progress("r", _rand(4, 10))                  # the first token
-        emb.begin_step(StepInfo(tuple(t.take()), ("r",), True))
-        time.sleep(0.5)                                # 0.3 x 0.5 s of ration for the slot
-        t.progress("r", _rand(8, 10))
-        info = StepInfo(tuple(t.take()), ("r",), True)
-        emb.begin_step(info)
-        emb.step_slot(info)
+        _step(emb, t.take(), ("r",), True)
+        for i in range(5):                             # 0.3 x 0.5 s of ration for the slot
+            t.progress("r", _rand(8 * (i + 2), 10))
+            _step(emb, t.take(), ("r",), True, host_s=0.1)
         assert emb.service.shadow.stats()["chunks_by_window"]["ration"] > 0
-        t.finish("r", _rand(8, 10))
-        emb.begin_step(StepInfo(tuple(t.take()), (), False))
-        emb.end_step(StepInfo((), (), False))
+        t.finish("r", _rand(8 * 6, 10))
+        _step(emb, t.take(), (), False)
     shadow = emb.service.shadow
     deadline = time.monotonic() + 30
     while shadow.position("im")[0] - shadow.position("im")[1] >= G and \

@@ -27,7 +27,7 @@ def test_logits_and_states_match_transformers(tiny, hf_model):
     ids = torch.randint(0, 248000, (200,), generator=torch.Generator().manual_seed(1))
     cache = transformers.DynamicCache(config=hf_model.config)
     with torch.no_grad():
-        want = hf_model(ids[None], cache=cache, use_cache=True).logits[0]
+        want = hf_model(ids[None], past_key_values=cache, use_cache=True).logits[0]
     kv, gdn, pos, got = _empty_kv(cfg, 256), zero_gdn(spec_for(cfg, "cpu", torch.float32)), 0, []
     for n in (64, 64, 64, 8):                      # chunked, with a ragged last chunk
         h, gdn = tiny(ids[pos:pos + n], pos, kv, gdn)

@@ -180,7 +180,14 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         time.sleep(2)                                  # the metrics refresh every second
         metrics = httpx.get(server.url + "/metrics", timeout=60).text
         read = [line for line in metrics.splitlines() if line.startswith("shadow_ids_read_total")]
-        assert read and float(read[0].split()[-1]) > 0 and "vllm:" in metrics
+        assert read and float(read[0].split()[-1]) > 0 and "vllm:prefix_cache_queries" in metrics
+        external = [float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("vllm:external_prefix_cache_hits_total")]
+        assert external and all(v == 0 for v in external), [       # never a hit claimed
+            line for line in metrics.splitlines() if "external_prefix" in line]
+        # agent-b's re-rendered history was read again from a checkpoint below it
+        assert status["totals"]["num_read_tokens"] > sum(
+            status["sessions"][n]["committed"] for n in names)
         before = {n: status["sessions"][n]["committed"] for n in names}
         read_before = status["totals"]["num_read_tokens"]
     finally:

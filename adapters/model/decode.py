@@ -42,7 +42,7 @@ class DecodeLoop:
             self._tail()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph):
+        with torch.no_grad(), torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self._tail()
 
     def prepare(self) -> None:

@@ -224,7 +224,10 @@ class ChunkGraphs:
         pool = torch.cuda.graph_pool_handle()
         for body in bodies:
             graph = torch.cuda.CUDAGraph()
-            with torch.no_grad(), torch.cuda.graph(graph, pool=pool):
+            # thread_local: a host in the same process (vLLM's worker) may launch work from its
+            # own thread meanwhile; only this thread's unsafe calls break the capture
+            with torch.no_grad(), torch.cuda.graph(graph, pool=pool,
+                                                   capture_error_mode="thread_local"):
                 body()
             self.graphs.append(graph)
 

@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse
 
 
 class NotReady(Exception):
-    """The model is still loading (or failed to load: `failed`): the route answers 503."""
+    """The model is still loading, or the shadow cannot answer for good (`failed`: `why`
+    says what to fix): the route answers 503 (Retry-After while loading)."""
 
     def __init__(self, why: str, failed: bool = False):
         super().__init__(why, failed)
@@ -31,8 +32,7 @@ def answer(exc: Exception) -> JSONResponse | None:
     """The HTTP answer to one of the shadow's errors, or None for any other exception."""
     if isinstance(exc, NotReady):
         if exc.failed:                 # retrying cannot help: no Retry-After
-            return JSONResponse({"detail": f"the model failed to load: {exc}; fix the "
-                                           "configuration and restart the service"}, 503)
+            return JSONResponse({"detail": exc.why}, 503)
         return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
                             headers={"Retry-After": "5"})
     if isinstance(exc, WaitTimeout):

@@ -22,6 +22,7 @@ from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
 WAIT_POLL_S = 0.05          # how often a waiting ask looks at C
+ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
 
 
 def ids_digest(ids) -> str:
@@ -78,6 +79,12 @@ class Shadow:
     def lock(self):
         """The one lock: the host interface's (read at each use, so it can be instrumented)."""
         return self.host.lock
+
+    def gate(self):
+        """The hold for a question's heavy work (catch_up's chunks, its forward, a decode, a
+        check): the one lock; inside an engine, the lock between its steps only (the embedded
+        shadow sets its turnstile.Turnstile here)."""
+        return self.lock
 
     def _position(self, session: str) -> tuple[int, int]:
         """(ids held, C) without restoring; KeyError (404) for an unknown session."""
@@ -197,7 +204,7 @@ class Shadow:
         chunks read."""
         line, done = at // self.grid * self.grid, 0
         for _ in range(2 * line // self.grid + 2):   # bounded: another call may restart it
-            with self.lock:
+            with self.gate():
                 r = self.reader
                 try:
                     n, c = self._position(session)
@@ -218,7 +225,7 @@ class Shadow:
         """Reader.ask under the lock, after catch_up read toward `fork_at` (fork_position's
         answer) chunk by chunk; the answer is kept for status and the latency histogram."""
         self.catch_up(session, fork_at)
-        with self.lock:
+        with self.gate():
             ans = self.reader.ask(session, question, choices, at)
             self.ask_ms.append(ans.ms)
             self.answers.append({"session": session, "label": ans.label, "p": max(ans.probs),
@@ -228,7 +235,7 @@ class Shadow:
     def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None):
         """Reader.summarize under the lock, held for the whole decode (after catch_up)."""
         self.catch_up(session, self.fork_position(session, at))
-        with self.lock:
+        with self.gate():
             return self.reader.summarize(session, instruction, max_tokens, at)
 
     def check_exact(self, session: str) -> bool:
@@ -240,7 +247,7 @@ class Shadow:
         """check_exact as a report: {session, num_ids, committed, exact, error, ids_xxh3 (the
         xxh3-64 hex of the ids as int64 little-endian bytes, for a host to compare with what
         it served)}. KeyError for an unknown session."""
-        with self.lock:
+        with self.gate():
             n, c = self._position(session)
             digest = ids_digest(self.reader.ids(session))
             try:
@@ -271,7 +278,10 @@ class Shadow:
                     **narration_status(self.narrator, self.journal)}
 
     def metrics(self) -> dict:
-        """stats() and the questions' latencies kept (question_ms, oldest first): what
-        server.metrics.Collector reports."""
+        """stats() and the questions' latency histogram (question_ms: cumulative counts at
+        ASK_BUCKETS_MS, and their sum): what server.metrics.Collector reports."""
         with self.lock:
-            return {**self.stats(), "question_ms": list(self.ask_ms)}
+            ms = list(self.ask_ms)
+        return {**self.stats(), "question_ms": {
+            "buckets": [[b, sum(x <= b for x in ms)] for b in ASK_BUCKETS_MS],
+            "sum": sum(ms)}}

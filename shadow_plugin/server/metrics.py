@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
-
 
 class Collector:
     """A prometheus_client collector over `source()`: facade.Shadow.metrics's dict, or None
@@ -37,8 +35,7 @@ class Collector:
                                   "turn end) the ration was earned over", decode_ms)
         yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
                                 ration_ms / decode_ms if decode_ms > 0 else 0.0)
-        ms = stats["question_ms"]
-        buckets = [("+Inf" if b == float("inf") else str(b), sum(x <= b for x in ms))
-                   for b in ASK_BUCKETS_MS]
+        q = stats["question_ms"]
+        buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in q["buckets"]]
         yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",
-                                    buckets=buckets, sum_value=sum(ms))
+                                    buckets=buckets, sum_value=q["sum"])

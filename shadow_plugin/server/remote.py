@@ -8,6 +8,7 @@ waits on a client.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 from ..fork import Generation
@@ -19,6 +20,7 @@ from .facade import wait_for_line
 CALLS = ("status", "fork_position", "position", "not_reading_why", "ask", "summarize",
          "narration", "sessions", "check", "metrics")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady}
+TICKET_POLL_S = 0.02        # how often a question's result is looked for
 
 Call = Callable[[str, dict], Any]
 
@@ -56,6 +58,20 @@ def unpack(reply):
     raise ERRORS[reply[1]](*reply[2])
 
 
+def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S):
+    """call(name, kwargs)'s result; a ("ticket", n) reply (a question the other side answers
+    in its own thread) is polled with `result` until it is ready."""
+    reply = call(name, kwargs)
+    while reply[0] == "ticket":
+        ticket = reply[1]
+        while True:
+            reply = call("result", {"ticket": ticket})
+            if reply[0] != "pending":
+                break
+            time.sleep(poll_s)
+    return unpack(reply)
+
+
 class RemoteService:
     """The door's `status` and `require` over `call`."""
 
@@ -63,7 +79,7 @@ class RemoteService:
         self._call = call
 
     def status(self) -> dict:
-        return unpack(self._call("status", {}))
+        return run(self._call, "status", {})
 
     def require(self) -> "RemoteShadow":
         return RemoteShadow(self._call)
@@ -74,15 +90,18 @@ class RemoteShadow:
 
     def __init__(self, call: Call):
         self._call = call
+        self._grid: int | None = None
 
     def _run(self, name: str, **kwargs):
-        return unpack(self._call(name, kwargs))
+        return run(self._call, name, kwargs)
 
     def fork_position(self, session: str, at: int | None) -> int:
         return self._run("fork_position", session=session, at=at)
 
     def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
-        grid = self._run("status")["grid"]
+        if self._grid is None:
+            self._grid = self._run("status")["grid"]
+        grid = self._grid
         wait_for_line(lambda: tuple(self._run("position", session=session)),
                       lambda: self._run("not_reading_why"), grid, at, timeout_s)
 

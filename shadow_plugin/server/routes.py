@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
 import uuid
 from typing import Callable
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from ..validate import HTTP_SESSION_RE
 from . import errors, schemas
 
-SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SESSION_RE = HTTP_SESSION_RE
 
 
 def session_id(sid: str) -> str:
@@ -121,6 +121,7 @@ def question_router(door) -> APIRouter:
 
     @r.get("/v1/shadow/status")
     @r.get("/v1/conductor/shadow/status", include_in_schema=False)
+    @answered
     def status():
         return door.status()
 

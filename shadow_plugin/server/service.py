@@ -87,6 +87,7 @@ class Service:
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
+            self.reader.adapter.bind_thread()
             self.stage = "compiling and capturing CUDA graphs"    # not inside a host's round
             self.warm_up_s = self.reader.warm_up()
             self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
@@ -108,7 +109,10 @@ class Service:
     def require(self) -> Shadow:
         """The facade; NotReady (503) while the model loads or after it failed to."""
         if self.state != "ready":
-            raise NotReady(self.error or "the model is loading", self.state == "failed")
+            if self.state == "failed":
+                raise NotReady(f"the model failed to load: {self.error}; fix the "
+                               "configuration and restart the service", True)
+            raise NotReady("the model is loading")
         return self.shadow
 
     def close(self) -> None:

@@ -10,5 +10,5 @@
   calls (`shadow_call`) and registers the connector by name.
 
 Written against vLLM 0.32/0.33 (the versions pyproject.toml's `vllm` extra admits); vLLM calls
-its connector API experimental, so other versions are refused by the connector at start-up.
+its connector API experimental, so the general plugin warns at start-up on another version.
 """

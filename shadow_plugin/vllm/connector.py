@@ -81,19 +81,33 @@ def _rank() -> int:
         return 0
 
 
+def _worker_settings(extra: dict | None) -> ServiceConfig:
+    """settings() in the worker: on CUDA the shadow's device is the worker's own GPU unless
+    SHADOW_DEVICE names one (a thread of its own would otherwise start on cuda:0)."""
+    import torch
+    env = dict(os.environ)
+    if not env.get("SHADOW_DEVICE") and torch.cuda.is_available():
+        env["SHADOW_DEVICE"] = f"cuda:{torch.cuda.current_device()}"
+    return settings(extra, env)
+
+
 class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
     """See the module doc. Args as vLLM gives them (vllm_config, role, kv_cache_config)."""
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        num_dp = vllm_config.parallel_config.data_parallel_size
+        if num_dp > 1:
+            raise ValueError(f"ShadowConnector follows one engine: data parallelism "
+                             f"(data_parallel_size={num_dp}) is not supported")
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._tracker: RequestTracker | None = None
         self._requests: dict[str, Any] = {}             # scheduler: live vLLM requests
         self._shadow: EmbeddedShadow | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._tracker = RequestTracker()
-        elif _rank() == 0:
-            self._shadow = EmbeddedShadow(settings(extra))
+        elif _rank() == 0:                  # the model loads at the first step (start)
+            self._shadow = EmbeddedShadow(_worker_settings(extra))
             atexit.register(self._shadow.close)        # a stop that skips `shutdown`
 
     @property
@@ -108,11 +122,18 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
         return None
 
     def on_new_request(self, request) -> None:
-        self._requests[request.request_id] = request
-        self._tracker.start(request.request_id, request.prompt_token_ids or (),
-                            session_of(request))
+        """Kept until it is first scheduled (a request aborted while it waits was never
+        served); a request whose prompt grows while it runs (streamed input) is not
+        followed."""
+        if not getattr(request, "resumable", False):
+            self._requests[request.request_id] = request
 
     def build_connector_meta(self, scheduler_output) -> ShadowMetadata:
+        for new in scheduler_output.scheduled_new_reqs:      # its prompt is served now
+            request = self._requests.get(new.req_id)
+            if request is not None:
+                self._tracker.start(new.req_id, request.prompt_token_ids or (),
+                                    session_of(request))
         for rid, request in self._requests.items():
             self._tracker.progress(rid, request.output_token_ids)
         return ShadowMetadata(StepInfo(tuple(self._tracker.take()),
@@ -120,8 +141,8 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
                                        bool(self._requests)))
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
-        request = self._requests.pop(request.request_id, request)
-        self._tracker.finish(request.request_id, request.output_token_ids)
+        if self._requests.pop(request.request_id, None) is not None:
+            self._tracker.finish(request.request_id, request.output_token_ids)
         return False, None
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict | None]:

@@ -25,7 +25,8 @@ from ..server.remote import RemoteService
 from ..server.routes import question_router
 
 log = logging.getLogger(__name__)
-METRICS_EVERY_S = 1.0
+METRICS_EVERY_S = 2.0
+METRICS_IDLE_S = 30.0       # the next look when the shadow does not run
 STOP_TIMEOUT_S = 120.0      # how long a planned stop waits for the shadow to write its sessions
 NOT_RUNNING = ("the shadow does not run in vLLM's worker: start vLLM with --kv-transfer-config "
                "'{\"kv_connector\": \"ShadowConnector\", \"kv_role\": \"kv_producer\"}' and "
@@ -48,7 +49,11 @@ class ShadowEndpoint:
         """serve_call's reply from rank 0's worker (the first reply that is not None)."""
         if self.engine_client is None:
             return ("error", "NotReady", ("vLLM's engine is not up", False))
-        replies = await self.engine_client.collective_rpc("shadow_call", args=(name, kwargs))
+        try:
+            replies = await self.engine_client.collective_rpc("shadow_call",
+                                                              args=(name, kwargs))
+        except Exception as e:                # the engine dead or stopping: 503, not 500
+            return ("error", "NotReady", (f"vLLM's engine did not answer: {e}", False))
         reply = next((r for r in replies or () if r is not None), None)
         return reply if reply is not None else ("error", "NotReady", (NOT_RUNNING, True))
 
@@ -81,6 +86,8 @@ class ShadowEndpoint:
         loop_thread = threading.get_ident()
 
         def shutdown(*args, **kwargs):
+            if self._task is not None:
+                loop.call_soon_threadsafe(self._task.cancel)
             if threading.get_ident() != loop_thread and loop.is_running():
                 try:
                     asyncio.run_coroutine_threadsafe(self.call_async("stop", {}), loop
@@ -92,12 +99,7 @@ class ShadowEndpoint:
 
     async def _refresh_metrics(self) -> None:
         while True:
-            try:
-                reply = await self.call_async("metrics", {})
-                self.metrics = reply[1] if reply[0] == "ok" else None
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:               # the engine restarting or gone: try again
-                log.debug("shadow: metrics not fetched: %s", e)
-                self.metrics = None
-            await asyncio.sleep(METRICS_EVERY_S)
+            reply = await self.call_async("metrics", {})
+            self.metrics = reply[1] if reply[0] == "ok" else None
+            not_running = reply[0] == "error" and reply[2][0] == NOT_RUNNING
+            await asyncio.sleep(METRICS_IDLE_S if not_running else METRICS_EVERY_S)

@@ -46,8 +46,15 @@ def images_without_torchvision() -> bool:
     return True
 
 
+TESTED = ("0.32.", "0.33.")                 # the vLLM versions this plugin was written against
+
+
 def register() -> None:
     """vLLM's general plugin entry point (idempotent)."""
+    import vllm
+    if not str(vllm.__version__).startswith(TESTED):
+        log.warning("shadow: written against vLLM %s, found %s: its connector API is "
+                    "experimental and may have changed", "/".join(TESTED), vllm.__version__)
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.v1.worker.worker_base import WorkerBase
 
