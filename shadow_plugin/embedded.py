@@ -230,3 +230,7 @@ class EmbeddedShadow:
             self._events_thread.join(120)      # the events queued before the stop, applied
             with torch.inference_mode(False):
                 self.service.close()
+            stats = self.service.reader.stats()
+            log.warning("shadow: stopped; %d sessions on disk in %s", sum(
+                s["residency"] == "disk" for s in stats["sessions"].values()),
+                self.cfg.disk_dir or "(no SHADOW_DISK: none written)")
