@@ -63,7 +63,8 @@ def test_a_scripted_session(client):
     assert status["sessions"]["s1"]["committed"] == reader.committed("s1") == 5 * G
     assert status["last_answers"][-1]["label"] == b["label"]
     metrics = client.get("/metrics", headers=KEY).text
-    assert f"shadow_ids_read_total {float(reader.totals['num_read_tokens'])}" in metrics
+    assert f"shadow_read_tokens_total {float(reader.totals['num_read_tokens'])}" in metrics
+    assert 'shadow_turn_starts_total{fresh="true"}' in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith(("shadow_ration_ms", "shadow_host_"))}

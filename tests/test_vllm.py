@@ -179,7 +179,9 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
             "session": "nobody", "question": "q", "choices": ["a", "b"]}).status_code == 404
         time.sleep(2)                                  # the metrics refresh every second
         metrics = httpx.get(server.url + "/metrics", timeout=60).text
-        read = [line for line in metrics.splitlines() if line.startswith("shadow_ids_read_total")]
+        read = [line for line in metrics.splitlines()
+                if line.startswith("shadow_read_tokens_total")]
+        assert 'shadow_turn_starts_total{fresh="true"}' in metrics
         assert read and float(read[0].split()[-1]) > 0 and "vllm:prefix_cache_queries" in metrics
         external = [float(line.split()[-1]) for line in metrics.splitlines()
                     if line.startswith("vllm:external_prefix_cache_hits_total")]

@@ -72,6 +72,7 @@ class Shadow:
         self.journal, self.narrator, self.profiles = journal, narrator, profiles
         self.grid = self.reader.config.grid
         self.session_profiles: dict[str, Profile] = {}
+        self.turn_starts = {"true": 0, "false": 0}      # turns begun fresh (backlog < G) or not
         self.answers: deque = deque(maxlen=20)          # the last answers, for status
         self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
 
@@ -111,6 +112,8 @@ class Shadow:
             except KeyError:
                 backlog = 0
             result = self.host.turn_started(session, ids, profile, router_label)
+            fresh = "true" if backlog < self.grid else "false"    # caught up when it began
+            self.turn_starts[fresh] += 1
             self.session_profiles[session] = prof
             self.narrator.turn_started(session)
             if prof.router and len(ids) >= prof.router_min_tokens:
@@ -274,6 +277,7 @@ class Shadow:
                     "open_turns": sorted(self.host.scheduler.turns),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
                     "chunks_by_window": dict(self.host.num_chunks),
+                    "turn_starts": dict(self.turn_starts),
                     "last_answers": list(self.answers),
                     **narration_status(self.narrator, self.journal)}
 

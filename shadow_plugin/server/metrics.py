@@ -18,7 +18,8 @@ class Collector:
         if stats is None:
             return
         t = stats["totals"]
-        yield CounterMetricFamily("shadow_ids_read", "ids committed by reads", t["num_read_tokens"])
+        yield CounterMetricFamily("shadow_read_tokens", "ids read into committed state",
+                                  t["num_read_tokens"])
         yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
         yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
         backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet", labels=["session"])
@@ -35,6 +36,11 @@ class Collector:
                                   "turn end) the ration was earned over", decode_ms)
         yield GaugeMetricFamily("shadow_host_share", "ration ms over host decode ms",
                                 ration_ms / decode_ms if decode_ms > 0 else 0.0)
+        starts = CounterMetricFamily("shadow_turn_starts", "turns begun, fresh (backlog below a "
+                                     "chunk) or not", labels=["fresh"])
+        for fresh, n in stats["turn_starts"].items():
+            starts.add_metric([fresh], n)
+        yield starts
         q = stats["question_ms"]
         buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in q["buckets"]]
         yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",
