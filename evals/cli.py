@@ -41,9 +41,9 @@ def default_model(device: str) -> str:
 
 def _replay(args) -> int:
     from adapters.model import load_model
-    from shadow_plugin.chat import Renderer
     from shadow_plugin.exact import ExactnessError
     from shadow_plugin.reader import Reader
+    from shadow_plugin.renderer import Renderer
     from shadow_plugin.router import load_question
     from shadow_plugin.step import ReaderConfig
     from shadow_plugin.tokenizer import load_tokenizer

@@ -3,7 +3,7 @@
 ``render`` produces, byte for byte, what transformers renders from the official chat
 templates, after the message clean-up a vLLM + transformers server applies
 (``normalize_messages``). ``render_with_template`` renders a model directory's own Jinja
-template the way transformers does; ``Renderer.from_model_dir`` picks between the two.
+template the way transformers does; ``shadow_plugin.renderer.Renderer`` picks between the two.
 Tokenizer loading and the special-token ids live in ``shadow_plugin.tokenizer`` and are
 re-exported here.
 """
@@ -12,18 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from shadow_plugin.messages import normalize_messages
-from shadow_plugin.templates import (
-    compile_template,
-    find_chat_template,
-    render_compiled,
-    render_with_template,
-)
+from shadow_plugin.templates import render_with_template
 from shadow_plugin.tokenizer import (
     CHAT_TOKENS,
     SPECIAL_TOKENS,
@@ -33,7 +27,7 @@ from shadow_plugin.tokenizer import (
 )
 
 __all__ = [
-    "CHAT_TOKENS", "SPECIAL_TOKENS", "TEMPLATES", "ChatTemplateError", "ChatTokens", "Renderer",
+    "CHAT_TOKENS", "SPECIAL_TOKENS", "TEMPLATES", "ChatTemplateError", "ChatTokens",
     "TemplateSpec", "load_tokenizer", "normalize_messages", "render", "render_with_template",
 ]
 
@@ -83,7 +77,9 @@ TEMPLATES: Mapping[str, TemplateSpec] = MappingProxyType({
 })
 
 
-def _template_spec(template: str | TemplateSpec) -> TemplateSpec:
+def template_spec(template: str | TemplateSpec) -> TemplateSpec:
+    """The TemplateSpec of a TEMPLATES name (a path's last part, any case), or `template`
+    itself. Raises ValueError naming the known names for an unknown one."""
     if isinstance(template, TemplateSpec):
         return template
     spec = TEMPLATES.get(template.rsplit("/", 1)[-1].lower())
@@ -248,7 +244,7 @@ def render(messages: list[Mapping[str, Any]], tools: list[Mapping[str, Any]] | N
         ValueError: unknown ``template`` name.
         TypeError: a message is not a mapping, or a value cannot be JSON-dumped.
     """
-    spec = _template_spec(template)
+    spec = template_spec(template)
     if not messages:
         raise ChatTemplateError("No messages provided.")
     messages = normalize_messages(messages)
@@ -273,79 +269,3 @@ def render(messages: list[Mapping[str, Any]], tools: list[Mapping[str, Any]] | N
     if add_generation_prompt:
         out.append(_generation_prompt(spec, enable_thinking))
     return "".join(out)
-
-
-@dataclass(frozen=True)
-class Renderer:
-    """Renders prompts with a model's own Jinja template, or the built-in renderer.
-
-    Build with ``Renderer.from_model_dir``. Immutable; safe to share between threads.
-
-    Attributes:
-        template: built-in template name (used when ``jinja_source`` is ``None``).
-        jinja_source: the model's Jinja chat template, if it has one.
-        template_vars: extra variables for the Jinja template (special tokens).
-    """
-
-    template: str = "qwen3.5-27b"
-    jinja_source: str | None = None
-    template_vars: Mapping[str, Any] = field(default_factory=dict)
-    _compiled: Any = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_model_dir(cls, model_dir: str | Path | None,
-                       template: str = "qwen3.5-27b") -> Renderer:
-        """Pick the model directory's chat template, else the built-in one.
-
-        See ``shadow_plugin.templates.find_chat_template`` for where it looks.
-
-        Args:
-            model_dir: a model directory, or ``None`` for the built-in renderer.
-            template: built-in template name used when the directory has no template.
-        Returns:
-            A ``Renderer``.
-        Raises:
-            ValueError: unknown ``template`` name, or a malformed JSON config.
-            FileNotFoundError: ``model_dir`` is given but is not a directory.
-            jinja2.TemplateSyntaxError: the model's template does not parse.
-        """
-        _template_spec(template)
-        if model_dir is None:
-            return cls(template)
-        if not Path(model_dir).is_dir():
-            raise FileNotFoundError(f"model directory not found: {model_dir}")
-        source, variables = find_chat_template(model_dir)
-        if source is None:
-            return cls(template)
-        return cls(template, source, MappingProxyType(variables), compile_template(source))
-
-    @property
-    def uses_model_template(self) -> bool:
-        """True when the model directory's own Jinja template is used."""
-        return self.jinja_source is not None
-
-    def render(self, messages: list[Mapping[str, Any]],
-               tools: list[Mapping[str, Any]] | None = None, *,
-               add_generation_prompt: bool = False, enable_thinking: bool | None = None,
-               preserve_thinking: bool | None = None, **kwargs: Any) -> str:
-        """Render ``normalize_messages(messages)`` with the chosen template.
-
-        Args:
-            messages, tools, add_generation_prompt, enable_thinking, preserve_thinking:
-                as for ``render``; flags left ``None`` are not passed to a Jinja template.
-            **kwargs: more template variables (Jinja) or ``add_vision_id`` (built-in).
-        Returns:
-            The prompt text.
-        Raises:
-            ChatTemplateError (a ``ValueError``) and the other errors of ``render`` /
-            ``render_with_template``.
-        """
-        if self._compiled is None:
-            return render(messages, tools, add_generation_prompt=add_generation_prompt,
-                          enable_thinking=enable_thinking, template=self.template,
-                          preserve_thinking=preserve_thinking, **kwargs)
-        flags = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking}
-        variables = {**self.template_vars, **{k: v for k, v in flags.items() if v is not None},
-                     **kwargs}
-        return render_compiled(self._compiled, normalize_messages(messages), tools,
-                                add_generation_prompt, variables)

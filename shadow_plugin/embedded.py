@@ -189,13 +189,18 @@ class EmbeddedShadow:
             return self._result(kwargs.get("ticket"))
         if name in QUESTIONS:
             return self._submit(name, kwargs)
+        return serve_call(self.service, name, kwargs,
+                          self._status_extra() if name == "status" else None)
+
+    def _status_extra(self) -> dict:
+        """What status adds inside an engine: this process, the step discipline's state, the
+        requests being followed."""
         follower = self._follower
-        extra = {"pid": os.getpid(), "embedded": True, "stepping": bool(
-            self.turnstile and self.turnstile.stepping),
-                 "engine_share": {"slot_ms": self.budget.slot_ms,
-                                  "steps_ms": self.budget.steps_ms},
-                 "followed_requests": dict(follower.sessions) if follower else {}}
-        return serve_call(self.service, name, kwargs, extra)
+        return {"pid": os.getpid(), "embedded": True,
+                "stepping": bool(self.turnstile and self.turnstile.stepping),
+                "engine_share": {"slot_ms": self.budget.slot_ms,
+                                 "steps_ms": self.budget.steps_ms},
+                "followed_requests": dict(follower.sessions) if follower else {}}
 
     def _submit(self, name: str, kwargs: dict):
         ticket = next(self._tickets)

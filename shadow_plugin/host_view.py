@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chat import Renderer, normalize_messages
+from .messages import normalize_messages
+from .renderer import Renderer
 
 IM_END_TEXT = "<|im_end|>"
 

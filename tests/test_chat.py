@@ -10,11 +10,11 @@ from shadow_plugin.chat import (
     TEMPLATES,
     ChatTemplateError,
     ChatTokens,
-    Renderer,
     normalize_messages,
     render,
     render_with_template,
 )
+from shadow_plugin.renderer import Renderer
 from shadow_plugin.tokenizer import load_tokenizer
 
 # ---------------------------------------------------------------- spec section 12, verbatim

@@ -7,9 +7,9 @@ import pytest
 
 from evals.cli import main
 from evals.replay import replay_turns
-from shadow_plugin.chat import Renderer
 from shadow_plugin.host_view import host_turns
 from shadow_plugin.reader import Reader
+from shadow_plugin.renderer import Renderer
 from shadow_plugin.router import ROUTER, load_question
 from shadow_plugin.tokenizer import load_tokenizer
 

@@ -9,9 +9,9 @@ import pytest
 
 from evals.data import data_dir
 from evals.replay import load_session, replay_turns
-from shadow_plugin.chat import Renderer
 from shadow_plugin.host_view import host_turns
 from shadow_plugin.reader import Reader
+from shadow_plugin.renderer import Renderer
 from shadow_plugin.router import ROUTER
 from shadow_plugin.tokenizer import load_tokenizer
 

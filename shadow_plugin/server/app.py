@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 
-from ..chat import Renderer
 from ..config import ServiceConfig
+from ..renderer import Renderer
 from . import errors, schemas
 from .docs import add_docs
 from .errors import NotReady, WaitTimeout

@@ -77,20 +77,25 @@ class RemoteService:
 
     def __init__(self, call: Call):
         self._call = call
+        self._grid: list[int] = []            # the shadow's grid, once a status gave it
 
     def status(self) -> dict:
-        return run(self._call, "status", {})
+        out = run(self._call, "status", {})
+        if not self._grid and out.get("grid"):
+            self._grid.append(out["grid"])
+        return out
 
     def require(self) -> "RemoteShadow":
-        return RemoteShadow(self._call)
+        return RemoteShadow(self._call, lambda: self._grid[0] if self._grid else
+                            self.status()["grid"])
 
 
 class RemoteShadow:
-    """The facade's question methods (server.facade.Shadow) over `call`."""
+    """The facade's question methods (server.facade.Shadow) over `call`; `grid()` gives the
+    shadow's grid (kept by the RemoteService, asked for once)."""
 
-    def __init__(self, call: Call):
-        self._call = call
-        self._grid: int | None = None
+    def __init__(self, call: Call, grid: Callable[[], int]):
+        self._call, self._grid = call, grid
 
     def _run(self, name: str, **kwargs):
         return run(self._call, name, kwargs)
@@ -99,9 +104,7 @@ class RemoteShadow:
         return self._run("fork_position", session=session, at=at)
 
     def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
-        if self._grid is None:
-            self._grid = self._run("status")["grid"]
-        grid = self._grid
+        grid = self._grid()                    # a status call the first time only
         wait_for_line(lambda: tuple(self._run("position", session=session)),
                       lambda: self._run("not_reading_why"), grid, at, timeout_s)
 
