@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from block_store.layout import GdnState, KvState
+from block_store import PagedKv
+from block_store.layout import GdnState
 
 from .interface import Adapter
 from .model.kernels import TORCH, KernelSet
@@ -34,11 +35,11 @@ class EagerAdapter(Adapter):
     def path(self) -> str:
         return "eager"
 
-    def read_chunk(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState) -> GdnState:
+    def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         _, new = self.model(self._ids(ids), pos, kv, gdn, self._kernels)
         return new
 
-    def fork_logits(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+    def fork_logits(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                     token_ids: Sequence[int]) -> torch.Tensor:
         hidden, _ = self.model(self._ids(ids), pos, kv, gdn, self._kernels)
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()

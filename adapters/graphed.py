@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from block_store.layout import GdnState, KvState
+from block_store import PagedKv
+from block_store.layout import GdnState
 
 from .interface import Adapter
 from .model.qwen35 import Qwen35
@@ -38,7 +39,7 @@ class GraphAdapter(Adapter):
     def prepare(self) -> None:
         self.runners.prepare()
 
-    def read_chunk(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState) -> GdnState:
+    def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         _, new = self.runners.run(ids, pos, kv, gdn)    # the runner stages host ids itself
         return new
 
@@ -46,7 +47,7 @@ class GraphAdapter(Adapter):
         runner = self.runners.for_rows(num_ids)
         return runner.t if runner is not None else num_ids
 
-    def fork_logits(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+    def fork_logits(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                     token_ids: Sequence[int]) -> torch.Tensor:
         """Through the runner of the ids' length bucket, padded after the real rows (into
         scratch rows above them, which change none of the real rows' values); eagerly past
@@ -61,7 +62,7 @@ class GraphAdapter(Adapter):
             hidden, _ = self.model(self._ids(ids), pos, kv, gdn)
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
 
-    def _decode_steps(self, token: int, pos: int, kv: KvState, gdn: GdnState, max_steps: int,
+    def _decode_steps(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
                       stop_ids: set[int]) -> tuple[list[int], int]:
         """Through the decode loop (adapters.model.decode: the single-token runner, each token
         fed back on the device)."""

@@ -4,8 +4,9 @@ An adapter runs Qwen3.5 over state it is handed (block_store's layouts, `spec`):
 - `read_chunk`: one grid chunk of exactly `grid` ids at `pos` (what commits state);
 - `fork_logits`: a fork's ids above C (a question), logits of the last id only;
 - `decode`: a fork's prompt above C, then up to n tokens greedily, stopping at a stop id.
-KV rows at and above `pos` are written into the buffers given; GDN states are returned new,
-never changed in place. `path` names what the bits depend on beyond the weights (spilled
+KV rows at and above `pos` are written into the pages given (a block_store.PagedKv: the pool's
+pages [num_pages, G, Hkv, D] per attention layer and a sequence's page table); GDN states are
+returned new, never changed in place. `path` names what the bits depend on beyond the weights (spilled
 files carry it); the reader never asks which implementation it holds.
 
 Implementations: adapters.graphed.GraphAdapter (the CUDA-graph runners; their bodies run
@@ -23,21 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from block_store import FileIdentity, StateSpec
-from block_store.layout import ATTENTION, GDN, GdnState, KvState
+from block_store import FileIdentity, PagedKv, StateSpec
+from block_store.layout import GdnState
 
-from .model.config import FULL, ModelConfig
+from .model.config import ModelConfig, spec_for  # noqa: F401  (spec_for: re-exported)
 from .model.kernels import KernelSet
 from .model.qwen35 import ModelInfo, Qwen35
-
-
-def spec_for(cfg: ModelConfig, device, dtype: torch.dtype) -> StateSpec:
-    """The layouts of a session's state for a model of config `cfg` (block_store.StateSpec),
-    states on `device` in `dtype` (recurrent states fp32)."""
-    return StateSpec(tuple(ATTENTION if t == FULL else GDN for t in cfg.layer_types),
-                     cfg.num_key_value_heads, cfg.head_dim, cfg.conv_dim,
-                     cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
-                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, dtype, device)
 
 
 def state_spec(model: Qwen35) -> StateSpec:
@@ -120,10 +112,10 @@ class Adapter(ABC):
 
     # -- forwards -------------------------------------------------------------------------------
     @abstractmethod
-    def read_chunk(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState) -> GdnState:
+    def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         """Forward exactly `grid` ids at absolute positions [pos, pos + grid): writes KV rows
-        [pos, pos + grid) of every buffer in `kv` (per attention layer (k, v) [cap, Hkv, D],
-        cap >= pos + grid, rows [0, pos) the prefix); returns the GDN states after the chunk
+        [pos, pos + grid) of the sequence `kv` (its pages hold rows >= pos + grid, rows
+        [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
 
     def fork_rows(self, num_ids: int) -> int:
@@ -132,16 +124,17 @@ class Adapter(ABC):
         return num_ids
 
     @abstractmethod
-    def fork_logits(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+    def fork_logits(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                     token_ids: Sequence[int]) -> torch.Tensor:
         """Forward `ids` at pos (rows [pos, pos + fork_rows(len(ids))) are scratch) and return
         the logits of the last id for `token_ids` only: [len(token_ids)] fp32. GDN states
         produced are dropped."""
 
-    def decode(self, ids: Sequence[int], pos: int, kv: KvState, gdn: GdnState,
+    def decode(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                max_new_tokens: int, stop_ids: set[int]) -> Decoded:
         """Forward the prompt `ids` at pos, then decode greedily up to max_new_tokens ids,
-        stopping after a stop id. kv needs room for pos + len(ids) + max_new_tokens rows."""
+        stopping after a stop id. kv's pages need room for pos + len(ids) + max_new_tokens
+        rows."""
         t0 = time.perf_counter()
         hidden, gdn = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
         token = int(self.model.logits(hidden[-1:])[0].argmax())
@@ -154,7 +147,7 @@ class Adapter(ABC):
         self.sync()
         return Decoded(tuple(out), steps, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
-    def _decode_steps(self, token: int, pos: int, kv: KvState, gdn: GdnState, max_steps: int,
+    def _decode_steps(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
                       stop_ids: set[int]) -> tuple[list[int], int]:
         """Feed `token` at pos and decode greedily, one eager forward a step: (new ids, steps)."""
         out = []

@@ -1,14 +1,22 @@
-"""Checkpoint keeping: which checkpoints stay, where a rewrite rolls back to, taking one.
+"""Checkpoint keeping, resuming after a rewrite, committing a chunk.
 
-Where a checkpoint belongs (the chat-aware lines: a turn's generation prompt, an episode's start)
-is the reader's business (shadow_plugin.lines); it hands the lines down as positions
-(SessionState.pending_lines). Keeping: the checkpoint at the start of the current episode
-always stays; past `max_checkpoints` the oldest other one goes.
+Where a checkpoint belongs (the chat-aware lines: a turn's generation prompt, an episode's
+start, the end of the shared system message) is the reader's business (shadow_plugin.lines);
+it hands the lines down as positions (SessionState.pending_lines, .shared_line). A checkpoint
+is a reference to the GDN table's entry at its line (pages.PageStore.gdn). Keeping: the
+checkpoints at the start of the current episode and at the shared line always stay; past
+`max_checkpoints` the oldest other one goes (its entry stays in the table, unreferenced,
+until evicted). A prompt resumes through pages.find_resume: its own older lines and other
+sessions' pages are found the same way.
 """
 from __future__ import annotations
 
-from .layout import StateSpec, clone_gdn, zero_gdn
+from .layout import GdnState
+from .pages import PageStore, Resume, find_resume, resume_states
+from .pool import Page
 from .session import Checkpoint, SessionState
+
+TIP_LINES = 2     # tip entries kept: the state a page below C after the last chunk
 
 
 def first_difference(held: list[int], new: list[int]) -> int:
@@ -21,7 +29,7 @@ def first_difference(held: list[int], new: list[int]) -> int:
 
 
 def rollback_target(checkpoints: list[Checkpoint], d: int) -> Checkpoint | None:
-    """The newest checkpoint at or below position d, or None (roll back to 0)."""
+    """The newest checkpoint at or below position d, or None (0)."""
     best = None
     for cp in checkpoints:
         if cp.pos <= d and (best is None or cp.pos > best.pos):
@@ -29,43 +37,91 @@ def rollback_target(checkpoints: list[Checkpoint], d: int) -> Checkpoint | None:
     return best
 
 
-def add(checkpoints: list[Checkpoint], cp: Checkpoint, max_checkpoints: int) -> list[Checkpoint]:
+def add(checkpoints: list[Checkpoint], cp: Checkpoint,
+        max_checkpoints: int) -> tuple[list[Checkpoint], list[Checkpoint]]:
     """Insert `cp` (replacing one at the same line), clear the episode mark of the others when
-    `cp` starts an episode, and drop the oldest non-episode checkpoints past the cap."""
+    `cp` starts an episode, and drop the oldest checkpoints that are neither the episode's nor
+    kept past the cap. Returns (kept, dropped)."""
     same = [c for c in checkpoints if c.pos == cp.pos]
     cp.episode_start = cp.episode_start or any(c.episode_start for c in same)
+    cp.kept = cp.kept or any(c.kept for c in same)
     kept = [c for c in checkpoints if c.pos != cp.pos]
     if cp.episode_start:
         for c in kept:
             c.episode_start = False
     kept = sorted(kept + [cp], key=lambda c: c.pos)
+    dropped = list(same)
     while len(kept) > max_checkpoints:
-        oldest = next(c for c in kept if not c.episode_start)
+        oldest = next((c for c in kept if not (c.episode_start or c.kept)), None)
+        if oldest is None:
+            break
         kept.remove(oldest)
-    return kept
+        dropped.append(oldest)
+    return kept, dropped
 
 
-def take(st: SessionState, episode_start: bool, max_checkpoints: int) -> None:
-    """Copy the GDN states at C into a checkpoint (none at 0: the zero state needs none)."""
+def take(store: PageStore, st: SessionState, episode_start: bool, max_checkpoints: int,
+         kept: bool = False) -> None:
+    """Keep the GDN states at C as a checkpoint: the table's entry at C (stored now unless
+    held already); none at 0 (the zero state needs none)."""
     if st.committed == 0:
         return
-    cp = Checkpoint(st.committed, clone_gdn(st.gdn), episode_start)
-    st.checkpoints = add(st.checkpoints, cp, max_checkpoints)
+    entry = store.gdn.put(st.keys[-1], st.committed, st.gdn)
+    cps, dropped = add(st.checkpoints, Checkpoint(st.committed, entry, episode_start, kept),
+                       max_checkpoints)
+    st.checkpoints = cps
+    for c in dropped:
+        store.gdn.release(c.entry)
 
 
-def rollback(st: SessionState, spec: StateSpec, d: int) -> None:
-    """Move C back to the newest checkpoint at or below position d (0 without one), restoring
-    its GDN states; checkpoints above d go. KV rows below the new C stay valid."""
-    cp = rollback_target(st.checkpoints, d)
-    st.committed = cp.pos if cp else 0
-    st.gdn = clone_gdn(cp.gdn) if cp else zero_gdn(spec)
+def resume(store: PageStore, st: SessionState, prompt: list[int], d: int) -> Resume:
+    """Move the session to where `prompt` (whose first difference from the held ids is d)
+    resumes (pages.find_resume): its pages below the line, C = the line, the states there;
+    checkpoints above d and tip entries above the line go; where held pages end without a state
+    above the line, an entry is due at their end (the junction: the admission idea of vLLM PR
+    #37898). Counts the prompt's lookup."""
+    res = find_resume(store, st.pages, st.keys, st.committed, prompt, d)
+    gdn = resume_states(store, res, st.gdn)
+    new_pages = store.take_pages(res.pages)
+    store.release_pages(st.pages)
+    st.pages, st.keys, st.committed, st.gdn = new_pages, res.keys, res.line, gdn
+    for c in [c for c in st.checkpoints if c.pos > d]:
+        store.gdn.release(c.entry)
     st.checkpoints = [c for c in st.checkpoints if c.pos <= d]
+    for e in [e for e in st.tip if e.line > res.line]:
+        store.gdn.release(e)
+    st.tip = [e for e in st.tip if e.line <= res.line]
+    st.junction = res.matched if res.matched > res.line else 0
+    c = store.counters
+    c.prefix_cache_queried_tokens += len(prompt)
+    c.prefix_cache_hit_tokens["memory"] += res.line
+    return res
 
 
-def commit_chunk(st: SessionState, gdn, grid: int, max_checkpoints: int) -> None:
-    """A chunk [C, C + grid) was read (its KV rows written, `gdn` the states after it): advance
-    C, keep the states, and take the checkpoint due at the new C."""
+def commit_chunk(store: PageStore, st: SessionState, page: Page, gdn: GdnState,
+                 max_checkpoints: int) -> None:
+    """A chunk [C, C + G) was read into `page` (one reference from the caller), `gdn` the
+    states after it: name the page (or take the page already holding its content), advance
+    C, keep the states, take the checkpoints due at the new C and the tip entries."""
+    g, c = store.grid, st.committed
+    ids = st.ids[c:c + g]
+    key = store.key_after(st.keys, ids)
+    st.pages.append(store.manager.adopt(page, key, ids))
+    st.keys.append(key)
     st.gdn = gdn
-    st.committed += grid
+    st.committed += g
+    counters = store.counters
+    counters.read_tokens += g
+    if st.committed <= st.furthest:
+        counters.reread_tokens += g
+    st.furthest = max(st.furthest, st.committed)
     if st.committed in st.pending_lines:
-        take(st, st.pending_lines.pop(st.committed), max_checkpoints)
+        take(store, st, st.pending_lines.pop(st.committed), max_checkpoints)
+    if st.committed == st.shared_line:
+        take(store, st, False, max_checkpoints, kept=True)
+    if st.committed == st.junction:          # for the next session with this prefix
+        store.gdn.release(store.gdn.put(key, st.committed, gdn))
+    if len(st.ids) - st.committed < TIP_LINES * g:       # near the end of the ids
+        st.tip.append(store.gdn.put(key, st.committed, gdn))
+        while len(st.tip) > TIP_LINES:
+            store.gdn.release(st.tip.pop(0))

@@ -1,12 +1,14 @@
 """Session files: one safetensors file a session, written atomically, checked on the way back.
 
 File layout (format version 1):
-- tensors: `ids` int64 [N]; the committed state as layout.pack names it (layers.{i}.key /
+- tensors: `ids` int64 [N]; the committed state as layout.pack names it (KV rows gathered
+  from the session's pages) (layers.{i}.key /
   .value [C, Hkv, D], layers.{i}.conv [conv_dim, W], layers.{i}.recurrent [HV, K, V] fp32);
   `checkpoints.{j}.layers.{i}.conv` / `.recurrent` per checkpoint j.
 - metadata (str -> str): format_version, session (the id), fingerprint, model_config (JSON),
-  grid, dtype, device_kind, kernels, committed, checkpoints (JSON [[pos, episode_start], ...]),
-  pending_lines (JSON), checksums (JSON name -> xxh3-64 hex of the tensor's bytes), written_at.
+  grid, dtype, device_kind, kernels, committed, checkpoints (JSON [[pos, episode_start, kept],
+  ...]), pending_lines (JSON), shared_line, checksums (JSON name -> xxh3-64 hex of the
+  tensor's bytes), written_at.
 The name is the xxh3-128 hex of the session id (never the raw id): no id reaches a path.
 A file that does not fit (format, fingerprint, grid, dtype, device, kernels, a failing checksum,
 a truncated file, ids that do not match the tensors) raises RefusedFile with the reason.
@@ -26,8 +28,8 @@ import xxhash
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .layout import StateSpec, alloc_kv, round_up, state_names
-from .session import Checkpoint, SessionState
+from .layout import StateSpec, state_names
+from .session import SessionState
 
 FORMAT_VERSION = "1"
 HASH_THREADS = min(8, os.cpu_count() or 1)
@@ -90,8 +92,10 @@ def write_session(directory: Path, session: str, st: SessionState,
     tensors = _tensors(st, packed)
     meta = {"format_version": FORMAT_VERSION, "session": session, **ident.as_meta(),
             "committed": str(st.committed),
-            "checkpoints": json.dumps([[cp.pos, cp.episode_start] for cp in st.checkpoints]),
+            "checkpoints": json.dumps([[cp.pos, cp.episode_start, cp.kept]
+                                       for cp in st.checkpoints]),
             "pending_lines": json.dumps(sorted([p, e] for p, e in st.pending_lines.items())),
+            "shared_line": str(st.shared_line),
             "checksums": json.dumps({k: checksum(v) for k, v in tensors.items()}),
             "written_at": str(time.time())}
     path = directory / file_name(session)
@@ -126,11 +130,10 @@ def _verify(futures: dict, checksums: dict[str, str]) -> None:
             raise RefusedFile("checksum", f"tensor {name} does not match its checksum")
 
 
-def read_session(path: Path, session: str, ident: FileIdentity, spec: StateSpec,
-                 kv_step: int) -> SessionState:
+def read_session(path: Path, session: str, ident: FileIdentity, spec: StateSpec) -> Loaded:
     """Load and check a session file written for states of `spec`.
 
-    Returns a SessionState on spec.device. Raises RefusedFile (with the reason) for any file that
+    Returns its content (Loaded; the GDN states on spec.device). Raises RefusedFile (with the reason) for any file that
     does not fit, including truncated or unreadable files."""
     try:
         with safe_open(str(path), framework="pt") as f:     # tensors map the file, no copy
@@ -144,7 +147,7 @@ def read_session(path: Path, session: str, ident: FileIdentity, spec: StateSpec,
         # the state is returned only once every checksum matched.
         with ThreadPoolExecutor(HASH_THREADS) as pool:
             futures = {k: pool.submit(checksum, t) for k, t in tensors.items()}
-            st = _build_state(meta, tensors, spec, kv_step)
+            st = _build_state(meta, tensors, spec)
             _verify(futures, checksums)
         return st
     except RefusedFile:
@@ -153,7 +156,22 @@ def read_session(path: Path, session: str, ident: FileIdentity, spec: StateSpec,
         raise RefusedFile("unreadable", f"{type(e).__name__}: {e}") from e
 
 
-def _build_state(meta, tensors, spec: StateSpec, kv_step: int) -> SessionState:
+@dataclass
+class Loaded:
+    """A session file's content, checked: ids, C, KV rows [0, C) per attention layer (k, v)
+    [C, Hkv, D] (on the CPU, mapped from the file), the GDN states at C on the spec's device,
+    checkpoints [(pos, GDN states, episode_start, kept)], pending lines, shared line."""
+
+    ids: list[int]
+    committed: int
+    kv_rows: list[tuple[torch.Tensor, torch.Tensor]]
+    gdn: list
+    checkpoints: list[tuple[int, list, bool, bool]]
+    pending_lines: dict[int, bool]
+    shared_line: int
+
+
+def _build_state(meta, tensors, spec: StateSpec) -> Loaded:
     names, device = state_names(spec), spec.device
     committed = int(meta["committed"])
     ids = tensors["ids"].tolist()
@@ -163,24 +181,20 @@ def _build_state(meta, tensors, spec: StateSpec, kv_step: int) -> SessionState:
     for name in names:
         if name.endswith((".key", ".value")) and tensors[name].shape[0] != committed:
             raise RefusedFile("ids", f"{name} has {tensors[name].shape[0]} rows, C is {committed}")
-    kv = alloc_kv(spec, round_up(committed, kv_step))                 # none at C = 0
-    gdn, kv_it = [], iter(kv)
-    for name in names:
-        if name.endswith(".key"):
-            k, v = next(kv_it)
-            k[:committed].copy_(tensors[name])
-            v[:committed].copy_(tensors[name[:-4] + ".value"])
-        elif name.endswith(".conv"):
-            gdn.append((tensors[name].to(device), tensors[name[:-5] + ".recurrent"].to(device)))
+    kv_rows = [(tensors[n], tensors[n[:-4] + ".value"]) for n in names if n.endswith(".key")]
+    gdn = [(tensors[n].to(device), tensors[n[:-5] + ".recurrent"].to(device))
+           for n in names if n.endswith(".conv")]
     cps = []
-    for j, (pos, episode) in enumerate(json.loads(meta["checkpoints"])):
+    for j, row in enumerate(json.loads(meta["checkpoints"])):
+        pos, episode, kept = (row + [False])[:3]
+        if pos % grid or not 0 < pos <= committed:
+            raise RefusedFile("checkpoints", f"checkpoint at {pos} off the grid or above C")
         g = [(tensors[f"checkpoints.{j}.{n}"].to(device),
               tensors[f"checkpoints.{j}.{n[:-5]}.recurrent"].to(device))
              for n in names if n.endswith(".conv")]
-        cps.append(Checkpoint(int(pos), g, bool(episode)))
+        cps.append((int(pos), g, bool(episode), bool(kept)))
     pending = {int(p): bool(e) for p, e in json.loads(meta["pending_lines"])}
-    return SessionState(ids=ids, committed=committed, kv=kv, gdn=gdn, checkpoints=cps,
-                        pending_lines=pending)
+    return Loaded(ids, committed, kv_rows, gdn, cps, pending, int(meta.get("shared_line", 0)))
 
 
 def peek(path: Path, ident: FileIdentity) -> tuple[str, np.ndarray, int] | None:

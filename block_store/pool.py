@@ -28,14 +28,23 @@ class Page:
 
 
 class PagePool:
-    """Args: num_pages (> 0). Raises ValueError for a bad count."""
+    """Args: num_pages (>= 0; `grow` adds more). Raises ValueError for a bad count."""
 
     def __init__(self, num_pages: int):
-        if num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1, got {num_pages}")
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         self.pages = [Page(i) for i in range(num_pages)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_pages))
         self.by_key: dict[bytes, int] = {}
+
+    def grow(self, num_pages: int) -> None:
+        """Hold `num_pages` pages: the new ones join the free queue's least recent end (used
+        before cached pages are reused)."""
+        new = range(len(self.pages), num_pages)
+        self.pages += [Page(i) for i in new]
+        for i in new:
+            self.free[i] = None
+            self.free.move_to_end(i, last=False)
 
     # -- finding and using pages ----------------------------------------------------------------
     def lookup(self, key: bytes, ids: Sequence[int]) -> Page | None:
@@ -81,6 +90,17 @@ class PagePool:
             self.by_key[key] = page.index
             page.key, page.ids = key, tuple(ids)
         return page
+
+    def adopt(self, page: Page, key: bytes, ids: Sequence[int]) -> Page:
+        """`page` (written, with one reference from the caller) holds `key`'s content: when
+        another page holds it already, that page is taken and `page` released (the content
+        is held once); else `page` is named. Returns the page to use."""
+        held = self.lookup(key, ids)
+        if held is not None and held is not page:
+            self.take(held)
+            self.release(page)
+            return held
+        return self.name(page, key, ids)
 
     def release(self, page: Page) -> None:
         """One reference less; at none, the page joins the free queue's most recent end,

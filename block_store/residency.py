@@ -1,9 +1,12 @@
 """Which sessions hold device memory: the resident cap, LRU spill to disk, exact restore.
 
-Resident bytes of a session (session.state_bytes): KV capacity x bytes per row, GDN states,
-checkpoints. Past the cap the least recently used session other than the one in use is parked:
+Resident bytes (`resident_bytes`): the pages sessions reference (a shared page once), the GDN
+table's entries and each resident session's GDN states. Past the cap unreferenced GDN entries
+go first, least recently used first; then the least recently used session other than the one
+in use is parked:
 written to `disk_dir` (files.write_session) or, without a disk, dropped (its ids stay; it is read
-again from 0 when used). Files older than the TTL are deleted, and past `disk_bytes` the oldest
+again from 0 when used), its pages and entries given back to the page store (cached there,
+findable by key, until reused). Files older than the TTL are deleted, and past `disk_bytes` the oldest
 go first. A refused file is moved to `disk_dir/refused/`, counted and logged.
 """
 from __future__ import annotations
@@ -14,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from . import files
-from .layout import StateSpec, pack
-from .session import SessionState, new_state, state_bytes
+from .kv_pool import write_pages
+from .layout import pack
+from .pages import PageStore
+from .session import Checkpoint, SessionState, kv_view, new_state, release_state
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +32,22 @@ log = logging.getLogger(__name__)
 class StoreConfig:
     """resident_bytes: the cap on resident session bytes; disk_dir: where parked sessions go
     (None: dropped instead); disk_bytes: cap on the folder's session files (None: no cap);
-    disk_ttl_s: files older than this are deleted (48 h, as the seed's engine)."""
+    disk_ttl_s: files older than this are deleted (48 h, as the seed's engine); gdn_bytes:
+    what unreferenced GDN table entries may keep (None: a quarter of resident_bytes)."""
 
     resident_bytes: int = 4 * 2**30
     disk_dir: Path | None = None
     disk_bytes: int | None = None
     disk_ttl_s: float = 48 * 3600
+    gdn_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.resident_bytes < 0:
             raise ValueError(f"resident_bytes must be >= 0, got {self.resident_bytes}")
+        if self.gdn_bytes is None:
+            object.__setattr__(self, "gdn_bytes", self.resident_bytes // 4)
+        if self.gdn_bytes < 0:
+            raise ValueError(f"gdn_bytes must be >= 0, got {self.gdn_bytes}")
         if self.disk_dir is not None:
             object.__setattr__(self, "disk_dir", Path(self.disk_dir).expanduser())
 
@@ -65,9 +77,8 @@ class Residency:
     the resident sessions dict is passed in by the session table (table.SessionTable) on every
     call."""
 
-    def __init__(self, cfg: StoreConfig, spec: StateSpec, kv_step: int,
-                 ident: files.FileIdentity):
-        self.cfg, self.spec, self.kv_step, self.ident = cfg, spec, kv_step, ident
+    def __init__(self, cfg: StoreConfig, store: PageStore, ident: files.FileIdentity):
+        self.cfg, self.store, self.spec, self.ident = cfg, store, store.spec, ident
         self.parked: dict[str, Parked] = {}
         self.counters = Counters()
         if cfg.disk_dir is not None:
@@ -103,23 +114,36 @@ class Residency:
         return rec
 
     # -- parking --------------------------------------------------------------------------------
+    def resident_bytes(self, sessions: dict[str, SessionState]) -> int:
+        """Referenced pages (each once), GDN table entries, the sessions' GDN states."""
+        s = self.store
+        live = sum(c.nbytes + r.nbytes for st in sessions.values() for c, r in st.gdn)
+        return s.manager.num_pinned * s.pool.page_bytes + s.gdn.nbytes + live
+
     def make_room(self, sessions: dict[str, SessionState], keep: str | None) -> None:
-        """Park least recently used sessions other than `keep` until the cap holds."""
-        total = sum(state_bytes(st) for st in sessions.values())
-        while total > self.cfg.resident_bytes:
+        """Keep unreferenced GDN entries within their budget; then, past the cap, drop
+        unreferenced entries and park least recently used sessions other than `keep`."""
+        gdn, cap = self.store.gdn, self.cfg.resident_bytes
+        gdn.evict()
+        over = self.resident_bytes(sessions) - cap
+        if over > 0:
+            gdn.evict(max(0, gdn.nbytes - over))
+        while self.resident_bytes(sessions) > cap:
             others = [s for s in sessions if s != keep]
             if not others:
                 return
-            victim = min(others, key=lambda s: sessions[s].last_used)
-            total -= state_bytes(sessions[victim])
-            self.park(sessions, victim)
+            self.park(sessions, min(others, key=lambda s: sessions[s].last_used))
+            over = self.resident_bytes(sessions) - cap
+            if over > 0:
+                gdn.evict(max(0, gdn.nbytes - over))
 
     def park(self, sessions: dict[str, SessionState], sid: str) -> None:
         """Move one resident session to disk (or drop its tensors without a disk)."""
         st = sessions.pop(sid)
         path = None
         if self.cfg.disk_dir is not None:   # also at C = 0: its ids outlive a restart
-            packed = pack(self.spec, st.kv, st.gdn, st.committed)
+            packed = pack(self.spec, kv_view(self.store, st).gather(st.committed), st.gdn,
+                          st.committed)
             path, _ = files.write_session(self.cfg.disk_dir, sid, st, packed, self.ident)
             self.counters.spills += 1
             self.sweep(keep=path)
@@ -127,6 +151,7 @@ class Residency:
             self.counters.drops += 1
         self.parked[sid] = Parked(files.ids_array(st.ids), path, dict(st.pending_lines),
                                   st.committed if path else 0)
+        release_state(self.store, st)
 
     def close(self, sessions: dict[str, SessionState]) -> None:
         """A planned stop: write every resident session (when there is a disk)."""
@@ -151,11 +176,11 @@ class Residency:
         path = rec.path if rec else self._disk_path(sid)
         if path is not None and path.is_file():
             try:
-                st = files.read_session(path, sid, self.ident, self.spec, self.kv_step)
-                if rec is not None and not np.array_equal(np.asarray(st.ids), rec.ids):
+                loaded = files.read_session(path, sid, self.ident, self.spec)
+                if rec is not None and not np.array_equal(np.asarray(loaded.ids), rec.ids):
                     raise files.RefusedFile("ids", "the file's ids differ from the session's")
                 self.counters.restores += 1
-                return st
+                return self._load(loaded)
             except files.RefusedFile as e:
                 self._refuse(path, e)
         if rec is None:
@@ -163,6 +188,37 @@ class Residency:
         st = new_state(self.spec)
         st.ids = rec.ids.tolist()
         st.pending_lines = {p: e for p, e in rec.pending_lines.items() if p > 0}
+        return st
+
+    def _load(self, loaded: files.Loaded) -> SessionState:
+        """A resident state from a file's content: pages held already (by key) are taken,
+        the others allocated and written; checkpoints become GDN table entries."""
+        store, g = self.store, self.store.grid
+        st = new_state(self.spec)
+        st.ids, st.gdn = loaded.ids, loaded.gdn
+        new: list[int] = []                      # page numbers to write from the file
+        for i in range(loaded.committed // g):
+            ids = loaded.ids[i * g:(i + 1) * g]
+            key = store.key_after(st.keys, ids)
+            page = store.manager.lookup(key, ids)
+            if page is not None:
+                store.manager.take(page)
+            else:
+                page = store.manager.name(store.allocate(), key, ids)
+                new.append(i)
+            st.pages.append(page)
+            st.keys.append(key)
+        if new:
+            sel = torch.tensor(new)
+            write_pages(store.pool, [st.pages[i].index for i in new],
+                        [(k.view(-1, g, *k.shape[1:])[sel].flatten(0, 1),
+                          v.view(-1, g, *v.shape[1:])[sel].flatten(0, 1))
+                         for k, v in loaded.kv_rows])
+        st.committed = st.furthest = loaded.committed
+        for pos, gdn, episode, kept in loaded.checkpoints:
+            entry = store.gdn.put(st.keys[pos // g - 1], pos, gdn)
+            st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
+        st.pending_lines, st.shared_line = loaded.pending_lines, loaded.shared_line
         return st
 
     def _refuse(self, path: Path, e: files.RefusedFile) -> None:

@@ -1,13 +1,13 @@
-"""One session's memory: ids, committed length, KV buffers, GDN states, checkpoints; grow,
-snapshot, and the scratch copies forks read in.
+"""One session's memory: ids, committed length C, the pages holding KV rows [0, C) (shared
+through the page store, kv_pool.KvPool), their keys, the GDN states at C, checkpoints (GDN
+table entries at grid lines), and the pending tail of ids not yet read.
 
 Layouts (block_store.layout, asserted in `check_layout`):
-- KV buffer per attention layer: k and v [capacity, Hkv, D] in the spec's dtype, each a
-  contiguous view of one block a session (layout.alloc_kv); rows [0, C) are committed, rows
-  above C are scratch for forks. Capacity grows in steps of `kv_step` rows.
-- GDN state per linear layer: conv [conv_dim, W] and recurrent [HV, K, V] fp32, after token C.
-- Checkpoint: a copy of every GDN state at a grid line P <= C (KV rows need none: rows below a
-  rollback point stay valid).
+- pages: page i holds KV rows [i G, (i + 1) G) of every attention layer, named by keys[i]
+  (keys.page_keys: the chain over ids[:(i + 1) G]); pages are never written once named, so
+  sessions share them;
+- GDN state per linear layer: conv [conv_dim, W] and recurrent [HV, K, V] fp32, after token C;
+- checkpoint: a GDN table entry at a grid line P <= C (KV rows need none: pages below P stay).
 """
 from __future__ import annotations
 
@@ -15,49 +15,57 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .layout import (
-    RECURRENT_LAYOUT,
-    GdnState,
-    KvState,
-    StateSpec,
-    alloc_kv,
-    clone_gdn,
-    copy_rows,
-    round_up,
-    zero_gdn,
-)
+from .gdn_table import GdnEntry
+from .kv_pool import PagedKv
+from .layout import RECURRENT_LAYOUT, GdnState, StateSpec, clone_gdn, zero_gdn
+from .pages import PageStore
+from .pool import Page
 
 
 @dataclass
 class Checkpoint:
-    """GDN states after token `pos` (a grid line); `episode_start` marks the checkpoint at the
-    start of the current episode (kept when others are dropped)."""
+    """The GDN entry at grid line `pos`; episode_start marks the checkpoint at the start of
+    the current episode and `kept` the one at the shared prefix's line (neither is dropped
+    past the session's cap)."""
 
     pos: int
-    gdn: GdnState
+    entry: GdnEntry
     episode_start: bool = False
+    kept: bool = False
+
+    @property
+    def gdn(self) -> GdnState:
+        return self.entry.states
 
 
 @dataclass
 class SessionState:
     """Everything held for one session.
 
-    ids: the session's ids as the host served and produced them; committed: C, a multiple of the
-    grid; pending_lines: grid line above C where a checkpoint is due (handed down by the reader:
-    ends of turns' prompts) -> whether it starts an episode; last_used: the table's LRU clock.
+    ids: the session's ids as the host served and produced them; committed: C, a multiple of
+    the grid; pages, keys: the pages of KV rows [0, C) and their keys (one per page); gdn: the
+    states at C; pending_lines: grid line above C where a checkpoint is due (handed down by
+    the reader) -> whether it starts an episode; shared_line: the line at or below the end of
+    the first system message (what one agent's sessions share; 0: none), kept; junction: the
+    line where the prompt's held pages (another session's chain) ended without a state: an
+    unreferenced entry is kept there for the next session with that prefix; tip: GDN entries at the last lines committed near
+    the end of the ids (a rewrite where the host's output meets the next prompt resumes a
+    page below); furthest: the furthest C committed (re-reads are counted below it);
+    last_used: the table's LRU clock.
     """
 
     ids: list[int]
     committed: int
-    kv: KvState
+    pages: list[Page]
+    keys: list[bytes]
     gdn: GdnState
     checkpoints: list[Checkpoint] = field(default_factory=list)
     pending_lines: dict[int, bool] = field(default_factory=dict)
+    shared_line: int = 0
+    junction: int = 0
+    tip: list[GdnEntry] = field(default_factory=list)
+    furthest: int = 0
     last_used: int = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.kv[0][0].shape[0] if self.kv else 0
 
     @property
     def backlog(self) -> int:
@@ -65,42 +73,58 @@ class SessionState:
 
 
 def new_state(spec: StateSpec) -> SessionState:
-    """An empty session: no ids, C = 0, zero GDN states, no KV rows yet."""
-    return SessionState(ids=[], committed=0, kv=alloc_kv(spec, 0), gdn=zero_gdn(spec))
+    """An empty session: no ids, C = 0, zero GDN states, no pages."""
+    return SessionState(ids=[], committed=0, pages=[], keys=[], gdn=zero_gdn(spec))
 
 
-def ensure_capacity(state: SessionState, spec: StateSpec, rows: int, kv_step: int) -> None:
-    """Grow the KV buffers to hold `rows` rows (rounded up to `kv_step`), keeping rows [0, C)."""
-    if rows <= state.capacity or not state.kv:
-        return
-    new = alloc_kv(spec, round_up(rows, kv_step))
-    copy_rows(new, state.kv, state.committed)
-    state.kv = new
+def release_state(store: PageStore, st: SessionState) -> None:
+    """Give back every page and GDN entry the state references (they stay cached, findable
+    by key, until reused or evicted) and empty it."""
+    store.release_pages(st.pages)
+    for e in [cp.entry for cp in st.checkpoints] + st.tip:
+        store.gdn.release(e)
+    st.pages, st.keys, st.checkpoints, st.tip = [], [], [], []
 
 
-def scratch_from(state: SessionState, spec: StateSpec, cp: Checkpoint | None, line: int,
-                 rows: int, kv_step: int) -> SessionState:
-    """A scratch session at checkpoint `cp` (or 0 without one) holding ids[:line], with KV rows
-    [0, cp.pos) copied and room for `rows` rows; the session itself is not changed."""
+def kv_view(store: PageStore, st: SessionState) -> PagedKv:
+    """The session's committed KV rows [0, C) as a PagedKv."""
+    return store.view(st.pages)
+
+
+def scratch_from(store: PageStore, st: SessionState, cp: Checkpoint | None,
+                 line: int) -> SessionState:
+    """A scratch session at checkpoint `cp` (or 0 without one) holding ids[:line], sharing
+    the session's pages below cp.pos (referenced: give them back with release_state); the
+    session itself is not changed."""
     p = cp.pos if cp else 0
-    kv = alloc_kv(spec, round_up(max(rows, 1), kv_step))
-    copy_rows(kv, state.kv, p)
-    gdn = clone_gdn(cp.gdn) if cp else zero_gdn(spec)
-    return SessionState(ids=state.ids[:line], committed=p, kv=kv, gdn=gdn)
+    n = p // store.grid
+    gdn = clone_gdn(cp.gdn) if cp else zero_gdn(store.spec)
+    return SessionState(ids=st.ids[:line], committed=p, pages=store.take_pages(st.pages[:n]),
+                        keys=list(st.keys[:n]), gdn=gdn)
 
 
-def check_layout(state: SessionState, spec: StateSpec) -> None:
-    """Assert the tensor layouts named in this module's docstring (shapes and dtypes)."""
+def fork_pages(store: PageStore, st: SessionState, rows: int) -> tuple[PagedKv, list[Page]]:
+    """KV for a fork writing rows [C, rows) above the session's committed pages: (the view,
+    the scratch pages to give back with store.release_pages after the fork)."""
+    need = max(0, -(-rows // store.grid) - len(st.pages))
+    scratch = [store.allocate() for _ in range(need)]
+    return store.view(st.pages, scratch), scratch
+
+
+def check_layout(state: SessionState, spec: StateSpec, grid: int) -> None:
+    """Assert the layouts named in this module's docstring (shapes, dtypes, one named page a
+    grid line below C)."""
     for conv, rec in state.gdn:
         assert tuple(conv.shape) == (spec.conv_dim, spec.conv_width), conv.shape
         assert tuple(rec.shape) == spec.recurrent_shape and rec.dtype == torch.float32, \
             RECURRENT_LAYOUT
-    for k, v in state.kv:
-        assert k.shape[1:] == spec.kv_row_shape and k.shape == v.shape
+    assert len(state.pages) == len(state.keys) == state.committed // grid
+    assert all(p.key == k and p.refs > 0 for p, k in zip(state.pages, state.keys))
 
 
-def state_bytes(state: SessionState) -> int:
-    """Resident bytes: KV capacity x bytes per row, GDN states, checkpoints."""
-    kv = sum(k.nbytes + v.nbytes for k, v in state.kv)
+def state_bytes(state: SessionState, page_bytes: int) -> int:
+    """Bytes the session references: its pages (shared ones counted in full), its GDN
+    states, its checkpoints' and tip entries."""
     gdn = sum(c.nbytes + r.nbytes for c, r in state.gdn)
-    return kv + gdn * (1 + len(state.checkpoints))    # a checkpoint: a copy of the GDN states
+    entries = sum(e.nbytes for e in [cp.entry for cp in state.checkpoints] + state.tip)
+    return len(state.pages) * page_bytes + gdn + entries

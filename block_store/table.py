@@ -9,20 +9,27 @@ from collections.abc import Sequence
 import numpy as np
 
 from .files import FileIdentity
+from .keys import identity_key
 from .layout import StateSpec
+from .pages import PageStore
 from .residency import Residency, StoreConfig
-from .session import SessionState, new_state, state_bytes
+from .session import SessionState, new_state, release_state, state_bytes
 
 
 class SessionTable:
     """Args: spec (the states' layouts); cfg (StoreConfig: cap, disk, TTL); ident (what files
-    must match, files.FileIdentity); kv_step (KV growth in rows). Session ids are the caller's
-    to validate; none is used as a path."""
+    and pages must match, files.FileIdentity: its fields are the root of every page key);
+    grid (G, the page's rows). Session ids are the caller's to validate; none is used as a
+    path."""
 
-    def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, kv_step: int):
+    def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, grid: int):
         self.spec, self.cfg = spec, cfg
+        self.store = PageStore(spec, grid, identity_key(ident.as_meta()), cfg.gdn_bytes)
+        if spec.device.type == "cuda":       # the pages the cap holds, allocated up front
+            pages_bytes = max(0, cfg.resident_bytes - cfg.gdn_bytes)
+            self.store.pool.grow(pages_bytes // self.store.pool.page_bytes)
         self.resident: dict[str, SessionState] = {}
-        self.residency = Residency(cfg, spec, kv_step, ident)
+        self.residency = Residency(cfg, self.store, ident)
         self._clock = 0
 
     def knows(self, sid: str) -> bool:
@@ -51,6 +58,9 @@ class SessionTable:
     def create(self, sid: str) -> SessionState:
         """A new empty resident state for `sid`, replacing what was held (none, or a record
         whose file was refused); the most recently used."""
+        old = self.resident.pop(sid, None)
+        if old is not None:
+            release_state(self.store, old)
         self.resident[sid] = new_state(self.spec)
         return self.get(sid)
 
@@ -101,7 +111,9 @@ class SessionTable:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""
         if not self.knows(sid):
             raise KeyError(f"unknown session {sid!r}")
-        self.resident.pop(sid, None)
+        st = self.resident.pop(sid, None)
+        if st is not None:
+            release_state(self.store, st)
         self.residency.forget(sid)
 
     def close(self) -> None:
@@ -109,10 +121,14 @@ class SessionTable:
         self.residency.close(self.resident)
 
     def stats(self) -> dict:
-        """Per session: residency ("resident", "disk" or "dropped"), resident bytes, C, backlog,
-        checkpoints, ids; totals against the cap; counts of spills, drops, restores, refusals
-        and deleted files."""
-        per = {sid: {"residency": "resident", "bytes": state_bytes(st), "committed": st.committed,
+        """Per session: residency ("resident", "disk" or "dropped"), bytes it references
+        (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids; totals
+        against the cap (resident_bytes counts a shared page once); pages by state, GDN
+        entries, the page store's counters; counts of spills, drops, restores, refusals and
+        deleted files."""
+        page_bytes = self.store.pool.page_bytes
+        per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
+                     "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
                      "num_ids": len(st.ids)}
                for sid, st in self.resident.items()}
@@ -121,9 +137,18 @@ class SessionTable:
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
                         "num_ids": len(rec.ids)}
-        c = self.residency.counters
+        c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
+        pc = self.store.counters
         return {"sessions": per,
-                "resident_bytes": sum(v["bytes"] for v in per.values()),
+                "resident_bytes": self.residency.resident_bytes(self.resident),
+                "pages": {"pinned": m.num_pinned, "cached": m.num_cached, "free": m.num_free,
+                          "disk": 0},
+                "page_bytes": page_bytes, "pool_bytes": self.store.pool.nbytes,
+                "gdn_entries": {"resident": len(gdn.entries), "disk": 0},
+                "gdn_entry_bytes": gdn.nbytes,
+                "prefix_cache_queried_tokens": pc.prefix_cache_queried_tokens,
+                "prefix_cache_hit_tokens": dict(pc.prefix_cache_hit_tokens),
+                "read_tokens": pc.read_tokens, "reread_tokens": pc.reread_tokens,
                 "resident_cap_bytes": self.cfg.resident_bytes,
                 "disk_bytes": self.residency.disk_usage_bytes(),
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),

@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated parts to run (add eager: the eager path, no CUDA graphs)")
     bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
                     " (default: attn_triton.READ)")
-    bp.add_argument("--attention", choices=["flash", "fa4", "table"],
+    bp.add_argument("--attention", choices=["fa4", "table"],
                     help="the runners' attention on CUDA (default: fa4 where it runs, else flash)")
     bp.add_argument("--out", help="also write the JSON object to this file")
     bp.set_defaults(func=_bench)

@@ -22,6 +22,7 @@ from adapters import spec_for
 from adapters.model.config import PRESETS
 from adapters.model.qwen35 import ModelInfo
 from adapters.model.weights import build_model, fingerprint, random_tensors
+from block_store import contiguous_kv
 from block_store.layout import zero_gdn
 from evals.bench import versions
 from shadow_plugin.reader import Reader
@@ -72,9 +73,7 @@ def last_hidden(model, ids: list[int], grid: int) -> torch.Tensor:
     """Hidden states [T, hidden] (before the final norm) of the last chunk of a plain chunked
     prefill of `ids`, on the model's device."""
     cfg, dev = model.cfg, model.device
-    shape = (len(ids), cfg.num_key_value_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, device=dev, dtype=model.dtype),
-           torch.zeros(shape, device=dev, dtype=model.dtype)) for _ in cfg.full_layers]
+    kv = contiguous_kv(spec_for(cfg, dev, model.dtype), grid, len(ids))
     gdn = zero_gdn(spec_for(cfg, dev, model.dtype))
     for s in range(0, len(ids), grid):
         h, gdn = model(torch.tensor(ids[s:s + grid], device=dev), s, kv, gdn)

@@ -3,9 +3,11 @@
 A question's answer depends only on ids[:at] and the question (docs/design.md, "The contract"): the
 forward always starts from the state at L = the grid line at or below `at`:
 - at >= C: the reader first commits whole chunks up to L (so C == L), then forwards ids[L:at] and
-  the question above C, into KV rows that are scratch, and drops the GDN states it returns;
-- at < C: a scratch state starts from the newest checkpoint at or below L (or from 0) with a copy
-  of KV rows [0, P), reads forward to L, and forwards the rest there; the session never sees it.
+  the question above C, into scratch pages from the pool (given back after), and drops the GDN
+  states it returns;
+- at < C: a scratch state starts from the newest checkpoint at or below L (or from 0) sharing
+  the session's pages below it, reads forward to L (its pages are the session's own, found by
+  key), and forwards the rest there; the session never sees it.
 Both paths give the same bits: the same ids on the same grid from equal states.
 """
 from __future__ import annotations
@@ -16,28 +18,20 @@ from dataclasses import dataclass
 import torch
 
 from adapters import Adapter
-from block_store import SessionState
+from block_store import PageStore, SessionState
 from block_store.checkpoints import rollback_target
-from block_store.session import ensure_capacity, scratch_from
+from block_store.session import fork_pages, release_state, scratch_from
 
 from .questions import Answer
 from .step import ReaderConfig, read_chunk
 
 
-def scratch_state(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, line: int,
-                  rows: int) -> tuple[SessionState, int]:
-    """A scratch session at the newest checkpoint P <= line (or 0), with KV rows [0, P) copied
-    and room for `rows` rows; returns it and the number of ids it will read to reach line."""
-    base = scratch_from(st, adapter.spec, rollback_target(st.checkpoints, line), line, rows,
-                        rcfg.kv_step)
-    return base, line - base.committed
-
-
 @dataclass
 class Scratch:
     """A scratch base read toward grid line `line` of `session` over several calls (so a long
-    re-read below C need not hold the reader for its whole length): state and the ids it reads
-    in all (num_scratch). Valid while the session's ids below `line` equal state.ids."""
+    re-read below C need not hold the reader for its whole length): state (its pages
+    referenced: give them back with `drop_scratch`) and the ids it reads in all (num_scratch).
+    Valid while the session's ids below `line` equal state.ids."""
 
     session: str
     line: int
@@ -45,52 +39,61 @@ class Scratch:
     num_scratch: int
 
 
+def new_scratch(store: PageStore, st: SessionState, session: str, line: int) -> Scratch:
+    """A base at the newest checkpoint at or below `line` (or 0)."""
+    base = scratch_from(store, st, rollback_target(st.checkpoints, line), line)
+    return Scratch(session, line, base, line - base.committed)
+
+
+def drop_scratch(store: PageStore, sc: Scratch | None) -> None:
+    if sc is not None:
+        release_state(store, sc.state)
+
+
 def scratch_valid(sc: Scratch | None, session: str, st: SessionState, line: int) -> bool:
     """Whether sc is a base toward `line` of this session whose ids still equal the session's
-    below the line (then its KV rows and states do too)."""
+    below the line (then its pages and states do too)."""
     return sc is not None and sc.session == session and sc.line == line \
         and sc.state.ids == st.ids[:line]
 
 
-def advance_scratch(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, session: str,
-                    line: int, sc: Scratch | None, max_chunks: int) -> tuple[Scratch, int]:
+def advance_scratch(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+                    session: str, line: int, sc: Scratch | None,
+                    max_chunks: int) -> tuple[Scratch, int]:
     """Read at most max_chunks chunks of the scratch base toward `line` (< C), starting one
-    at the newest checkpoint when sc is not valid for it. Returns (the base, chunks read)."""
-    if not scratch_valid(sc, session, st, line):   # room for the tail and a question bucket
-        sc = Scratch(session, line, *scratch_state(adapter, rcfg, st, line, line + 4096))
+    at the newest checkpoint when sc is not valid for it (an invalid one is given back).
+    Returns (the base, chunks read)."""
+    if not scratch_valid(sc, session, st, line):
+        drop_scratch(store, sc)
+        sc = new_scratch(store, st, session, line)
     done = 0
     while sc.state.committed < line and done < max_chunks:
-        read_chunk(adapter, rcfg, sc.state)
+        read_chunk(adapter, rcfg, store, sc.state)
         done += 1
     return sc, done
 
 
-def fork_base(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, at: int,
-              rows: int, scratch: Scratch | None = None) -> tuple[SessionState, int, int, int]:
-    """The state a fork starts from: at the grid line L at or below `at` (see the module doc),
-    with KV room for `rows` rows; whole chunks go through the adapter's chunk forward (so they
-    give the bits reads give). Returns (state, L, ids committed on the way, ids read in
-    scratch); the state is the session's own when at >= C (use only rows above C). scratch: a
-    base already (partly) read toward L below C, checked valid by the caller."""
+def fork_base(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+              at: int, scratch: Scratch | None = None) -> tuple[Scratch | None, int, int, int]:
+    """Bring a fork's base to the grid line L at or below `at` (see the module doc); whole
+    chunks go through the adapter's chunk forward (so they give the bits reads give).
+    Returns (the scratch base below C, or None when the base is the session itself; L; ids
+    committed on the way; ids read in scratch). scratch: a base already (partly) read toward
+    L below C, checked valid by the caller. The caller gives the scratch base back."""
     line = at // rcfg.grid * rcfg.grid
     if at >= st.committed:
         num_committed = line - st.committed
         while st.committed < line:
-            read_chunk(adapter, rcfg, st)
-        ensure_capacity(st, adapter.spec, rows, rcfg.kv_step)
-        return st, line, num_committed, 0
-    if scratch is not None:
-        base, num_scratch = scratch.state, scratch.num_scratch
-        ensure_capacity(base, adapter.spec, rows, rcfg.kv_step)
-    else:
-        base, num_scratch = scratch_state(adapter, rcfg, st, line, rows)
-    while base.committed < line:
-        read_chunk(adapter, rcfg, base)
-    return base, line, 0, num_scratch
+            read_chunk(adapter, rcfg, store, st)
+        return None, line, num_committed, 0
+    sc = scratch if scratch is not None else new_scratch(store, st, "", line)
+    while sc.state.committed < line:
+        read_chunk(adapter, rcfg, store, sc.state)
+    return sc, line, 0, sc.num_scratch
 
 
-def answer(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, q_ids: list[int],
-           letters: list[int], choices: list[str], at: int,
+def answer(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+           q_ids: list[int], letters: list[int], choices: list[str], at: int,
            scratch: Scratch | None = None) -> Answer:
     """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
     The tail and question go through adapter.fork_logits (one forward).
@@ -100,11 +103,18 @@ def answer(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, q_ids: list[i
     backlog = st.backlog
     line = at // rcfg.grid * rcfg.grid
     fwd = st.ids[line:at] + q_ids
-    rows = line + adapter.fork_rows(len(fwd))
-    base, line, num_committed, num_scratch = fork_base(adapter, rcfg, st, at, rows, scratch)
-    logits = adapter.fork_logits(fwd, line, base.kv, base.gdn, letters)
-    probs = torch.softmax(logits, dim=-1).tolist()
-    adapter.sync()
+    sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
+    base = sc.state if sc else st
+    try:
+        kv, pages = fork_pages(store, base, line + adapter.fork_rows(len(fwd)))
+        try:
+            logits = adapter.fork_logits(fwd, line, kv, base.gdn, letters)
+            probs = torch.softmax(logits, dim=-1).tolist()
+            adapter.sync()
+        finally:
+            store.release_pages(pages)
+    finally:
+        drop_scratch(store, sc)
     best = max(range(len(probs)), key=probs.__getitem__)
     return Answer(label=choices[best], letter=chr(65 + best), probs=tuple(probs),
                   ms=(time.perf_counter() - t0) * 1e3,
@@ -127,18 +137,25 @@ class Generation:
     at: int
 
 
-def generate(adapter: Adapter, rcfg: ReaderConfig, st: SessionState, prompt_ids: list[int],
-             at: int, max_new_tokens: int, stop_ids: set[int],
+def generate(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+             prompt_ids: list[int], at: int, max_new_tokens: int, stop_ids: set[int],
              scratch: Scratch | None = None) -> Generation:
     """Greedy decoding on top of ids[:at] + prompt_ids in a fork (adapter.decode): KV rows
-    above C are scratch, the GDN states it produces are dropped. Depends only on ids[:at] and
-    the prompt."""
+    above C go to scratch pages, the GDN states it produces are dropped. Depends only on
+    ids[:at] and the prompt."""
     t0 = time.perf_counter()
-    rows = at + len(prompt_ids) + max_new_tokens
-    base, line, num_committed, num_scratch = fork_base(adapter, rcfg, st, at, rows, scratch)
+    sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
+    base = sc.state if sc else st
     fwd = st.ids[line:at] + prompt_ids
-    t_base = time.perf_counter()
-    out = adapter.decode(fwd, line, base.kv, base.gdn, max_new_tokens, stop_ids)
+    try:
+        kv, pages = fork_pages(store, base, at + len(prompt_ids) + max_new_tokens)
+        try:
+            t_base = time.perf_counter()
+            out = adapter.decode(fwd, line, kv, base.gdn, max_new_tokens, stop_ids)
+        finally:
+            store.release_pages(pages)
+    finally:
+        drop_scratch(store, sc)
     return Generation(out.ids, (t_base - t0) * 1e3 + out.prefill_ms,
                       out.decode_ms / out.num_steps if out.num_steps else 0.0,
                       num_committed + num_scratch + len(fwd) + out.num_steps, at)

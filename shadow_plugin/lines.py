@@ -4,13 +4,16 @@ One at the grid line at or below the start of a turn's generation prompt (the pr
 `<|im_start|>`; the prompt's end when it has none), so that the rewrite a new user message
 causes (it diverges right after `<|im_start|>assistant\\n` of the episode's first assistant
 turn, docs/specs/qwen35-chat-format.md section 13) lands at or above it. A prompt whose last
-message is a real user message starts an episode; its checkpoint is kept.
+message is a real user message starts an episode; its checkpoint is kept. One at the line at or
+below the end of the first system message (`shared_line`): what every session of one agent
+starts with, kept for the sessions that follow.
 """
 from __future__ import annotations
 
 from .tokenizer import CHAT_TOKENS
 
 IM_START, TOOL_RESPONSE = CHAT_TOKENS.im_start, CHAT_TOKENS.tool_response
+IM_END = CHAT_TOKENS.im_end
 # Ordinary BPE ids of the Qwen3.5 vocabulary (docs/specs/qwen35-chat-format.md section 11).
 USER, ASSISTANT, NEWLINE = 846, 74455, 198
 
@@ -42,3 +45,21 @@ def is_episode_start(prompt: list[int]) -> bool:
             return False
         i = found[1]
     return prompt[i + 1:i + 3] == [USER, NEWLINE] and prompt[i + 3:i + 4] != [TOOL_RESPONSE]
+
+
+SYSTEM = 8948          # "system", an ordinary BPE id (docs/specs/qwen35-chat-format.md section 11)
+MAX_SHARED_SCAN = 1 << 17     # ids looked at for the first system message's end
+
+
+def shared_line(prompt: list[int], grid: int) -> int:
+    """Grid line at or below the end of the prompt's first system message (its
+    `<|im_end|>`), where one agent's sessions stop sharing a prefix (its system prompt and
+    tools); 0 when the prompt does not start with `<|im_start|>system` or the message does not
+    end within MAX_SHARED_SCAN ids."""
+    if prompt[:2] != [IM_START, SYSTEM]:
+        return 0
+    try:
+        end = prompt.index(IM_END, 0, MAX_SHARED_SCAN)
+    except ValueError:
+        return 0
+    return end // grid * grid

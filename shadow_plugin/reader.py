@@ -15,8 +15,8 @@ import torch
 
 from adapters import Adapter, Qwen35, make_adapter
 from block_store import SessionState, SessionTable, StoreConfig, compare, pack
-from block_store.checkpoints import first_difference, rollback, take
-from block_store.session import check_layout, state_bytes
+from block_store.checkpoints import first_difference, resume, take
+from block_store.session import check_layout, kv_view, state_bytes
 
 from . import exact, fork, lines, validate
 from .reader_forks import ForkCalls
@@ -50,8 +50,8 @@ class Reader(ForkCalls):
     """Exact incremental reader over one model.
 
     Args: model (adapters.Qwen35, whose forwards adapters.make_adapter chooses from the
-    options below, or an adapters.Adapter already built); grid (G, a multiple of 64; default
-    512, or the adapter's); kv_step (KV growth in rows); max_checkpoints; tokenizer (an object
+    options below, or an adapters.Adapter already built); grid (G, a multiple of 64, the
+    page's rows; default 512, or the adapter's); max_checkpoints; tokenizer (an object
     with encode(text) -> ids; default: shadow_plugin.tokenizer.load_tokenizer(), loaded on the
     first text question); resident_bytes (cap on resident session bytes, 4 GiB); disk_dir
     (where sessions past the cap are parked; None: they are dropped and read again from 0);
@@ -59,12 +59,12 @@ class Reader(ForkCalls):
     deleted, 48 h); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
     summaries: reader_forks.ForkCalls.
-    Raises ValueError for a bad grid, kv_step, max_checkpoints or resident_bytes, an
+    Raises ValueError for a bad grid, max_checkpoints or resident_bytes, an
     attention this device cannot run, or an attention, attn_split or fused_ops without the
     runners.
     """
 
-    def __init__(self, model: Qwen35 | Adapter, grid: int | None = None, kv_step: int = 8192,
+    def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
@@ -75,16 +75,16 @@ class Reader(ForkCalls):
                 raise ValueError(f"an adapter already chose its grid ({model.grid}) and how its "
                                  f"forwards run: pass grid, cuda_graphs, fused_ops, attn_split "
                                  f"and attention to the adapter, not the reader")
-            self.config = ReaderConfig(model.grid, kv_step, max_checkpoints)
+            self.config = ReaderConfig(model.grid, max_checkpoints)
             self.adapter = model
         else:
-            self.config = ReaderConfig(512 if grid is None else grid, kv_step, max_checkpoints)
+            self.config = ReaderConfig(512 if grid is None else grid, max_checkpoints)
             self.adapter = make_adapter(model, self.config.grid, *options)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
         self._tokenizer = tokenizer
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self.table = SessionTable(self.adapter.spec, self.store_config,
-                                  self.adapter.identity(), kv_step)
+                                  self.adapter.identity(), self.config.grid)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
 
     # -- sessions -------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class Reader(ForkCalls):
     def drop(self, session: str) -> None:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""
         self.table.drop(validate.session_id(session))
-        self._scratch.pop(session, None)
+        fork.drop_scratch(self.table.store, self._scratch.pop(session, None))
 
     def stats(self) -> dict:
         """Residency and counters (block_store.SessionTable.stats), each session also flagged
@@ -131,6 +131,8 @@ class Reader(ForkCalls):
 
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""
+        for sid in list(self._scratch):
+            fork.drop_scratch(self.table.store, self._scratch.pop(sid))
         self.table.close()
 
     def position(self, session: str) -> tuple[int, int]:
@@ -161,9 +163,9 @@ class Reader(ForkCalls):
         return [cp.pos for cp in self._get(session).checkpoints]
 
     def state_bytes(self, session: str) -> int:
-        """Resident bytes of the session (block_store.session.state_bytes). KeyError when
-        unknown."""
-        return state_bytes(self._get(session))
+        """Bytes the session references (block_store.session.state_bytes: its pages, shared
+        ones in full, its GDN states and entries). KeyError when unknown."""
+        return state_bytes(self._get(session), self.table.store.pool.page_bytes)
 
     # -- feeding --------------------------------------------------------------------------------
     def feed(self, session: str, ids, kind: str, episode_start: bool | None = None) -> FeedResult:
@@ -201,21 +203,27 @@ class Reader(ForkCalls):
         return result
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
-        """Roll back to the first difference, hold the prompt, and hand down the checkpoint line
-        of its generation prompt (lines.prompt_line) as a position."""
+        """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose
+        pages are held and whose GDN states are known, its own below the first difference or
+        another session's), hold the prompt, and hand down the checkpoint lines of its
+        generation prompt (lines.prompt_line) and of its shared prefix (lines.shared_line) as
+        positions."""
         d = first_difference(st.ids, prompt)
         before = st.committed
-        rolled = d < st.committed
-        if rolled:
-            rollback(st, self.adapter.spec, d)
+        resume(self.table.store, st, prompt, d)
+        rolled = st.committed < before
         st.ids = prompt
         st.pending_lines = {p: e for p, e in st.pending_lines.items() if st.committed < p <= d}
         episode = lines.is_episode_start(prompt) if episode is None else bool(episode)
         line = lines.prompt_line(prompt, self.config.grid)
+        store, cap = self.table.store, self.config.max_checkpoints
         if line == st.committed:
-            take(st, episode, self.config.max_checkpoints)
+            take(store, st, episode, cap)
         elif line > st.committed:
             st.pending_lines[line] = episode or st.pending_lines.get(line, False)
+        st.shared_line = lines.shared_line(prompt, self.config.grid)
+        if st.shared_line and st.shared_line == st.committed:
+            take(store, st, False, cap, kept=True)
         return FeedResult(d, before if rolled else None, st.committed if rolled else None,
                           st.backlog, episode)
 
@@ -239,7 +247,7 @@ class Reader(ForkCalls):
         for name in names:
             st = self._get(name)
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
-                read_chunk(self.adapter, self.config, st)
+                read_chunk(self.adapter, self.config, self.table.store, st)
                 n += 1
             self._settle(name)
         self.adapter.sync()
@@ -251,11 +259,13 @@ class Reader(ForkCalls):
 
     # -- exactness ------------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
-        """name -> tensor of the committed state (block_store.state_names): KV rows [0, C) and
-        the GDN states after token C. Views, not copies: clone before changing the session."""
+        """name -> tensor of the committed state (block_store.state_names): KV rows [0, C)
+        (copies gathered from the session's pages) and the GDN states after token C (views:
+        clone before changing the session)."""
         st = self._get(session)
-        check_layout(st, self.adapter.spec)
-        return pack(self.adapter.spec, st.kv, st.gdn, st.committed)
+        check_layout(st, self.adapter.spec, self.config.grid)
+        rows = kv_view(self.table.store, st).gather(st.committed)
+        return pack(self.adapter.spec, rows, st.gdn, st.committed)
 
     def check_exact(self, session: str) -> bool:
         """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by

@@ -40,8 +40,8 @@ class ForkCalls:
             if not q_ids:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
-        answer = fork.answer(self.adapter, self.config, st, q_ids, letters, choices, at,
-                             self._take_scratch(session, st, at))
+        answer = fork.answer(self.adapter, self.config, self.table.store, st, q_ids, letters,
+                             choices, at, self._take_scratch(session, st, at))
         self._settle(session)
         return answer
 
@@ -49,9 +49,9 @@ class ForkCalls:
         """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
         up to the grid line at or below `at` in scratch: read at most max_chunks (>= 1) of
         those chunks now, into a base kept for the session's next ask or generate at that line
-        (one base a session, dropped when used, stale or the session is dropped; its KV copy is
-        outside the resident cap while it is kept). Lets a server re-read a long way below C
-        one chunk per hold of its lock. Returns the chunks read: 0 when the base is ready or
+        (one base a session, dropped when used, stale or the session is dropped; its pages
+        are the session's own, found by key). Lets a server re-read a long way below C one
+        chunk per hold of its lock. Returns the chunks read: 0 when the base is ready or
         `at` is at or above C. Raises KeyError for an unknown session, ValueError for a bad
         `at` or max_chunks."""
         st = self._get(session)
@@ -61,18 +61,21 @@ class ForkCalls:
         line = at // self.config.grid * self.config.grid
         if at >= st.committed:
             return 0
-        sc, done = fork.advance_scratch(self.adapter, self.config, st, session, line,
-                                        self._scratch.get(session), max_chunks)
+        sc, done = fork.advance_scratch(self.adapter, self.config, self.table.store, st,
+                                        session, line, self._scratch.get(session), max_chunks)
         self._scratch[session] = sc
         self.adapter.sync()
         return done
 
     def _take_scratch(self, session: str, st: SessionState, at: int):
-        """The session's prepared base for a fork at `at` (then dropped: the fork writes its
-        rows), or None (at or above C, none prepared, or stale)."""
+        """The session's prepared base for a fork at `at` (then taken: the fork gives it back),
+        or None (at or above C, none prepared, or stale: given back now)."""
         sc = self._scratch.pop(session, None)
         line = at // self.config.grid * self.config.grid
-        return sc if at < st.committed and fork.scratch_valid(sc, session, st, line) else None
+        if at < st.committed and fork.scratch_valid(sc, session, st, line):
+            return sc
+        fork.drop_scratch(self.table.store, sc)
+        return None
 
     def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
                  stop_ids=questions.STOP_IDS) -> fork.Generation:
@@ -93,8 +96,8 @@ class ForkCalls:
             p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
-        out = fork.generate(self.adapter, self.config, st, p_ids, at, max_new_tokens,
-                            set(stop_ids), self._take_scratch(session, st, at))
+        out = fork.generate(self.adapter, self.config, self.table.store, st, p_ids, at,
+                            max_new_tokens, set(stop_ids), self._take_scratch(session, st, at))
         self._settle(session)
         return out
 

@@ -4,10 +4,11 @@ the model's own set, make_adapter is the one place graphs or eager is chosen, an
 built on an adapter refuses options that are the adapter's."""
 import pytest
 import torch
+from paged import paged_kv
 
 from adapters import EagerAdapter, GraphAdapter, ReferenceAdapter, make_adapter, state_spec
 from adapters.model.kernels import KernelSet
-from block_store.layout import alloc_kv, clone_gdn, zero_gdn
+from block_store.layout import clone_gdn, zero_gdn
 from shadow_plugin import Reader
 
 G = 64
@@ -23,13 +24,14 @@ def test_every_adapter_keeps_the_contract(tiny, make):
     adapter = make(tiny, G)
     spec = state_spec(tiny)
     assert adapter.spec == spec and adapter.grid == G
-    kv, gdn = alloc_kv(spec, G + max(adapter.fork_rows(5), 16)), zero_gdn(spec)   # fork room
+    kv, gdn = paged_kv(spec, G, G + max(adapter.fork_rows(5), 16)), zero_gdn(spec)  # fork room
     before = clone_gdn(gdn)
     new = adapter.read_chunk(_ids(G, 1), 0, kv, gdn)
     assert all(torch.equal(a, b) for pa, pb in zip(gdn, before) for a, b in zip(pa, pb))
     assert [(c.shape, r.shape, r.dtype) for c, r in new] == \
         [((spec.conv_dim, spec.conv_width), spec.recurrent_shape, torch.float32)] * spec.num_gdn
-    assert all(k[:G].abs().sum() > 0 for k, _ in kv)             # rows [0, G) written
+    written = paged_kv(spec, G, G + max(adapter.fork_rows(5), 16)).gather(G)  # the noise
+    assert all(not torch.equal(k, w) for (k, _), (w, _) in zip(kv.gather(G), written))
     logits = adapter.fork_logits(_ids(5, 2), G, kv, new, [11, 12, 13])
     assert logits.shape == (3,) and logits.dtype == torch.float32
     assert adapter.fork_rows(5) >= 5
@@ -55,7 +57,7 @@ def test_the_reference_adapter_runs_the_pure_torch_kernels(tiny, monkeypatch):
     assert all(torch.equal(got[k], expected[k]) for k in expected) and ref.check_exact("s")
     assert ref.adapter.identity().kernels == "torch eager"
     with pytest.raises(RuntimeError, match="own kernel set"):
-        EagerAdapter(tiny, G).read_chunk(ids[:G], 0, alloc_kv(state_spec(tiny), G),
+        EagerAdapter(tiny, G).read_chunk(ids[:G], 0, paged_kv(state_spec(tiny), G, G),
                                          zero_gdn(state_spec(tiny)))
 
 

@@ -1,5 +1,5 @@
-"""model.attn_fa4 (FlashAttention-4's Hopper forward, flash-attn-4) against its pure-torch twin
-ref.attend_ref and FlashAttention-2 on real-shaped heads: on a Hopper GPU with the package only
+"""model.attn_fa4 (FlashAttention-4's Hopper forward, flash-attn-4, over KV pages) against its
+pure-torch twin ref.attend_ref over the gathered rows and FlashAttention-2 on real-shaped heads: on a Hopper GPU with the package only
 (skipped elsewhere). Where it cannot run, asking for it is refused with the reason. The same
 checks, with timings, ran on the H200 in evals/fa4_probe.py."""
 from __future__ import annotations
@@ -43,9 +43,11 @@ def test_split_plan_fills_the_gpu_once_and_depends_on_the_shape_only():
         assert s * ls <= pos and ls % 128 == 0 and ls >= attn_fa4.MIN_SPLIT_KEYS - 128
 
 
-def _ref_forward(q, k, v, causal, out, lse=None, **_):
-    """What attn_fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v
-    [B, L, Hkv, D], causal bottom-right aligned; writes out and the natural-log lse [B, H, T]."""
+def _ref_forward(q, k, v, causal, out, lse=None, page_table=None, **_):
+    """What attn_fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v pools
+    [num_pages, P, Hkv, D] read through page_table [B, n] (sequence b: pages page_table[b]),
+    causal bottom-right aligned; writes out and the natural-log lse [B, H, T]."""
+    k, v = k[page_table.long()].flatten(1, 2), v[page_table.long()].flatten(1, 2)
     b, t, h, d = q.shape
     big = k.shape[1]
     g = h // k.shape[2]
@@ -66,17 +68,18 @@ def _fake_package(monkeypatch):
     import types
 
     def compile_kernel(causal):
-        def kernel(q, k, v, out, lse, scale, *rest):
+        def kernel(q, k, v, page_table, out, lse, scale, *rest):
             assert scale == q.shape[-1] ** -0.5 and all(x is None for x in rest)
-            _ref_forward(q, k, v, causal, out, lse)
+            _ref_forward(q, k, v, causal, out, lse, page_table)
         return kernel
 
-    def fwd(q, k, v, causal, out, lse=None, **_):
+    def fwd(q, k, v, causal, out, lse=None, page_table=None, tile_mn=None, **_):
+        assert tile_mn == attn_fa4.TILE_MN and k.shape[1] == tile_mn[1]   # TMA's page size
         key = (causal, lse is None)
         if key not in fwd.compile_cache:
             fwd.compile_cache[key] = compile_kernel(causal)
-        fwd.compile_cache[key](q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                               q.shape[-1] ** -0.5, None, None, None)
+        fwd.compile_cache[key](q.detach(), k.detach(), v.detach(), page_table, out.detach(),
+                               lse, q.shape[-1] ** -0.5, None, None, None)
 
     fwd.compile_cache = {}
     mods = {n: types.ModuleType(n) for n in ("flash_attn", "flash_attn.cute",
@@ -93,30 +96,56 @@ def _fake_package(monkeypatch):
     return fwd
 
 
+PAGE = 128      # rows a page in these tests: 2 sub-pages of 64 as FA4 reads them
+
+
+def _pools(rows, seed, d=32, device="cpu", dtype=torch.float32, spare=3):
+    """K and V pools of PAGE-row pages holding `rows` rows (values from `seed`) in an order
+    and among spare pages of noise that depend on `spare`: (k_pool, v_pool, pages, k_rows,
+    v_rows)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = -(-rows // PAGE)
+    k_rows, v_rows = (torch.randn(n, PAGE, 2, d, device=device, generator=g).to(dtype)
+                      for _ in "kv")
+    pages = torch.randperm(n + spare, generator=torch.Generator().manual_seed(spare))[:n]
+    pools = []
+    for x in (k_rows, v_rows):
+        pool = torch.randn(n + spare, PAGE, 2, d, device=device).to(dtype)
+        pool[pages.to(device)] = x
+        pools.append(pool)
+    return (pools[0], pools[1], pages.tolist(), k_rows.flatten(0, 1)[:rows],
+            v_rows.flatten(0, 1)[:rows])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
-@pytest.mark.parametrize("t,pos", [(32, 0), (32, 900), (64, 7000), (48, 3000)])
-def test_split_attention_equals_whole_attention(monkeypatch, t, pos):
-    """The splits, the causal tail and the combine (Triton's interpreter) against the twin,
-    with FA4 replaced by an fp32 reference of its contract; the second call of each kind goes
-    straight to the recorded kernel and gives the same bits."""
+@pytest.mark.parametrize("t,pos", [(64, 0), (64, 896), (64, 7040), (64, 3008)])
+def test_split_attention_over_pages_equals_whole_attention(monkeypatch, t, pos):
+    """The splits, the causal tail and the combine (Triton's interpreter) over shuffled pages
+    against the twin over the gathered rows, with FA4 replaced by an fp32 reference of its
+    contract; the second call of each kind goes straight to the recorded kernel and gives
+    the same bits, and so do other page orders."""
     pytest.importorskip("triton")
     _fake_package(monkeypatch)
-    g = torch.Generator().manual_seed(pos + t)
-    k_buf, v_buf = (torch.randn(pos + t + 9, 2, 32, generator=g) for _ in "kv")
-    q = torch.randn(t, 8, 32, generator=g)
+    k_pool, v_pool, pages, k_rows, v_rows = _pools(pos + t, pos + t)
+    q = torch.randn(t, 8, 32, generator=torch.Generator().manual_seed(pos))
     out, again = torch.empty(t, 8 * 32), torch.empty(t, 8 * 32)
-    attn = attn_fa4.FA4Attention()
-    attn.attend(q, pos, k_buf, v_buf, out)
+    attn = attn_fa4.FA4Attention(8, 2)
+    plan = attn.plan(pos, t, pages, PAGE, torch.device("cpu"))
+    attn.attend(q, pos, k_pool, v_pool, plan, out)
     assert attn.num_direct_calls == 0
-    want = attend_ref(q, k_buf, v_buf, pos)
+    want = attend_ref(q, k_rows, v_rows, pos)
     assert torch.allclose(out, want, atol=2e-5, rtol=1e-4)
     split = attn_fa4.split_plan(pos, t, 8, 2, 132)[0]
-    assert split >= (2 if pos >= 512 else 0)
-    attn.attend(q, pos, k_buf, v_buf, again)
+    assert split == plan.splits[0] and split >= (2 if pos >= 512 else 0)
+    attn.attend(q, pos, k_pool, v_pool, plan, again)
     assert attn.num_direct_calls == (2 if split else 1)
     assert torch.equal(out, again)
     for entry in attn._direct.values():     # the recorded arguments keep no tensor alive
         assert not any(isinstance(a, torch.Tensor) for a in entry[1])
+    k2, v2, pages2, *_ = _pools(pos + t, pos + t, spare=7)        # same rows, other places
+    other = torch.empty_like(out)
+    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, PAGE, torch.device("cpu")), other)
+    assert torch.equal(out, other)
 
 
 def test_direct_calls_only_for_the_versions_checked(monkeypatch):
@@ -127,26 +156,35 @@ def test_direct_calls_only_for_the_versions_checked(monkeypatch):
     calls = []
     monkeypatch.setattr(fwd, "compile_cache", type("C", (dict,), {
         "__getitem__": lambda self, k: (calls.append(k), dict.__getitem__(self, k))[1]})())
-    q, kv = torch.randn(32, 8, 32), torch.randn(100, 2, 32)
-    attn = attn_fa4.FA4Attention()
+    k_pool, v_pool, pages, *_ = _pools(128, 0)
+    attn = attn_fa4.FA4Attention(8, 2)
+    q = torch.randn(64, 8, 32)
     for _ in range(3):
-        attn.attend(q, 40, kv, kv, torch.empty(32, 256))
+        attn.attend(q, 64, k_pool, v_pool, attn.plan(64, 64, pages, PAGE,
+                                                     torch.device("cpu")), torch.empty(64, 256))
     assert attn.num_direct_calls == 0 and len(calls) == 3
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(pos=-1), "rows"), (dict(pos=80), "rows"), (dict(out=torch.empty(32, 255)), "shapes"),
-    (dict(k=torch.randn(100, 3, 32)), "shapes"), (dict(v=torch.randn(100, 2, 32).double()),
-                                                  "rows|dtypes"),
-    (dict(out=torch.empty(256, 32).t()), "shapes")])
+    (dict(pos=0), "a plan for"), (dict(out=torch.empty(64, 255)), "shapes"),
+    (dict(k=torch.randn(3, PAGE, 3, 32)), "shapes|pools"),
+    (dict(v=torch.randn(3, PAGE, 2, 32).double()), "pools|dtypes"),
+    (dict(out=torch.empty(256, 64).t()), "shapes"), (dict(k=torch.randn(3, 96, 2, 32)), "pools")])
 def test_bad_input_is_refused_before_any_kernel(monkeypatch, change, match):
     monkeypatch.setattr(attn_fa4, "_forward", lambda: pytest.fail("a kernel ran"))
-    args = dict(q=torch.randn(32, 8, 32), pos=40, k=torch.randn(100, 2, 32),
-                v=torch.randn(100, 2, 32), out=torch.empty(32, 256))
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    attn = attn_fa4.FA4Attention(8, 2)
+    args = dict(q=torch.randn(64, 8, 32), pos=64, k=torch.randn(3, PAGE, 2, 32),
+                v=torch.randn(3, PAGE, 2, 32), out=torch.empty(64, 256),
+                plan=attn.plan(64, 64, [2, 0], PAGE, torch.device("cpu")))
     args.update(change)
     with pytest.raises(ValueError, match=match):
-        attn_fa4.FA4Attention().attend(args["q"], args["pos"], args["k"], args["v"],
-                                       args["out"])
+        attn.attend(args["q"], args["pos"], args["k"], args["v"], args["plan"], args["out"])
+
+
+def test_a_plan_off_the_sub_pages_is_refused():
+    with pytest.raises(ValueError, match="sub-pages of 64"):
+        attn_fa4.FA4Attention(8, 2).plan(64, 37, [0, 1], PAGE, torch.device("cpu"))
 
 
 def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
@@ -166,16 +204,6 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
             SplitConfig.parse(bad)
 
 
-def test_fewer_rows_than_a_tile_go_to_flash_attention_2(monkeypatch):
-    """Single-token decode (4 rows of a 128-row tile) is FlashAttention-2's."""
-    seen = []
-    monkeypatch.setattr(attn_flash, "attend", lambda *a: seen.append(a[1]))
-    monkeypatch.setattr(attn_fa4, "_forward", lambda: pytest.fail("FA4 called"))
-    q, kv = torch.randn(1, 8, 32), torch.randn(50, 2, 32)
-    attn_fa4.FA4Attention().attend(q, 41, kv, kv, torch.empty(1, 256))
-    assert seen == [41]
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
 def test_combine_kernel_matches_its_twin():
     pytest.importorskip("triton")
@@ -190,13 +218,6 @@ def test_combine_kernel_matches_its_twin():
     assert torch.allclose(out.float(), want.float(), atol=2e-3, rtol=2e-3)
 
 
-def _case(t, pos, cap, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    k_buf, v_buf = (torch.randn(cap, 2, 256, device="cuda", generator=g).bfloat16() for _ in "kv")
-    q = torch.randn(t, 8, 256, device="cuda", generator=g).bfloat16()
-    return q, k_buf, v_buf
-
-
 def _rel(a, b) -> float:
     a, b = a.float(), b.float()
     return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()
@@ -204,25 +225,28 @@ def _rel(a, b) -> float:
 
 @pytest.mark.skipif(not HOPPER_FA4, reason="FA4's SM90 forward needs a Hopper GPU and "
                     "flash-attn-4")
-@pytest.mark.parametrize("t,pos", [(512, 0), (512, 7680), (768, 32768), (37, 5000), (1, 0),
-                                   (1, 9000), (1, 100000)])
-def test_fa4_matches_the_twin_and_ignores_capacity(t, pos):
-    q, k_buf, v_buf = _case(t, pos, pos + t + 300)
-    out = torch.empty(t, 8 * 256, device="cuda", dtype=torch.bfloat16)
-    attn = attn_fa4.FA4Attention()
-    attn.attend(q, pos, k_buf, v_buf, out)
-    want = attend_ref(q, k_buf, v_buf, pos)
+@pytest.mark.parametrize("t,pos", [(512, 0), (512, 7680), (768, 32768), (256, 5120)])
+def test_fa4_over_pages_matches_the_twin_and_ignores_where_pages_lie(t, pos):
+    dev = torch.device("cuda")
+    k_pool, v_pool, pages, k_rows, v_rows = _pools(pos + t, pos, 256, dev, torch.bfloat16)
+    q = torch.randn(t, 8, 256, device=dev, generator=torch.Generator(device=dev).manual_seed(1)
+                    ).bfloat16()
+    out = torch.empty(t, 8 * 256, device=dev, dtype=torch.bfloat16)
+    attn = attn_fa4.FA4Attention(8, 2)
+    attn.attend(q, pos, k_pool, v_pool, attn.plan(pos, t, pages, PAGE, dev), out)
+    want = attend_ref(q, k_rows, v_rows, pos)
     assert _rel(out, want) < 5e-3                       # bf16 P.V; FA2 measured 2.0-2.5e-3
     fa2 = torch.empty_like(out)
-    attn_flash.attend(q, pos, k_buf, v_buf, fa2)
+    attn_flash.attend(q, pos, k_rows.contiguous(), v_rows.contiguous(), fa2)
     assert _rel(out, fa2) < 5e-3
+    k2, v2, pages2, *_ = _pools(pos + t, pos, 256, dev, torch.bfloat16, spare=9)
     again = torch.empty_like(out)
-    attn.attend(q, pos, k_buf[:pos + t].clone(), v_buf[:pos + t].clone(), again)
-    assert torch.equal(out, again)                      # bits independent of the capacity
-    direct = attn.num_direct_calls
-    assert direct > 0 or t == 1                         # the recorded kernels were called
+    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, PAGE, dev), again)
+    assert torch.equal(out, again)                      # bits independent of the places
+    assert attn.num_direct_calls > 0                    # the recorded kernels were called
     slow = torch.empty_like(out)
-    attn_fa4.FA4Attention().attend(q, pos, k_buf, v_buf, slow)   # through the package
+    fresh = attn_fa4.FA4Attention(8, 2)
+    fresh.attend(q, pos, k_pool, v_pool, fresh.plan(pos, t, pages, PAGE, dev), slow)
     assert torch.equal(out, slow)                       # direct calls: the package's bits
 
 

@@ -30,12 +30,36 @@ def _case(t, pos, h=4, hkv=2, d=32, cap_extra=7, seed=0):
     return q, k_buf, v_buf
 
 
-def _run(q, k_buf, v_buf, pos, cfg):
+PAGE = 16       # rows a page in these tests (the reader's pages hold G rows)
+
+
+def _paged(k_buf, v_buf, seed=0, spare=2):
+    """Pools of PAGE-row pages holding the rows of k_buf, v_buf (padded to whole pages) in a
+    shuffled order among spare pages of noise; returns (k_pool, v_pool, page table int64)."""
+    g = torch.Generator().manual_seed(seed)
+    n = -(-k_buf.shape[0] // PAGE)
+    pages = torch.randperm(n + spare, generator=g)[:n]
+    pad = n * PAGE - k_buf.shape[0]
+    pools = []
+    for buf in (k_buf, v_buf):
+        pool = torch.randn(n + spare, PAGE, *buf.shape[1:], generator=g).to(DT)
+        pool[pages] = torch.nn.functional.pad(buf, (0, 0, 0, 0, 0, pad)).view(n, PAGE,
+                                                                            *buf.shape[1:])
+        pools.append(pool)
+    return pools[0], pools[1], pages
+
+
+def _ptrs(k_pool, v_pool):
+    return torch.tensor([k_pool.data_ptr(), v_pool.data_ptr()], dtype=torch.int64)
+
+
+def _run(q, k_buf, v_buf, pos, cfg, seed=0):
     t, h, d = q.shape
-    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
+    k_pool, v_pool, pages = _paged(k_buf, v_buf, seed)
     o_part, l_part = at.scratch(t, h, d, cfg, q.device)
     out = torch.empty(t, h * d, dtype=q.dtype)
-    return at.attend_table(q, table, torch.tensor([pos]), k_buf.shape[1], o_part, l_part, out, cfg)
+    return at.attend_table(q, _ptrs(k_pool, v_pool), torch.tensor([pos]), k_buf.shape[1],
+                           o_part, l_part, out, cfg, pages, PAGE)
 
 
 @pytest.mark.parametrize("t,pos", [(1, 0), (5, 0), (16, 0), (16, 40), (1, 150), (23, 137)])
@@ -48,15 +72,23 @@ def test_attend_table_matches_twin(t, pos):
     assert torch.isfinite(got.float()).all()
 
 
-def test_attend_table_ignores_capacity_and_rows_past_the_end():
-    """Bits depend on (pos, T, values) only: other capacity, garbage past pos + T."""
+def test_attend_table_ignores_where_pages_lie_and_rows_past_the_end():
+    """Bits depend on (pos, T, values) only: other page orders and spare pages, garbage past
+    pos + T."""
     q, k_buf, v_buf = _case(9, 70, cap_extra=3)
     a = _run(q, k_buf, v_buf, 70, SMALL)
     big_k = torch.cat([k_buf, torch.randn(50, *k_buf.shape[1:]).to(k_buf.dtype)])
     big_v = torch.cat([v_buf, torch.randn(50, *v_buf.shape[1:]).to(v_buf.dtype)])
     big_k[79:], big_v[79:] = 1e4, -1e4
-    b = _run(q, big_k, big_v, 70, SMALL)
+    b = _run(q, big_k, big_v, 70, SMALL, seed=5)
     assert torch.equal(a, b)
+
+
+def test_attend_table_refuses_a_key_block_that_does_not_divide_the_page():
+    q, k_buf, v_buf = _case(4, 16)
+    with pytest.raises(ValueError, match="need a key block dividing them"):
+        _run(q, k_buf, v_buf, 16, at.SplitConfig(block_m=16, block_n=32, s_max=2,
+                                                  min_split=32, num_warps=4))
 
 
 def test_splits_agree_with_one_split():
@@ -67,50 +99,61 @@ def test_splits_agree_with_one_split():
     assert (a - b).abs().max().item() < 4e-3
 
 
+def _rows(pool, pages):
+    """The sequence's rows [len(pages) * PAGE, ...] in page order."""
+    return pool[pages].flatten(0, 1)
+
+
 def test_write_kv_writes_only_its_rows():
+    """Rows 13..18 span two pages (12..15 | 16..); only they change, in the pages named."""
     g = torch.Generator().manual_seed(1)
-    k_buf = torch.randn(40, 2, 32, generator=g).to(DT)
-    v_buf = torch.randn(40, 2, 32, generator=g).to(DT)
-    k0, v0 = k_buf.clone(), v_buf.clone()
+    k_pool, v_pool, pages = _paged(torch.randn(40, 2, 32, generator=g).to(DT),
+                                   torch.randn(40, 2, 32, generator=g).to(DT))
+    k0, v0 = k_pool.clone(), v_pool.clone()
     k = torch.randn(6, 2, 32, generator=g).to(DT)
     v = torch.randn(6, 2, 32, generator=g).to(DT)
-    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
-    at.write_kv(k, v, table, torch.tensor([17]))
-    assert torch.equal(k_buf[17:23], k) and torch.equal(v_buf[17:23], v)
-    assert torch.equal(k_buf[:17], k0[:17]) and torch.equal(k_buf[23:], k0[23:])
-    assert torch.equal(v_buf[:17], v0[:17]) and torch.equal(v_buf[23:], v0[23:])
+    at.write_kv(k, v, _ptrs(k_pool, v_pool), torch.tensor([13]), pages, PAGE)
+    for pool, before, new in ((k_pool, k0, k), (v_pool, v0, v)):
+        got, was = _rows(pool, pages), _rows(before, pages)
+        assert torch.equal(got[13:19], new)
+        assert torch.equal(got[:13], was[:13]) and torch.equal(got[19:], was[19:])
+        spare = [i for i in range(pool.shape[0]) if i not in pages.tolist()]
+        assert torch.equal(pool[spare], before[spare])
 
 
 def test_write_kv_takes_rows_strided_as_a_fused_projection_leaves_them():
     """v as a column slice of a wider projection (rows far apart, each contiguous within) is
     written as it lies; rows not contiguous within are refused with a ValueError."""
     g = torch.Generator().manual_seed(2)
-    k_buf, v_buf = torch.zeros(20, 2, 32).to(DT), torch.zeros(20, 2, 32).to(DT)
+    k_pool, v_pool = torch.zeros(2, PAGE, 2, 32).to(DT), torch.zeros(2, PAGE, 2, 32).to(DT)
+    pages = torch.tensor([1, 0])
     wide = torch.randn(5, 3 * 64, generator=g).to(DT)
     k, v = wide[:, :64].view(5, 2, 32), wide[:, 128:].view(5, 2, 32)
-    table = torch.tensor([k_buf.data_ptr(), v_buf.data_ptr()], dtype=torch.int64)
-    at.write_kv(k, v, table, torch.tensor([3]))
-    assert torch.equal(k_buf[3:8], k) and torch.equal(v_buf[3:8], v)
-    assert not k_buf[:3].any() and not v_buf[8:].any()
+    table = _ptrs(k_pool, v_pool)
+    at.write_kv(k, v, table, torch.tensor([3]), pages, PAGE)
+    assert torch.equal(k_pool[1, 3:8], k) and torch.equal(v_pool[1, 3:8], v)
+    assert not k_pool[0].any() and not v_pool[1, 8:].any()
     with pytest.raises(ValueError, match="rows contiguous within"):
-        at.write_kv(k.transpose(1, 2), v, table, torch.tensor([3]))
+        at.write_kv(k.transpose(1, 2), v, table, torch.tensor([3]), pages, PAGE)
 
 
 def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
     """The whole-chunk body with the table attention (as captured on CUDA) against
     Qwen35.forward (SDPA) over three chunks: hidden, KV rows, GDN states, in fp32."""
+    from paged import paged_kv
+
     from adapters import spec_for
     from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import alloc_kv, zero_gdn
+    from block_store.layout import zero_gdn
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
-    for fn in (tiny, ChunkGraphs(tiny, t, attention="table").run):
+    for seed, fn in enumerate((tiny, ChunkGraphs(tiny, t, attention="table").run)):
         spec = spec_for(cfg, "cpu", torch.float32)
-        kv, gdn = alloc_kv(spec, 3 * t + 5), zero_gdn(spec)
+        kv, gdn = paged_kv(spec, t, 3 * t + 5, seed), zero_gdn(spec)
         for pos in range(0, 3 * t, t):
             h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
-        runs.append((h, kv, gdn))
+        runs.append((h, kv.gather(3 * t), gdn))
     (h1, kv1, g1), (h2, kv2, g2) = runs
     close = lambda a, b: (a.float() - b.float()).abs().max().item() < 1e-4  # noqa: E731
     assert close(h1, h2)
@@ -118,14 +161,20 @@ def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
     assert all(close(a, b) for p, q in zip(g1, g2) for a, b in zip(p, q))
 
 
-def test_chunk_runner_refuses_a_buffer_too_small(tiny):
+def test_chunk_runner_refuses_pages_too_few_or_of_another_size(tiny):
+    from paged import paged_kv
+
     from adapters import spec_for
     from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import alloc_kv, zero_gdn
+    from block_store.layout import zero_gdn
     runner = ChunkGraphs(tiny, 64, attention="table")
-    kv = alloc_kv(spec_for(tiny.cfg, "cpu", torch.float32), 100)
-    with pytest.raises(ValueError, match="cannot take rows up to 128"):
-        runner.run(torch.zeros(64, dtype=torch.long), 64, kv,
+    kv = paged_kv(spec_for(tiny.cfg, "cpu", torch.float32), 64, 100)
+    with pytest.raises(ValueError, match="cannot take rows up to 192"):
+        runner.run(torch.zeros(64, dtype=torch.long), 128, kv,
+                   zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)))
+    with pytest.raises(ValueError, match="pages of 128 rows cannot take"):
+        runner.run(torch.zeros(64, dtype=torch.long), 0,
+                   paged_kv(spec_for(tiny.cfg, "cpu", torch.float32), 128, 128),
                    zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)))
 
 
@@ -159,7 +208,7 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
 
     def reader():
         runners = SmallRunners(tiny, 64, attention="table")
-        return Reader(GraphAdapter(tiny, 64, runners=runners), kv_step=64, max_checkpoints=2)
+        return Reader(GraphAdapter(tiny, 64, runners=runners), max_checkpoints=2)
 
     ids = torch.randint(0, 248000, (300,), generator=torch.Generator().manual_seed(9)).tolist()
     r = reader()
@@ -184,16 +233,18 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
 def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
     """The runner with its small ops through torch.compile (as on CUDA) against ops.EAGER:
     hidden and GDN states close in fp32 after two chunks; deterministic on a second run."""
+    from paged import paged_kv
+
     from adapters import spec_for
     from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import alloc_kv, zero_gdn
+    from block_store.layout import zero_gdn
     cfg, t = tiny_deep.cfg, 64
     ids = torch.randint(0, 248000, (2 * t,), generator=torch.Generator().manual_seed(3))
     runs = []
     for fused in (False, True, True):
         runner = ChunkGraphs(tiny_deep, t, attention="table", fused=fused)
         spec = spec_for(cfg, "cpu", torch.float32)
-        kv, gdn = alloc_kv(spec, 2 * t), zero_gdn(spec)
+        kv, gdn = paged_kv(spec, t, 2 * t), zero_gdn(spec)
         for pos in (0, t):
             h, gdn = runner.run(ids[pos:pos + t], pos, kv, gdn)
         runs.append((h, gdn))

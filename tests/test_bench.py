@@ -40,7 +40,7 @@ def test_bench_refuses_bad_grids_context_and_files(capsys, tmp_path):
     for extra in (["--attention", "fa4"], ["--attn-tiling", "0x0x0x0"]):     # eager on the CPU
         assert main(base + ["--max-context", "512", "--grids", "512"] + extra) == 2
         assert "choose the CUDA-graph runners' attention" in capsys.readouterr().err
-    assert main(base + ["--attention", "flash", "--attn-tiling", "128x32x8x2"]) == 2
+    assert main(base + ["--attention", "fa4", "--attn-tiling", "128x32x8x2"]) == 2
     assert "--attn-tiling is the table attention's" in capsys.readouterr().err
     assert main(base + ["--out", str(tmp_path / "missing" / "r.json")]) == 2
     assert "--out" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from shadow_plugin.reader import Reader
 
 
 def _reader(tiny, runners: bool) -> Reader:
-    r = Reader(tiny, grid=64, kv_step=64, cuda_graphs=runners)
+    r = Reader(tiny, grid=64, cuda_graphs=runners)
     ids = torch.randint(0, 248000, (150,), generator=torch.Generator().manual_seed(3)).tolist()
     r.feed("s", ids, "prompt")
     r.read("s")
@@ -33,16 +33,18 @@ def test_decode_loop_gives_the_step_by_step_ids(tiny):
 
 
 def test_decode_loop_refuses_a_runner_of_many_rows_and_a_short_buffer(tiny):
+    from paged import paged_kv
+
     from adapters import spec_for
     from adapters.model.decode import DecodeLoop
     from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import alloc_kv, zero_gdn
+    from block_store.layout import zero_gdn
     with pytest.raises(ValueError, match="single-token runner, got t = 64"):
         DecodeLoop(tiny, ChunkGraphs(tiny, 64))
     loop = DecodeLoop(tiny, ChunkGraphs(tiny, 1))
-    kv = alloc_kv(spec_for(tiny.cfg, "cpu", torch.float32), 10)
-    with pytest.raises(ValueError, match="cannot take 8 steps from 5"):
-        loop.run(3, 5, kv, zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)), 8, set())
+    kv = paged_kv(spec_for(tiny.cfg, "cpu", torch.float32), 64, 10)   # one page: 64 rows
+    with pytest.raises(ValueError, match="cannot take 8 steps from 60"):
+        loop.run(3, 60, kv, zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32)), 8, set())
 
 
 def test_steps_past_a_late_stop_id_are_counted(tiny):

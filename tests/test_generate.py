@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from paged import paged_kv
 
 from adapters import EagerAdapter, spec_for
 from block_store.layout import zero_gdn
@@ -20,7 +21,7 @@ def _rand(n, seed):
 
 @pytest.fixture
 def reader(tiny):
-    r = Reader(tiny, grid=G, kv_step=128)
+    r = Reader(tiny, grid=G)
     r.feed("s", _rand(200, 0), "prompt")
     r.read("s")
     return r
@@ -29,8 +30,7 @@ def reader(tiny):
 def _plain_logits(model, ids):
     """Logits [len(ids), vocab] of one whole forward from 0 (no chunking, no fork)."""
     cfg = model.cfg
-    shape = (len(ids), cfg.num_key_value_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in cfg.full_layers]
+    kv = paged_kv(spec_for(cfg, "cpu", torch.float32), 64, len(ids))
     h, _ = model(torch.tensor(ids), 0, kv, zero_gdn(spec_for(cfg, "cpu", torch.float32)))
     return model.logits(h).float()
 

@@ -1,6 +1,7 @@
 """The model against transformers' Qwen3_5ForCausalLM and the GDN kernels against each other."""
 import pytest
 import torch
+from paged import paged_kv
 
 from adapters import spec_for
 from adapters.model import ref
@@ -11,9 +12,9 @@ from block_store.layout import zero_gdn
 transformers = pytest.importorskip("transformers")
 
 
-def _empty_kv(cfg, rows):
-    shape = (rows, cfg.num_key_value_heads, cfg.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in cfg.full_layers]
+def _empty_kv(cfg, rows, seed=0):
+    """Pages for `rows` rows (64 a page), shuffled among spare pages of noise."""
+    return paged_kv(spec_for(cfg, "cpu", torch.float32), 64, rows, seed)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +41,8 @@ def test_logits_and_states_match_transformers(tiny, hf_model):
         assert torch.allclose(gdn[j][1], rec, atol=1e-6, rtol=1e-4)
         conv = cache.layers[layer].conv_states[0][0]
         assert torch.allclose(gdn[j][0], conv, atol=1e-6)
-    for j, layer in enumerate(cfg.full_layers):
-        assert torch.allclose(kv[j][0][:200].transpose(0, 1), cache.layers[layer].keys[0],
-                              atol=1e-5)
+    for (k, _), layer in zip(kv.gather(200), cfg.full_layers):
+        assert torch.allclose(k.transpose(0, 1), cache.layers[layer].keys[0], atol=1e-5)
 
 
 def _gdn_inputs(t, hk=2, hv=4, d=32, seed=0):
@@ -132,11 +132,11 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
-    for fn in (tiny, ChunkGraphs(tiny, t).run):
-        kv, gdn = _empty_kv(cfg, 3 * t), zero_gdn(spec_for(cfg, "cpu", torch.float32))
+    for seed, fn in enumerate((tiny, ChunkGraphs(tiny, t).run)):      # other page orders
+        kv, gdn = _empty_kv(cfg, 3 * t, seed), zero_gdn(spec_for(cfg, "cpu", torch.float32))
         for pos in range(0, 3 * t, t):
             h, gdn = fn(ids[pos:pos + t], pos, kv, gdn)
-        runs.append((h, kv, gdn))
+        runs.append((h, kv.gather(3 * t), gdn))
     (h1, kv1, g1), (h2, kv2, g2) = runs
     assert torch.equal(h1, h2)
     assert all(torch.equal(a, b) for p, q in zip(kv1, kv2) for a, b in zip(p, q))
@@ -177,14 +177,17 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
     assert all(torch.equal(x, y) for s in "ab" for p, q in zip(g1[s], g2[s]) for x, y in zip(p, q))
 
 
-def test_runner_refuses_flash_where_it_cannot_run_and_names_its_path(tiny):
-    """FlashAttention needs CUDA in fp16/bf16: asked for on the CPU, a clear ValueError; the
-    reader's path (written into spilled files) names how chunks are read."""
+def test_runner_refuses_attentions_it_cannot_run_and_names_its_path(tiny):
+    """torch's FlashAttention-2 reads no page table: refused everywhere with the reason; FA4
+    needs a Hopper GPU: refused on the CPU; the reader's path (written into spilled files)
+    names how chunks are read."""
     from adapters.model.graphs import ChunkGraphs
     from adapters.model.runners import Runners
     from shadow_plugin.reader import Reader
-    with pytest.raises(ValueError, match="'flash' on CUDA in fp16 or bf16.*got 'flash' on cpu"):
+    with pytest.raises(ValueError, match="FlashAttention-2 reads no page table.*got 'flash'"):
         ChunkGraphs(tiny, 64, attention="flash")
+    with pytest.raises(ValueError, match="'fa4' there on Hopper.*got 'fa4' on cpu"):
+        ChunkGraphs(tiny, 64, attention="fa4")
     assert Runners(tiny, 64).path == "eager:sdpa"
     assert Runners(tiny, 64, attention="table", fused=True).path == \
         "eager:table 128x32x8x2+fused+proj"

@@ -25,7 +25,7 @@ def _user(n, seed, tool=False):
 
 @pytest.fixture
 def reader(tiny):
-    r = Reader(tiny, grid=G, kv_step=128, max_checkpoints=3)
+    r = Reader(tiny, grid=G, max_checkpoints=3)
     r.feed("s", _rand(150), "prompt")
     r.read("s")
     return r
@@ -102,7 +102,7 @@ def test_new_user_message_rolls_back_to_episode_start_not_zero(tiny):
     """An episode of tool turns, then a new user message rewriting from the episode's first
     assistant turn: the rollback lands on the episode-start checkpoint even when more tool
     turns than max_checkpoints came in between."""
-    r = Reader(tiny, grid=G, kv_step=128, max_checkpoints=2)
+    r = Reader(tiny, grid=G, max_checkpoints=2)
     prompt = [IM_START, 8948, NL] + _rand(40, 1) + [IM_END, NL] + _user(90, 2) + GEN_PROMPT
     r.feed("s", prompt, "prompt")
     r.read("s")
@@ -127,7 +127,7 @@ def test_new_user_message_rolls_back_to_episode_start_not_zero(tiny):
 
 
 def test_checkpoint_limit_keeps_newest(tiny):
-    r = Reader(tiny, grid=G, kv_step=128, max_checkpoints=3)
+    r = Reader(tiny, grid=G, max_checkpoints=3)
     ids = []
     for t in range(6):
         ids = ids + _rand(G, t)
@@ -161,7 +161,7 @@ def test_sessions_past_max_positions_are_read_and_flagged(tiny_tensors):
     from adapters.model.weights import build_model
     cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=100)
     model = build_model(cfg, tiny_tensors, ModelInfo("short", "x", True))
-    r = Reader(model, grid=G, kv_step=128)
+    r = Reader(model, grid=G)
     r.feed("s", _rand(150), "prompt")
     r.read("s")
     assert r.committed("s") == 128 and r.check_exact("s")
@@ -179,7 +179,7 @@ def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
     from shadow_plugin.router import ROUTER
     rng = random.Random(11)
     ids = [rng.randrange(1000, 240000) for _ in range(5 * 64 + 9)]
-    r = Reader(tiny, grid=64, kv_step=64)
+    r = Reader(tiny, grid=64)
     r.feed("s", ids, "prompt")
     r.read("s")
     q, ch = ROUTER.question, list(ROUTER.choices)
@@ -201,7 +201,7 @@ def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
     changed = ids[:100] + [7] * 250
     r.feed("s", changed, "prompt")                              # rolls back below the line
     r.read("s")
-    fresh = Reader(tiny, grid=64, kv_step=64)
+    fresh = Reader(tiny, grid=64)
     fresh.feed("f", changed, "prompt")
     fresh.read("f")
     assert r.ask("s", q, ch, at=3 * 64 + 2).probs == fresh.ask("f", q, ch, at=3 * 64 + 2).probs

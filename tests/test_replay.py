@@ -44,7 +44,7 @@ def tokenizer():
 def test_replay_totals_and_episode_rollback(tiny, tokenizer):
     turns = host_turns(_session(), None, Renderer.from_model_dir(None), tokenizer)
     assert len(turns) == 7
-    reader = Reader(tiny, grid=G, kv_step=256, tokenizer=tokenizer)
+    reader = Reader(tiny, grid=G, tokenizer=tokenizer)
     out = io.StringIO()
     totals = replay_turns(reader, "s", turns, ROUTER, tokenizer, check_exact=True, out=out)
     t = totals.as_dict()
@@ -55,7 +55,7 @@ def test_replay_totals_and_episode_rollback(tiny, tokenizer):
     assert t["rewrites_template"] == 1 and t["rollbacks"] >= 1
     assert len(out.getvalue().splitlines()) == 8            # header + a row a turn
     # replay again up to the new user message, then check where that rollback lands
-    r2 = Reader(tiny, grid=G, kv_step=256, tokenizer=tokenizer)
+    r2 = Reader(tiny, grid=G, tokenizer=tokenizer)
     replay_turns(r2, "s", turns[:5], ROUTER, tokenizer, out=None)
     episode_start = turns[0].prompt_ids
     line = (len(episode_start) - 5) // G * G        # the generation prompt is 5 ids

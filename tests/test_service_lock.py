@@ -15,7 +15,8 @@ from shadow_plugin.scheduler import SchedulerConfig
 from shadow_plugin.server.app import create_app
 
 G = 64
-SESSION_MB = 8           # random:tiny at kv_step 8192: 8 MiB of KV rows a session (fp32)
+SESSION_MB = 0.4         # random:tiny, 3G + 5 ids read: 3 pages of 64 KiB, GDN states and
+                         # entries: 0.36 MiB resident (measured)
 
 
 def _cfg(tmp_path, resident_mb: float) -> ServiceConfig:

@@ -43,7 +43,7 @@ def test_state_bytes_counts_every_tensor(tiny):
     from block_store.session import state_bytes
     from shadow_plugin.reader import Reader
     rng = random.Random(7)
-    r = Reader(tiny, grid=64, kv_step=64)
+    r = Reader(tiny, grid=64)
     ids = [rng.randrange(1000, 240000) for _ in range(300)]
     r.feed("s", ids, "prompt")
     r.read("s")
@@ -52,6 +52,9 @@ def test_state_bytes_counts_every_tensor(tiny):
         r.read("s")
     st = r.table.resident["s"]
     assert st.checkpoints
-    every = [*(x for kv in st.kv for x in kv), *(x for g in st.gdn for x in g),
-             *(x for cp in st.checkpoints for g in cp.gdn for x in g)]
-    assert state_bytes(st) == sum(x.nbytes for x in every)
+    page_bytes = r.table.store.pool.page_bytes
+    every = [*(x for g in st.gdn for x in g), *(x for cp in st.checkpoints for g in cp.gdn for x in g),
+             *(x for e in st.tip for g in e.states for x in g)]
+    assert state_bytes(st, page_bytes) == len(st.pages) * page_bytes + sum(x.nbytes for x in every)
+    assert page_bytes == 2 * tiny.cfg.num_key_value_heads * tiny.cfg.head_dim * 64 * 4 * \
+        len(tiny.cfg.full_layers)                           # K and V rows of a page, fp32

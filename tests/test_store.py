@@ -28,12 +28,19 @@ def _rand(rng, n):
 
 
 def _check_accounting(reader, in_use):
+    """Resident bytes: each referenced page once, the GDN table's entries, the sessions' GDN
+    states; within the cap unless only the session in use is left; a session's own figure
+    counts its pages in full."""
     s = reader.stats()
-    per = s["sessions"]
-    assert s["resident_bytes"] == sum(v["bytes"] for v in per.values())
-    assert s["resident_bytes"] == sum(state_bytes(st) for st in reader.table.resident.values())
-    others = sum(v["bytes"] for k, v in per.items() if k != in_use)
-    assert others <= s["resident_cap_bytes"] or others == 0
+    resident = list(reader.table.resident.values())
+    held = resident + [sc.state for sc in reader._scratch.values()]
+    pages = {p.index for st in held for p in st.pages}
+    live = sum(c.nbytes + r.nbytes for st in resident for c, r in st.gdn)
+    assert s["pages"]["pinned"] == len(pages)
+    assert s["resident_bytes"] == len(pages) * s["page_bytes"] + s["gdn_entry_bytes"] + live
+    assert s["resident_bytes"] <= s["resident_cap_bytes"] or len(resident) <= 1
+    for sid, state in reader.table.resident.items():
+        assert s["sessions"][sid]["bytes"] == state_bytes(state, s["page_bytes"])
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
@@ -43,7 +50,7 @@ def test_any_history_with_spills_equals_fresh_prefill(tiny, tmp_path_factory, op
                                                       disk):
     rng = random.Random(seed)
     disk_dir = tmp_path_factory.mktemp("disk") if disk else None
-    reader = Reader(tiny, grid=G, kv_step=128, max_checkpoints=3, resident_bytes=cap,
+    reader = Reader(tiny, grid=G, max_checkpoints=3, resident_bytes=cap,
                     disk_dir=disk_dir)
     for sid in "abc":
         reader.feed(sid, _rand(rng, rng.randrange(1, 200)), "prompt")
@@ -71,7 +78,7 @@ def test_any_history_with_spills_equals_fresh_prefill(tiny, tmp_path_factory, op
 
 
 def _reader(model, disk, **kw):
-    return Reader(model, grid=G, kv_step=128, resident_bytes=0, disk_dir=disk, **kw)
+    return Reader(model, grid=G, resident_bytes=0, disk_dir=disk, **kw)
 
 
 def _session(reader, sid, n=300, seed=0):
@@ -108,7 +115,7 @@ RESTORE_SCRIPT = """
 import json, sys
 from adapters.model import load_model
 from shadow_plugin.reader import Reader
-r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=0, disk_dir=sys.argv[1])
+r = Reader(load_model("random:tiny"), grid=64, resident_bytes=0, disk_dir=sys.argv[1])
 ids = r.ids("s")
 r.feed("s", ids + list(range(1000, 1200)), "prompt")
 r.read("s")
@@ -131,7 +138,7 @@ WRITER_SCRIPT = """
 import random, sys
 from adapters.model import load_model
 from shadow_plugin.reader import Reader
-r = Reader(load_model("random:tiny"), grid=64, kv_step=128, resident_bytes=10**12,
+r = Reader(load_model("random:tiny"), grid=64, resident_bytes=10**12,
            disk_dir=sys.argv[1])
 rng = random.Random(1)
 r.feed("s", r.ids("s") + [rng.randrange(248000) for _ in range(700)], "prompt")

@@ -1,7 +1,15 @@
-"""Attention of a chunk over a session's KV buffer through FlashAttention-4's CuTe DSL kernels
+"""Attention of a chunk over a sequence's KV pages through FlashAttention-4's CuTe DSL kernels
 (the `flash-attn-4` package, `flash_attn.cute`), called eagerly between the CUDA graphs of a
-chunk like model.attn_flash (attention "fa4": `FA4Attention.attend`, one object per runner); the
-pure-torch twin is `ref.attend_ref`.
+chunk (attention "fa4": `FA4Attention.attend`, one object per runner); the pure-torch twin is
+`ref.attend_ref` over the gathered rows.
+
+Pages: the pools [num_pages, G, Hkv, D] are read as sub-pages of SUB_PAGE = 64 rows (the same
+memory) through the package's `page_table` (int32), with a 64-row key tile (`tile_mn` (128,
+64)): its SM90 paged path loads by TMA only when the page size equals the key tile; 512-row
+pages on the other path cost +9-11 % a layer, 64-row sub-pages with the 64-row tile +4-6 %
+(../shared/notes/fa4-paged-attention.md, measured 2026-12-01). With one tile, paged bits equal
+contiguous bits whatever the page order (same note), so bits never depend on where a page
+lies. The tables for a run (`plan`) are built once on the host for all layers.
 
 Why: on Hopper (SM90) that package's forward is FlashAttention-3's design (wgmma, TMA loads, a
 producer warp group feeding two consumer warp groups; Shah et al. 2024) and takes head_dim 256,
@@ -25,12 +33,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from . import attn_flash
-
 MIN_SPLIT_KEYS = 1024     # fewest keys a prefix split holds
+SUB_PAGE = 64             # rows of a sub-page as FA4 reads the pools (= its key tile)
+TILE_MN = (128, SUB_PAGE)
 MAX_SPLITS = 64
 # rows of one FA4 SM90 tile for head_dim > 96 (its _tile_size_fwd_sm90; 192 below): Qwen3.5's
 # attention heads are 256 wide
@@ -110,21 +120,48 @@ def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
     return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
 
 
-def _check(q, pos: int, k_buf, v_buf, out) -> None:
+@dataclass(frozen=True)
+class Plan:
+    """One run's FA4 inputs, shared by its layers: pos, t, the splits (S, Ls) and the page
+    tables of sub-pages (int32 on the device): split [S, Ls / SUB_PAGE] (None for S = 0) and
+    tail [1, (pos + t - S Ls) / SUB_PAGE]."""
+
+    pos: int
+    t: int
+    splits: tuple[int, int]
+    split: torch.Tensor | None
+    tail: torch.Tensor
+
+
+def sub_pages(pages, page_rows: int, start: int, end: int) -> np.ndarray:
+    """int32 sub-page indices (pools read as [num_pages * page_rows / SUB_PAGE, SUB_PAGE, ...])
+    of sequence rows [start, end), both multiples of SUB_PAGE."""
+    return all_sub_pages(pages, page_rows)[start // SUB_PAGE:end // SUB_PAGE]
+
+
+def all_sub_pages(pages, page_rows: int) -> np.ndarray:
+    """int32 [len(pages) * page_rows / SUB_PAGE]: the sub-pages of every row of the pages, in
+    row order (one vectorised expression: the host builds it for every chunk)."""
+    per = page_rows // SUB_PAGE
+    return (np.asarray(pages, dtype=np.int32)[:, None] * per
+            + np.arange(per, dtype=np.int32)[None, :]).ravel()
+
+
+def _check(q, pos: int, k_pool, v_pool, plan: Plan, out) -> None:
     """ValueError naming what does not fit `FA4Attention.attend`'s contract."""
     t, h, d = q.shape
-    cap, hkv, dk = k_buf.shape
+    _, g, hkv, dk = k_pool.shape
     problems = []
-    if pos < 0 or cap < pos + t or v_buf.shape != k_buf.shape:
-        problems.append(f"rows [0, {pos + t}) of KV buffers {tuple(k_buf.shape)} / "
-                        f"{tuple(v_buf.shape)}")
+    if (plan.pos, plan.t) != (pos, t) or v_pool.shape != k_pool.shape or g % SUB_PAGE:
+        problems.append(f"a plan for ({plan.pos}, {plan.t}) used at ({pos}, {t}), pools "
+                        f"{tuple(k_pool.shape)} / {tuple(v_pool.shape)}")
     if dk != d or h % hkv or out.shape != (t, h * d) or not out.is_contiguous():
         problems.append(f"shapes q {tuple(q.shape)}, KV rows [{hkv}, {dk}], out "
                         f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
-    if len({q.dtype, k_buf.dtype, v_buf.dtype, out.dtype}) != 1:
-        problems.append(f"dtypes {q.dtype}, {k_buf.dtype}, {v_buf.dtype}, {out.dtype}")
-    if not (k_buf.is_contiguous() and v_buf.is_contiguous()):
-        problems.append("KV buffers not contiguous")
+    if len({q.dtype, k_pool.dtype, v_pool.dtype, out.dtype}) != 1:
+        problems.append(f"dtypes {q.dtype}, {k_pool.dtype}, {v_pool.dtype}, {out.dtype}")
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+        problems.append("KV pools not contiguous")
     if problems:
         raise ValueError("attn_fa4.attend: " + "; ".join(problems))
 
@@ -144,69 +181,96 @@ class FA4Attention:
     a tensor argument not ours, a package version not in DIRECT_VERSIONS) is never taken
     directly. The recorded arguments keep no tensor: each direct call fills a fresh copy.
 
-    Rows fewer than one tile (T * H / Hkv < TILE_M: single-token decode) go to
-    FlashAttention-2 (attn_flash) instead, whose decode kernel packs the query heads (FA4 was
-    3x slower there: evals/fa4_probe.py, T1 at 100k)."""
+    Single-token decode does not come here: the decode runner reads pages with the table
+    attention (model.runners; FA4 wastes a 128-row tile on one row: 3x slower at 100k,
+    evals/fa4_probe.py).
 
-    def __init__(self):
+    Args: num_heads (H), num_kv_heads (Hkv): the heads every call has (the splits depend on
+    them)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int):
+        self._heads = (num_heads, num_kv_heads)
         self._direct: dict = {}          # kind (see _fwd) -> (kernel, args, slots) or None
         self.num_direct_calls = 0
 
-    def warm_up(self, t: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                device: torch.device, dtype: torch.dtype) -> None:
+    def warm_up(self, t: int, head_dim: int, page_rows: int, device: torch.device,
+                dtype: torch.dtype) -> None:
         """Compile and record each kind of call a runner of t rows makes, before its first
         real chunk (a kernel's first compile takes seconds): at pos 0 (one causal call) and,
-        where t rows are split, at pos 2 * MIN_SPLIT_KEYS (the splits and the causal tail)."""
+        where t rows are split, at pos 2 * MIN_SPLIT_KEYS (the splits and the causal tail),
+        over pools of pages of page_rows rows in reverse order."""
         pos = 2 * MIN_SPLIT_KEYS
+        n = -(-(pos + t) // page_rows)
         g = torch.Generator(device=device).manual_seed(0)
-        k, v = (torch.randn(pos + t, num_kv_heads, head_dim, device=device, generator=g)
+        num_heads, num_kv_heads = self._heads
+        k, v = (torch.randn(n, page_rows, num_kv_heads, head_dim, device=device, generator=g)
                 .to(dtype) for _ in "kv")
         q = torch.randn(t, num_heads, head_dim, device=device, generator=g).to(dtype)
         out = torch.empty(t, num_heads * head_dim, device=device, dtype=dtype)
-        self.attend(q, 0, k, v, out)
-        self.attend(q, pos, k, v, out)
+        pages = list(range(n))[::-1]
+        for at in (0, pos):
+            self.attend(q, at, k, v, self.plan(at, t, pages, page_rows, device), out)
 
-    def attend(self, q: torch.Tensor, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor,
-               out: torch.Tensor) -> None:
+    def plan(self, pos: int, t: int, pages, page_rows: int, device: torch.device) -> Plan:
+        """The page tables of a run at `pos` of t rows over `pages` (page indices in row order,
+        pools of page_rows rows), for every layer's `attend`. Raises ValueError when pos + t
+        is not a multiple of SUB_PAGE (what the sub-page tables cover)."""
+        end = pos + t
+        if end % SUB_PAGE or pos % SUB_PAGE:
+            raise ValueError(f"FA4 over pages reads rows in sub-pages of {SUB_PAGE}: "
+                             f"pos {pos} and pos + t {end} must be multiples")
+        s, ls = split_plan(pos, t, *self._heads, _num_sms(device.index or 0))
+        sub = all_sub_pages(pages, page_rows)
+        cut, n = s * ls // SUB_PAGE, end // SUB_PAGE
+        host = np.concatenate([sub[cut:n], sub[:cut]])         # tail, then the splits
+        tail = n - cut
+        # pinned through torch's caching host allocator; a pinned buffer kept between runs
+        # with an event measured slower on the H200 (chunk at 16k 4.32 against 4.13 ms)
+        dev = torch.from_numpy(host).pin_memory().to(device, non_blocking=True) \
+            if device.type == "cuda" else torch.from_numpy(host)
+        return Plan(pos, t, (s, ls), dev[tail:].view(s, -1) if s else None,
+                    dev[:tail].view(1, -1))
+
+    def attend(self, q: torch.Tensor, pos: int, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               plan: Plan, out: torch.Tensor) -> None:
         """Write to out [T, H * D] (contiguous) the causal attention (bottom-right aligned,
-        scale D^-0.5) of q [T, H, D] at positions [pos, pos + T) over rows [0, pos + T) of
-        k_buf, v_buf [cap, Hkv, D] (contiguous, cap >= pos + T, the chunk's own rows already
-        written). All in the buffers' dtype (fp16/bf16, CUDA). Raises ValueError for inputs
+        scale D^-0.5) of q [T, H, D] at positions [pos, pos + T) over sequence rows
+        [0, pos + T) of the pools k_pool, v_pool [num_pages, G, Hkv, D] (contiguous, the
+        chunk's own rows already written) in the pages `plan` was made for (`plan`, at this
+        pos and T). All in the pools' dtype (fp16/bf16, CUDA). Raises ValueError for inputs
         that do not fit that (checked before any kernel runs), RuntimeError when
         flash_attn.cute is missing, and, at the first call of a kind, the package's
         AssertionError for shapes it does not take (D > 256, say)."""
         t, h, d = q.shape
-        hkv, end = k_buf.shape[1], pos + t
-        _check(q, pos, k_buf, v_buf, out)
-        if t * (h // hkv) < TILE_M:
-            return attn_flash.attend(q, pos, k_buf, v_buf, out)
+        hkv = k_pool.shape[2]
+        _check(q, pos, k_pool, v_pool, plan, out)
+        k = k_pool.view(-1, SUB_PAGE, hkv, d)
+        v = v_pool.view(-1, SUB_PAGE, hkv, d)
         q = q.contiguous()
-        s, ls = split_plan(pos, t, h, hkv, _num_sms(q.device.index or 0))
+        s, _ = plan.splits
         if s == 0:
-            self._fwd(q[None], k_buf[:end][None], v_buf[:end][None], True,
-                      out.view(1, t, h, d), None)
+            self._fwd(q[None], k, v, plan.tail, True, out.view(1, t, h, d), None)
             return
         o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
         lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
-        prefix = s * ls
-        self._fwd(q[None].expand(s, t, h, d).contiguous(), k_buf[:prefix].view(s, ls, hkv, d),
-                  v_buf[:prefix].view(s, ls, hkv, d), False, o_part[:s], lse_part[:s])
-        self._fwd(q[None], k_buf[prefix:end][None], v_buf[prefix:end][None], True,
-                  o_part[s:], lse_part[s:])
+        self._fwd(q[None].expand(s, t, h, d).contiguous(), k, v, plan.split, False,
+                  o_part[:s], lse_part[:s])
+        self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
         from .attn_triton import combine_lse
         combine_lse(o_part, lse_part, out)
 
-    def _fwd(self, q, k, v, causal: bool, out, lse) -> None:
-        """One FA4 forward, q [B, T, H, D], k, v [B, L, Hkv, D] -> out [B, T, H, D] (and lse
-        [B, H, T] fp32 when given): directly when this kind (causal, lse, dtype, T, H, D, Hkv:
-        what the package's choice of kernel can depend on; B and L cannot) was recorded, else
-        through the package (recording it)."""
+    def _fwd(self, q, k, v, page_table, causal: bool, out, lse) -> None:
+        """One FA4 forward over pages, q [B, T, H, D], k, v [num_sub_pages, SUB_PAGE, Hkv, D],
+        page_table [B, n] int32 -> out [B, T, H, D] (and lse [B, H, T] fp32 when given):
+        directly when this kind (causal, lse, dtype, T, H, D, Hkv: what the package's choice
+        of kernel can depend on; B, n and the pool's pages cannot) was recorded, else through
+        the package (recording it)."""
         key = (causal, lse is not None, q.dtype, tuple(q.shape[1:]), k.shape[2])
         entry = self._direct.get(key, False)
         if entry:
             kernel, template, slots = entry
             args = list(template)            # a fresh list: no tensor outlives its call here
-            for i, x in zip(slots, (q, k, v, out, lse)):
+            for i, x in zip(slots, (q, k, v, page_table, out, lse)):
                 args[i] = x
             kernel(*args)
             self.num_direct_calls += 1
@@ -214,21 +278,24 @@ class FA4Attention:
         fwd = _forward()
         if fwd is None:
             raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
+        call = functools.partial(fwd, page_table=page_table, causal=causal, tile_mn=TILE_MN,
+                                 out=out, lse=lse)
         if entry is None or package_version().split()[0] not in DIRECT_VERSIONS:
-            fwd(q, k, v, causal=causal, out=out, lse=lse)     # seen, not fit for direct calls
+            call(q, k, v)                     # seen, not fit for direct calls
             self._direct[key] = None
             return
-        self._direct[key] = _record(fwd, q, k, v, causal, out, lse)
+        self._direct[key] = _record(call, q, k, v, page_table, out, lse)
 
 
-def _record(fwd, q, k, v, causal, out, lse):
-    """Run fwd once, watching its compile cache: (kernel, args with our tensors' places empty,
-    slots) when exactly one compiled kernel ran and q, k, v, out, lse (by address, shape and
-    strides) are its only tensor arguments, at `slots`; else None."""
+def _record(call, q, k, v, page_table, out, lse):
+    """Run call(q, k, v) once, watching the package's compile cache: (kernel, args with our
+    tensors' places empty, slots) when exactly one compiled kernel ran and q, k, v,
+    page_table, out, lse (by address, shape and strides) are its only tensor arguments, at
+    `slots`; else None."""
     try:
         import flash_attn.cute.interface as fi
     except Exception:                         # another layout of the package: never direct
-        fwd(q, k, v, causal=causal, out=out, lse=lse)
+        call(q, k, v)
         return None
     seen = []
 
@@ -247,13 +314,13 @@ def _record(fwd, q, k, v, causal, out, lse):
         cache = fi._flash_attn_fwd.compile_cache
         fi._flash_attn_fwd.compile_cache = Watch()
         try:
-            fwd(q, k, v, causal=causal, out=out, lse=lse)
+            call(q, k, v)
         finally:
             fi._flash_attn_fwd.compile_cache = cache
     if len(seen) != 1:
         return None
     kernel, args = seen[0]
-    ours = [x for x in (q, k, v, out, lse) if x is not None]
+    ours = [x for x in (q, k, v, page_table, out, lse) if x is not None]
     slots = []
     for x in ours:
         hits = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)

@@ -3,9 +3,11 @@ CUDA graph serves every session and every context length (Triton; CUDA, or the C
 TRITON_INTERPRET=1 for tests). The pure-torch twin is `ref.attend_ref`.
 
 Why our own kernel: SDPA's flash kernel takes the KV length and the buffer's address from the
-host, so a captured graph would be valid for one session at one length; here both come from
-device memory (`table`: per layer [k_ptr, v_ptr] as int64; `pos`: [1] int64), read by the kernel
-at replay. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS and fla.
+host and reads no page table, so a captured graph would be valid for one session at one length;
+here all come from device memory (`table`: per layer [k_ptr, v_ptr] of its page pools as int64;
+`pos`: [1] int64; `pages`: the sequence's page table, int64), read by the kernel at replay. Key
+blocks lie within one page (BLOCK_N divides the page's rows), so a page's place costs one load
+a block and changes no bits. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS and fla.
 
 Numerics (fixed, so bits depend only on pos, T and the values, never on a buffer's capacity or
 on which session ran before): scores q.k in fp32 from bf16 operands, scaled by D^-0.5 and taken
@@ -72,29 +74,38 @@ def _split_len(end, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
-def _kv_write_kernel(K, V, TAB, POS, SK, SV, ROW: tl.constexpr, BLOCK: tl.constexpr):
+def _pool_row(PT, r, PAGE: tl.constexpr):
+    """The pool row (in the [num_pages * PAGE] view) of sequence row r: page PT[r // PAGE]."""
+    return tl.load(PT + r // PAGE) * PAGE + r % PAGE
+
+
+@triton.jit
+def _kv_write_kernel(K, V, TAB, POS, PT, SK, SV, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                     PAGE: tl.constexpr):
     """One program per new position t: K[t], V[t] ([ROW] = Hkv * D values, rows SK and SV
-    elements apart) to row pos + t."""
+    elements apart) to sequence row pos + t, in the page the table PT names."""
     t = tl.program_id(0)
     pos = tl.load(POS)
     kp = tl.multiple_of(tl.load(TAB), 16).to(tl.pointer_type(K.dtype.element_ty))
     vp = tl.multiple_of(tl.load(TAB + 1), 16).to(tl.pointer_type(V.dtype.element_ty))
     o = tl.arange(0, BLOCK)
     m = o < ROW
-    dst = (pos + t) * ROW + o
+    dst = _pool_row(PT, pos + t, PAGE).to(tl.int64) * ROW + o
     tl.store(kp + dst, tl.load(K + t * SK + o, mask=m), mask=m)
     tl.store(vp + dst, tl.load(V + t * SV + o, mask=m), mask=m)
 
 
 @triton.jit
-def _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV: tl.constexpr,
-           D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """One step of the online softmax over keys [start, start + BLOCK_N): returns the new
-    (row max m_i [M], row sum l_i [M], acc [M, D]), all fp32; MASKED: keys >= hi or after a
-    row's position are left out (else all are visible)."""
+def _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV: tl.constexpr,
+           D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """One step of the online softmax over keys [start, start + BLOCK_N) (within one page:
+    BLOCK_N divides PAGE and start is a multiple of BLOCK_N): returns the new (row max m_i
+    [M], row sum l_i [M], acc [M, D]), all fp32; MASKED: keys >= hi or after a row's position
+    are left out (else all are visible)."""
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    off = n[:, None] * (HKV * D) + kvh * D + d[None, :]
+    base = _pool_row(PT, start, PAGE).to(tl.int64) - start      # pool row of key n: base + n
+    off = (base + n)[:, None] * (HKV * D) + kvh * D + d[None, :]
     if MASKED:
         k = tl.load(kp + off, mask=(n < hi)[:, None], other=0.0)
     else:
@@ -117,10 +128,10 @@ def _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV: tl
 
 
 @triton.jit
-def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
+def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr):
+                       S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, PAGE: tl.constexpr):
     """Program (m, kv head, split): rows m*BLOCK_M.. of (t, g), keys of one split.
     Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp)."""
     G: tl.constexpr = H // HKV
@@ -151,11 +162,11 @@ def _attn_split_kernel(Q, TAB, POS, O_PART, L_PART, T, scale_log2,
         full = tl.minimum(hi, pos + (pid_m * BLOCK_M) // G + 1)
         full_end = lo + tl.maximum(full - lo, 0) // BLOCK_N * BLOCK_N
         for start in range(lo, full_end, BLOCK_N):
-            m_i, l_i, acc = _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2,
-                                   HKV, D, BLOCK_N, False)
+            m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
+                                   scale_log2, HKV, D, BLOCK_N, PAGE, False)
         for start in range(full_end, hi, BLOCK_N):
-            m_i, l_i, acc = _block(q, kp, vp, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2,
-                                   HKV, D, BLOCK_N, True)
+            m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
+                                   scale_log2, HKV, D, BLOCK_N, PAGE, True)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out_row = s * T * H + t * H + head
         tl.store(O_PART + out_row[:, None] * D + d[None, :], acc / l_safe[:, None],
@@ -213,11 +224,13 @@ def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor)
     return out
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor) -> None:
+def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor,
+             pages: torch.Tensor, page_rows: int) -> None:
     """k, v [T, Hkv, D] (each row's Hkv * D values contiguous; rows may be strided, as the
-    slices of a fused projection are) -> rows [pos, pos + T) of the buffers whose addresses are
-    table [2] int64 (k_buf, v_buf: contiguous [cap, Hkv, D] of k's dtype); pos [1] int64.
-    Nothing checks the capacity: the caller ensures cap >= pos + T. Raises ValueError for rows
+    slices of a fused projection are) -> sequence rows [pos, pos + T) of the pools whose
+    addresses are table [2] int64 (k and v pools: contiguous [num_pages, page_rows, Hkv, D] of
+    k's dtype), row r in page pages[r // page_rows] (pages: int64 page table); pos [1] int64.
+    Nothing checks the table: the caller ensures it covers pos + T. Raises ValueError for rows
     that are not contiguous within."""
     t, hkv, d = k.shape
     for x in (k, v):
@@ -225,24 +238,30 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.T
             raise ValueError(f"write_kv needs [T, Hkv, D] rows contiguous within, got shape "
                              f"{tuple(x.shape)} strides {x.stride()}")
     row = hkv * d
-    _kv_write_kernel[(t,)](k, v, table, pos, k.stride(0), v.stride(0), ROW=row,
-                           BLOCK=triton.next_power_of_2(row))
+    _kv_write_kernel[(t,)](k, v, table, pos, pages, k.stride(0), v.stride(0), ROW=row,
+                           BLOCK=triton.next_power_of_2(row), PAGE=page_rows)
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv_heads: int,
                  o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor,
-                 cfg: SplitConfig = READ) -> torch.Tensor:
+                 cfg: SplitConfig, pages: torch.Tensor, page_rows: int) -> torch.Tensor:
     """Causal attention (bottom-right aligned) of q [T, H, D] at positions [pos, pos + T) over
-    KV rows [0, pos + T) of the buffers in table [2] int64, written to out [T, H * D] (q's
-    dtype). Scratch: o_part [cfg.s_max, T * H, D] fp32, l_part [cfg.s_max, T * H] fp32.
-    D must be a power of two and H a multiple of num_kv_heads."""
+    sequence rows [0, pos + T) of the pools in table [2] int64 ([num_pages, page_rows, Hkv,
+    D]), row r in page pages[r // page_rows] (int64), written to out [T, H * D] (q's dtype).
+    Scratch: o_part [cfg.s_max, T * H, D] fp32, l_part [cfg.s_max, T * H] fp32. D must be a
+    power of two, H a multiple of num_kv_heads and page_rows a multiple of cfg.block_n (a
+    block of keys lies in one page). Raises ValueError for a page size the tiling does not
+    divide."""
+    if page_rows % cfg.block_n:
+        raise ValueError(f"pages of {page_rows} rows need a key block dividing them, got "
+                         f"block_n {cfg.block_n}")
     t, h, d = q.shape
     grid = (triton.cdiv(t * (h // num_kv_heads), cfg.block_m), num_kv_heads, cfg.s_max)
     scale_log2 = d ** -0.5 * 1.4426950408889634        # log2(e): softmax taken base 2
-    _attn_split_kernel[grid](q, table, pos, o_part, l_part, t, scale_log2, H=h, HKV=num_kv_heads,
-                             D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, S_MAX=cfg.s_max,
-                             MIN_SPLIT=cfg.min_split, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+    _attn_split_kernel[grid](q, table, pos, pages, o_part, l_part, t, scale_log2, H=h,
+                             HKV=num_kv_heads, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                             S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split, PAGE=page_rows,
+                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d, BLOCK_N=cfg.block_n,
                                    S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split)
     return out

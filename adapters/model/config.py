@@ -171,3 +171,13 @@ PRESETS: dict[str, ModelConfig] = {
                              linear_num_key_heads=2, linear_num_value_heads=4,
                              linear_key_head_dim=128, linear_value_head_dim=128),
 }
+
+
+def spec_for(cfg: ModelConfig, device, dtype):
+    """The layouts of a session's state for a model of config `cfg` (block_store.StateSpec),
+    states on `device` in `dtype` (recurrent states fp32)."""
+    from block_store.layout import ATTENTION, GDN, StateSpec
+    return StateSpec(tuple(ATTENTION if t == FULL else GDN for t in cfg.layer_types),
+                     cfg.num_key_value_heads, cfg.head_dim, cfg.conv_dim,
+                     cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,
+                     cfg.linear_key_head_dim, cfg.linear_value_head_dim, dtype, device)

@@ -57,15 +57,14 @@ class DecodeLoop:
             check_every: int = 8) -> tuple[list[int], int]:
         """Feed `token` at `pos` and decode greedily: returns (up to max_steps new ids, the last
         one a stop id if one came; the steps run, which count those past a stop id seen late).
-        kv: the fork's KV buffers, per full-attention layer (k, v) [cap, Hkv, D] contiguous in
-        the model's dtype, cap >= pos + max_steps (rows at and above pos are written); gdn: the
+        kv: the fork's pages (a block_store.PagedKv holding rows >= pos + max_steps; rows at
+        and above pos are written); gdn: the
         states after pos - 1, per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32),
-        not changed. Raises ValueError for a KV buffer too small for max_steps."""
+        not changed. Raises ValueError for pages too few for max_steps."""
         r = self.runner
-        for buf in (x for pair in kv for x in pair):
-            if buf.shape[0] < pos + max_steps:
-                raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take {max_steps} steps "
-                                 f"from {pos}")
+        if kv.num_rows < pos + max_steps:
+            raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
+                             f"{max_steps} steps from {pos}")
         self.prepare()
         r._stage([token], pos, kv)
         r.slots.feed(gdn)                  # the tail rewrites these inputs at every step

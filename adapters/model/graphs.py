@@ -37,23 +37,24 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_fa4, attn_flash, autotune, ops
+from . import attn_fa4, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
 from .slots import StateSlots
-from .slots import flat as _flat
 
-ATTENTIONS = ("flash", "fa4", "table", "sdpa")
-# the attentions called eagerly between a chunk's graphs, on the rows as they lie
-_BETWEEN = {"flash": attn_flash, "fa4": attn_fa4}     # their `available`
+ATTENTIONS = ("fa4", "table", "sdpa")
+# the attentions called eagerly between a chunk's graphs, on the pages as they lie
+_BETWEEN = {"fa4": attn_fa4}     # their `available`
+MAX_TABLE_PAGES = 4096           # most pages a sequence's table holds in a runner's meta
 
 
 def default_attention(device: torch.device, dtype: torch.dtype) -> str:
-    """'fa4' where it runs (Hopper, flash-attn-4 installed), else 'flash' on CUDA, 'sdpa' on
-    the CPU (the path, and so the bits, of a reader built without naming one)."""
+    """'fa4' where it runs (Hopper, flash-attn-4 installed), else 'table' on CUDA, 'sdpa' on
+    the CPU (the path, and so the bits, of a reader built without naming one). torch's
+    FlashAttention-2 reads no page table, so it is not one of them."""
     if device.type != "cuda":
         return "sdpa"
-    return "fa4" if attn_fa4.available(device, dtype) else "flash"
+    return "fa4" if attn_fa4.available(device, dtype) else "table"
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -76,16 +77,19 @@ class ChunkGraphs:
     Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False):
+                 split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False,
+                 page_rows: int | None = None):
         self.model, self.t = model, t
+        self.page_rows = page_rows or max(64, t)      # a whole chunk's rows by default
         dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
         attention = attention or default_attention(dev, dt)
         if attention not in ATTENTIONS or (self.use_graphs and attention == "sdpa") or (
                 attention in _BETWEEN and not _BETWEEN[attention].available(dev, dt)):
-            raise ValueError(f"attention must be one of {ATTENTIONS} ('flash' on CUDA in fp16 or "
-                             f"bf16, 'fa4' there on Hopper with flash-attn-4 installed, 'sdpa' "
-                             f"without graphs), got {attention!r} on {dev} in {dt}")
+            raise ValueError(f"attention must be one of {ATTENTIONS} ('table' on CUDA, 'fa4' "
+                             f"there on Hopper in fp16 or bf16 with flash-attn-4 installed, "
+                             f"'sdpa' without graphs; torch's FlashAttention-2 reads no page "
+                             f"table), got {attention!r} on {dev} in {dt}")
         self.attention, self.table = attention, attention == "table"
         self.ops = op_set or (ops.fused_ops() if (self.use_graphs if fused is None else fused)
                               else ops.EAGER)
@@ -97,7 +101,8 @@ class ChunkGraphs:
         self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
         self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
         self.num_full = len(self.full_layers)
-        self.meta = z(t + 1 + 2 * self.num_full, dtype=torch.long)
+        self.table_at = t + 1 + 2 * self.num_full           # meta's page table starts here
+        self.meta = z(self.table_at + MAX_TABLE_PAGES, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
             if self.use_graphs else torch.zeros_like(self.meta)
         self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
@@ -114,8 +119,10 @@ class ChunkGraphs:
             self.split = split or self._at.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
                                                self.split, dev)
-        # the eager attention between graphs: attn_flash.attend, or FA4's per runner
-        self._between = attn_fa4.FA4Attention() if attention == "fa4" else attn_flash
+        # the eager attention between graphs: FA4's, one per runner
+        self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
+            if attention == "fa4" else None
+        self._num_pages, self._plan = 0, None              # the eager attentions' inputs
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
@@ -127,11 +134,18 @@ class ChunkGraphs:
         return self.graphs or None
 
     def _write_kv(self, j: int, k, v) -> None:
-        """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the session's
-        buffers, their addresses and pos read from meta (inside a graph: no host call)."""
+        """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the
+        sequence's pages, the pools' addresses, pos and the page table read from meta (inside
+        a graph: no host call)."""
         t = self.t
         self._at.write_kv(_rows(k), _rows(v), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
-                          self.meta[t:t + 1])
+                          self.meta[t:t + 1], self.meta[self.table_at:], self.page_rows)
+
+    def _pages(self, j: int):
+        """Layer j's LayerPages over the pools of this run, its table a view of meta."""
+        from .paged import LayerPages
+        k, v = self._kv.pool.layer(j)
+        return LayerPages(k, v, self.meta[self.table_at:self.table_at + self._num_pages])
 
     def _attend(self, j: int) -> None:
         """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
@@ -142,12 +156,12 @@ class ChunkGraphs:
             self._write_kv(j, k, v)
             at.attend_table(q.contiguous(), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
                             self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
-                            self.split)
+                            self.split, self.meta[self.table_at:], self.page_rows)
         elif self.attention in _BETWEEN:
-            self._between.attend(q, self._pos, *self._kv[j], out)
+            self._between.attend(q, self._pos, *self._kv.pool.layer(j), self._plan, out)
         else:
             attn = self.model.layers[self.full_layers[j]].self_attn
-            out.copy_(attn.attend(q, k, v, self._pos, *self._kv[j]))
+            out.copy_(attn.attend(q, k, v, self._pos, self._pages(j)))
 
     def _finish(self, i: int, x, h):
         """The rest of layer i after its mixer: residual, post norm, MLP, the next layer's norm
@@ -203,14 +217,16 @@ class ChunkGraphs:
         (pos 0), then capture: the whole body (table) or each segment into one memory pool
         (flash; replayed in the order captured, as a shared pool requires)."""
         cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
-        rows = (self.t, cfg.num_key_value_heads, cfg.head_dim)
-        kv = [(torch.zeros(rows, device=dev, dtype=dt), torch.zeros(rows, device=dev, dtype=dt))
-              for _ in range(self.num_full)]
+        from block_store import contiguous_kv
+
+        from .config import spec_for
+        kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, self.t)
+        kv.pool.block.zero_()
         self._stage([0] * self.t, 0, kv)
         self._pos, self._kv = 0, kv
         if self.attention == "fa4":                     # FA4 compiles at its first calls
-            self._between.warm_up(self.t, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                  cfg.head_dim, dev, dt)
+            self._between.warm_up(self.t, cfg.head_dim, self.page_rows, dev, dt)
+            self._plan = self._between.plan(0, self.t, kv.pages, self.page_rows, dev)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -243,20 +259,24 @@ class ChunkGraphs:
             if pinned is not None:
                 autotune.export(pinned)
 
-    def _stage(self, ids, pos: int, kv: list) -> None:
-        """ids (a list of T ints, or a [T] int64 tensor), pos and the KV addresses into meta:
-        one copy from pinned memory on CUDA (a list goes in through numpy's view of that
-        memory, without building a tensor from it first)."""
+    def _stage(self, ids, pos: int, kv) -> None:
+        """ids (a list of T ints, or a [T] int64 tensor), pos, the pools' addresses and the
+        page table (kv: a block_store.PagedKv) into meta: one copy from pinned memory on CUDA
+        of the part in use (a list goes in through numpy's view of that memory, without
+        building a tensor from it first)."""
         if self.meta_copied is not None:
             self.meta_copied.synchronize()          # the last copy has read meta_host
-        t, host = self.t, self.meta_np
+        t, host, at = self.t, self.meta_np, self.table_at
         if isinstance(ids, list):
             host[:t] = ids
         else:
             self.meta_host[:t].copy_(ids)
         host[t] = pos
-        host[t + 1:t + 1 + 2 * len(kv)] = [x.data_ptr() for x in _flat(kv)]
-        self.meta.copy_(self.meta_host, non_blocking=True)
+        host[t + 1:at] = kv.pool.pointers
+        n = len(kv.pages)
+        host[at:at + n] = kv.pages
+        self._num_pages = n
+        self.meta[:at + n].copy_(self.meta_host[:at + n], non_blocking=True)
         if self.meta_copied is not None:
             self.meta_copied.record()
 
@@ -268,15 +288,16 @@ class ChunkGraphs:
                 self._attend(j)
 
     @torch.no_grad()
-    def run(self, ids, pos: int, kv: list, gdn: list):
+    def run(self, ids, pos: int, kv, gdn: list):
         """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, not checked
-        further, the reader validates them, or [T] int64 on any device; every KV buffer
-        contiguous with capacity >= pos + T): writes KV rows [pos, pos + T), returns
-        (hidden [T, hidden], new gdn list); the given states are not changed.
+        further, the reader validates them, or [T] int64 on any device; kv: a
+        block_store.PagedKv whose pages hold rows >= pos + T, pages of this runner's
+        page_rows): writes KV rows [pos, pos + T), returns (hidden [T, hidden], new gdn
+        list); the given states are not changed.
 
-        Raises ValueError for a chunk of another length, a negative pos, or a KV buffer that is
-        too small, not contiguous or not 16-byte aligned (the kernels address rows by pointer,
-        unchecked)."""
+        Raises ValueError for a chunk of another length, a negative pos, or pages that are too
+        few, of another size, more than the runner's table holds, or a pool that is not
+        16-byte aligned (the kernels address rows by pointer, unchecked)."""
         if isinstance(ids, tuple):
             ids = list(ids)
         shape = (len(ids),) if isinstance(ids, list) else tuple(ids.shape)
@@ -284,13 +305,17 @@ class ChunkGraphs:
             raise ValueError(f"a chunk of {self.t} ids expected, got shape {shape}")
         if pos < 0:                 # write_kv would write below the buffers, unchecked
             raise ValueError(f"pos must be >= 0, got {pos}")
-        for buf in _flat(kv):
-            if buf.shape[0] < pos + self.t or not buf.is_contiguous() or buf.data_ptr() % 16:
-                raise ValueError(f"KV buffer {tuple(buf.shape)} cannot take rows up to "
-                                 f"{pos + self.t} (contiguous: {buf.is_contiguous()}, address "
-                                 f"{buf.data_ptr():#x} must be 16-byte aligned)")
+        if kv.num_rows < pos + self.t or kv.page_rows != self.page_rows or \
+                len(kv.pages) > MAX_TABLE_PAGES or kv.pool.block.data_ptr() % 16:
+            raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take rows "
+                             f"up to {pos + self.t} (this runner: pages of {self.page_rows} "
+                             f"rows, at most {MAX_TABLE_PAGES} a sequence, 16-byte aligned "
+                             f"pools; pool at {kv.pool.block.data_ptr():#x})")
         self.prepare()
         self._stage(ids, pos, kv)
+        if self.attention == "fa4":
+            self._plan = self._between.plan(pos, self.t, kv.pages, self.page_rows,
+                                            self.meta.device)
         self.slots.feed(gdn)
         self._pos, self._kv = pos, kv
         try:

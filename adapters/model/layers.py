@@ -76,7 +76,7 @@ def sdpa_backends(device: torch.device, dtype: torch.dtype) -> list[SDPBackend]:
 
 
 class Attention(nn.Module):
-    """Gated full attention with partial RoPE over a KV buffer of layout [capacity, Hkv, D]."""
+    """Gated full attention with partial RoPE over paged KV rows (pools [num_pages, G, Hkv, D])."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -105,18 +105,19 @@ class Attention(nn.Module):
         k = op.norm_rope(k.view(t, hkv, d), self.k_norm.weight, self.k_norm.eps, *rope)
         return q, k, v.view(t, hkv, d), gate
 
-    def attend(self, q, k, v, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
-        """Write k, v [T, Hkv, D] to rows [pos, pos + T) of k_buf, v_buf [cap, Hkv, D] and
-        attend q [T, H, D] over rows [0, pos + T) (causal, bottom-right aligned): [T, H * D].
+    def attend(self, q, k, v, pos: int, pages) -> torch.Tensor:
+        """Write k, v [T, Hkv, D] to rows [pos, pos + T) of the layer's pages (pages: a
+        model.paged.LayerPages) and attend q [T, H, D] over rows [0, pos + T) (causal,
+        bottom-right aligned): [T, H * D].
 
-        Rows sliced from the buffer's front are contiguous whatever its capacity, so the kernel
-        sees the same strides for the same (pos, T): results never depend on capacity."""
+        The rows are gathered from the pages into one contiguous tensor, so the kernel sees
+        the same strides for the same (pos, T): results never depend on where pages lie."""
         t, h = q.shape[0], q.shape[1]
         end = pos + t
-        k_buf[pos:end] = k
-        v_buf[pos:end] = v
-        keys = k_buf[:end].permute(1, 0, 2)[None]         # [1, Hkv, end, D]
-        values = v_buf[:end].permute(1, 0, 2)[None]
+        pages.write(pos, k, v)
+        k_rows, v_rows = pages.rows(end)
+        keys = k_rows.permute(1, 0, 2)[None]              # [1, Hkv, end, D]
+        values = v_rows.permute(1, 0, 2)[None]
         with sdpa_kernel(sdpa_backends(q.device, q.dtype)):
             o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values,
                                                attn_mask=causal_lower_right(t, end),
@@ -127,11 +128,12 @@ class Attention(nn.Module):
         """o [T, H * D] gated by sigmoid(gate [T, H, D]) -> o_proj -> [T, hidden]."""
         return op.linear(op.sigmoid_gate(o, gate), self.o_proj.weight)
 
-    def forward(self, x, pos: int, k_buf: torch.Tensor, v_buf: torch.Tensor, rope) -> torch.Tensor:
-        """x [T, hidden] at absolute positions [pos, pos + T); k_buf, v_buf [cap, Hkv, D] with
-        cap >= pos + T. Writes KV rows [pos, pos + T), returns [T, hidden] (see `attend`)."""
+    def forward(self, x, pos: int, pages, rope) -> torch.Tensor:
+        """x [T, hidden] at absolute positions [pos, pos + T); pages: the layer's
+        model.paged.LayerPages holding rows >= pos + T. Writes KV rows [pos, pos + T), returns
+        [T, hidden] (see `attend`)."""
         q, k, v, gate = self.project(x, rope)
-        return self.output(self.attend(q, k, v, pos, k_buf, v_buf), gate)
+        return self.output(self.attend(q, k, v, pos, pages), gate)
 
 
 class GatedDeltaNet(nn.Module):

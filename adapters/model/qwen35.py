@@ -1,6 +1,6 @@
 """The Qwen3.5 text model as a pure function of (ids, start position, state views).
 
-State lives outside the model (block_store's layouts); a forward writes KV rows into the buffers it
+State lives outside the model (block_store's layouts); a forward writes KV rows into the pages it
 is given and returns new GDN states instead of changing the old ones, so a fork needs no undo for
 the recurrent and conv states.
 """
@@ -14,6 +14,7 @@ from torch import nn
 from .config import FULL, ModelConfig
 from .kernels import TORCH, KernelSet
 from .layers import MLP, Attention, GatedDeltaNet, RMSNorm, rope_cos_sin
+from .paged import layer_pages
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,9 @@ class Qwen35(nn.Module):
 
         Args:
             ids: [T] int64 on the model's device, absolute positions [pos, pos + T).
-            kv: per full-attention layer (in layer order) a pair (k_buf, v_buf), each
-                [cap, Hkv, D] in the model dtype with cap >= pos + T; rows [0, pos) hold the
-                prefix, rows [pos, pos + T) are written.
+            kv: a block_store.PagedKv (pools [num_pages, G, Hkv, D] per full-attention
+                layer in the model dtype, a page table holding rows >= pos + T); rows [0, pos)
+                hold the prefix, rows [pos, pos + T) are written.
             gdn: per linear layer (in layer order) a pair (conv_state [conv_dim, W] model dtype,
                 rec_state [HV, K, V] fp32) after token pos; not modified.
         Returns:
@@ -89,12 +90,11 @@ class Qwen35(nn.Module):
         x = self.embed_tokens(ids)
         positions = torch.arange(pos, pos + ids.shape[0], device=ids.device)
         rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        kv_iter, gdn_iter, new_gdn = iter(kv), iter(gdn), []
+        kv_iter, gdn_iter, new_gdn = iter(layer_pages(kv)), iter(gdn), []
         for layer in self.layers:
             h = layer.input_layernorm(x)
             if layer.layer_type == FULL:
-                k_buf, v_buf = next(kv_iter)
-                h = layer.self_attn(h, pos, k_buf, v_buf, rope)
+                h = layer.self_attn(h, pos, next(kv_iter), rope)
             else:
                 conv, rec = next(gdn_iter)
                 h, conv, rec = layer.linear_attn(h, conv, rec, kernels or self.kernels)

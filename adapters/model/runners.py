@@ -24,17 +24,19 @@ class Runners:
         if split is not None and attention != "table":
             raise ValueError(f"a tiling ({split}) is the table attention's; attention "
                              f"{attention!r} has none")
-        self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True)
+        self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True,
+                                 page_rows=grid)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
-                        "proj": self.chunk.proj}
+                        "proj": self.chunk.proj, "page_rows": grid}
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
         self._loop = None
 
     @property
     def path(self) -> str:
-        """What the committed bits depend on beyond the model: 'graphs:flash', 'graphs:fa4
-        VERSIONS' (flash-attn-4's and its compiler's, attn_fa4.package_version), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
+        """What the committed bits depend on beyond the model: 'graphs:fa4 VERSIONS paged64'
+        (flash-attn-4's and its compiler's, attn_fa4.package_version; read in 64-row sub-pages
+        with a 64-row key tile), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
         (the compiled small ops), '+conv' (the GDN conv compiled with them,
         ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
         spilled files: another path, other bits)."""
@@ -44,8 +46,8 @@ class Runners:
             s = c.split
             kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
         elif c.attention == "fa4":                     # its kernels' code: the package's
-            from .attn_fa4 import package_version
-            kind += f" {package_version()}"
+            from .attn_fa4 import SUB_PAGE, package_version
+            kind += f" {package_version()} paged{SUB_PAGE}"
         fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
         return kind + fused + ("+proj" if c.proj else "")
 
@@ -86,13 +88,18 @@ class Runners:
         return self._loop
 
     def decode(self) -> ChunkGraphs:
-        """The single-token runner (its attention split for one query row; on CUDA its
-        projections through model.gemv, ops.decode_ops)."""
+        """The single-token runner (on CUDA the table attention with its split for one query
+        row, inside the graph: FA4 wastes a 128-row tile on one row, and torch's
+        FlashAttention-2 reads no page table; its projections through model.gemv,
+        ops.decode_ops)."""
         if 1 not in self._sized:
             from .attn_triton import DECODE
             options = dict(self.options)
             if self.chunk.use_graphs and self.chunk.ops is not ops.EAGER:
                 options["op_set"] = ops.decode_ops(self.chunk.ops)
-            self._sized[1] = ChunkGraphs(self.model, 1, split=DECODE if self.chunk.table
-                                         else None, **options)
+            table = self.chunk.table or self.chunk.attention == "fa4"
+            if table:
+                options["attention"] = "table"
+            self._sized[1] = ChunkGraphs(self.model, 1, split=DECODE if table else None,
+                                         **options)
         return self._sized[1]

@@ -1,0 +1,95 @@
+"""The GDN table, parallel to the page table: the recurrent and conv states of every linear
+layer at a grid line L, keyed by the key of the page that ends at L (keys.page_keys), so a
+session that holds the pages below L and finds the entry at L resumes there (its own older
+line after a rewrite, or another session's prefix).
+
+An entry: per GDN layer (conv [conv_dim, W] in the spec's dtype, recurrent [HV, K, V] fp32),
+copies never changed once stored. Entries are referenced by the sessions that keep them as
+checkpoints; unreferenced ones stay findable until the table's byte budget evicts them, least
+recently used first. On the 0.8B an entry is about 19 MB, three 512-row KV pages.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .layout import GdnState, clone_gdn
+
+
+@dataclass
+class GdnEntry:
+    """key: the key of the page ending at `line`; states: the GDN states after ids[:line];
+    refs: sessions keeping it; episode_start / shared: why it was kept (policy marks)."""
+
+    key: bytes
+    line: int
+    states: GdnState
+    refs: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes + r.nbytes for c, r in self.states)
+
+
+class GdnTable:
+    """Entries by key, in LRU order (most recent last). budget_bytes: the most bytes its
+    unreferenced entries may keep in all (`evict`); referenced ones are never evicted."""
+
+    def __init__(self, budget_bytes: int):
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.entries: OrderedDict[bytes, GdnEntry] = OrderedDict()
+        self.num_evicted = 0
+
+    def get(self, key: bytes) -> GdnEntry | None:
+        """The entry for `key` (made the most recently used), or None."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
+    def put(self, key: bytes, line: int, states: GdnState) -> GdnEntry:
+        """The entry for `key`, stored now as a copy of `states` unless held already (the
+        states at one key are the same bits whoever computed them), with one more
+        reference."""
+        entry = self.get(key)
+        if entry is None:
+            entry = GdnEntry(key, line, clone_gdn(states))
+            self.entries[key] = entry
+        entry.refs += 1
+        return entry
+
+    def take(self, entry: GdnEntry) -> GdnEntry:
+        entry.refs += 1
+        self.entries.move_to_end(entry.key)
+        return entry
+
+    def release(self, entry: GdnEntry) -> None:
+        """One reference less (the entry stays, unreferenced, until evicted). Raises
+        ValueError for an entry without a reference."""
+        if entry.refs < 1:
+            raise ValueError(f"GDN entry at {entry.line} has no reference to release")
+        entry.refs -= 1
+
+    def evict(self, budget_bytes: int | None = None) -> int:
+        """Drop unreferenced entries, least recently used first, while those hold more than
+        the budget (default the table's). Returns the bytes freed."""
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        loose = [e for e in self.entries.values() if e.refs == 0]
+        held, freed = sum(e.nbytes for e in loose), 0
+        for e in loose:
+            if held - freed <= budget:
+                break
+            del self.entries[e.key]
+            freed += e.nbytes
+            self.num_evicted += 1
+        return freed
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    @property
+    def num_referenced(self) -> int:
+        return sum(1 for e in self.entries.values() if e.refs)

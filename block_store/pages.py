@@ -1,0 +1,134 @@
+"""The page store: the KV pool (kv_pool.KvPool and its block manager), the GDN table
+(gdn_table.GdnTable), the identity key every page key chain starts from, and the one lookup a
+prompt resumes through (`find_resume`): its own older pages after a rewrite and another
+session's shared prefix are found the same way.
+
+A prompt resumes at the deepest grid line L such that every page below L is held and the GDN
+states at L are known (the session's own state at C, or a GDN entry at L); never from KV pages
+without the state at their end (the bug classes of vLLM #43090 and LMCache #2845).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .gdn_table import GdnEntry, GdnTable
+from .keys import next_key
+from .kv_pool import KvPool, PagedKv
+from .layout import GdnState, StateSpec
+from .pool import Page, PoolFull
+
+
+@dataclass
+class PageCounters:
+    """Counters since start, under the names of /metrics without `shadow_` and `_total`:
+    prefix_cache_queried_tokens (prompt ids looked up), prefix_cache_hit_tokens (ids resumed
+    from held pages and state: memory), read_tokens (ids read into committed state),
+    reread_tokens (ids read again below the furthest C their session had committed)."""
+
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: dict[str, int] = field(
+        default_factory=lambda: {"memory": 0, "disk": 0})
+    read_tokens: int = 0
+    reread_tokens: int = 0
+    turn_starts: dict[str, int] = field(default_factory=lambda: {"true": 0, "false": 0})
+
+
+class PageStore:
+    """Args: spec; grid (G: page rows); root (keys.identity_key of the reader's identity);
+    gdn_budget_bytes (what unreferenced GDN entries may keep); num_pages: pages allocated up
+    front (on CUDA the table asks for what the resident cap holds, so that no chunk pays for
+    copying the pool into a larger one). More are added as needed (`allocate`); the caller
+    (table.SessionTable) keeps the cap."""
+
+    def __init__(self, spec: StateSpec, grid: int, root: bytes, gdn_budget_bytes: int,
+                 num_pages: int = 0):
+        self.spec, self.grid, self.root = spec, grid, root
+        self.pool = KvPool(spec, grid, num_pages)
+        self.gdn = GdnTable(gdn_budget_bytes)
+        self.counters = PageCounters()
+
+    @property
+    def manager(self):
+        return self.pool.manager
+
+    def allocate(self, grow: bool = True) -> Page:
+        """A page to write (one reference, no key): a free one, the least recently freed
+        first; with none free, the pool grows by half (at least 8 pages) unless `grow` is
+        off. Raises PoolFull when none is free and the pool may not grow."""
+        try:
+            return self.manager.allocate()
+        except PoolFull:
+            if not grow:
+                raise
+        self.pool.grow(self.pool.num_pages + max(8, self.pool.num_pages // 2))
+        return self.manager.allocate()
+
+    def view(self, pages: list[Page], extra: list[Page] = ()) -> PagedKv:
+        return PagedKv(self.pool, [p.index for p in pages] + [p.index for p in extra])
+
+    def key_after(self, keys: list[bytes], page_ids) -> bytes:
+        """The key of the page after those of `keys` holding `page_ids`."""
+        return next_key(keys[-1] if keys else self.root, page_ids)
+
+    def release_pages(self, pages: list[Page]) -> None:
+        for p in pages:
+            self.manager.release(p)
+
+    def take_pages(self, pages: list[Page]) -> list[Page]:
+        return [self.manager.take(p) for p in pages]
+
+
+@dataclass
+class Resume:
+    """Where a prompt resumes: line L; pages (held, not yet referenced) and keys of the pages
+    below L; the GDN states at L: 'own' (the session's own at C), a GdnEntry, or None (zero
+    states, L = 0); matched: the line up to which the prompt's pages were found held (>= L:
+    above L held pages end without a state, a junction worth keeping one at)."""
+
+    line: int
+    pages: list[Page]
+    keys: list[bytes]
+    state: str | GdnEntry | None
+    matched: int = 0
+
+
+def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
+                committed: int, prompt: list[int], d: int) -> Resume:
+    """The deepest line L <= len(prompt) (whole pages) where `prompt` can resume: the
+    session's own pages count up to its first difference d, others are looked up by key
+    (ids compared); the state at L is the session's own when L == C <= d, else a GDN entry."""
+    g, pool, gdn = store.grid, store.manager, store.gdn
+    best = Resume(0, [], [], None)
+    pages: list[Page] = []
+    keys: list[bytes] = []
+    for i in range(len(prompt) // g):
+        end = (i + 1) * g
+        if i < len(own_pages) and end <= d:
+            page, key = own_pages[i], own_keys[i]
+        else:
+            key = store.key_after(keys, prompt[i * g:end])
+            page = pool.lookup(key, prompt[i * g:end])
+            if page is None:
+                break
+        pages.append(page)
+        keys.append(key)
+        if end == committed and end <= d:
+            best = Resume(end, list(pages), list(keys), "own")
+        else:
+            entry = gdn.entries.get(key)
+            if entry is not None and entry.line == end:
+                best = Resume(end, list(pages), list(keys), entry)
+    best.matched = len(pages) * g
+    return best
+
+
+def resume_states(store: PageStore, res: Resume, own: GdnState) -> GdnState:
+    """The GDN states to hold at res.line: the session's own, a copy of the entry's, or
+    zeros."""
+    from .layout import clone_gdn, zero_gdn
+    if res.state == "own":
+        return own
+    if res.state is None:
+        return zero_gdn(store.spec)
+    store.gdn.get(res.state.key)                   # the most recently used
+    return clone_gdn(res.state.states)

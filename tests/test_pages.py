@@ -1,0 +1,189 @@
+"""Pages shared between sessions (issue 16): KV in pages keyed by chained prefix hashes, GDN
+states in a parallel table, one lookup for rollback and sharing. After any history of many
+sessions that share prefixes and diverge, with rewrites, asks, evictions of GDN entries,
+spills and restores, every session's committed state equals a fresh prefill bit for bit, and
+every page's references are exactly the sessions holding it."""
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shadow_plugin.reader import Reader
+
+G = 64
+
+
+def _rand(n, rng):
+    return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+def check_refs(reader):
+    """Each page's references = the resident sessions holding it (+ prepared fork bases);
+    each GDN entry's = the checkpoints and tip entries naming it."""
+    pages, entries = Counter(), Counter()
+    states = list(reader.table.resident.values()) + [s.state for s in reader._scratch.values()]
+    for stt in states:
+        pages.update(p.index for p in stt.pages)
+        entries.update(e.key for e in [c.entry for c in stt.checkpoints] + stt.tip)
+    for page in reader.table.store.manager.pages:
+        assert page.refs == pages[page.index], (page.index, page.refs, pages[page.index])
+    for key, e in reader.table.store.gdn.entries.items():
+        assert e.refs == entries[key]
+
+
+op = st.one_of(
+    st.tuples(st.just("new"), st.integers(0, 4), st.integers(0, 150)),   # prefix k, tail
+    st.tuples(st.just("rewrite"), st.integers(0, 3), st.integers(0, 200), st.integers(1, 90)),
+    st.tuples(st.just("append"), st.integers(0, 3), st.integers(1, 150)),
+    st.tuples(st.just("read"), st.integers(0, 3)),
+    st.tuples(st.just("ask"), st.integers(0, 3)),
+    st.tuples(st.just("evict_gdn")),
+    st.tuples(st.just("park"), st.integers(0, 3)),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(op, min_size=3, max_size=10), seed=st.integers(0, 2**32 - 1),
+       disk=st.booleans())
+def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed, disk):
+    rng = random.Random(seed)
+    reader = Reader(tiny, grid=G, max_checkpoints=2,
+                    disk_dir=tmp_path_factory.mktemp("d") if disk else None)
+    prefix = _rand(5 * G, rng)
+    cuts = [0, G - 1, G, G + 1, 2 * G + 30]                   # k G, k G - 1, k G + 1
+    names = []
+    for o in [("new", 3, 40), ("read", 0)] + ops:
+        if o[0] == "new":
+            sid = f"s{len(names)}"
+            names.append(sid)
+            reader.feed(sid, prefix[:cuts[o[1]]] + _rand(o[2] + 1, rng), "prompt")
+        elif not names:
+            continue
+        else:
+            sid = names[o[1] % len(names)] if len(o) > 1 else None
+        if o[0] == "rewrite":
+            held = reader.ids(sid)
+            d = min(o[2], len(held))
+            reader.feed(sid, held[:d] + _rand(o[3], rng), "prompt")
+        elif o[0] == "append":
+            reader.feed(sid, reader.ids(sid) + _rand(o[2], rng), "prompt")
+        elif o[0] == "read":
+            reader.read(sid)
+        elif o[0] == "ask":
+            n = len(reader.ids(sid))
+            a = reader.ask(sid, [5, 6, 7], ["a", "b"], at=rng.randrange(1, n + 1))
+            fresh = Reader(tiny, grid=G)
+            fresh.feed("f", reader.ids(sid)[:a.at], "prompt")
+            assert fresh.ask("f", [5, 6, 7], ["a", "b"], at=a.at).probs == a.probs
+        elif o[0] == "evict_gdn":
+            reader.table.store.gdn.evict(0)
+        elif o[0] == "park":
+            if sid in reader.table.resident:
+                reader.table.residency.park(reader.table.resident, sid)
+        check_refs(reader)
+        for s in names:
+            assert reader.check_exact(s)
+        check_refs(reader)
+
+
+def _reader(tiny, **kw):
+    return Reader(tiny, grid=G, max_checkpoints=2, **kw)
+
+
+def test_a_shared_prefix_is_read_once_and_held_once(tiny):
+    """Three sessions of one agent: the second and third resume at the prefix's last whole
+    page (the state kept at the tip of the first's read), read only their own ids, and
+    reference the same pages; resident bytes count those pages once."""
+    rng = random.Random(1)
+    prefix = _rand(4 * G + 10, rng)
+    r = _reader(tiny)
+    r.feed("a", prefix, "prompt")
+    r.read("a")
+    read_before = r.stats()["read_tokens"]
+    for s in "bc":
+        r.feed(s, prefix + _rand(100, rng), "prompt")
+        assert r.committed(s) == 4 * G                     # resumed, nothing read
+        r.read(s)
+    stats = r.stats()
+    assert stats["read_tokens"] - read_before == 2 * G     # one own page each
+    pages = {s: [p.index for p in r.table.resident[s].pages] for s in "abc"}
+    assert pages["a"] == pages["b"][:4] == pages["c"][:4]
+    assert stats["pages"]["pinned"] == 4 + 2
+    assert stats["prefix_cache_hit_tokens"]["memory"] >= 2 * 4 * G
+    assert all(r.check_exact(s) for s in "abc")
+
+
+def test_a_gdn_entry_evicted_while_its_pages_stay_resumes_at_the_deepest_line_with_both(tiny):
+    """vLLM #43090's class: pages without the state at their end are never resumed from; the
+    lookup falls back to the deepest line where both exist."""
+    rng = random.Random(2)
+    ids = _rand(6 * G, rng)
+    r = _reader(tiny)
+    r.feed("a", ids[:3 * G] + [1], "prompt")               # checkpoint at 3G (prompt line)
+    r.read("a")
+    r.feed("a", ids, "prompt")
+    r.read("a")                                            # tip entries at 5G and 6G
+    store = r.table.store
+    r.table.residency.park(r.table.resident, "a")          # its entries unreferenced
+    tip = [e for e in store.gdn.entries.values() if e.line in (5 * G, 6 * G)]
+    for e in tip:
+        del store.gdn.entries[e.key]                       # the tip's states are gone
+    r.feed("b", ids + [9], "prompt")
+    assert r.committed("b") == 3 * G                       # not 6G: no state there
+    r.read("b")
+    assert r.check_exact("b")
+
+
+def test_pages_held_without_state_are_not_reused(tiny):
+    """LMCache #2845's class: with every GDN entry gone, held pages give no resume point."""
+    rng = random.Random(3)
+    ids = _rand(4 * G, rng)
+    r = _reader(tiny)
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    r.table.residency.park(r.table.resident, "a")
+    r.table.store.gdn.evict(0)
+    assert r.stats()["pages"]["cached"] == 4
+    r.feed("b", ids + [5], "prompt")
+    assert r.committed("b") == 0
+    r.read("b")
+    assert r.check_exact("b") and r.stats()["pages"]["pinned"] == 4   # the same pages again
+
+
+def test_two_sessions_sharing_one_and_a_half_pages_let_a_third_reuse_a_page(tiny):
+    """vLLM #45238's case: a and b share 1.5 pages then differ; c, with the same prefix,
+    resumes at least one page in (the junction's state: b's rewrite kept it)."""
+    rng = random.Random(4)
+    common = _rand(G + G // 2, rng)
+    r = _reader(tiny)
+    r.feed("a", common + _rand(3 * G, rng), "prompt")
+    r.read("a")
+    r.feed("b", common + _rand(3 * G, rng), "prompt")
+    r.read("b")
+    r.feed("c", common + _rand(2 * G, rng), "prompt")
+    assert r.committed("c") >= G
+    r.read("c")
+    assert all(r.check_exact(s) for s in "abc")
+
+
+@pytest.mark.parametrize("n", [2 * G, 2 * G - 1, 2 * G + 1])
+def test_prompts_on_and_off_the_grid_spill_restore_and_continue(tiny, tmp_path, n):
+    """vLLM #51094's class: prompts of k G, k G - 1 and k G + 1 ids spilled, restored (in
+    this process and in a new reader on the same folder) and continued stay exact."""
+    rng = random.Random(n)
+    ids = _rand(n, rng)
+    r = _reader(tiny, disk_dir=tmp_path)
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    r.table.residency.park(r.table.resident, "a")
+    r.feed("a", ids + [7] * 70, "prompt")
+    r.read("a")
+    assert r.committed("a") == (n + 70) // G * G and r.check_exact("a")
+    r.close()
+    r2 = _reader(tiny, disk_dir=tmp_path)
+    r2.feed("a", ids + [7] * 70 + [8] * 60, "prompt")
+    assert r2.committed("a") >= (n + 70) // G * G - G      # restored from its file
+    r2.read("a")
+    assert r2.check_exact("a")
