@@ -6,7 +6,8 @@ An adapter runs Qwen3.5 over state it is handed (block_store's layouts, `spec`):
 - `decode`: a fork's prompt above C, then up to n tokens greedily, stopping at a stop id.
 KV rows at and above `pos` are written into the pages given (a block_store.PagedKv: the pool's
 pages [num_pages, G, Hkv, D] per attention layer and a sequence's page table); GDN states are
-returned new, never changed in place. `path` names what the bits depend on beyond the weights (spilled
+returned new, never changed in place. `path` names what the bits depend on beyond the weights
+(spilled
 files carry it); the reader never asks which implementation it holds.
 
 Implementations: adapters.graphed.GraphAdapter (the CUDA-graph runners; their bodies run

@@ -66,7 +66,7 @@ def take(store: PageStore, st: SessionState, episode_start: bool, max_checkpoint
     held already); none at 0 (the zero state needs none)."""
     if st.committed == 0:
         return
-    entry = store.gdn.put(st.keys[-1], st.committed, st.gdn)
+    entry = store.gdn.put(st.keys[-1], st.committed, st.gdn, "shared" if kept else "checkpoint")
     cps, dropped = add(st.checkpoints, Checkpoint(st.committed, entry, episode_start, kept),
                        max_checkpoints)
     st.checkpoints = cps
@@ -74,12 +74,14 @@ def take(store: PageStore, st: SessionState, episode_start: bool, max_checkpoint
         store.gdn.release(c.entry)
 
 
-def resume(store: PageStore, st: SessionState, prompt: list[int], d: int) -> Resume:
+def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
+           cause: str = "other") -> Resume:
     """Move the session to where `prompt` (whose first difference from the held ids is d)
     resumes (pages.find_resume): its pages below the line, C = the line, the states there;
     checkpoints above d and tip entries above the line go; where held pages end without a state
     above the line, an entry is due at their end (the junction: the admission idea of vLLM PR
-    #37898). Counts the prompt's lookup."""
+    #37898). Counts the prompt's lookup; `cause` ('bpe', 'template', 'other') names what the
+    ids read again below the session's furthest C will be counted under."""
     res = find_resume(store, st.pages, st.keys, st.committed, prompt, d)
     gdn = resume_states(store, res, st.gdn)
     new_pages = store.take_pages(res.pages)
@@ -92,6 +94,8 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int) -> Res
         store.gdn.release(e)
     st.tip = [e for e in st.tip if e.line <= res.line]
     st.junction = res.matched if res.matched > res.line else 0
+    if res.line < st.furthest:
+        st.reread_cause = cause
     c = store.counters
     c.prefix_cache_queried_tokens += len(prompt)
     c.prefix_cache_hit_tokens["memory"] += res.line
@@ -111,17 +115,18 @@ def commit_chunk(store: PageStore, st: SessionState, page: Page, gdn: GdnState,
     st.gdn = gdn
     st.committed += g
     counters = store.counters
-    counters.read_tokens += g
-    if st.committed <= st.furthest:
-        counters.reread_tokens += g
+    if st.counted:
+        counters.read_tokens += g
+        if st.committed <= st.furthest:
+            counters.reread_tokens[st.reread_cause] += g
     st.furthest = max(st.furthest, st.committed)
     if st.committed in st.pending_lines:
         take(store, st, st.pending_lines.pop(st.committed), max_checkpoints)
     if st.committed == st.shared_line:
         take(store, st, False, max_checkpoints, kept=True)
     if st.committed == st.junction:          # for the next session with this prefix
-        store.gdn.release(store.gdn.put(key, st.committed, gdn))
+        store.gdn.release(store.gdn.put(key, st.committed, gdn, "junction"))
     if len(st.ids) - st.committed < TIP_LINES * g:       # near the end of the ids
-        st.tip.append(store.gdn.put(key, st.committed, gdn))
+        st.tip.append(store.gdn.put(key, st.committed, gdn, "tip"))
         while len(st.tip) > TIP_LINES:
             store.gdn.release(st.tip.pop(0))

@@ -19,12 +19,15 @@ from .layout import GdnState, clone_gdn
 @dataclass
 class GdnEntry:
     """key: the key of the page ending at `line`; states: the GDN states after ids[:line];
-    refs: sessions keeping it; episode_start / shared: why it was kept (policy marks)."""
+    refs: sessions keeping it; kind: why it was stored first ('checkpoint', 'shared', 'tip',
+    'junction'); hits: prompts that resumed from it (what the entry earned)."""
 
     key: bytes
     line: int
     states: GdnState
     refs: int = 0
+    kind: str = "checkpoint"
+    hits: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -49,13 +52,13 @@ class GdnTable:
             self.entries.move_to_end(key)
         return entry
 
-    def put(self, key: bytes, line: int, states: GdnState) -> GdnEntry:
-        """The entry for `key`, stored now as a copy of `states` unless held already (the
-        states at one key are the same bits whoever computed them), with one more
-        reference."""
+    def put(self, key: bytes, line: int, states: GdnState, kind: str = "checkpoint") -> GdnEntry:
+        """The entry for `key`, stored now as a copy of `states` (marked `kind`) unless held
+        already (the states at one key are the same bits whoever computed them), with one
+        more reference."""
         entry = self.get(key)
         if entry is None:
-            entry = GdnEntry(key, line, clone_gdn(states))
+            entry = GdnEntry(key, line, clone_gdn(states), kind=kind)
             self.entries[key] = entry
         entry.refs += 1
         return entry
@@ -89,6 +92,16 @@ class GdnTable:
     @property
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self.entries.values())
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        """Per kind: entries held, their bytes, and the resumes they served."""
+        out: dict[str, dict[str, int]] = {}
+        for e in self.entries.values():
+            k = out.setdefault(e.kind, {"entries": 0, "bytes": 0, "hits": 0})
+            k["entries"] += 1
+            k["bytes"] += e.nbytes
+            k["hits"] += e.hits
+        return out
 
     @property
     def num_referenced(self) -> int:

@@ -10,10 +10,11 @@ int64 little-endian bytes; a hit still compares the ids before use (`Page.ids`).
 """
 from __future__ import annotations
 
+import array
 import json
+import sys
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import xxhash
 
 FORMAT = "shadow-page-key/1"
@@ -32,8 +33,11 @@ def identity_key(fields: Mapping[str, object]) -> bytes:
 def next_key(previous: bytes, page_ids: Sequence[int]) -> bytes:
     """The key of a page: xxh3-128 over the previous page's key (the identity key for the
     first page) and the page's ids as int64 little-endian bytes. 16 bytes."""
+    raw = array.array("q", page_ids)         # int64 (a third faster than numpy for a page)
+    if sys.byteorder == "big":
+        raw.byteswap()                       # little-endian everywhere: the same keys
     h = xxhash.xxh3_128(previous)
-    h.update(np.asarray(page_ids, dtype="<i8").tobytes())
+    h.update(raw.tobytes())
     return h.digest()
 
 

@@ -142,4 +142,4 @@ def write_pages(pool: KvPool, pages: Sequence[int],
             raise ValueError(f"{n} pages of {g} rows need [{n * g}, Hkv, D] rows, got "
                              f"{tuple(k.shape)} / {tuple(v.shape)}")
         for dst, src in ((k_pool, k), (v_pool, v)):
-            dst.index_copy_(0, idx, src.to(dst.device, non_blocking=False).view(n, g, *src.shape[1:]))
+            dst.index_copy_(0, idx, src.to(dst.device).view(n, g, *src.shape[1:]))

@@ -23,13 +23,16 @@ class PageCounters:
     """Counters since start, under the names of /metrics without `shadow_` and `_total`:
     prefix_cache_queried_tokens (prompt ids looked up), prefix_cache_hit_tokens (ids resumed
     from held pages and state: memory), read_tokens (ids read into committed state),
-    reread_tokens (ids read again below the furthest C their session had committed)."""
+    reread_tokens by cause (ids read again below the furthest C their session had committed,
+    under the cause of the rewrite that sent it back: 'bpe', 'template' or 'other'),
+    turn_starts by fresh ('true' / 'false')."""
 
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: dict[str, int] = field(
         default_factory=lambda: {"memory": 0, "disk": 0})
     read_tokens: int = 0
-    reread_tokens: int = 0
+    reread_tokens: dict[str, int] = field(
+        default_factory=lambda: {"bpe": 0, "template": 0, "other": 0})
     turn_starts: dict[str, int] = field(default_factory=lambda: {"true": 0, "false": 0})
 
 
@@ -131,4 +134,5 @@ def resume_states(store: PageStore, res: Resume, own: GdnState) -> GdnState:
     if res.state is None:
         return zero_gdn(store.spec)
     store.gdn.get(res.state.key)                   # the most recently used
+    res.state.hits += 1
     return clone_gdn(res.state.states)

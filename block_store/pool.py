@@ -54,7 +54,7 @@ class PagePool:
         if index is None:
             return None
         page = self.pages[index]
-        return page if page.ids == tuple(ids) else None
+        return page if page.ids == (ids if isinstance(ids, tuple) else tuple(ids)) else None
 
     def take(self, page: Page) -> Page:
         """One more reference to `page`; a cached page leaves the free queue (a hit)."""
@@ -88,13 +88,14 @@ class PagePool:
             return page
         if key not in self.by_key:
             self.by_key[key] = page.index
-            page.key, page.ids = key, tuple(ids)
+            page.key, page.ids = key, ids if isinstance(ids, tuple) else tuple(ids)
         return page
 
     def adopt(self, page: Page, key: bytes, ids: Sequence[int]) -> Page:
         """`page` (written, with one reference from the caller) holds `key`'s content: when
         another page holds it already, that page is taken and `page` released (the content
         is held once); else `page` is named. Returns the page to use."""
+        ids = tuple(ids)                     # one tuple for the comparison and the name
         held = self.lookup(key, ids)
         if held is not None and held is not page:
             self.take(held)

@@ -6,7 +6,8 @@ go first, least recently used first; then the least recently used session other 
 in use is parked:
 written to `disk_dir` (files.write_session) or, without a disk, dropped (its ids stay; it is read
 again from 0 when used), its pages and entries given back to the page store (cached there,
-findable by key, until reused). Files older than the TTL are deleted, and past `disk_bytes` the oldest
+findable by key, until reused). Files older than the TTL are deleted, and past `disk_bytes` the
+oldest
 go first. A refused file is moved to `disk_dir/refused/`, counted and logged.
 """
 from __future__ import annotations
@@ -216,7 +217,8 @@ class Residency:
                          for k, v in loaded.kv_rows])
         st.committed = st.furthest = loaded.committed
         for pos, gdn, episode, kept in loaded.checkpoints:
-            entry = store.gdn.put(st.keys[pos // g - 1], pos, gdn)
+            entry = store.gdn.put(st.keys[pos // g - 1], pos, gdn,
+                                  "shared" if kept else "checkpoint")
             st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
         st.pending_lines, st.shared_line = loaded.pending_lines, loaded.shared_line
         return st

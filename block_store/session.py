@@ -48,9 +48,12 @@ class SessionState:
     the reader) -> whether it starts an episode; shared_line: the line at or below the end of
     the first system message (what one agent's sessions share; 0: none), kept; junction: the
     line where the prompt's held pages (another session's chain) ended without a state: an
-    unreferenced entry is kept there for the next session with that prefix; tip: GDN entries at the last lines committed near
+    unreferenced entry is kept there for the next session with that prefix; tip: GDN entries
+    at the last lines committed near
     the end of the ids (a rewrite where the host's output meets the next prompt resumes a
-    page below); furthest: the furthest C committed (re-reads are counted below it);
+    page below); furthest: the furthest C committed (re-reads are counted below it, under
+    reread_cause: the cause of the last rewrite that sent C back); counted: whether its reads
+    count as reads into committed state (not a fork's scratch base);
     last_used: the table's LRU clock.
     """
 
@@ -65,6 +68,8 @@ class SessionState:
     junction: int = 0
     tip: list[GdnEntry] = field(default_factory=list)
     furthest: int = 0
+    reread_cause: str = "other"
+    counted: bool = True
     last_used: int = 0
 
     @property
@@ -100,7 +105,7 @@ def scratch_from(store: PageStore, st: SessionState, cp: Checkpoint | None,
     n = p // store.grid
     gdn = clone_gdn(cp.gdn) if cp else zero_gdn(store.spec)
     return SessionState(ids=st.ids[:line], committed=p, pages=store.take_pages(st.pages[:n]),
-                        keys=list(st.keys[:n]), gdn=gdn)
+                        keys=list(st.keys[:n]), gdn=gdn, counted=False)
 
 
 def fork_pages(store: PageStore, st: SessionState, rows: int) -> tuple[PagedKv, list[Page]]:

@@ -230,7 +230,7 @@ def _read_part(model, grid: int, ids: list[int], args, parts: set[str], timer,
                graphs: bool = False) -> dict:
     reader = Reader(model, grid=grid, cuda_graphs=graphs,     # the eager path unless graphs
                     attn_split=attn_split(args), attention=getattr(args, "attention", None))
-    read_rates(reader, unshared(ids[:2 * grid], 3), timer)   # warm-up: graphs captured, ops compiled
+    read_rates(reader, unshared(ids[:2 * grid], 3), timer)   # warm-up: graphs, compiles
     reader.drop("bench")
     chunks = read_rates(reader, ids[:args.max_context], timer)
     out = {"path": reader.path, "ms_per_1k": band_rates(chunks, grid),

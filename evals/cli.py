@@ -42,16 +42,23 @@ def default_model(device: str) -> str:
 def _replay(args) -> int:
     from adapters.model import load_model
     from shadow_plugin.exact import ExactnessError
+    from shadow_plugin.host_view import host_turns
     from shadow_plugin.reader import Reader
     from shadow_plugin.renderer import Renderer
     from shadow_plugin.router import load_question
     from shadow_plugin.step import ReaderConfig
     from shadow_plugin.tokenizer import load_tokenizer
 
-    from .replay import load_session, replay_file
+    from .replay import load_prefix, load_session, replay_file, replay_many, with_prefix
 
     ReaderConfig(args.grid)                          # bad flags and files fail before the model
-    messages, tools = load_session(args.session)
+    loaded = [load_session(path) for path in args.session]
+    prefix = load_prefix(args.prefix) if args.prefix else None
+    if prefix:
+        loaded = [with_prefix(messages, prefix) for messages, _ in loaded]
+    stems = [Path(p).stem for p in args.session]
+    if len(set(stems)) != len(stems):
+        raise ValueError(f"two session files with one name: {stems}")
     question = load_question(args.question)
     renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
     if args.template_dir and not renderer.uses_model_template:
@@ -67,14 +74,21 @@ def _replay(args) -> int:
     print(f"model {model.info.name} ({'random' if model.info.is_random else 'real'} weights, "
           f"fingerprint {model.info.fingerprint[:12]}), device {device}, grid {args.grid}, "
           f"kernels {model.kernels.name}", file=sys.stderr)
+    thinking = False if args.no_thinking else None
     try:
-        totals = replay_file(reader, args.session, renderer, tokenizer, question,
-                             args.check_exact, False if args.no_thinking else None,
-                             messages=messages, tools=tools)
+        if len(args.session) == 1:
+            (messages, tools), = loaded
+            result = replay_file(reader, args.session[0], renderer, tokenizer, question,
+                                 args.check_exact, thinking, out=sys.stdout,
+                                 messages=messages, tools=tools).as_dict()
+        else:
+            sessions = [(stem, host_turns(m, t or None, renderer, tokenizer, thinking))
+                        for stem, (m, t) in zip(stems, loaded)]
+            result = replay_many(reader, sessions, question, args.check_exact, out=sys.stdout)
     except ExactnessError as e:
         print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(totals.as_dict()))
+    print(json.dumps(result))
     return 0
 
 
@@ -95,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         "columns: turn, prompt ids, ids read (this turn, asks included), rollback (C from -> "
         "to), read ms, C (committed), tail (ids not yet read), checkpoints, answer, its "
         "probability, ask ms")
-    rp.add_argument("session", help="a session JSON file ({'messages': [...], 'tools': [...]})")
+    rp.add_argument("session", nargs="+", help="a session JSON file ({'messages': [...], "
+                    "'tools': [...]}); several: one agent's sessions through one reader, "
+                    "interleaved turn by turn (a line a session, then one JSON line with the "
+                    "prefix cache's hit rate and resident bytes)")
+    rp.add_argument("--prefix", help="an agent's prefix file ({'system': str, 'tools': [...]}, "
+                    "../shared/data/prefixes): its system text starts each session's system "
+                    "message and its tools are the sessions' tools")
     rp.add_argument("--model", help="a HF model directory or random:NAME (default: a local "
                     "Qwen3.5-0.8B, else random:qwen3.5-0.8b on CUDA, random:tiny on the CPU)")
     rp.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")

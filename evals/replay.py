@@ -29,6 +29,8 @@ class Totals:
     num_ids: int = 0
     num_read: int = 0
     num_reread: int = 0
+    num_reread_bpe: int = 0        # of num_reread: after BPE rewrites
+    num_reread_template: int = 0   # of num_reread: after template rewrites
     read_ms: float = 0.0
     rollbacks: int = 0
     rewrites_bpe: int = 0          # same text, other tokens (a BPE merge across a boundary)
@@ -38,7 +40,9 @@ class Totals:
 
     def as_dict(self) -> dict:
         return {"turns": self.turns, "num_ids": self.num_ids, "num_read": self.num_read,
-                "num_reread": self.num_reread, "read_ms": round(self.read_ms, 1),
+                "num_reread": self.num_reread, "num_reread_bpe": self.num_reread_bpe,
+                "num_reread_template": self.num_reread_template,
+                "read_ms": round(self.read_ms, 1),
                 "ask_ms_mean": round(statistics.fmean(self.ask_ms), 2) if self.ask_ms else None,
                 "ask_ms_max": round(max(self.ask_ms), 2) if self.ask_ms else None,
                 "rollbacks": self.rollbacks, "rewrites_bpe": self.rewrites_bpe,
@@ -66,53 +70,118 @@ def _read_all(reader: Reader, sid: str, out) -> tuple[int, float]:
     return num, ms
 
 
-def _count_rewrite(totals: Totals, d: int, held: list[int], prompt: list[int], tokenizer) -> None:
-    """Classify a prompt that differs from the held ids at d < len(held): a BPE rewrite when the
-    held ids' text from d on is still the start of the new prompt's text from d on."""
-    if d >= len(held):
-        return
-    if tokenizer.decode(prompt[d:]).startswith(tokenizer.decode(held[d:])):
+def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Question,
+                totals: Totals, out=sys.stdout) -> None:
+    """Turn n of session `sid`: feed the prompt (a rewrite goes through the lookup; its kind,
+    reader.FeedResult.rewrite, is counted with the ids it sends back to be read again), read
+    all whole chunks, feed the output, ask (question None: no ask, no row); print its row to
+    `out` (None: silent)."""
+    res = reader.feed(sid, turn.prompt_ids, "prompt")
+    if res.rewrite == "bpe":
         totals.rewrites_bpe += 1
-    else:
+    elif res.rewrite is not None:
         totals.rewrites_template += 1
+    rollback = "-"
+    if res.rolled_back_to is not None:
+        totals.rollbacks += 1
+        back = res.rolled_back_from - res.rolled_back_to
+        totals.num_reread += back
+        if res.rewrite == "bpe":
+            totals.num_reread_bpe += back
+        elif res.rewrite == "template":
+            totals.num_reread_template += back
+        rollback = f"{res.rolled_back_from}->{res.rolled_back_to}"
+    num, ms = _read_all(reader, sid, out)
+    totals.num_read += num
+    totals.read_ms += ms
+    reader.feed(sid, turn.output_ids, "output")
+    if question is None:                 # reads only (what sharing measurements need)
+        return
+    ans = reader.ask(sid, question.question, list(question.choices))
+    totals.ask_ms.append(ans.ms)
+    totals.num_read += ans.num_committed
+    num += ans.num_committed
+    label = question.labels[question.choices.index(ans.label)]
+    if out:
+        print(f"{n:>4} {len(turn.prompt_ids):>7} {num:>6} {rollback:>15} {ms:>8.1f} "
+              f"{reader.committed(sid):>7} {reader.backlog(sid):>5} "
+              f"{len(reader.checkpoint_positions(sid)):>4}  {label:<12} "
+              f"{max(ans.probs):>5.2f} {ans.ms:>7.1f}", file=out, flush=True)
 
 
 def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Question,
-                 tokenizer, check_exact: bool = False, out=sys.stdout) -> Totals:
+                 tokenizer=None, check_exact: bool = False, out=sys.stdout) -> Totals:
     """Run the turns through `reader` as session `sid`; print a row a turn to `out` (None:
-    silent). Returns the totals; `exact` is None unless `check_exact`."""
+    silent). Returns the totals; `exact` is None unless `check_exact`. (tokenizer: unused,
+    kept for callers; the reader classifies rewrites with its own.)"""
     totals = Totals()
     if out:
         print(HEADER, file=out)
-    held: list[int] = []
     for n, turn in enumerate(turns):
-        res = reader.feed(sid, turn.prompt_ids, "prompt")
-        _count_rewrite(totals, res.first_difference, held, turn.prompt_ids, tokenizer)
-        rollback = "-"
-        if res.rolled_back_to is not None:
-            totals.rollbacks += 1
-            totals.num_reread += res.rolled_back_from - res.rolled_back_to
-            rollback = f"{res.rolled_back_from}->{res.rolled_back_to}"
-        num, ms = _read_all(reader, sid, out)
-        totals.num_read += num
-        totals.read_ms += ms
-        reader.feed(sid, turn.output_ids, "output")
-        ans = reader.ask(sid, question.question, list(question.choices))
-        totals.ask_ms.append(ans.ms)
-        totals.num_read += ans.num_committed
-        num += ans.num_committed
-        label = question.labels[question.choices.index(ans.label)]
-        if out:
-            print(f"{n:>4} {len(turn.prompt_ids):>7} {num:>6} {rollback:>15} {ms:>8.1f} "
-                  f"{reader.committed(sid):>7} {reader.backlog(sid):>5} "
-                  f"{len(reader.checkpoint_positions(sid)):>4}  {label:<12} "
-                  f"{max(ans.probs):>5.2f} {ans.ms:>7.1f}", file=out, flush=True)
-        held = reader.ids(sid)
+        replay_turn(reader, sid, n, turn, question, totals, out)
+    _finish(reader, sid, turns, totals, check_exact)
+    return totals
+
+
+def _finish(reader: Reader, sid: str, turns: list, totals: Totals, check_exact: bool) -> None:
     totals.turns = len(turns)
     totals.num_ids = len(reader.ids(sid)) if turns else 0
     if check_exact and turns:
         totals.exact = reader.check_exact(sid)
-    return totals
+
+
+def replay_many(reader: Reader, sessions: list[tuple[str, list[HostTurn]]],
+                question: Question | None, check_exact: bool = False, out=sys.stdout) -> dict:
+    """Several sessions of one agent through one reader, interleaved turn by turn (turn 0 of
+    each, then turn 1 of each, ...). Prints a line per session (ids read, ids held, C) and
+    returns {"sessions": {sid: Totals.as_dict() + num_held}, "prefix_cache_hit_rate" (ids
+    resumed from held pages over ids looked up), "read_tokens", "reread_tokens" (by cause),
+    "resident_bytes", "pages", "gdn_entry_bytes"}."""
+    totals = {sid: Totals() for sid, _ in sessions}
+    for n in range(max((len(t) for _, t in sessions), default=0)):
+        for sid, turns in sessions:
+            if n < len(turns):
+                replay_turn(reader, sid, n, turns[n], question, totals[sid], None)
+    per = {}
+    for sid, turns in sessions:
+        _finish(reader, sid, turns, totals[sid], check_exact)
+        per[sid] = {**totals[sid].as_dict(), "num_held": reader.committed(sid) if turns else 0}
+        if out:
+            print(f"{sid}: read {totals[sid].num_read} ids, holds {per[sid]['num_ids']} ids "
+                  f"(C {per[sid]['num_held']}), re-read {totals[sid].num_reread}", file=out)
+    s = reader.stats()
+    queried = s["prefix_cache_queried_tokens"]
+    hits = sum(s["prefix_cache_hit_tokens"].values())
+    return {"sessions": per, "prefix_cache_hit_rate": round(hits / queried, 4) if queried else 0.0,
+            "prefix_cache_queried_tokens": queried, "prefix_cache_hit_tokens": hits,
+            "read_tokens": s["read_tokens"], "reread_tokens": s["reread_tokens"],
+            "resident_bytes": s["resident_bytes"], "pages": s["pages"],
+            "page_bytes": s["page_bytes"], "gdn_entry_bytes": s["gdn_entry_bytes"],
+            "gdn_entries_by_kind": s["gdn_entries_by_kind"]}
+
+
+def load_prefix(path: str | Path) -> tuple[str, list]:
+    """(system text, tools) of an agent's prefix file (../shared/data/prefixes: {"system": str,
+    "tools": [...]}). Raises ValueError for a file of another shape."""
+    raw = validate.json_file(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("system"), str) or \
+            not isinstance(raw.get("tools"), list):
+        raise ValueError(f"{path}: expected an object with a 'system' text and a 'tools' list")
+    return raw["system"], raw["tools"]
+
+
+def with_prefix(messages: list[dict], prefix: tuple[str, list]) -> tuple[list[dict], list]:
+    """The session as the agent would have sent it: the prefix's system text starts the one
+    system message (the session's own system message, if any, follows it in the same message,
+    after a blank line) and the prefix's tools are the session's tools."""
+    system, tools = prefix
+    rest = list(messages)
+    if rest and rest[0].get("role") == "system":
+        own = rest.pop(0).get("content") or ""
+        own = own if isinstance(own, str) else "".join(
+            p.get("text", "") for p in own if isinstance(p, dict))
+        system = f"{system}\n\n{own}" if own else system
+    return [{"role": "system", "content": system}] + rest, list(tools)
 
 
 def load_session(path: str | Path) -> tuple[list[dict], list]:

@@ -18,7 +18,7 @@ from block_store import SessionState, SessionTable, StoreConfig, compare, pack
 from block_store.checkpoints import first_difference, resume, take
 from block_store.session import check_layout, kv_view, state_bytes
 
-from . import exact, fork, lines, validate
+from . import exact, fork, lines, rewrites, validate
 from .reader_forks import ForkCalls
 from .step import ReaderConfig, read_chunk
 
@@ -28,13 +28,16 @@ class FeedResult:
     """first_difference: first position where a prompt differed from the held ids (None for
     output); rolled_back_from / rolled_back_to: C before and after a rollback (None when there
     was none); backlog: len(ids) - C after the feed; episode_start: the prompt ends a real user
-    message."""
+    message; rewrite: None when the prompt extends the held ids, else its kind
+    (rewrites.classify: 'bpe', 'template', or 'other' without a tokenizer that decodes
+    them)."""
 
     first_difference: int | None
     rolled_back_from: int | None
     rolled_back_to: int | None
     backlog: int
     episode_start: bool = False
+    rewrite: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,8 @@ class Reader(ForkCalls):
         positions."""
         d = first_difference(st.ids, prompt)
         before = st.committed
-        resume(self.table.store, st, prompt, d)
+        kind = self._rewrite_kind(st.ids, prompt, d)
+        resume(self.table.store, st, prompt, d, kind or "other")
         rolled = st.committed < before
         st.ids = prompt
         st.pending_lines = {p: e for p, e in st.pending_lines.items() if st.committed < p <= d}
@@ -225,7 +229,17 @@ class Reader(ForkCalls):
         if st.shared_line and st.shared_line == st.committed:
             take(store, st, False, cap, kept=True)
         return FeedResult(d, before if rolled else None, st.committed if rolled else None,
-                          st.backlog, episode)
+                          st.backlog, episode, kind)
+
+    def _rewrite_kind(self, held: list[int], prompt: list[int], d: int) -> str | None:
+        """rewrites.classify with the reader's tokenizer ('other' when none loads)."""
+        if d >= len(held):
+            return None
+        try:
+            tok = self._tok()
+        except Exception:                  # no tokenizer here: the cause stays unknown
+            return "other"
+        return rewrites.classify(held, prompt, d, tok)
 
     def warm_up(self) -> float:
         """Compile and capture the adapter's runners now (chunks, decode, question buckets)

@@ -1,5 +1,6 @@
 """model.attn_fa4 (FlashAttention-4's Hopper forward, flash-attn-4, over KV pages) against its
-pure-torch twin ref.attend_ref over the gathered rows and FlashAttention-2 on real-shaped heads: on a Hopper GPU with the package only
+pure-torch twin ref.attend_ref over the gathered rows and FlashAttention-2 on real-shaped heads:
+on a Hopper GPU with the package only
 (skipped elsewhere). Where it cannot run, asking for it is refused with the reason. The same
 checks, with timings, ran on the H200 in evals/fa4_probe.py."""
 from __future__ import annotations

@@ -112,6 +112,8 @@ def test_a_shared_prefix_is_read_once_and_held_once(tiny):
     assert pages["a"] == pages["b"][:4] == pages["c"][:4]
     assert stats["pages"]["pinned"] == 4 + 2
     assert stats["prefix_cache_hit_tokens"]["memory"] >= 2 * 4 * G
+    kinds = stats["gdn_entries_by_kind"]       # a's prompt-line checkpoint served b and c
+    assert kinds["checkpoint"]["hits"] == 2 and sum(k["hits"] for k in kinds.values()) == 2
     assert all(r.check_exact(s) for s in "abc")
 
 

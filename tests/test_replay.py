@@ -53,6 +53,8 @@ def test_replay_totals_and_episode_rollback(tiny, tokenizer):
     assert t["num_ids"] == len(reader.ids("s"))
     # the new user message drops the first episode's think blocks: one template rewrite
     assert t["rewrites_template"] == 1 and t["rollbacks"] >= 1
+    assert 0 < t["num_reread_template"] and \
+        t["num_reread_bpe"] + t["num_reread_template"] <= t["num_reread"]
     assert len(out.getvalue().splitlines()) == 8            # header + a row a turn
     # replay again up to the new user message, then check where that rollback lands
     r2 = Reader(tiny, grid=G, tokenizer=tokenizer)
@@ -107,3 +109,57 @@ def test_cli_bad_flags_fail_before_loading(tmp_path, capsys):
     assert main(["replay", str(path), "--template-dir", str(broken)]) == 2
     err = capsys.readouterr().err
     assert "Is a directory" in err and "multiple of 64" in err and "chat template" in err
+
+
+def test_rewrites_are_classified_by_their_text(tiny, tokenizer):
+    """A prompt whose new ids spell the held text on (a BPE merge at the boundary) is 'bpe';
+    other text is 'template'; an extension is no rewrite; re-read ids are counted under the
+    cause."""
+    held = tokenizer.encode("The cat sat on the mat, and the dog") + tokenizer.encode(" sa")
+    bpe = tokenizer.encode("The cat sat on the mat, and the dog sat down.")
+    r = Reader(tiny, grid=G, tokenizer=tokenizer)
+    assert r.feed("s", held, "prompt").rewrite is None
+    res = r.feed("s", bpe, "prompt")
+    assert res.first_difference < len(held) and res.rewrite == "bpe"
+    assert r.feed("s", bpe + [11, 12], "prompt").rewrite is None
+    assert r.feed("s", tokenizer.encode("A bird flew"), "prompt").rewrite == "template"
+    long = list(range(1000, 1000 + 3 * G))
+    r.feed("t", long, "prompt")
+    r.read("t")
+    r.feed("t", long[:10] + [5] * (3 * G), "prompt")        # text differs: template
+    r.read("t")
+    assert r.stats()["reread_tokens"] == {"bpe": 0, "template": 3 * G, "other": 0}  # below 3G
+
+
+def test_cli_replays_one_agents_sessions_with_a_prefix(tmp_path, capsys):
+    """Two sessions of one agent (the same messages under two names, a prefix file in front):
+    one reader, turns interleaved; the second reads less than the first (the prefix's pages
+    and state are found), both exact; one JSON line with the hit rate and resident bytes."""
+    prefix = tmp_path / "agent.json"
+    prefix.write_text(json.dumps({"system": "You are a coding agent. " * 60, "tools": [
+        {"type": "function", "function": {"name": "bash", "description": "run a command",
+                                          "parameters": {"type": "object", "properties": {
+                                              "cmd": {"type": "string"}}}}}]}))
+    paths = []
+    for name in ("a", "b"):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"messages": _session(), "tools": []}))
+    assert main(["replay", *map(str, paths), "--prefix", str(prefix), "--model", "random:tiny",
+                 "--device", "cpu", "--grid", "64", "--check-exact"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(lines[-1])
+    a, b = out["sessions"]["a"], out["sessions"]["b"]
+    assert a["exact"] is True and b["exact"] is True and a["num_ids"] == b["num_ids"]
+    assert b["num_read"] < a["num_read"] and 0 < out["prefix_cache_hit_rate"] < 1
+    assert out["resident_bytes"] > 0 and out["pages"]["pinned"] > 0
+    assert [x.split(":")[0] for x in lines[:-1]] == ["a", "b"]
+
+
+def test_a_prefix_starts_the_one_system_message():
+    from evals.replay import with_prefix
+    msgs = [{"role": "system", "content": "own rules"}, {"role": "user", "content": "hi"}]
+    out, tools = with_prefix(msgs, ("agent rules", [{"type": "function"}]))
+    assert out[0] == {"role": "system", "content": "agent rules\n\nown rules"}
+    assert out[1:] == msgs[1:] and tools == [{"type": "function"}]
+    out, _ = with_prefix(msgs[1:], ("agent rules", []))
+    assert out == [{"role": "system", "content": "agent rules"}, msgs[1]]

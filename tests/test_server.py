@@ -63,8 +63,16 @@ def test_a_scripted_session(client):
     assert status["sessions"]["s1"]["committed"] == reader.committed("s1") == 5 * G
     assert status["last_answers"][-1]["label"] == b["label"]
     metrics = client.get("/metrics", headers=KEY).text
-    assert f"shadow_read_tokens_total {float(reader.totals['num_read_tokens'])}" in metrics
+    st = reader.stats()
+    assert st["read_tokens"] >= reader.totals["num_read_tokens"] > 0     # asks commit too
+    assert f"shadow_read_tokens_total {float(st['read_tokens'])}" in metrics
     assert 'shadow_turn_starts_total{fresh="true"}' in metrics
+    assert f"shadow_prefix_cache_queried_tokens_total {float(len(prompt))}" in metrics
+    assert 'shadow_prefix_cache_hit_tokens_total{tier="memory"} 0.0' in metrics
+    assert 'shadow_reread_tokens_total{cause="bpe"} 0.0' in metrics
+    assert f'shadow_pages{{state="pinned"}} {float(st["pages"]["pinned"])}' in metrics
+    assert st["pages"]["pinned"] >= 5
+    assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith(("shadow_ration_ms", "shadow_host_"))}

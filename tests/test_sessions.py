@@ -53,7 +53,8 @@ def test_state_bytes_counts_every_tensor(tiny):
     st = r.table.resident["s"]
     assert st.checkpoints
     page_bytes = r.table.store.pool.page_bytes
-    every = [*(x for g in st.gdn for x in g), *(x for cp in st.checkpoints for g in cp.gdn for x in g),
+    every = [*(x for g in st.gdn for x in g),
+             *(x for cp in st.checkpoints for g in cp.gdn for x in g),
              *(x for e in st.tip for g in e.states for x in g)]
     assert state_bytes(st, page_bytes) == len(st.pages) * page_bytes + sum(x.nbytes for x in every)
     assert page_bytes == 2 * tiny.cfg.num_key_value_heads * tiny.cfg.head_dim * 64 * 4 * \

@@ -112,7 +112,8 @@ def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
 
 
 def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
-    """Twin of attn_triton.combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised output),
+    """Twin of attn_triton.combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised
+    output),
     lse_part [S1, H, T] fp32 (natural log-sum-exp of its scaled scores) -> [T, H * D] in
     o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the max over s."""
     s1, t, h, d = o_part.shape

@@ -7,7 +7,8 @@ host and reads no page table, so a captured graph would be valid for one session
 here all come from device memory (`table`: per layer [k_ptr, v_ptr] of its page pools as int64;
 `pos`: [1] int64; `pages`: the sequence's page table, int64), read by the kernel at replay. Key
 blocks lie within one page (BLOCK_N divides the page's rows), so a page's place costs one load
-a block and changes no bits. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS and fla.
+a block and changes no bits. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS
+and fla.
 
 Numerics (fixed, so bits depend only on pos, T and the values, never on a buffer's capacity or
 on which session ran before): scores q.k in fp32 from bf16 operands, scaled by D^-0.5 and taken
@@ -63,7 +64,10 @@ class SplitConfig:
 
 
 READ = SplitConfig()
-DECODE = SplitConfig(block_m=16, s_max=64, min_split=512, num_warps=4)
+# one query row over paged keys: 128 splits of 32-key blocks, the fastest of 11 tilings at
+# 50k-100k on the H200 (evals/decode_probe.py, docs/decode-probe-pages-2026-12-01-b.log: 0.142
+# ms a layer at 100k against 0.190 with 64 splits; FlashAttention-2 on contiguous rows 0.126)
+DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4)
 
 
 @triton.jit

@@ -19,7 +19,8 @@ class Collector:
             return
         t = stats["totals"]
         yield CounterMetricFamily("shadow_read_tokens", "ids read into committed state",
-                                  t["num_read_tokens"])
+                                  stats["read_tokens"])
+        yield from _page_metrics(stats)
         yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
         yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
         backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet", labels=["session"])
@@ -45,3 +46,28 @@ class Collector:
         buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in q["buckets"]]
         yield HistogramMetricFamily("shadow_question_ms", "question latency (ms)",
                                     buckets=buckets, sum_value=q["sum"])
+
+
+def _labelled(kind, name: str, doc: str, label: str, values: dict):
+    family = kind(name, doc, labels=[label])
+    for key, n in values.items():
+        family.add_metric([key], n)
+    return family
+
+
+def _page_metrics(stats: dict):
+    """The page store's counters and gauges (issue 16's names; reader.stats() has the same
+    words without the prefix and `_total`)."""
+    yield CounterMetricFamily("shadow_prefix_cache_queried_tokens", "prompt ids looked up",
+                              stats["prefix_cache_queried_tokens"])
+    yield _labelled(CounterMetricFamily, "shadow_prefix_cache_hit_tokens", "prompt ids resumed "
+                    "from held pages and state", "tier", stats["prefix_cache_hit_tokens"])
+    yield _labelled(CounterMetricFamily, "shadow_reread_tokens", "ids read again below the "
+                    "furthest position their session had committed", "cause",
+                    stats["reread_tokens"])
+    yield _labelled(GaugeMetricFamily, "shadow_pages", "KV pages by state", "state",
+                    stats["pages"])
+    yield _labelled(GaugeMetricFamily, "shadow_gdn_entries", "GDN table entries by state",
+                    "state", stats["gdn_entries"])
+    yield GaugeMetricFamily("shadow_gdn_entry_bytes", "bytes of the GDN table's entries",
+                            stats["gdn_entry_bytes"])

@@ -1,0 +1,109 @@
+"""Single-token decode attention over pages (issue 16: decode at 100k was 2.23 ms a token over
+pages against 1.76 with FlashAttention-2 on contiguous rows). Shapes of random:qwen3.5-0.8b
+(H 8, Hkv 2, D 256), bf16, one query row at 25k, 50k and 100k context: FlashAttention-2
+(`attn_flash`) on the rows contiguous, and the table attention (`attn_triton.attend_table`) over
+the same rows in shuffled 512-row pages under several tilings, and over pages in order (what
+paging itself costs). Median GPU ms of 50 calls (CUDA events, after warm-up); relative RMS
+against the fp32 twin; bits equal under two page orders. Last line: one JSON object.
+
+    python -m evals.decode_probe
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+
+from adapters.model import attn_flash
+from adapters.model import attn_triton as at
+from adapters.model.ref import attend_ref
+from evals.bench import versions
+
+DEV, DT, PAGE = torch.device("cuda"), torch.bfloat16, 512
+TILINGS = {"decode": at.DECODE,
+           "bn64": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512, num_warps=4),
+           "bn64_s128": at.SplitConfig(block_m=16, block_n=64, s_max=128, min_split=512,
+                                       num_warps=4),
+           "bn128_w8": at.SplitConfig(block_m=16, block_n=128, s_max=128, min_split=512,
+                                      num_warps=8),
+           "bn64_st3": at.SplitConfig(block_m=16, block_n=64, s_max=128, min_split=512,
+                                      num_warps=4, num_stages=3),
+           "bn32_s128": at.SplitConfig(block_m=16, block_n=32, s_max=128, min_split=512,
+                                       num_warps=4),
+           "bn32_s256": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=256,
+                                       num_warps=4),
+           "bn64_s256": at.SplitConfig(block_m=16, block_n=64, s_max=256, min_split=256,
+                                       num_warps=4),
+           "bn32_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=256,
+                                          num_warps=2),
+           "bn32_s512": at.SplitConfig(block_m=16, block_n=32, s_max=512, min_split=128,
+                                       num_warps=4)}
+
+
+def timed(fn, n=50) -> float:
+    for _ in range(5):
+        fn()
+    out = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return round(statistics.median(out), 4)
+
+
+def pools(rows, seed, spare=8):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    n = -(-rows // PAGE)
+    order = torch.randperm(n + spare, generator=torch.Generator().manual_seed(seed))[:n]
+    k = torch.randn(n + spare, PAGE, 2, 256, device=DEV, generator=g).to(DT)
+    v = torch.randn(n + spare, PAGE, 2, 256, device=DEV, generator=g).to(DT)
+    return k, v, order.to(DEV)
+
+
+def main() -> int:
+    res = {}
+    for ctx in (25600, 51200, 102400):
+        pos = ctx - 1
+        k, v, order = pools(ctx, 1)
+        rows_k = k[order].flatten(0, 1)[:ctx].contiguous()
+        rows_v = v[order].flatten(0, 1)[:ctx].contiguous()
+        gen = torch.Generator(device=DEV).manual_seed(2)
+        q = torch.randn(1, 8, 256, device=DEV, generator=gen).to(DT)
+        out = torch.empty(1, 8 * 256, device=DEV, dtype=DT)
+        want = attend_ref(q, rows_k, rows_v, pos)
+        row = {"fa2_contiguous": timed(lambda: attn_flash.attend(q, pos, rows_k, rows_v, out))}
+        ptrs = torch.tensor([k.data_ptr(), v.data_ptr()], dtype=torch.long, device=DEV)
+        pos_t = torch.tensor([pos], dtype=torch.long, device=DEV)
+        in_order = torch.arange(order.numel(), device=DEV)
+        kc = rows_k if ctx % PAGE == 0 else None
+        for name, cfg in TILINGS.items():
+            o_part, l_part = at.scratch(1, 8, 256, cfg, DEV)
+
+            def call(pages=order, kp=ptrs):
+                at.attend_table(q, kp, pos_t, 2, o_part, l_part, out, cfg, pages, PAGE)
+            row[name] = timed(call)
+            got = out.clone()
+            row[name + "_rel_rms"] = round(((got.float() - want.float()).pow(2).mean().sqrt()
+                                            / want.float().pow(2).mean().sqrt()).item(), 5)
+            k2, v2, order2 = pools(ctx, 3, spare=3)      # the same rows in other places
+            k2[order2], v2[order2] = k[order], v[order]
+            ptrs2 = torch.tensor([k2.data_ptr(), v2.data_ptr()], dtype=torch.long, device=DEV)
+            call(order2, ptrs2)
+            row[name + "_same_bits_other_pages"] = torch.equal(out, got)
+            if name == "decode" and kc is not None:
+                ptrs_c = torch.tensor([rows_k.data_ptr(), rows_v.data_ptr()], dtype=torch.long,
+                                      device=DEV)
+                row["decode_pages_in_order"] = timed(lambda: call(in_order, ptrs_c))
+        res[f"{ctx // 1024}k"] = row
+        print(ctx, row, flush=True)
+    print(json.dumps({"probe": "decode", "dtype": "bfloat16", "gpu": torch.cuda.get_device_name(),
+                      **versions(), "results": res}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

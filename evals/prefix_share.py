@@ -1,0 +1,101 @@
+"""Sharing an agent's prefix (issue 16's sharing target): the shared sessions replayed as one
+agent's workload with its prefix (`--prefix`, a file of ../shared/data/prefixes), each alone
+through a fresh reader and then all together through one reader, interleaved turn by turn.
+Checks, per session after the first: ids read together <= ids read alone - the whole pages it
+shares with an earlier session's first prompt + one page (for a session without a system
+message of its own that is the whole prefix, system text and tools; one with its own system
+message shares only the prefix's system text, which its own text follows before the tools);
+reports the hit rate, resident bytes, pages held, GDN entry bytes, and
+whether the prefix's pages are held once (resident bytes <= the sessions' own pages + one copy
+of the prefix + the GDN table's entries + the sessions' GDN states).
+
+    python -m evals.prefix_share --prefix ../shared/data/prefixes/opencode_qwen.json \\
+        --model random:tiny --device cpu [SESSION.json ...]     (default: every shared session)
+
+No questions are asked (reads only). Prints a line per session and, last, one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from adapters.model import load_model
+from evals.data import data_dir
+from evals.replay import load_prefix, load_session, replay_many, with_prefix
+from shadow_plugin.host_view import host_turns
+from shadow_plugin.reader import Reader
+from shadow_plugin.renderer import Renderer
+from shadow_plugin.tokenizer import load_tokenizer
+
+
+def _turns(paths, prefix, renderer, tokenizer):
+    out = []
+    for p in paths:
+        messages, _ = load_session(p)
+        messages, tools = with_prefix(messages, prefix)
+        out.append((Path(p).stem, host_turns(messages, tools, renderer, tokenizer)))
+    return out
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sessions", nargs="*", help="session files (default: the shared set)")
+    ap.add_argument("--prefix", required=True, help="a prefix file (../shared/data/prefixes)")
+    ap.add_argument("--model", default="random:tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--grid", type=int, default=512)
+    args = ap.parse_args(argv)
+    paths = args.sessions or sorted(str(p) for p in (data_dir() / "sessions").glob("*.json"))
+    prefix = load_prefix(args.prefix)
+    tokenizer, renderer = load_tokenizer(), Renderer.from_model_dir(None)
+    sessions = _turns(paths, prefix, renderer, tokenizer)
+    model = load_model(args.model, device=args.device)
+    alone = {}
+    for sid, turns in sessions:
+        r = Reader(model, grid=args.grid, tokenizer=tokenizer)
+        alone[sid] = replay_many(r, [(sid, turns)], None, out=None)["sessions"][sid]
+        print(f"{sid}: alone read {alone[sid]['num_read']}", file=sys.stderr, flush=True)
+    reader = Reader(model, grid=args.grid, tokenizer=tokenizer)
+    together = replay_many(reader, sessions, None, check_exact=True, out=sys.stdout)
+    prefix_ids = len(tokenizer.encode(prefix[0]))
+    firsts = [turns[0].prompt_ids if turns else [] for _, turns in sessions]
+    per, met, shared_pages = {}, True, 0
+    for i, (sid, _) in enumerate(sessions):
+        got, solo = together["sessions"][sid]["num_read"], alone[sid]["num_read"]
+        pages = max([_common(firsts[i], f) // args.grid for f in firsts[:i]], default=0)
+        shared_pages += pages
+        bound = solo - pages * args.grid + (args.grid if i else 0)
+        per[sid] = {"read_alone": solo, "read_together": got, "shared_whole_pages": pages,
+                    "bound": bound, "met": got <= bound,
+                    "exact": together["sessions"][sid]["exact"]}
+        met = met and got <= bound
+    s = reader.stats()
+    own = sum(len(st.pages) for st in reader.table.resident.values())
+    live = sum(c.nbytes + r.nbytes for st in reader.table.resident.values() for c, r in st.gdn)
+    held_once = s["resident_bytes"] <= (own - shared_pages) * s["page_bytes"] + \
+        s["gdn_entry_bytes"] + live
+    print(json.dumps({
+        "model": args.model, "device": args.device, "grid": args.grid, "dtype": str(model.dtype),
+        "torch": torch.__version__, "date": str(datetime.date.today()),
+        "prefix": Path(args.prefix).name, "prefix_system_ids": prefix_ids,
+        "sessions": per, "target_met": met,
+        "prefix_held_once": held_once,
+        **{k: together[k] for k in ("prefix_cache_hit_rate", "prefix_cache_queried_tokens",
+                                    "prefix_cache_hit_tokens", "read_tokens", "reread_tokens",
+                                    "resident_bytes", "pages", "page_bytes", "gdn_entry_bytes",
+                                    "gdn_entries_by_kind")}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
