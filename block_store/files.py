@@ -99,17 +99,23 @@ def write_session(directory: Path, session: str, st: SessionState,
             "checksums": json.dumps({k: checksum(v) for k, v in tensors.items()}),
             "written_at": str(time.time())}
     path = directory / file_name(session)
-    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    atomic_save(tensors, path, meta)
+    return path, path.stat().st_size
+
+
+def atomic_save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """safetensors `tensors` with `meta` at `path`, atomically: a temporary file beside it
+    (`.NAME.PID.tmp`, swept at start-up), fsync, rename, fsync of the folder."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     save_file(tensors, str(tmp), metadata=meta)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return path, path.stat().st_size
 
 
 def _check_meta(meta: dict[str, str], session: str, ident: FileIdentity) -> None:
