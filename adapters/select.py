@@ -15,8 +15,13 @@ def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
     through torch.compile; default: on CUDA), attn_split (the table attention's tiling, a
     SplitConfig; setting it picks the table attention) and attention (model.graphs.ATTENTIONS;
     default: 'fa4' on Hopper where flash-attn-4 imports, else 'flash' on CUDA) choose how the
-    runners work. Raises ValueError for an attention this device cannot run, a tiling that is
-    not a SplitConfig, or any runner option without the runners."""
+    runners work. Raises ValueError for an attention this device cannot run ('flash', removed
+    with the pages, anywhere), a tiling that is not a SplitConfig, or any runner option
+    without the runners."""
+    if attention == "flash":
+        raise ValueError("attention 'flash' (torch's FlashAttention-2) is no longer one of the "
+                         "runners': it reads no page table, and KV lives in pages; use 'table' "
+                         "(or 'fa4' on a Hopper GPU)")
     if cuda_graphs is None:                 # on by default on CUDA
         cuda_graphs = model.device.type == "cuda"
     if not cuda_graphs and (attention, attn_split, fused_ops) != (None, None, None):

@@ -11,7 +11,8 @@ sessions' pages are found the same way.
 """
 from __future__ import annotations
 
-from .layout import GdnState
+from .gdn_table import GdnEntry
+from .layout import GdnState, clone_gdn
 from .pages import PageStore, Resume, find_resume, resume_states
 from .pool import Page
 from .session import Checkpoint, SessionState
@@ -102,20 +103,55 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     return res
 
 
-def commit_chunk(store: PageStore, st: SessionState, page: Page, gdn: GdnState,
-                 max_checkpoints: int) -> None:
-    """A chunk [C, C + G) was read into `page` (one reference from the caller), `gdn` the
-    states after it: name the page (or take the page already holding its content), advance
-    C, keep the states, take the checkpoints due at the new C and the tip entries."""
+def held_chunk(store: PageStore, st: SessionState) -> tuple[bytes, Page | None, GdnEntry | None]:
+    """The key of the next chunk [C, C + G) and, when the pool holds its page and the GDN table
+    the states at its end (another session read it, or this one before a rewrite), both
+    (none referenced yet); else (key, None, None)."""
     g, c = store.grid, st.committed
     ids = st.ids[c:c + g]
     key = store.key_after(st.keys, ids)
-    st.pages.append(store.manager.adopt(page, key, ids))
+    page = store.manager.lookup(key, ids)
+    entry = store.gdn.entries.get(key) if page is not None else None
+    if entry is None or entry.line != c + g:
+        return key, None, None
+    return key, page, entry
+
+
+def commit_held(store: PageStore, st: SessionState, key: bytes, page: Page, entry: GdnEntry,
+                max_checkpoints: int) -> None:
+    """Advance C over a chunk whose page and end states are held (held_chunk): no forward;
+    the ids count as prefix-cache hits, not as read."""
+    store.manager.take(page)
+    store.gdn.get(entry.key)                     # the most recently used
+    entry.hits += 1
+    if st.counted:
+        store.counters.prefix_cache_hit_tokens["memory"] += store.grid
+    _advance(store, st, page, key, clone_gdn(entry.states), max_checkpoints, read=False)
+
+
+def commit_chunk(store: PageStore, st: SessionState, page: Page, gdn: GdnState,
+                 max_checkpoints: int, key: bytes | None = None) -> None:
+    """A chunk [C, C + G) was read into `page` (one reference from the caller), `gdn` the
+    states after it (`key`: its key when known): name the page (or take the page already
+    holding its content), advance C, keep the states, take the checkpoints due at the new C
+    and the tip entries."""
+    g, c = store.grid, st.committed
+    ids = st.ids[c:c + g]
+    key = key or store.key_after(st.keys, ids)
+    _advance(store, st, store.manager.adopt(page, key, ids), key, gdn, max_checkpoints)
+
+
+def _advance(store: PageStore, st: SessionState, page: Page, key: bytes, gdn: GdnState,
+             max_checkpoints: int, read: bool = True) -> None:
+    """C += G with `page` (referenced) and the states after it; counters, checkpoints due,
+    the junction's entry and the tip."""
+    g = store.grid
+    st.pages.append(page)
     st.keys.append(key)
     st.gdn = gdn
     st.committed += g
     counters = store.counters
-    if st.counted:
+    if st.counted and read:
         counters.read_tokens += g
         if st.committed <= st.furthest:
             counters.reread_tokens[st.reread_cause] += g

@@ -30,6 +30,11 @@ class GdnEntry:
     hits: int = 0
 
     @property
+    def loose_bytes(self) -> int:
+        """Bytes of the unreferenced entries (what `evict` may drop)."""
+        return sum(e.nbytes for e in self.entries.values() if e.refs == 0)
+
+    @property
     def nbytes(self) -> int:
         return sum(c.nbytes + r.nbytes for c, r in self.states)
 
@@ -88,6 +93,11 @@ class GdnTable:
             freed += e.nbytes
             self.num_evicted += 1
         return freed
+
+    @property
+    def loose_bytes(self) -> int:
+        """Bytes of the unreferenced entries (what `evict` may drop)."""
+        return sum(e.nbytes for e in self.entries.values() if e.refs == 0)
 
     @property
     def nbytes(self) -> int:

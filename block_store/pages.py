@@ -74,7 +74,9 @@ class PageStore:
         return next_key(keys[-1] if keys else self.root, page_ids)
 
     def release_pages(self, pages: list[Page]) -> None:
-        for p in pages:
+        """One reference less on each, the last page first: a chain's head is freed last, so
+        it is reused last (without it, the rest of the chain cannot be found)."""
+        for p in reversed(pages):
             self.manager.release(p)
 
     def take_pages(self, pages: list[Page]) -> list[Page]:

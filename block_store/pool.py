@@ -105,13 +105,15 @@ class PagePool:
 
     def release(self, page: Page) -> None:
         """One reference less; at none, the page joins the free queue's most recent end,
-        keeping its key (an unnamed page is simply free). Raises ValueError for a page with no
-        reference."""
+        keeping its key (an unnamed page, holding nothing to share, joins the least recent end:
+        it is reused first). Raises ValueError for a page with no reference."""
         if page.refs < 1:
             raise ValueError(f"page {page.index} has no reference to release")
         page.refs -= 1
         if page.refs == 0:
             self.free[page.index] = None
+            if page.key is None:             # nothing to keep: used before cached pages
+                self.free.move_to_end(page.index, last=False)
 
     # -- counts ---------------------------------------------------------------------------------
     @property

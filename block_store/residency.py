@@ -71,6 +71,7 @@ class Counters:
     refusals: int = 0
     refusal_reasons: dict[str, int] = field(default_factory=dict)
     deleted_files: int = 0
+    write_errors: int = 0
 
 
 class Residency:
@@ -126,26 +127,35 @@ class Residency:
         unreferenced entries and park least recently used sessions other than `keep`."""
         gdn, cap = self.store.gdn, self.cfg.resident_bytes
         gdn.evict()
-        over = self.resident_bytes(sessions) - cap
-        if over > 0:
-            gdn.evict(max(0, gdn.nbytes - over))
+        self._evict_over(sessions)
         while self.resident_bytes(sessions) > cap:
             others = [s for s in sessions if s != keep]
             if not others:
                 return
             self.park(sessions, min(others, key=lambda s: sessions[s].last_used))
-            over = self.resident_bytes(sessions) - cap
-            if over > 0:
-                gdn.evict(max(0, gdn.nbytes - over))
+            self._evict_over(sessions)
+
+    def _evict_over(self, sessions: dict[str, SessionState]) -> None:
+        """Drop unreferenced GDN entries, least recently used first, until the resident bytes
+        are within the cap or none is left."""
+        over = self.resident_bytes(sessions) - self.cfg.resident_bytes
+        if over > 0:
+            gdn = self.store.gdn
+            gdn.evict(max(0, gdn.loose_bytes - over))
 
     def park(self, sessions: dict[str, SessionState], sid: str) -> None:
         """Move one resident session to disk (or drop its tensors without a disk)."""
         st = sessions.pop(sid)
         path = None
         if self.cfg.disk_dir is not None:   # also at C = 0: its ids outlive a restart
-            packed = pack(self.spec, kv_view(self.store, st).gather(st.committed), st.gdn,
-                          st.committed)
-            path, _ = files.write_session(self.cfg.disk_dir, sid, st, packed, self.ident)
+            try:
+                packed = pack(self.spec, kv_view(self.store, st).gather(st.committed), st.gdn,
+                              st.committed)
+                path, _ = files.write_session(self.cfg.disk_dir, sid, st, packed, self.ident)
+            except OSError as e:             # disk full, folder gone: dropped, ids kept
+                log.warning("could not write session %r (%s): dropped, its ids kept", sid, e)
+                self.counters.write_errors += 1
+        if path is not None:
             self.counters.spills += 1
             self.sweep(keep=path)
         else:

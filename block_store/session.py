@@ -84,11 +84,12 @@ def new_state(spec: StateSpec) -> SessionState:
 
 def release_state(store: PageStore, st: SessionState) -> None:
     """Give back every page and GDN entry the state references (they stay cached, findable
-    by key, until reused or evicted) and empty it."""
+    by key, until reused or evicted) and empty it (no ids, C = 0)."""
     store.release_pages(st.pages)
     for e in [cp.entry for cp in st.checkpoints] + st.tip:
         store.gdn.release(e)
     st.pages, st.keys, st.checkpoints, st.tip = [], [], [], []
+    st.ids, st.committed = [], 0             # a state given back can pass for no other
 
 
 def kv_view(store: PageStore, st: SessionState) -> PagedKv:

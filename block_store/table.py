@@ -154,4 +154,4 @@ class SessionTable:
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
                 "refusals": c.refusals, "refusal_reasons": dict(c.refusal_reasons),
-                "deleted_files": c.deleted_files}
+                "deleted_files": c.deleted_files, "write_errors": c.write_errors}

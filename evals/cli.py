@@ -39,6 +39,18 @@ def default_model(device: str) -> str:
     return find_local_model() or ("random:qwen3.5-0.8b" if device == "cuda" else "random:tiny")
 
 
+def _session_names(paths: list[str]) -> list[str]:
+    """A session name a file: its stem, with -2, -3, ... after a stem seen before (two files
+    of one name in different folders, or one file given twice)."""
+    names: list[str] = []
+    for p in paths:
+        stem, n = Path(p).stem, 1
+        while (f"{stem}-{n}" if n > 1 else stem) in names:
+            n += 1
+        names.append(f"{stem}-{n}" if n > 1 else stem)
+    return names
+
+
 def _replay(args) -> int:
     from adapters.model import load_model
     from shadow_plugin.exact import ExactnessError
@@ -56,9 +68,7 @@ def _replay(args) -> int:
     prefix = load_prefix(args.prefix) if args.prefix else None
     if prefix:
         loaded = [with_prefix(messages, prefix) for messages, _ in loaded]
-    stems = [Path(p).stem for p in args.session]
-    if len(set(stems)) != len(stems):
-        raise ValueError(f"two session files with one name: {stems}")
+    stems = _session_names(args.session)
     question = load_question(args.question)
     renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
     if args.template_dir and not renderer.uses_model_template:
@@ -149,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
                     " (default: attn_triton.READ)")
     bp.add_argument("--attention", choices=["fa4", "table"],
-                    help="the runners' attention on CUDA (default: fa4 where it runs, else flash)")
+                    help="the runners' attention on CUDA (default: fa4 where it runs, else table)")
     bp.add_argument("--out", help="also write the JSON object to this file")
     bp.set_defaults(func=_bench)
     fp = sub.add_parser("fresh", help="replay request timelines through the scheduler on "

@@ -134,9 +134,11 @@ def replay_many(reader: Reader, sessions: list[tuple[str, list[HostTurn]]],
                 question: Question | None, check_exact: bool = False, out=sys.stdout) -> dict:
     """Several sessions of one agent through one reader, interleaved turn by turn (turn 0 of
     each, then turn 1 of each, ...). Prints a line per session (ids read, ids held, C) and
-    returns {"sessions": {sid: Totals.as_dict() + num_held}, "prefix_cache_hit_rate" (ids
-    resumed from held pages over ids looked up), "read_tokens", "reread_tokens" (by cause),
-    "resident_bytes", "pages", "gdn_entry_bytes"}."""
+    returns {"sessions": {sid: Totals.as_dict() + committed (C)}, "prefix_cache_hit_rate" (ids
+    resumed from held pages and state over prompt ids looked up, as vLLM counts it: a
+    session's own earlier turns count too; what sharing saves is each session's ids read here
+    against alone, evals/prefix_share.py), "read_tokens", "reread_tokens" (by cause),
+    "resident_bytes", "pages", "gdn_entry_bytes", "gdn_entries_by_kind"}."""
     totals = {sid: Totals() for sid, _ in sessions}
     for n in range(max((len(t) for _, t in sessions), default=0)):
         for sid, turns in sessions:
@@ -145,10 +147,11 @@ def replay_many(reader: Reader, sessions: list[tuple[str, list[HostTurn]]],
     per = {}
     for sid, turns in sessions:
         _finish(reader, sid, turns, totals[sid], check_exact)
-        per[sid] = {**totals[sid].as_dict(), "num_held": reader.committed(sid) if turns else 0}
+        per[sid] = {**totals[sid].as_dict(), "committed": reader.committed(sid) if turns else 0}
         if out:
-            print(f"{sid}: read {totals[sid].num_read} ids, holds {per[sid]['num_ids']} ids "
-                  f"(C {per[sid]['num_held']}), re-read {totals[sid].num_reread}", file=out)
+            print(f"{sid}: read {totals[sid].num_read} ids (re-read {totals[sid].num_reread}); "
+                  f"holds {per[sid]['num_ids']} ids, {per[sid]['committed']} of them read "
+                  f"into state (C)", file=out)
     s = reader.stats()
     queried = s["prefix_cache_queried_tokens"]
     hits = sum(s["prefix_cache_hit_tokens"].values())

@@ -67,9 +67,13 @@ def advance_scratch(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: 
         drop_scratch(store, sc)
         sc = new_scratch(store, st, session, line)
     done = 0
-    while sc.state.committed < line and done < max_chunks:
-        read_chunk(adapter, rcfg, store, sc.state)
-        done += 1
+    try:
+        while sc.state.committed < line and done < max_chunks:
+            read_chunk(adapter, rcfg, store, sc.state)
+            done += 1
+    except BaseException:                  # a failed read: the base goes, its pages back
+        drop_scratch(store, sc)
+        raise
     return sc, done
 
 
@@ -79,7 +83,8 @@ def fork_base(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessio
     chunks go through the adapter's chunk forward (so they give the bits reads give).
     Returns (the scratch base below C, or None when the base is the session itself; L; ids
     committed on the way; ids read in scratch). scratch: a base already (partly) read toward
-    L below C, checked valid by the caller. The caller gives the scratch base back."""
+    L below C, checked valid by the caller. The caller gives the scratch base back (when a
+    read raises, it is given back here)."""
     line = at // rcfg.grid * rcfg.grid
     if at >= st.committed:
         num_committed = line - st.committed
@@ -87,8 +92,12 @@ def fork_base(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessio
             read_chunk(adapter, rcfg, store, st)
         return None, line, num_committed, 0
     sc = scratch if scratch is not None else new_scratch(store, st, "", line)
-    while sc.state.committed < line:
-        read_chunk(adapter, rcfg, store, sc.state)
+    try:
+        while sc.state.committed < line:
+            read_chunk(adapter, rcfg, store, sc.state)
+    except BaseException:                  # a failed read: the base goes, its pages back
+        drop_scratch(store, sc)
+        raise
     return sc, line, 0, sc.num_scratch
 
 

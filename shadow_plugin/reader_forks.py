@@ -61,8 +61,10 @@ class ForkCalls:
         line = at // self.config.grid * self.config.grid
         if at >= st.committed:
             return 0
+        # taken out first: a read that raises gives the base back, and none stays behind
         sc, done = fork.advance_scratch(self.adapter, self.config, self.table.store, st,
-                                        session, line, self._scratch.get(session), max_chunks)
+                                        session, line, self._scratch.pop(session, None),
+                                        max_chunks)
         self._scratch[session] = sc
         self.adapter.sync()
         return done

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from adapters import Adapter
 from block_store import PageStore, SessionState
-from block_store.checkpoints import commit_chunk
+from block_store.checkpoints import commit_chunk, commit_held, held_chunk
 
 
 @dataclass(frozen=True)
@@ -30,17 +30,23 @@ class ReaderConfig:
 
 
 def read_chunk(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState) -> None:
-    """Advance C by one grid chunk: forward ids[C:C+G] at C into a new page, commit the GDN
-    states, name the page (or take the one already holding its content), take the
-    checkpoints due at the new C. Requires a backlog of at least G. C, the pages and the GDN
+    """Advance C by one grid chunk: when the pool holds the chunk's page and the GDN table the
+    states at its end (another session, or this one before a rewrite, read it), take them
+    without a forward; else forward ids[C:C+G] at C into a new page, commit the GDN states,
+    name the page (or take the one already holding its content). Take the checkpoints due at
+    the new C. Requires a backlog of at least G. C, the pages and the GDN
     states change only after the forward returned; a forward that raises gives its page
     back."""
     c, g = st.committed, rcfg.grid
     assert st.backlog >= g, "read_chunk needs a whole chunk of backlog"
+    key, held, entry = held_chunk(store, st)
+    if held is not None:                  # its page and end states are held: no forward
+        commit_held(store, st, key, held, entry, rcfg.max_checkpoints)
+        return
     page = store.allocate()
     try:
         gdn = adapter.read_chunk(st.ids[c:c + g], c, store.view(st.pages, [page]), st.gdn)
     except BaseException:
         store.manager.release(page)
         raise
-    commit_chunk(store, st, page, gdn, rcfg.max_checkpoints)
+    commit_chunk(store, st, page, gdn, rcfg.max_checkpoints, key)

@@ -190,7 +190,9 @@ def test_a_plan_off_the_sub_pages_is_refused():
 
 def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
     with pytest.raises(ValueError, match="cuda_graphs off"):
-        Reader(tiny, grid=64, cuda_graphs=False, attention="flash")
+        Reader(tiny, grid=64, cuda_graphs=False, attention="table")
+    with pytest.raises(ValueError, match="'flash'.*reads no page table.*use 'table'"):
+        Reader(tiny, grid=64, attention="flash")            # removed with the pages
     from adapters.model.attn_triton import READ
     from adapters.model.runners import Runners
     with pytest.raises(ValueError, match="table attention's"):

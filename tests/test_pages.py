@@ -3,6 +3,7 @@ states in a parallel table, one lookup for rollback and sharing. After any histo
 sessions that share prefixes and diverge, with rewrites, asks, evictions of GDN entries,
 spills and restores, every session's committed state equals a fresh prefill bit for bit, and
 every page's references are exactly the sessions holding it."""
+import dataclasses
 import random
 from collections import Counter
 
@@ -89,7 +90,7 @@ def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed,
 
 
 def _reader(tiny, **kw):
-    return Reader(tiny, grid=G, max_checkpoints=2, **kw)
+    return Reader(tiny, grid=G, **{"max_checkpoints": 2, **kw})
 
 
 def test_a_shared_prefix_is_read_once_and_held_once(tiny):
@@ -189,3 +190,114 @@ def test_prompts_on_and_off_the_grid_spill_restore_and_continue(tiny, tmp_path, 
     assert r2.committed("a") >= (n + 70) // G * G - G      # restored from its file
     r2.read("a")
     assert r2.check_exact("a")
+
+
+def test_a_chunk_held_with_its_end_state_is_taken_without_a_forward(tiny):
+    """Ids that complete a chunk another session already read (its page and the state at its
+    end held) are committed without a forward. An identical second session, fed turn by turn:
+    resumes at a's prompt-line checkpoint (G), reads [G, 3G) (no state is kept at 2G or 3G),
+    then takes [3G, 5G) held (a's tip entries at 4G and 5G), and is exact."""
+    rng = random.Random(6)
+    ids = _rand(5 * G, rng)
+    r = _reader(tiny)
+    for s in "ab":
+        r.feed(s, ids[:100], "prompt")
+        r.read(s)
+        r.feed(s, ids[100:], "output")
+        r.read(s)
+    stats = r.stats()
+    assert stats["read_tokens"] == 5 * G + 2 * G                 # a's, then b's [G, 3G)
+    assert r.committed("b") == 5 * G and stats["pages"]["pinned"] == 5   # held once
+    assert stats["prefix_cache_hit_tokens"]["memory"] == G + 2 * G      # resumed + taken
+    assert stats["gdn_entries_by_kind"]["tip"]["hits"] == 2
+    assert r.check_exact("a") and r.check_exact("b")
+    check_refs(r)
+
+
+def _failing(r, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("the adapter failed")
+    monkeypatch.setattr(r.adapter, "read_chunk", boom)
+
+
+def test_a_failed_fork_read_gives_its_base_back_and_leaves_none_behind(tiny, monkeypatch):
+    """A re-read below C that raises (in prepare_fork or in an ask) gives the base's pages
+    back and leaves no base a later ask could use; that ask equals a fresh reader's."""
+    rng = random.Random(7)
+    ids = _rand(6 * G + 10, rng)
+    r = _reader(tiny, max_checkpoints=4)
+    r.feed("a", ids[:2 * G + 5], "prompt")                 # a checkpoint at 2G
+    r.read("a")
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    at = 3 * G + 5
+    while r.prepare_fork("a", at=at, max_chunks=8):
+        pass
+    with monkeypatch.context() as m:
+        _failing(r, m)
+        for call in (lambda: r.prepare_fork("a", at=5 * G + 5, max_chunks=8),
+                     lambda: r.ask("a", [5, 6, 7], ["x", "y"], at=4 * G + 5)):
+            with pytest.raises(RuntimeError, match="adapter failed"):
+                call()
+            check_refs(r)
+    assert "a" not in r._scratch
+    fresh = _reader(tiny)
+    fresh.feed("f", ids[:at], "prompt")
+    assert r.ask("a", [5, 6, 7], ["x", "y"], at=at).probs == \
+        fresh.ask("f", [5, 6, 7], ["x", "y"], at=at).probs
+    r.drop("a")
+    assert r.stats()["pages"]["pinned"] == 0
+
+
+def test_the_cap_drops_unreferenced_gdn_entries_before_parking_a_session(tiny):
+    rng = random.Random(8)
+    r = _reader(tiny, resident_bytes=1 << 40)
+    for s in "ab":
+        r.feed(s, _rand(4 * G + 5, rng), "prompt")
+        r.read(s)
+    r.drop("b")                                            # its entries stay, unreferenced
+    r.feed("c", _rand(G + 5, rng), "prompt")
+    r.read("c")
+    res, gdn = r.table.residency, r.table.store.gdn
+    loose = gdn.loose_bytes
+    assert loose > 0
+    res.cfg = dataclasses.replace(res.cfg, resident_bytes=res.resident_bytes(r.table.resident)
+                                  - 1000)
+    r.table.settle("c")
+    assert sorted(r.table.resident) == ["a", "c"] and 0 <= gdn.loose_bytes < loose
+
+
+def test_a_session_whose_file_cannot_be_written_is_dropped_with_its_ids(tiny, tmp_path,
+                                                                        monkeypatch):
+    from block_store import files
+    r = _reader(tiny, disk_dir=tmp_path)
+    ids = _rand(3 * G + 5, random.Random(9))
+    r.feed("a", ids, "prompt")
+    r.read("a")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files, "write_session", full)
+    r.table.residency.park(r.table.resident, "a")
+    check_refs(r)
+    assert r.knows("a") and r.stats()["write_errors"] == 1 and r.stats()["pages"]["pinned"] == 0
+    monkeypatch.undo()
+    r.feed("a", ids + [5], "prompt")                       # found again by its keys
+    assert r.committed("a") == 3 * G and r.check_exact("a")
+
+
+def test_blank_pages_are_reused_before_a_cached_prefix_and_a_chain_keeps_its_head(tiny):
+    """Scratch pages freed by a fork go to the front of the free queue, and a session's pages
+    are freed last page first: a later session with the dropped session's prefix finds it."""
+    rng = random.Random(10)
+    prefix = _rand(3 * G + 5, rng)
+    r = _reader(tiny)
+    r.feed("a", prefix, "prompt")
+    r.read("a")
+    r.drop("a")
+    r.feed("b", [11], "prompt")
+    r.ask("b", [5] * 150, ["x", "y"])                      # scratch pages, given back blank
+    r.feed("b", _rand(3 * G + 3, rng), "prompt")
+    r.read("b")
+    r.feed("c", prefix + [9], "prompt")
+    assert r.committed("c") == 3 * G and r.check_exact("c")

@@ -153,6 +153,7 @@ def test_cli_replays_one_agents_sessions_with_a_prefix(tmp_path, capsys):
     assert b["num_read"] < a["num_read"] and 0 < out["prefix_cache_hit_rate"] < 1
     assert out["resident_bytes"] > 0 and out["pages"]["pinned"] > 0
     assert [x.split(":")[0] for x in lines[:-1]] == ["a", "b"]
+    assert a["committed"] % 64 == 0 and a["committed"] <= a["num_ids"]
 
 
 def test_a_prefix_starts_the_one_system_message():

@@ -1,0 +1,194 @@
+"""An interleaved A/B of two trees of the code in one run (issue 16's speed targets: pages
+against the contiguous buffers of an earlier commit): one worker process per tree, each with
+its own model and reader on the same ids, driven in turns by this process, so both see the
+same GPU state and drift (one run of each after the other moved the earlier tree's own
+figures by up to 16 %). Per point, chunks are read alternately (one chunk A, one chunk B, at
+the same contexts), then the 9-class question and decode, alternately; GPU ms by CUDA events
+(wall ms on the CPU) in each worker; exactness checked in both at the end.
+
+    python -m evals.pages_ab --a .old2 --b . --ids X.npz Y.npz --points 16384,98304 \\
+        --ask-at 32768,100352 [--model random:qwen3.5-0.8b] [--device cuda]
+
+Only the public Reader API is used (feed, read, ask, generate, committed, check_exact), which
+both trees have. Prints a line per measurement and, last, one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+QUESTION = ("Which kind of turn is this?", ["chat", "code_edit", "debug", "design_ui", "explain",
+                                            "plan", "refactor", "review", "test"])
+
+
+# -- the worker (runs inside one tree) ------------------------------------------------------------
+def _timer(device: str):
+    import time
+
+    import torch
+    if device == "cuda":
+        def run(fn):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b)
+        return run
+
+    def wall(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return wall
+
+
+def worker(model_name: str, device: str, grid: int) -> None:
+    """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
+    from shadow_plugin import Reader, load_model
+    reader = Reader(load_model(model_name, device=device), grid=grid)
+    timed, ids, out = _timer(device), [], sys.stdout
+    sys.stdout = sys.stderr                      # library prints stay off the answer channel
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op, ans = cmd["op"], {}
+        if op == "ids":
+            ids = cmd["ids"]
+            reader.warm_up()
+            warm = [(ids[0] + 7) % 240000] + ids[1:2 * grid]      # other keys: nothing shared
+            reader.feed("warm", warm, "prompt")
+            reader.read("warm")
+            reader.drop("warm")
+            reader.feed("s", ids, "prompt")
+        elif op == "read_to":
+            while reader.committed("s") < cmd["at"]:
+                reader.read("s", max_chunks=1)
+        elif op == "chunk":
+            ans = {"at": reader.committed("s"),
+                   "ms": timed(lambda: reader.read("s", max_chunks=1))}
+        elif op == "ask":
+            ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}
+        elif op == "decode":
+            gen = reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"], stop_ids=())
+            ans = {"ms_per_token": gen.ms_per_token}
+        elif op == "exact":
+            ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
+        print(json.dumps(ans), file=out, flush=True)
+
+
+# -- the driver -----------------------------------------------------------------------------------
+class Tree:
+    """A worker process in `root` (its code first on the path)."""
+
+    def __init__(self, root: Path, args):
+        env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
+             "--device", args.device, "--grid", str(args.grid)],
+            cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker stopped on {cmd['op']} (its stderr says why)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _alternate(a: Tree, b: Tree, rounds: int, field: str,
+               **cmd) -> tuple[list[float], list[float]]:
+    """`rounds` of the same command, A then B, then B then A (so neither is always first):
+    the answers' `field`."""
+    ta, tb = [], []
+    for i in range(rounds):
+        for tree in ((a, b) if i % 2 == 0 else (b, a)):
+            (ta if tree is a else tb).append(tree(**cmd)[field])
+    return ta, tb
+
+
+def drive(args) -> dict:
+    import numpy as np
+    ids = np.concatenate([np.load(p)["ids"] for p in args.ids]).tolist()[:args.max_context]
+    a, b = Tree(Path(args.a).resolve(), args), Tree(Path(args.b).resolve(), args)
+    res = {}
+    try:
+        for tree in (a, b):
+            tree(op="ids", ids=ids)
+        for point in args.points:
+            for tree in (a, b):
+                tree(op="read_to", at=point)
+            ta, tb = [], []
+            for i in range(args.chunks):                # chunk i of A, then of B, same context
+                ta.append(a(op="chunk")["ms"])
+                tb.append(b(op="chunk")["ms"])
+            res[f"chunk_{point // 1024}k"] = _summary(ta, tb)
+            print(f"chunk at {point}: {res[f'chunk_{point // 1024}k']}", flush=True)
+        for at in args.ask_at:
+            for tree in (a, b):
+                tree(op="read_to", at=at // args.grid * args.grid)
+                tree(op="ask", at=at)                    # untimed: compiles, tokenizer
+            res[f"ask_{at // 1024}k"] = _summary(*_alternate(a, b, args.repeats, "ms",
+                                                              op="ask", at=at))
+            print(f"ask at {at}: {res[f'ask_{at // 1024}k']}", flush=True)
+        for tree in (a, b):
+            tree(op="decode", n=2)                       # untimed
+        res["decode"] = _summary(*_alternate(a, b, args.repeats, "ms_per_token", op="decode",
+                                             n=args.decode))
+        print(f"decode: {res['decode']}", flush=True)
+        res["exact"] = {"a": a(op="exact"), "b": b(op="exact")}
+        print(f"exact: {res['exact']}", flush=True)
+    finally:
+        a.close()
+        b.close()
+    return res
+
+
+def _summary(ta: list[float], tb: list[float]) -> dict:
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    return {"a_ms": round(ma, 3), "b_ms": round(mb, 3), "b_over_a": round(mb / ma, 4),
+            "a_all": [round(x, 3) for x in ta], "b_all": [round(x, 3) for x in tb]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
+    ap.add_argument("--b", default=".", help="tree B (default: this one)")
+    ap.add_argument("--ids", nargs="+", help=".npz files of evals/session_ids.py")
+    ap.add_argument("--model", default="random:qwen3.5-0.8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--max-context", type=int, default=102400)
+    ap.add_argument("--points", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[16384, 98304])
+    ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[32768, 100352])
+    ap.add_argument("--chunks", type=int, default=6, help="chunks timed a point, each tree")
+    ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
+    ap.add_argument("--decode", type=int, default=32, help="tokens a decode")
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.model, args.device, args.grid)
+        return 0
+    if not args.a or not args.ids:
+        ap.error("--a and --ids are needed")
+    res = drive(args)
+    print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b, "model": args.model,
+                      "device": args.device, "grid": args.grid,
+                      "date": datetime.date.today().isoformat(), "results": res}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
