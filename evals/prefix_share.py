@@ -2,10 +2,9 @@
 agent's workload with its prefix (`--prefix`, a file of ../shared/data/prefixes), each alone
 through a fresh reader and then all together through one reader, interleaved turn by turn.
 Checks, per session after the first: ids read together <= ids read alone - the whole pages it
-shares with an earlier session's first prompt + one page (for a session without a system
-message of its own that is the whole prefix, system text and tools; one with its own system
-message shares only the prefix's system text, which its own text follows before the tools);
-reports the hit rate, resident bytes, pages held, GDN entry bytes, and
+shares with an earlier session's first prompt + one page (measured from the rendered prompts,
+not assumed: where a session's own system text lands depends on the chat template; with
+Qwen3.5's and opencode's prefix all six shared sessions share 21 pages); reports the hit rate, resident bytes, pages held, GDN entry bytes, and
 whether the prefix's pages are held once (resident bytes <= the sessions' own pages + one copy
 of the prefix + the GDN table's entries + the sessions' GDN states).
 
