@@ -91,9 +91,10 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     for c in [c for c in st.checkpoints if c.pos > d]:
         store.gdn.release(c.entry)
     st.checkpoints = [c for c in st.checkpoints if c.pos <= d]
-    for e in [e for e in st.tip if e.line > res.line]:
+    keep = min(d, res.line)                      # above d a tip holds the old ids' states
+    for e in [e for e in st.tip if e.line > keep]:
         store.gdn.release(e)
-    st.tip = [e for e in st.tip if e.line <= res.line]
+    st.tip = [e for e in st.tip if e.line <= keep]
     st.junction = res.matched if res.matched > res.line else 0
     if res.line < st.furthest:
         st.reread_cause = cause

@@ -68,11 +68,6 @@ class GdnTable:
         entry.refs += 1
         return entry
 
-    def take(self, entry: GdnEntry) -> GdnEntry:
-        entry.refs += 1
-        self.entries.move_to_end(entry.key)
-        return entry
-
     def release(self, entry: GdnEntry) -> None:
         """One reference less (the entry stays, unreferenced, until evicted). Raises
         ValueError for an entry without a reference."""
@@ -112,7 +107,3 @@ class GdnTable:
             k["bytes"] += e.nbytes
             k["hits"] += e.hits
         return out
-
-    @property
-    def num_referenced(self) -> int:
-        return sum(1 for e in self.entries.values() if e.refs)

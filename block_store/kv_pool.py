@@ -81,10 +81,6 @@ class KvPool:
         self.pointers = self._pointers()
         self.manager.grow(num_pages)
 
-    def page_ids(self, index: int) -> tuple[int, ...] | None:
-        return self.manager.pages[index].ids
-
-
 @dataclass
 class PagedKv:
     """One sequence's KV rows: rows [0, len(pages) * G) in pages `pages` (indices into

@@ -59,10 +59,11 @@ class Reader(ForkCalls):
     first text question); resident_bytes (cap on resident session bytes, 4 GiB); disk_dir
     (where sessions past the cap are parked; None: they are dropped and read again from 0);
     disk_bytes (cap on the folder, None: none); disk_ttl_s (files older than this are
-    deleted, 48 h); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
+    deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
+    of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
     summaries: reader_forks.ForkCalls.
-    Raises ValueError for a bad grid, max_checkpoints or resident_bytes, an
+    Raises ValueError for a bad grid, max_checkpoints, resident_bytes or gdn_bytes, an
     attention this device cannot run, or an attention, attn_split or fused_ops without the
     runners.
     """
@@ -70,6 +71,7 @@ class Reader(ForkCalls):
     def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
+                 gdn_bytes: int | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
                  attn_split=None, attention: str | None = None):
         options = (cuda_graphs, fused_ops, attn_split, attention)
@@ -83,7 +85,8 @@ class Reader(ForkCalls):
         else:
             self.config = ReaderConfig(512 if grid is None else grid, max_checkpoints)
             self.adapter = make_adapter(model, self.config.grid, *options)
-        self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s)
+        self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
+                                        gdn_bytes)
         self._tokenizer = tokenizer
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self.table = SessionTable(self.adapter.spec, self.store_config,

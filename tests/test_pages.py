@@ -301,3 +301,20 @@ def test_blank_pages_are_reused_before_a_cached_prefix_and_a_chain_keeps_its_hea
     r.read("b")
     r.feed("c", prefix + [9], "prompt")
     assert r.committed("c") == 3 * G and r.check_exact("c")
+
+
+def test_the_gdn_budget_is_the_readers_to_set(tiny):
+    """Reader(gdn_bytes=0): unreferenced entries go at once (a dropped session's state is not
+    kept); a negative budget is refused."""
+    rng = random.Random(11)
+    ids = _rand(3 * G + 5, rng)
+    r = _reader(tiny, gdn_bytes=0)
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    r.drop("a")
+    r.feed("b", [1], "prompt")                           # settles: the loose entries go
+    assert r.table.store.gdn.loose_bytes == 0
+    r.feed("c", ids + [5], "prompt")
+    assert r.committed("c") == 0                         # pages cached, no state: from 0
+    with pytest.raises(ValueError, match="gdn_bytes must be >= 0"):
+        _reader(tiny, gdn_bytes=-1)
