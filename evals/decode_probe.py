@@ -11,13 +11,13 @@ against the fp32 twin; bits equal under two page orders. Last line: one JSON obj
 from __future__ import annotations
 
 import json
-import statistics
 
 import torch
 
 from adapters.model import attn_flash
 from adapters.model import attn_triton as at
 from adapters.model.ref import attend_ref
+from evals import attn_kernel
 from evals.bench import versions
 
 DEV, DT, PAGE = torch.device("cuda"), torch.bfloat16, 512
@@ -41,18 +41,9 @@ TILINGS = {"decode": at.DECODE,
                                        num_warps=4)}
 
 
-def timed(fn, n=50) -> float:
-    for _ in range(5):
-        fn()
-    out = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return round(statistics.median(out), 4)
+def timed(fn) -> float:
+    """attn_kernel.timed over 50 calls, rounded."""
+    return round(attn_kernel.timed(fn, repeats=50), 4)
 
 
 def pools(rows, seed, spare=8):
@@ -87,8 +78,7 @@ def main() -> int:
                 at.attend_table(q, kp, pos_t, 2, o_part, l_part, out, cfg, pages, PAGE)
             row[name] = timed(call)
             got = out.clone()
-            row[name + "_rel_rms"] = round(((got.float() - want.float()).pow(2).mean().sqrt()
-                                            / want.float().pow(2).mean().sqrt()).item(), 5)
+            row[name + "_rel_rms"] = round(attn_kernel.rel_rms(got, want), 5)
             k2, v2, order2 = pools(ctx, 3, spare=3)      # the same rows in other places
             k2[order2], v2[order2] = k[order], v[order]
             ptrs2 = torch.tensor([k2.data_ptr(), v2.data_ptr()], dtype=torch.long, device=DEV)

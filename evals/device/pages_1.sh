@@ -4,10 +4,8 @@
 # adapters, the pages' property tests) and the GPU exactness check over a real session with
 # rewrites (evals/gpu_exact.py, table attention: FA4 comes in the second call).
 #   bash evals/device/pages_1.sh      (carry .fa4a .fa4w .whl .devdata)
-set -uo pipefail
+source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
 export PYTHONUNBUFFERED=1
-out=${OUT:-out}
-mkdir -p "$out"
 bash "$(dirname "$0")/fa4_stash.sh" > /dev/null || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1

@@ -5,13 +5,10 @@
 # shadow_plugin evals`), one after the other in this call: read bands, the chunk at 16k and
 # 96k, the question at 32k and 100k, decode at 100k, exactness after the timed runs.
 #   bash evals/device/pages_2.sh      (carry .fa4b .whl .devdata .old2)
-set -uo pipefail
+source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
 export PYTHONUNBUFFERED=1
-out=${OUT:-out}
-mkdir -p "$out"
 export PYTHONPATH=/tmp/site:$PWD
 source "$(dirname "$0")/fa4_env.sh" || exit 1
-ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
 [ -n "${SKIP_TESTS:-}" ] || timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_attn_fa4.py 2>&1 \
     | tee "$out/fa4-tests.log" | tail -n 2
 for tree in new old; do

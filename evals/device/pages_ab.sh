@@ -3,14 +3,11 @@
 # archive e98a38a adapters block_store shadow_plugin evals`) and this one as two workers taking
 # turns, FA4 (after fa4_stash.sh in the call before, within 30 s).
 #   bash evals/device/pages_ab.sh      (carry .fa4b .whl .devdata .old2)
-set -uo pipefail
+source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
 export PYTHONUNBUFFERED=1
-out=${OUT:-out}
-mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 source "$(dirname "$0")/fa4_env.sh" || exit 1
-timeout 540 python3 -m evals.pages_ab --a .old2 --b . --ids .devdata/claudecode_vsla_5f8cbb78.npz \
-    .devdata/claudecode_vsla_9034225e_seg2.npz 2>&1 | grep -v '^!!' | tee "$out/pages-ab.log" \
+timeout 540 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" 2>&1 | grep -v '^!!' | tee "$out/pages-ab.log" \
     | tail -n 8 | cut -c1-600
