@@ -11,6 +11,7 @@ sessions' pages are found the same way.
 """
 from __future__ import annotations
 
+from .disk_io import load_resume
 from .gdn_table import GdnEntry
 from .layout import GdnState, clone_gdn
 from .pages import PageStore, Resume, find_resume, resume_states
@@ -78,12 +79,16 @@ def take(store: PageStore, st: SessionState, episode_start: bool, max_checkpoint
 def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
            cause: str = "other") -> Resume:
     """Move the session to where `prompt` (whose first difference from the held ids is d)
-    resumes (pages.find_resume): its pages below the line, C = the line, the states there;
+    resumes (pages.find_resume; what it found on disk loaded by disk_io.load_resume, counted
+    under the 'disk' tier): its pages below the line, C = the line, the states there;
     checkpoints above d and tip entries above the line go; where held pages end without a state
     above the line, an entry is due at their end (the junction: the admission idea of vLLM PR
     #37898). Counts the prompt's lookup; `cause` ('bpe', 'template', 'other') names what the
     ids read again below the session's furthest C will be counted under."""
-    res = find_resume(store, st.pages, st.keys, st.committed, prompt, d)
+    while True:                                  # again when a file on disk was refused
+        res = find_resume(store, st.pages, st.keys, st.committed, prompt, d)
+        if load_resume(store, res, prompt) is not None:
+            break
     gdn = resume_states(store, res, st.gdn)
     new_pages = store.take_pages(res.pages)
     store.release_pages(st.pages)
@@ -98,9 +103,10 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     st.junction = res.matched if res.matched > res.line else 0
     if res.line < st.furthest:
         st.reread_cause = cause
-    c = store.counters
+    c, on_disk = store.counters, res.num_loaded * store.grid
     c.prefix_cache_queried_tokens += len(prompt)
-    c.prefix_cache_hit_tokens["memory"] += res.line
+    c.prefix_cache_hit_tokens["memory"] += res.line - on_disk
+    c.prefix_cache_hit_tokens["disk"] += on_disk
     return res
 
 

@@ -124,18 +124,25 @@ def contiguous_kv(spec: StateSpec, page_rows: int, rows: int) -> PagedKv:
     return PagedKv(pool, list(range(n)))
 
 
-def write_pages(pool: KvPool, pages: Sequence[int],
-                rows: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Write per attention layer (k, v) [n G, Hkv, D] (any device) into the n pages `pages`,
-    page j taking rows [j G, (j + 1) G): one copy to the device and one indexed copy a
-    tensor (a restore from a file). Raises ValueError for rows that are not n whole pages."""
-    g, n = pool.page_rows, len(pages)
-    if not n:
-        return
+def put_pages(pool: KvPool, pages: Sequence[int], kv: torch.Tensor) -> None:
+    """Write kv [n, num_attention, 2, G, Hkv, D] (any device; page j's rows of every layer)
+    into the n pages `pages`: one copy to the device, one indexed copy (a load from disk).
+    Raises ValueError for rows of another shape."""
+    n = len(pages)
+    want = (n, *pool.block.shape[:2], *pool.block.shape[3:])
+    if tuple(kv.shape) != want:
+        raise ValueError(f"{n} pages need kv of shape {want}, got {tuple(kv.shape)}")
+    if n:
+        idx = torch.tensor(list(pages), dtype=torch.long, device=pool.spec.device)
+        src = kv.to(pool.spec.device, non_blocking=kv.is_pinned())   # ordered on the stream
+        pool.block.index_copy_(2, idx, src.movedim(0, 2))
+
+
+def pages_to_cpu(pool: KvPool, pages: Sequence[int], pinned: bool = False) -> torch.Tensor:
+    """Copies of the pages' rows on the CPU, kv [n, num_attention, 2, G, Hkv, D] (page j's
+    rows contiguous: what a page file holds), in page-locked memory when `pinned`; one
+    indexed gather and one copy (a spill)."""
     idx = torch.tensor(list(pages), dtype=torch.long, device=pool.spec.device)
-    for (k_pool, v_pool), (k, v) in zip(pool.layers(), rows):
-        if k.shape[0] != n * g or v.shape != k.shape:
-            raise ValueError(f"{n} pages of {g} rows need [{n * g}, Hkv, D] rows, got "
-                             f"{tuple(k.shape)} / {tuple(v.shape)}")
-        for dst, src in ((k_pool, k), (v_pool, v)):
-            dst.index_copy_(0, idx, src.to(dst.device).view(n, g, *src.shape[1:]))
+    rows = pool.block.index_select(2, idx).movedim(2, 0).contiguous()
+    out = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=pinned)
+    return out.copy_(rows)

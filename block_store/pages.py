@@ -3,14 +3,17 @@
 prompt resumes through (`find_resume`): its own older pages after a rewrite and another
 session's shared prefix are found the same way.
 
-A prompt resumes at the deepest grid line L such that every page below L is held and the GDN
-states at L are known (the session's own state at C, or a GDN entry at L); never from KV pages
-without the state at their end (the bug classes of vLLM #43090 and LMCache #2845).
+A prompt resumes at the deepest grid line L such that every page below L is held, in memory
+or on disk (disk.DiskStore, by key), and the GDN states at L are known (the session's own state
+at C, or a GDN entry at L in memory or on disk); never from KV pages without the state at their
+end (the bug classes of vLLM #43090 and LMCache #2845). What lies on disk is loaded by
+disk_io.load_resume.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .disk import DiskStore
 from .gdn_table import GdnEntry, GdnTable
 from .keys import next_key
 from .kv_pool import KvPool, PagedKv
@@ -40,12 +43,12 @@ class PageStore:
     """Args: spec; grid (G: page rows); root (keys.identity_key of the reader's identity);
     gdn_budget_bytes (what unreferenced GDN entries may keep); num_pages: pages allocated up
     front (on CUDA the table asks for what the resident cap holds, so that no chunk pays for
-    copying the pool into a larger one). More are added as needed (`allocate`); the caller
-    (table.SessionTable) keeps the cap."""
+    copying the pool into a larger one); disk: the disk tier (None: none). More pages are
+    added as needed (`allocate`); the caller (table.SessionTable) keeps the cap."""
 
     def __init__(self, spec: StateSpec, grid: int, root: bytes, gdn_budget_bytes: int,
-                 num_pages: int = 0):
-        self.spec, self.grid, self.root = spec, grid, root
+                 num_pages: int = 0, disk: DiskStore | None = None):
+        self.spec, self.grid, self.root, self.disk = spec, grid, root, disk
         self.pool = KvPool(spec, grid, num_pages)
         self.gdn = GdnTable(gdn_budget_bytes)
         self.counters = PageCounters()
@@ -85,26 +88,35 @@ class PageStore:
 
 @dataclass
 class Resume:
-    """Where a prompt resumes: line L; pages (held, not yet referenced) and keys of the pages
-    below L; the GDN states at L: 'own' (the session's own at C), a GdnEntry, or None (zero
+    """Where a prompt resumes: line L; pages (held, not yet referenced; None for a page found
+    on disk, not yet loaded) and keys of the pages below L; the GDN states at L: 'own' (the
+    session's own at C), a GdnEntry, the key of an entry on disk (bytes), or None (zero
     states, L = 0); matched: the line up to which the prompt's pages were found held (>= L:
-    above L held pages end without a state, a junction worth keeping one at)."""
+    above L held pages end without a state, a junction worth keeping one at); num_loaded: the
+    pages disk_io.load_resume brought from disk."""
 
     line: int
-    pages: list[Page]
+    pages: list[Page | None]
     keys: list[bytes]
-    state: str | GdnEntry | None
+    state: str | GdnEntry | bytes | None
     matched: int = 0
+    num_loaded: int = 0
+
+    @property
+    def num_disk_pages(self) -> int:
+        return sum(p is None for p in self.pages)
 
 
 def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
                 committed: int, prompt: list[int], d: int) -> Resume:
     """The deepest line L <= len(prompt) (whole pages) where `prompt` can resume: the
     session's own pages count up to its first difference d, others are looked up by key
-    (ids compared); the state at L is the session's own when L == C <= d, else a GDN entry."""
-    g, pool, gdn = store.grid, store.manager, store.gdn
+    (ids compared; on disk, compared when loaded); the state at L is the session's own when
+    L == C <= d, else a GDN entry (in memory, else on disk). Disk lookups (a file's
+    existence) start where memory ends: a resident session's prompt costs at most one."""
+    g, pool, gdn, disk = store.grid, store.manager, store.gdn, store.disk
     best = Resume(0, [], [], None)
-    pages: list[Page] = []
+    pages: list[Page | None] = []
     keys: list[bytes] = []
     for i in range(len(prompt) // g):
         end = (i + 1) * g
@@ -113,7 +125,7 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
         else:
             key = store.key_after(keys, prompt[i * g:end])
             page = pool.lookup(key, prompt[i * g:end])
-            if page is None:
+            if page is None and (disk is None or not disk.has_page(key)):
                 break
         pages.append(page)
         keys.append(key)
@@ -123,6 +135,11 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
             entry = gdn.entries.get(key)
             if entry is not None and entry.line == end:
                 best = Resume(end, list(pages), list(keys), entry)
+    if disk is not None:                 # a deeper state on disk, deepest first
+        for n in range(len(pages), best.line // g, -1):
+            if keys[n - 1] not in gdn.entries and disk.has_entry(keys[n - 1]):
+                best = Resume(n * g, pages[:n], keys[:n], keys[n - 1])
+                break
     best.matched = len(pages) * g
     return best
 

@@ -115,6 +115,19 @@ class PagePool:
             if page.key is None:             # nothing to keep: used before cached pages
                 self.free.move_to_end(page.index, last=False)
 
+    def forget_cached(self) -> int:
+        """Every free page forgets the content it kept (as if reused): only referenced pages
+        (and the disk tier) still hold what was read. Returns the pages forgotten. For tests
+        and benchmarks of the disk tier."""
+        n = 0
+        for i in self.free:
+            page = self.pages[i]
+            if page.key is not None:
+                if self.by_key.get(page.key) == i:
+                    del self.by_key[page.key]
+                page.key, page.ids, n = None, None, n + 1
+        return n
+
     # -- counts ---------------------------------------------------------------------------------
     @property
     def num_pinned(self) -> int:

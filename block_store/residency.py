@@ -3,28 +3,30 @@
 Resident bytes (`resident_bytes`): the pages sessions reference (a shared page once), the GDN
 table's entries and each resident session's GDN states. Past the cap unreferenced GDN entries
 go first, least recently used first; then the least recently used session other than the one
-in use is parked:
-written to `disk_dir` (files.write_session) or, without a disk, dropped (its ids stay; it is read
-again from 0 when used), its pages and entries given back to the page store (cached there,
-findable by key, until reused). Files older than the TTL are deleted, and past `disk_bytes` the
-oldest
-go first. A refused file is moved to `disk_dir/refused/`, counted and logged.
+in use is parked: its pages, its states at C and its checkpoints' entries written to the disk
+tier (disk.DiskStore, by key: what is on disk already is not written again) and then its
+manifest (disk_io.save_session); without a disk, or when the write fails, it is dropped (its
+ids stay). Either way its pages and entries go back to the page store, cached and findable by
+key until reused, and its states at C stay there as an unreferenced entry, so a restore soon
+after finds them in memory. A restore resumes the session's ids through the one lookup
+(checkpoints.resume: memory, then disk), so it lands at the deepest line still held. The disk
+keeps its TTL and byte cap (DiskStore.sweep); a refused file is set aside under
+disk_dir/refused/, counted and logged.
 """
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from . import files
-from .kv_pool import write_pages
-from .layout import pack
+from .checkpoints import resume
+from .disk import DiskStore, Manifest
+from .disk_io import manifest_of, save_session
 from .pages import PageStore
-from .session import Checkpoint, SessionState, kv_view, new_state, release_state
+from .session import Checkpoint, SessionState, new_state, release_state
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StoreConfig:
     """resident_bytes: the cap on resident session bytes; disk_dir: where parked sessions go
-    (None: dropped instead); disk_bytes: cap on the folder's session files (None: no cap);
+    (None: dropped instead); disk_bytes: cap on the folder's files, pages, GDN entries and
+    manifests (None: no cap);
     disk_ttl_s: files older than this are deleted (48 h, as the seed's engine); gdn_bytes:
     what unreferenced GDN table entries may keep (None: a quarter of resident_bytes)."""
 
@@ -55,12 +58,16 @@ class StoreConfig:
 
 @dataclass
 class Parked:
-    """A session that holds no device memory: its ids (int64), and its file when written."""
+    """A session that holds no device memory: its ids (int64), its manifest when written (None:
+    dropped), the C its manifest holds, the furthest C it had committed, and (dropped only) its
+    pending lines and shared line."""
 
     ids: np.ndarray
-    path: Path | None
-    pending_lines: dict[int, bool]
+    manifest: Path | None
     committed_on_disk: int = 0
+    furthest: int = 0
+    pending_lines: dict[int, bool] = field(default_factory=dict)
+    shared_line: int = 0
 
 
 @dataclass
@@ -68,8 +75,6 @@ class Counters:
     spills: int = 0
     drops: int = 0
     restores: int = 0
-    refusals: int = 0
-    refusal_reasons: dict[str, int] = field(default_factory=dict)
     deleted_files: int = 0
     write_errors: int = 0
 
@@ -77,42 +82,41 @@ class Counters:
 class Residency:
     """Parks and restores sessions for a reader. Holds only the parked records and counters;
     the resident sessions dict is passed in by the session table (table.SessionTable) on every
-    call."""
+    call. `store.disk` is the disk tier (None without disk_dir)."""
 
-    def __init__(self, cfg: StoreConfig, store: PageStore, ident: files.FileIdentity):
-        self.cfg, self.store, self.spec, self.ident = cfg, store, store.spec, ident
+    def __init__(self, cfg: StoreConfig, store: PageStore):
+        self.cfg, self.store, self.spec = cfg, store, store.spec
+        self.disk: DiskStore | None = store.disk
         self.parked: dict[str, Parked] = {}
         self.counters = Counters()
-        if cfg.disk_dir is not None:
-            cfg.disk_dir.mkdir(parents=True, exist_ok=True)
-            for tmp in cfg.disk_dir.glob(".*.tmp"):        # a writer that died mid-write
-                tmp.unlink(missing_ok=True)
+        if self.disk is not None:
             self.sweep()
-            self._adopt()
+            for path in self.disk.manifests():     # what an earlier process parked here
+                self._adopt(path)
 
-    def _adopt(self) -> None:
-        """List the sessions an earlier process parked here (stats shows them as on disk)."""
-        for path in sorted(self.cfg.disk_dir.glob("*" + files.SUFFIX)):
-            self._adopt_file(path)
-
-    def _adopt_file(self, path: Path) -> Parked | None:
-        """Record a file this reader could load (its header and ids read, its state left on
-        disk) as a parked session; None for a file of another model, grid or format."""
-        found = files.peek(path, self.ident)
-        if found is None or path.name != files.file_name(found[0]):
+    def _adopt(self, path: Path, refuse: bool = False) -> Parked | None:
+        """Record a manifest this reader could use (its ids read, its pages left on disk) as
+        a parked session; None for a manifest that does not fit: left alone (another reader
+        on the folder may use it), or with `refuse` (its session was asked for) set aside."""
+        try:
+            sid, m = self.disk.read_manifest_file(path)
+        except files.RefusedFile as e:
+            if refuse:
+                log.warning("refused manifest %s: %s", path.name, e)
+                self.disk.set_aside(e.path or path, e.reason)
             return None
-        sid, ids, committed = found
-        self.parked[sid] = Parked(ids, path, {}, committed)
+        self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
+                                  m.committed)
         return self.parked[sid]
 
     def record(self, sid: str) -> Parked | None:
-        """The parked record of `sid`, adopting its file when one appeared on disk since this
-        reader started (another process sharing the folder); None when there is none this
-        reader could load. Restores nothing."""
+        """The parked record of `sid`, adopting its manifest when one appeared on disk since
+        this reader started (another process sharing the folder); None when there is none
+        this reader could use. Restores nothing."""
         rec = self.parked.get(sid)
-        if rec is None:
-            path = self._disk_path(sid)
-            rec = self._adopt_file(path) if path is not None else None
+        if rec is None and self.disk is not None:
+            path = self.disk.manifest_path(sid)
+            rec = self._adopt(path, refuse=True) if path.is_file() else None
         return rec
 
     # -- parking --------------------------------------------------------------------------------
@@ -147,21 +151,23 @@ class Residency:
         """Move one resident session to disk (or drop its tensors without a disk)."""
         st = sessions.pop(sid)
         path = None
-        if self.cfg.disk_dir is not None:   # also at C = 0: its ids outlive a restart
+        if self.disk is not None:       # also at C = 0: its ids outlive a restart
             try:
-                packed = pack(self.spec, kv_view(self.store, st).gather(st.committed), st.gdn,
-                              st.committed)
-                path, _ = files.write_session(self.cfg.disk_dir, sid, st, packed, self.ident)
+                path = save_session(self.store, self.disk, sid, st)
             except OSError as e:             # disk full, folder gone: dropped, ids kept
                 log.warning("could not write session %r (%s): dropped, its ids kept", sid, e)
                 self.counters.write_errors += 1
         if path is not None:
             self.counters.spills += 1
-            self.sweep(keep=path)
+            self.sweep(keep={path})
         else:
             self.counters.drops += 1
-        self.parked[sid] = Parked(files.ids_array(st.ids), path, dict(st.pending_lines),
-                                  st.committed if path else 0)
+        if st.committed:                 # findable while memory allows (a restore soon after)
+            gdn = self.store.gdn
+            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state"))
+        self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
+                                  st.committed if path else 0, st.furthest,
+                                  dict(st.pending_lines), st.shared_line)
         release_state(self.store, st)
 
     def close(self, sessions: dict[str, SessionState]) -> None:
@@ -169,109 +175,109 @@ class Residency:
         for sid in list(sessions):
             self.park(sessions, sid)
 
+    def save_manifest(self, sid: str, st: SessionState) -> Path | None:
+        """Write the resident session's manifest (a turn's start or end; its pages are written
+        when it is parked: a restart resumes at the deepest line whose pages and states are
+        on disk). None without a disk. Raises OSError when it cannot be written."""
+        if self.disk is None:
+            return None
+        return self.disk.write_manifest(sid, manifest_of(st))
+
     # -- restoring ------------------------------------------------------------------------------
     def knows(self, sid: str) -> bool:
-        return sid in self.parked or self._disk_path(sid) is not None
+        return sid in self.parked or (self.disk is not None and
+                                      self.disk.manifest_path(sid).is_file())
 
-    def _disk_path(self, sid: str) -> Path | None:
-        if self.cfg.disk_dir is None:
+    def _manifest(self, sid: str, rec: Parked | None) -> Manifest | None:
+        """The session's manifest when it has one this reader can use; a refused one is set
+        aside (counted, logged)."""
+        if self.disk is None:
             return None
-        path = self.cfg.disk_dir / files.file_name(sid)
-        return path if path.is_file() else None
+        path = rec.manifest if rec is not None else self.disk.manifest_path(sid)
+        if path is None or not path.is_file():
+            return None
+        try:
+            m = self.disk.read_manifest(sid)
+            if rec is not None and not np.array_equal(np.asarray(m.ids), rec.ids):
+                raise files.RefusedFile("ids", "the manifest's ids differ from the session's",
+                                        path)
+            return m
+        except files.RefusedFile as e:
+            log.warning("refused manifest of session %r: %s", sid, e)
+            self.disk.set_aside(e.path or path, e.reason)
+            return None
 
     def restore(self, sid: str) -> SessionState | None:
-        """The parked (or on-disk, from an earlier process) session `sid`, back on the device;
-        None when it is unknown. A refused file is set aside and the session starts again
-        from 0 with its ids (when they are known)."""
+        """The parked (or on-disk, from an earlier process) session `sid`, resident again:
+        its ids, resumed at the deepest line whose pages and states are held (memory, then
+        disk), its checkpoints whose entries are found; None when it is unknown. A refused
+        manifest is set aside and the session starts again from 0 with its ids (when known)."""
         rec = self.parked.pop(sid, None)
-        path = rec.path if rec else self._disk_path(sid)
-        if path is not None and path.is_file():
-            try:
-                loaded = files.read_session(path, sid, self.ident, self.spec)
-                if rec is not None and not np.array_equal(np.asarray(loaded.ids), rec.ids):
-                    raise files.RefusedFile("ids", "the file's ids differ from the session's")
-                self.counters.restores += 1
-                return self._load(loaded)
-            except files.RefusedFile as e:
-                self._refuse(path, e)
-        if rec is None:
+        m = self._manifest(sid, rec)
+        if m is None and rec is None:
             return None
         st = new_state(self.spec)
-        st.ids = rec.ids.tolist()
-        st.pending_lines = {p: e for p, e in rec.pending_lines.items() if p > 0}
+        ids = m.ids if m is not None else rec.ids.tolist()
+        resume(self.store, st, ids, 0)
+        st.ids, st.furthest = ids, max(rec.furthest if rec else 0,
+                                       m.committed if m else 0, st.committed)
+        if m is not None:
+            self._checkpoints(st, m)
+            st.pending_lines, st.shared_line = m.pending_lines, m.shared_line
+        else:
+            st.pending_lines, st.shared_line = rec.pending_lines, rec.shared_line
+        st.pending_lines = {p: e for p, e in st.pending_lines.items() if p > st.committed}
+        self.counters.restores += 1
         return st
 
-    def _load(self, loaded: files.Loaded) -> SessionState:
-        """A resident state from a file's content: pages held already (by key) are taken,
-        the others allocated and written; checkpoints become GDN table entries."""
-        store, g = self.store, self.store.grid
-        st = new_state(self.spec)
-        st.ids, st.gdn = loaded.ids, loaded.gdn
-        new: list[int] = []                      # page numbers to write from the file
-        for i in range(loaded.committed // g):
-            ids = loaded.ids[i * g:(i + 1) * g]
-            key = store.key_after(st.keys, ids)
-            page = store.manager.lookup(key, ids)
-            if page is not None:
-                store.manager.take(page)
+    def _checkpoints(self, st: SessionState, m: Manifest) -> None:
+        """The manifest's checkpoints at or below C whose entries are found (memory, then
+        disk), referenced by `st`."""
+        gdn, dev = self.store.gdn, self.spec.device
+        for pos, key_hex, episode, kept in m.checkpoints:
+            key = bytes.fromhex(key_hex)
+            if pos > st.committed or st.keys[pos // self.store.grid - 1] != key:
+                continue
+            entry = gdn.get(key)
+            if entry is not None:
+                entry = gdn.put(key, pos, entry.states)
             else:
-                page = store.manager.name(store.allocate(), key, ids)
-                new.append(i)
-            st.pages.append(page)
-            st.keys.append(key)
-        if new:
-            sel = torch.tensor(new)
-            write_pages(store.pool, [st.pages[i].index for i in new],
-                        [(k.view(-1, g, *k.shape[1:])[sel].flatten(0, 1),
-                          v.view(-1, g, *v.shape[1:])[sel].flatten(0, 1))
-                         for k, v in loaded.kv_rows])
-        st.committed = st.furthest = loaded.committed
-        for pos, gdn, episode, kept in loaded.checkpoints:
-            entry = store.gdn.put(st.keys[pos // g - 1], pos, gdn,
-                                  "shared" if kept else "checkpoint")
+                try:
+                    line, states, kind = self.disk.read_entry(key)
+                except files.RefusedFile as e:
+                    self.disk.set_aside(e.path, e.reason)
+                    continue
+                if line != pos:
+                    continue
+                entry = gdn.put(key, pos, [(c.to(dev), r.to(dev)) for c, r in states], kind)
             st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
-        st.pending_lines, st.shared_line = loaded.pending_lines, loaded.shared_line
-        return st
-
-    def _refuse(self, path: Path, e: files.RefusedFile) -> None:
-        log.warning("refused session file %s: %s", path.name, e)
-        c = self.counters
-        c.refusals += 1
-        c.refusal_reasons[e.reason] = c.refusal_reasons.get(e.reason, 0) + 1
-        aside = path.parent / "refused"
-        aside.mkdir(exist_ok=True)
-        path.replace(aside / f"{path.stem}.{e.reason}.{int(time.time())}{path.suffix}")
 
     def forget(self, sid: str) -> None:
-        """Drop a session's record and file."""
-        rec = self.parked.pop(sid, None)
-        path = rec.path if rec else self._disk_path(sid)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        """Drop a session's record and manifest (its pages stay on disk for other sessions
+        until the TTL or the cap deletes them)."""
+        self.parked.pop(sid, None)
+        if self.disk is not None:
+            self.disk.manifest_path(sid).unlink(missing_ok=True)
 
     # -- the disk -------------------------------------------------------------------------------
-    def sweep(self, keep: Path | None = None) -> None:
-        """Delete files past the TTL, then the oldest past disk_bytes (never `keep`)."""
-        d = self.cfg.disk_dir
-        if d is None:
+    def sweep(self, keep: set[Path] = frozenset()) -> None:
+        """Delete files past the TTL, then the oldest past disk_bytes (never `keep`); a
+        parked session whose manifest went keeps its ids in memory (dropped)."""
+        if self.disk is None:
             return
-        now = time.time()
-        paths = sorted(d.glob("*" + files.SUFFIX), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in paths)
-        for p in paths:
-            expired = now - p.stat().st_mtime > self.cfg.disk_ttl_s
-            over = self.cfg.disk_bytes is not None and total > self.cfg.disk_bytes
-            if p != keep and (expired or over):
-                total -= p.stat().st_size
-                p.unlink(missing_ok=True)
-                self.counters.deleted_files += 1
-                self._unlink_record(p)
-
-    def _unlink_record(self, path: Path) -> None:
+        gone = self.disk.sweep(self.cfg.disk_ttl_s, self.cfg.disk_bytes, keep)
+        self.counters.deleted_files += len(gone)
+        lost = set(gone)
         for rec in self.parked.values():
-            if rec.path == path:
-                rec.path, rec.committed_on_disk = None, 0
+            if rec.manifest in lost:
+                rec.manifest, rec.committed_on_disk = None, 0
 
-    def disk_usage_bytes(self) -> int:
-        d = self.cfg.disk_dir
-        return sum(p.stat().st_size for p in d.glob("*" + files.SUFFIX)) if d else 0
+    def disk_counts(self) -> dict[str, int]:
+        """Files on disk (DiskStore.counts); zeros without a disk."""
+        if self.disk is None:
+            return {"pages": 0, "gdn_entries": 0, "manifests": 0, "bytes": 0}
+        return self.disk.counts()
+
+    def refusals(self) -> dict[str, int]:
+        """Files set aside, by reason."""
+        return dict(self.disk.refusals) if self.disk is not None else {}

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .disk import DiskStore
 from .files import FileIdentity
 from .keys import identity_key
 from .layout import StateSpec
@@ -24,12 +25,14 @@ class SessionTable:
 
     def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, grid: int):
         self.spec, self.cfg = spec, cfg
-        self.store = PageStore(spec, grid, identity_key(ident.as_meta()), cfg.gdn_bytes)
+        disk = DiskStore(cfg.disk_dir, ident) if cfg.disk_dir is not None else None
+        self.store = PageStore(spec, grid, identity_key(ident.as_meta()), cfg.gdn_bytes,
+                               disk=disk)
         if spec.device.type == "cuda":       # the pages the cap holds, allocated up front
             pages_bytes = max(0, cfg.resident_bytes - cfg.gdn_bytes)
             self.store.pool.grow(pages_bytes // self.store.pool.page_bytes)
         self.resident: dict[str, SessionState] = {}
-        self.residency = Residency(cfg, self.store, ident)
+        self.residency = Residency(cfg, self.store)
         self._clock = 0
 
     def knows(self, sid: str) -> bool:
@@ -116,6 +119,13 @@ class SessionTable:
             release_state(self.store, st)
         self.residency.forget(sid)
 
+    def save(self, sid: str) -> None:
+        """Write the resident session's manifest (a turn's start or end) when there is a disk.
+        Raises OSError when it cannot be written."""
+        st = self.resident.get(sid)
+        if st is not None:
+            self.residency.save_manifest(sid, st)
+
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""
         self.residency.close(self.resident)
@@ -133,25 +143,26 @@ class SessionTable:
                      "num_ids": len(st.ids)}
                for sid, st in self.resident.items()}
         for sid, rec in self.residency.parked.items():
-            per[sid] = {"residency": "disk" if rec.path else "dropped", "bytes": 0,
+            per[sid] = {"residency": "disk" if rec.manifest else "dropped", "bytes": 0,
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
                         "num_ids": len(rec.ids)}
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
-        pc = self.store.counters
+        pc, on_disk = self.store.counters, self.residency.disk_counts()
+        refusals = self.residency.refusals()
         return {"sessions": per,
                 "resident_bytes": self.residency.resident_bytes(self.resident),
                 "pages": {"pinned": m.num_pinned, "cached": m.num_cached, "free": m.num_free,
-                          "disk": 0},
+                          "disk": on_disk["pages"]},
                 "page_bytes": page_bytes, "pool_bytes": self.store.pool.nbytes,
-                "gdn_entries": {"resident": len(gdn.entries), "disk": 0},
+                "gdn_entries": {"resident": len(gdn.entries), "disk": on_disk["gdn_entries"]},
                 "gdn_entry_bytes": gdn.nbytes, "gdn_entries_by_kind": gdn.by_kind(),
                 "prefix_cache_queried_tokens": pc.prefix_cache_queried_tokens,
                 "prefix_cache_hit_tokens": dict(pc.prefix_cache_hit_tokens),
                 "read_tokens": pc.read_tokens, "reread_tokens": dict(pc.reread_tokens),
                 "resident_cap_bytes": self.cfg.resident_bytes,
-                "disk_bytes": self.residency.disk_usage_bytes(),
+                "disk_bytes": on_disk["bytes"],
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
-                "refusals": c.refusals, "refusal_reasons": dict(c.refusal_reasons),
+                "refusals": sum(refusals.values()), "refusal_reasons": refusals,
                 "deleted_files": c.deleted_files, "write_errors": c.write_errors}

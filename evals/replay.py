@@ -37,6 +37,8 @@ class Totals:
     rewrites_template: int = 0     # other text (the template dropped earlier reasoning)
     ask_ms: list[float] = field(default_factory=list)
     exact: bool | None = None
+    furthest: int = 0              # the furthest C the session committed so far
+    rewrites: list[dict] = field(default_factory=list)     # one record a rewrite (see below)
 
     def as_dict(self) -> dict:
         return {"turns": self.turns, "num_ids": self.num_ids, "num_read": self.num_read,
@@ -46,7 +48,20 @@ class Totals:
                 "ask_ms_mean": round(statistics.fmean(self.ask_ms), 2) if self.ask_ms else None,
                 "ask_ms_max": round(max(self.ask_ms), 2) if self.ask_ms else None,
                 "rollbacks": self.rollbacks, "rewrites_bpe": self.rewrites_bpe,
-                "rewrites_template": self.rewrites_template, "exact": self.exact}
+                "rewrites_template": self.rewrites_template, **bound_summary(self.rewrites),
+                "exact": self.exact}
+
+
+def bound_summary(rewrites: list[dict]) -> dict:
+    """Issue 16's re-read targets over the rewrite records: each BPE-boundary rewrite re-reads
+    at most one page; each other (template) rewrite at most the ids from its first difference
+    to the furthest C, plus one page. The worst of each kind and the records past the bound."""
+    out = {}
+    for kind in ("bpe", "template"):
+        rows = [r for r in rewrites if (r["cause"] == "bpe") == (kind == "bpe")]
+        out[f"max_reread_{kind}"] = max((r["reread"] for r in rows), default=0)
+        out[f"num_over_bound_{kind}"] = sum(not r["within"] for r in rows)
+    return out
 
 
 HEADER = (f"{'turn':>4} {'prompt':>7} {'read':>6} {'rollback':>15} {'read ms':>8} {'C':>7} "
@@ -75,7 +90,12 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     """Turn n of session `sid`: feed the prompt (a rewrite goes through the lookup; its kind,
     reader.FeedResult.rewrite, is counted with the ids it sends back to be read again), read
     all whole chunks, feed the output, ask (question None: no ask, no row); print its row to
-    `out` (None: silent)."""
+    `out` (None: silent). A rewrite's record (Totals.rewrites): the turn, its cause, first
+    difference d, the furthest C before it, the line it resumed at, the ids read again below
+    that furthest C during the turn (the reader's reread counter), and whether they are
+    within bound_summary's bound."""
+    counters = reader.table.store.counters
+    reread_before = sum(counters.reread_tokens.values())
     res = reader.feed(sid, turn.prompt_ids, "prompt")
     if res.rewrite == "bpe":
         totals.rewrites_bpe += 1
@@ -94,6 +114,10 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     num, ms = _read_all(reader, sid, out)
     totals.num_read += num
     totals.read_ms += ms
+    if res.rewrite is not None:
+        _record_rewrite(reader, totals, n, res, sum(counters.reread_tokens.values())
+                        - reread_before)
+    totals.furthest = max(totals.furthest, reader.committed(sid))
     reader.feed(sid, turn.output_ids, "output")
     if question is None:                 # reads only (what sharing measurements need)
         return
@@ -107,6 +131,15 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
               f"{reader.committed(sid):>7} {reader.backlog(sid):>5} "
               f"{len(reader.checkpoint_positions(sid)):>4}  {label:<12} "
               f"{max(ans.probs):>5.2f} {ans.ms:>7.1f}", file=out, flush=True)
+
+
+def _record_rewrite(reader: Reader, totals: Totals, n: int, res, reread: int) -> None:
+    g, d, f = reader.config.grid, res.first_difference, totals.furthest
+    bound = g if res.rewrite == "bpe" else max(0, f - d) + g
+    resumed = res.rolled_back_to if res.rolled_back_to is not None else None
+    totals.rewrites.append({"turn": n, "cause": res.rewrite, "first_difference": d,
+                            "furthest": f, "resumed_at": resumed, "reread": reread,
+                            "bound": bound, "within": reread <= bound})
 
 
 def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Question,

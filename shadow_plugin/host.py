@@ -121,9 +121,12 @@ class Host:
             return Slice(out.kind, out.chunks, max(out.ms, wall_ms), out.stop)
 
     def turn_finished(self, session: str) -> None:
-        """The turn ended; the idle loop polls at once when it was the last open turn
-        (SchedulerConfig.idle_at_finish) instead of at its next poll."""
+        """The turn ended: the session's manifest is written (Reader.save, with a disk); the
+        idle loop polls at once when it was the last open turn (SchedulerConfig.idle_at_finish)
+        instead of at its next poll."""
         with self.lock:
+            if self.reader.knows(session):
+                self.reader.save(session)
             if self.scheduler.turn_finished(session):
                 self._wake.set()
 

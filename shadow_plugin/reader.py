@@ -161,8 +161,9 @@ class Reader(ForkCalls):
         return self._get(session).backlog
 
     def ids(self, session: str) -> list[int]:
-        """A copy of the session's ids. KeyError when unknown."""
-        return list(self._get(session).ids)
+        """A copy of the session's ids, restoring nothing. KeyError when unknown."""
+        held = self.table.held_ids(validate.session_id(session))
+        return list(held) if isinstance(held, list) else held.tolist()
 
     def checkpoint_positions(self, session: str) -> list[int]:
         """Grid lines (ids) of the checkpoints held, ascending. KeyError when unknown."""
@@ -205,8 +206,19 @@ class Reader(ForkCalls):
                 # grid, or damaged, set aside): the prompt starts the session again from 0
                 st = self.table.create(session)
         result = self._feed_prompt(st, new, episode_start)
+        self.table.save(session)                 # the manifest a restart trusts (with a disk)
         self._settle(session)
         return result
+
+    def save(self, session: str) -> None:
+        """Write the session's manifest (its ids, C, page and state keys, checkpoints) to the
+        disk now, when the reader has one (a turn's end; a prompt writes its own): a restart
+        resumes it at the deepest line whose pages and states are on disk. Nothing for a
+        parked session (its manifest is written). Raises ValueError for a bad session id,
+        KeyError for an unknown one, OSError when the disk refuses the write."""
+        if not self.table.knows(validate.session_id(session)):
+            raise KeyError(f"unknown session {session!r}")
+        self.table.save(session)
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
         """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose

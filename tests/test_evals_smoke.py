@@ -24,9 +24,14 @@ def test_store_bench_spills_restores_and_a_second_process_reads_on(tmp_path):
                str(tmp_path / "disk"), "--model", "random:tiny", "--device", "cpu",
                "--sizes", "1024,2048")
     assert [r["num_ids"] for r in res["sizes"]] == [1024, 2048]
-    assert all(r["bitwise"] and r["file_bytes"] > 0 for r in res["sizes"])
+    assert all(r["bitwise"] and r["disk_bytes"] > 0 and r["respill_ms"] > 0 and
+               r["restored_from_disk_tokens"] == r["num_ids"] for r in res["sizes"])
     assert res["exact"] is True and res["second_process_exact"] is True
     assert res["second_process_restores"] == 1 and res["second_process_committed"] >= 2048
+    c = (2048 + 4096) // 512 * 512                       # what the first process spilled last
+    assert res["second_process_new_session_resumed_at"] == c
+    assert res["second_process_disk_hit_tokens"] == c
+    assert res["second_process_new_session_exact"] is True
 
 
 def test_pages_ab_drives_two_trees_in_turns(tmp_path):
@@ -41,3 +46,23 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     assert len(res["chunk_0k"]["a_all"]) == len(res["chunk_0k"]["b_all"]) == 2
     assert len(res["ask_0k"]["a_all"]) == 2 and res["decode"]["a_ms"] > 0
     assert res["exact"]["a"] == res["exact"]["b"] == {"exact": True, "path": "eager"}
+
+
+def test_reread_checks_every_rewrite_against_its_bound():
+    res = _run("evals.reread", "examples/session.json", "--model", "random:tiny", "--device",
+               "cpu", "--grid", "64", "--check-exact")
+    (name, s), = res["sessions"].items()
+    assert s["exact"] is True and s["turns"] > 0 and s["committed"] > 0
+    assert res["num_over_bound"] == 0 == s["num_over_bound_bpe"] == s["num_over_bound_template"]
+    assert s["max_reread_bpe"] <= 64
+
+
+def test_disk_ab_times_both_variants_and_stays_exact(tmp_path):
+    subprocess.run([sys.executable, "-m", "evals.session_ids", "examples/session.json", "-o",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    ids = str(tmp_path / "session.npz")
+    res = _run("evals.disk_ab", "--ids", ids, "--more", ids, "--disk", str(tmp_path / "d"),
+               "--model", "random:tiny", "--device", "cpu", "--size", "2048", "--repeats", "2")
+    for what in ("spill", "restore"):
+        assert all(len(res[what][v]["all_ms"]) == 2 for v in ("before", "after"))
+    assert res["exact"] is True and res["disk_bytes"] > 0

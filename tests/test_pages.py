@@ -42,6 +42,8 @@ op = st.one_of(
     st.tuples(st.just("ask"), st.integers(0, 3)),
     st.tuples(st.just("evict_gdn")),
     st.tuples(st.just("park"), st.integers(0, 3)),
+    st.tuples(st.just("evict_pages")),
+    st.tuples(st.just("restart")),
 )
 
 
@@ -50,8 +52,8 @@ op = st.one_of(
        disk=st.booleans())
 def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed, disk):
     rng = random.Random(seed)
-    reader = Reader(tiny, grid=G, max_checkpoints=2,
-                    disk_dir=tmp_path_factory.mktemp("d") if disk else None)
+    disk_dir = tmp_path_factory.mktemp("d") if disk else None
+    reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir)
     prefix = _rand(5 * G, rng)
     cuts = [0, G - 1, G, G + 1, 2 * G + 30]                   # k G, k G - 1, k G + 1
     names = []
@@ -83,6 +85,13 @@ def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed,
         elif o[0] == "park":
             if sid in reader.table.resident:
                 reader.table.residency.park(reader.table.resident, sid)
+        elif o[0] == "evict_pages":
+            reader.table.store.manager.forget_cached()
+        elif o[0] == "restart" and disk:     # a planned stop, then a new reader on the folder
+            held = {s: reader.ids(s) for s in names}
+            reader.close()
+            reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir)
+            assert {s: reader.ids(s) for s in names} == held
         check_refs(reader)
         for s in names:
             assert reader.check_exact(s)
@@ -269,7 +278,7 @@ def test_the_cap_drops_unreferenced_gdn_entries_before_parking_a_session(tiny):
 
 def test_a_session_whose_file_cannot_be_written_is_dropped_with_its_ids(tiny, tmp_path,
                                                                         monkeypatch):
-    from block_store import files
+    from block_store import disk
     r = _reader(tiny, disk_dir=tmp_path)
     ids = _rand(3 * G + 5, random.Random(9))
     r.feed("a", ids, "prompt")
@@ -277,7 +286,7 @@ def test_a_session_whose_file_cannot_be_written_is_dropped_with_its_ids(tiny, tm
 
     def full(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(files, "write_session", full)
+    monkeypatch.setattr(disk, "atomic_save", full)
     r.table.residency.park(r.table.resident, "a")
     check_refs(r)
     assert r.knows("a") and r.stats()["write_errors"] == 1 and r.stats()["pages"]["pinned"] == 0

@@ -63,7 +63,9 @@ def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
         proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the captured SIGTERM
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-    assert len(list((tmp_path / "disk").glob("*.safetensors"))) == 1
+    disk = tmp_path / "disk"
+    assert len(list((disk / "sessions").glob("*.safetensors"))) == 1          # one manifest
+    assert len(list((disk / "pages").glob("*.safetensors"))) == 5             # its pages
     proc, url = _start(tmp_path, port)
     try:
         more = prompt + [rng.randrange(1000, 240000) for _ in range(2 * G)]

@@ -165,8 +165,9 @@ def test_unknown_sessions_are_404_without_touching_the_disk(tmp_path, route):
 
 def test_a_session_another_process_wrote_is_found_without_a_restore(tmp_path, tiny):
     """A file written into the service's disk folder after it started (another process sharing
-    the folder): routes find the session by its header and ids without restoring it, DELETE
-    deletes the file, and a later turn starts from 0."""
+    the folder): routes find the session by its manifest without restoring it, DELETE deletes
+    the manifest (its pages stay, shared by key, until the TTL or the cap), and a later turn
+    with the same ids resumes from those pages without reading them."""
     from shadow_plugin import Reader
     with Server(_cfg(tmp_path, 2.5 * SESSION_MB)) as srv, httpx.Client(base_url=srv.url) as c:
         other = Reader(tiny, grid=G, disk_dir=tmp_path / "disk")
@@ -174,7 +175,7 @@ def test_a_session_another_process_wrote_is_found_without_a_restore(tmp_path, ti
         other.feed("x", ids, "prompt")
         other.read("x")
         other.close()                                   # writes x's file
-        files = list((tmp_path / "disk").glob("*.safetensors"))
+        files = list((tmp_path / "disk" / "sessions").glob("*.safetensors"))
         assert len(files) == 1
         assert c.post("/v1/shadow/sessions/x/end").status_code == 200
         status = c.get("/v1/shadow/status").json()
@@ -184,4 +185,5 @@ def test_a_session_another_process_wrote_is_found_without_a_restore(tmp_path, ti
         assert not files[0].exists()
         assert c.post("/v1/shadow/sessions/x/end").status_code == 404
         r = c.post("/v1/shadow/sessions/x/turn", json={"prompt_ids": ids})
-        assert r.status_code == 200 and r.json()["committed"] == 0
+        assert r.status_code == 200 and r.json()["committed"] == 2 * G
+        assert c.get("/v1/shadow/status").json()["prefix_cache_hit_tokens"]["disk"] == 2 * G

@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.model.qwen35 import ModelInfo
-from block_store import files as store
 from block_store.session import state_bytes
 from shadow_plugin.reader import Reader
 
@@ -162,16 +161,17 @@ def test_writer_killed_mid_write_leaves_a_loadable_file(tiny, tmp_path, delay_s)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     fresh = _reader(tiny, tmp_path)           # removes stale temporary files
-    assert not list(tmp_path.glob(".*.tmp"))
+    assert not list(tmp_path.rglob(".*.tmp"))
     assert fresh.check_exact("s") and fresh.committed("s") in (320, 1024)
     assert fresh.stats()["refusals"] == 0
 
 
-def _parked_file(tiny, tmp_path):
+def _parked_file(tiny, tmp_path, sid="s"):
+    """The manifest of a session parked at a planned stop."""
     r = _reader(tiny, tmp_path)
-    _session(r, "s")
+    _session(r, sid)
     r.close()
-    return tmp_path / store.file_name("s")
+    return r.table.store.disk.manifest_path(sid)
 
 
 def _refused(reader, reason):
@@ -232,19 +232,45 @@ def test_refuses_damaged_files(tiny, tmp_path, damage, reason):
     _refused(r, reason)
 
 
-def test_refused_file_of_a_known_session_reads_again_from_zero(tiny, tmp_path):
+def test_a_refused_manifest_of_a_known_session_keeps_its_ids_and_finds_its_pages(tiny,
+                                                                                tmp_path):
+    """The reader still holds the parked session's ids: with its manifest refused, the
+    session resumes through the pages and states its keys find on disk."""
     r = _reader(tiny, tmp_path)
     _session(r, "a")
-    ids = r.ids("a")
+    ids, c = r.ids("a"), r.committed("a")
     _session(r, "b", seed=1)                  # "a" parked on disk
-    path = tmp_path / store.file_name("a")
+    path = r.table.store.disk.manifest_path("a")
     data = bytearray(path.read_bytes())
     data[-100] ^= 0x01
     path.write_bytes(bytes(data))
-    assert r.ids("a") == ids and r.committed("a") == 0
+    assert r.ids("a") == ids and r.committed("a") == c
     _refused(r, "checksum")
     r.read("a")
     assert r.check_exact("a")
+
+
+@pytest.mark.parametrize("damage,reason", [("flip_data", "checksum"), ("truncate", "unreadable")])
+def test_a_damaged_page_file_is_refused_and_the_session_resumes_below_it(tiny, tmp_path,
+                                                                         damage, reason):
+    """A page file that fails its check is set aside; the session resumes at the deepest line
+    below it with a state (here 0: no checkpoint below the damaged page) and reads on
+    exactly."""
+    path = _parked_file(tiny, tmp_path)
+    r = _reader(tiny, tmp_path)
+    disk = r.table.store.disk
+    page = disk.page_path(bytes.fromhex(disk.read_manifest("s").page_keys[1]))
+    data = bytearray(page.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[-100] ^= 0x01
+    page.write_bytes(bytes(data))
+    ids = r.ids("s")
+    assert path.is_file() and r.committed("s") < 2 * G
+    _refused(r, reason)
+    r.read("s")
+    assert r.committed("s") == len(ids) // G * G and r.check_exact("s")
 
 
 def test_hostile_session_ids_stay_inside_disk_dir(tiny, tmp_path):
@@ -254,25 +280,43 @@ def test_hostile_session_ids_stay_inside_disk_dir(tiny, tmp_path):
     for i, sid in enumerate(hostile):
         _session(r, sid, n=100, seed=i)
     r.close()
-    names = sorted(p.name for p in disk.iterdir())
-    assert names == sorted(store.file_name(s) for s in hostile)
+    names = sorted(p.name for p in (disk / "sessions").iterdir())
+    assert names == sorted(r.table.store.disk.manifest_path(s).name for s in hostile)
+    assert sorted(p.name for p in disk.iterdir()) == ["gdn", "pages", "sessions"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
     for sid in hostile:
         assert r.check_exact(sid)
 
 
 def test_ttl_and_disk_cap(tiny, tmp_path):
+    """Files past the TTL go (a session whose every file expired is unknown to a new reader);
+    past the byte cap the oldest pages and entries go before any manifest, and a session that
+    lost pages resumes below them, exactly."""
     r = _reader(tiny, tmp_path)
     for i, sid in enumerate("abc"):
         _session(r, sid, seed=i)
     r.close()
-    files = sorted(tmp_path.glob("*.safetensors"))
-    assert len(files) == 3
+    disk = r.table.store.disk
     old = time.time() - 49 * 3600
-    os.utime(files[0], (old, old))
-    r2 = _reader(tiny, tmp_path, disk_bytes=files[1].stat().st_size + 10)
-    assert len(list(tmp_path.glob("*.safetensors"))) == 1      # one expired, one over the cap
-    assert r2.stats()["deleted_files"] == 2
+    m = disk.read_manifest("a")
+    a_files = [disk.manifest_path("a"), disk.entry_path(bytes.fromhex(m.state_key))] + \
+        [disk.page_path(bytes.fromhex(k)) for k in m.page_keys]
+    a_files = set(a_files + [disk.entry_path(bytes.fromhex(k)) for _, k, _, _ in m.checkpoints])
+    for p in a_files:
+        os.utime(p, (old, old))
+    b = disk.read_manifest("b")
+    os.utime(disk.page_path(bytes.fromhex(b.page_keys[0])), (old + 3600, old + 3600))
+    before = disk.counts()
+    cap = before["bytes"] - sum(p.stat().st_size for p in a_files) - 1     # one file more
+    r2 = _reader(tiny, tmp_path, disk_bytes=cap, disk_ttl_s=48 * 3600)
+    after = disk.counts()
+    assert not r2.knows("a") and not any(p.exists() for p in a_files)
+    assert after["manifests"] == 2 and after["bytes"] <= cap
+    assert r2.stats()["deleted_files"] == sum(before[k] - after[k]
+                                              for k in ("pages", "gdn_entries", "manifests"))
+    assert r2.committed("b") == 0            # its first page went: read again from 0
+    r2.read("b")
+    assert r2.check_exact("b") and r2.check_exact("c")
 
 
 def test_a_new_reader_lists_the_sessions_parked_on_disk(tiny, tmp_path):

@@ -1,0 +1,133 @@
+"""Moving pages and GDN entries between memory (the page store's pool and GDN table) and the
+disk tier (disk.DiskStore): a session's spill (its pages, its states at C and its checkpoints'
+entries, each written once by key, then its manifest) and the loading of what a resume found
+on disk (pages.find_resume).
+
+Spill: the pages not yet on disk leave the pool a group at a time (kv_pool.pages_to_cpu, into
+page-locked memory on CUDA) and are written in threads (safetensors releases the GIL); a page
+already on disk only has its time renewed. Load: page files are read and checked in threads,
+their ids compared with the prompt's, copied into one host buffer and written into the pool
+in one copy (kv_pool.put_pages).
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .disk import DiskStore, Manifest
+from .files import RefusedFile
+from .kv_pool import pages_to_cpu, put_pages
+from .pages import PageStore, Resume
+from .session import SessionState
+
+IO_THREADS = min(8, os.cpu_count() or 1)
+GROUP_PAGES = 32      # pages a spill takes off the device at a time (about 200 MB on the 0.8B)
+
+
+def manifest_of(st: SessionState) -> Manifest:
+    """What a restart trusts for `st`: ids, C, page keys, the key of its states at C,
+    checkpoints, pending lines, the shared line."""
+    return Manifest(ids=list(st.ids), committed=st.committed,
+                    page_keys=[k.hex() for k in st.keys],
+                    state_key=st.keys[-1].hex() if st.committed else None,
+                    checkpoints=[(cp.pos, cp.entry.key.hex(), cp.episode_start, cp.kept)
+                                 for cp in st.checkpoints],
+                    pending_lines=dict(st.pending_lines), shared_line=st.shared_line)
+
+
+def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
+                 pinned: bool | None = None, durable: bool = False) -> Path:
+    """Write what `st` needs that the disk lacks (its pages, its states at C, its checkpoints'
+    entries), then its manifest (fsynced). Pages leave the device GROUP_PAGES at a time
+    (`pinned`: through page-locked host memory; default on CUDA) while the files of the
+    group before are written; page and entry files are fsynced only when `durable`
+    (DiskStore.write_page). Returns the manifest's path. Raises OSError (disk full, folder
+    gone); a manifest is written only after everything it names."""
+    g = store.grid
+    todo = [i for i, k in enumerate(st.keys) if not disk.has_page(k)]   # has_page renews
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        jobs = []
+        for at in range(0, len(todo), GROUP_PAGES):
+            group = todo[at:at + GROUP_PAGES]
+            rows = pages_to_cpu(store.pool, [st.pages[i].index for i in group],
+                                _pinned(store, pinned))
+            jobs += [pool.submit(disk.write_page, st.keys[i], st.ids[i * g:(i + 1) * g],
+                                 rows[j], durable) for j, i in enumerate(group)]
+        entries = {cp.entry.key: (cp.pos, cp.gdn, cp.entry.kind) for cp in st.checkpoints}
+        if st.committed:                   # the states at C (a checkpoint's when one is there)
+            entries.setdefault(st.keys[-1], (st.committed, st.gdn, "state"))
+        jobs += [pool.submit(disk.write_entry, key, *e, durable) for key, e in entries.items()]
+        for j in jobs:
+            j.result()                     # raises the first OSError
+    return disk.write_manifest(sid, manifest_of(st))
+
+
+def _pinned(store: PageStore, pinned: bool | None) -> bool:
+    return store.spec.device.type == "cuda" if pinned is None else pinned
+
+
+def load_resume(store: PageStore, res: Resume, prompt: list[int],
+                pinned: bool | None = None) -> Resume | None:
+    """`res` with its pages on disk loaded into the pool (named by their keys, unreferenced,
+    cached) and its state on disk loaded into the GDN table (unreferenced); the same `res`
+    when nothing is on disk. Pages go GROUP_PAGES at a time: their files read and checked in
+    threads, each copied into one host buffer (`pinned`: page-locked, default on CUDA; the
+    buffers of a group size are reused by torch's host allocator, so only the first restore
+    of a process pays for locking them), which goes to the device in one copy. None when a
+    file was refused: it is set aside (counted in disk.refusals) and nothing is changed, so
+    the caller looks again."""
+    if res.num_disk_pages == 0 and not isinstance(res.state, bytes):
+        return res
+    disk, g = store.disk, store.grid
+    todo = [i for i, p in enumerate(res.pages) if p is None]
+    held = store.take_pages([p for p in res.pages if p is not None])   # not reused below
+    fresh = [store.allocate() for _ in todo]
+    try:
+        entry = _read_entry(store, res)
+        for at in range(0, len(todo), GROUP_PAGES):
+            _load_group(store, res, prompt, todo[at:at + GROUP_PAGES],
+                        fresh[at:at + GROUP_PAGES], _pinned(store, pinned))
+    except RefusedFile as e:
+        store.release_pages(fresh)       # blank: reused first
+        store.release_pages(held)
+        disk.set_aside(e.path, e.reason)
+        return None
+    for i, page in zip(todo, fresh):
+        res.pages[i] = store.manager.adopt(page, res.keys[i], prompt[i * g:(i + 1) * g])
+    store.release_pages(res.pages)       # one reference each, ours: cached, chain head last
+    res.num_loaded = len(todo)
+    if entry is not None:
+        res.state = store.gdn.put(res.state, res.line, entry[1], entry[2])
+        store.gdn.release(res.state)
+    return res
+
+
+def _read_entry(store: PageStore, res: Resume):
+    """(line, states on the device, kind) of the entry on disk `res` resumes from, or None.
+    Raises RefusedFile, also for an entry at another line than res.line."""
+    if not isinstance(res.state, bytes):
+        return None
+    line, states, kind = store.disk.read_entry(res.state)
+    if line != res.line:
+        raise RefusedFile("line", f"the entry is at {line}, its key at {res.line}",
+                          store.disk.entry_path(res.state))
+    dev = store.spec.device
+    return line, [(c.to(dev), r.to(dev)) for c, r in states], kind
+
+
+def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[int],
+                pages: list, pinned: bool) -> None:
+    """Pages `group` of `res` (indices into res.pages) from disk into pool pages `pages`."""
+    g, block = store.grid, store.pool.block
+    rows = torch.empty(len(group), *block.shape[:2], *block.shape[3:], dtype=block.dtype,
+                       pin_memory=pinned)
+
+    def read(j: int) -> None:
+        i = group[j]
+        rows[j].copy_(store.disk.read_page(res.keys[i], prompt[i * g:(i + 1) * g]))
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        list(pool.map(read, range(len(group))))
+    put_pages(store.pool, [p.index for p in pages], rows)

@@ -1,0 +1,74 @@
+"""Issue 16's re-read targets over recorded sessions: each session replayed alone through a
+fresh reader (reads only, no questions), every rewrite recorded with the ids it sent back to
+be read again below the furthest C (evals.replay.replay_turn's records), and checked against
+its bound: a BPE-boundary rewrite at most one page; a template rewrite at most the ids from
+its first difference to the furthest C, plus one page.
+
+    python -m evals.reread ../shared/data/sessions/*.json [--model random:qwen3.5-0.8b]
+        [--device cuda] [--check-exact]
+
+Prints a line a session and, last, one JSON object (per session: the replay totals with
+max_reread_bpe/template and num_over_bound_bpe/template, and the records past their bound).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from adapters.model import load_model
+from shadow_plugin.host_view import host_turns
+from shadow_plugin.reader import Reader
+from shadow_plugin.renderer import Renderer
+from shadow_plugin.tokenizer import load_tokenizer
+
+from .replay import load_session, replay_turns
+
+
+def replay_alone(model, path: Path, renderer, tokenizer, grid: int, check_exact: bool) -> dict:
+    """One session through a fresh reader: its totals and the rewrites past their bound."""
+    messages, tools = load_session(path)
+    turns = host_turns(messages, tools or None, renderer, tokenizer, None)
+    reader = Reader(model, grid=grid, tokenizer=tokenizer)
+    totals = replay_turns(reader, path.stem, turns, None, check_exact=check_exact, out=None)
+    return {**totals.as_dict(), "committed": reader.committed(path.stem),
+            "over_bound": [r for r in totals.rewrites if not r["within"]],
+            "rewrites": totals.rewrites}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sessions", nargs="+", type=Path)
+    ap.add_argument("--model", default=None, help="default random:qwen3.5-0.8b on CUDA, "
+                                                  "random:tiny on the CPU")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--check-exact", action="store_true")
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    spec = args.model or ("random:qwen3.5-0.8b" if device == "cuda" else "random:tiny")
+    model = load_model(spec, device=device)
+    tokenizer = load_tokenizer(None if spec.startswith("random:") else spec)
+    renderer = Renderer.from_model_dir(None, template="qwen3.5-27b")
+    out = {"probe": "reread", "model": spec, "device": device, "grid": args.grid,
+           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+           "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+           "sessions": {}}
+    for path in args.sessions:
+        res = replay_alone(model, path, renderer, tokenizer, args.grid, args.check_exact)
+        out["sessions"][path.stem] = {k: v for k, v in res.items() if k != "rewrites"}
+        print(f"{path.stem}: {res['num_ids']} ids, read {res['num_read']}, rewrites "
+              f"bpe {res['rewrites_bpe']} (max re-read {res['max_reread_bpe']}) template "
+              f"{res['rewrites_template']} (max re-read {res['max_reread_template']}), past "
+              f"the bound {len(res['over_bound'])}, exact {res['exact']}", flush=True)
+    out["num_over_bound"] = sum(len(s["over_bound"]) for s in out["sessions"].values())
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
