@@ -19,6 +19,7 @@ from .pool import Page
 from .session import Checkpoint, SessionState
 
 TIP_LINES = 2     # tip entries kept: the state a page below C after the last chunk
+MAX_LOOKUPS = 8   # lookups with the disk before one without (files refused one after another)
 
 
 def first_difference(held: list[int], new: list[int]) -> int:
@@ -85,8 +86,9 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     above the line, an entry is due at their end (the junction: the admission idea of vLLM PR
     #37898). Counts the prompt's lookup; `cause` ('bpe', 'template', 'other') names what the
     ids read again below the session's furthest C will be counted under."""
-    while True:                                  # again when a file on disk was refused
-        res = find_resume(store, st.pages, st.keys, st.committed, prompt, d)
+    for attempt in range(MAX_LOOKUPS + 1):       # again when a file on disk was refused
+        res = find_resume(store, st.pages, st.keys, st.committed, prompt, d,
+                          use_disk=attempt < MAX_LOOKUPS)
         if load_resume(store, res, prompt) is not None:
             break
     gdn = resume_states(store, res, st.gdn)

@@ -7,14 +7,18 @@ Layout under the folder D (format version `FORMAT`):
   of every attention layer, the pool's dtype), `ids` int64 [G];
 - D/gdn/<key hex>.safetensors: `layers.{j}.conv` [conv_dim, W] and `layers.{j}.recurrent`
   [HV, K, V] fp32 per GDN layer j (the states after the page that ends at `line`);
-- D/sessions/<xxh3-128 hex of the session id>.safetensors: `ids` int64 [N] (a manifest).
-Every file's metadata holds the format, its kind, the reader's identity (files.FileIdentity)
-and xxh3-64 checksums of its tensors; pages and entries their key, entries their line and
-kind; manifests what `Manifest` holds. A page's content is a pure function of its key (the
-exactness contract restated), so a file that exists is never written again. Writes are atomic
-(files.atomic_save). A file that does not fit (another identity or format, a key or ids that
-differ, a failing checksum, a truncated file) raises files.RefusedFile with the reason;
-`set_aside` moves it to D/refused/. `sweep` keeps the folder within its TTL and byte cap.
+- D/sessions/<identity key hex>/<xxh3-128 hex of the session id>.safetensors: `ids` int64
+  [N] (a manifest; one subfolder a reader identity, so readers of other models, grids or
+  kernels on the folder never see, refuse or set aside each other's manifests).
+Every file's metadata holds the format, its kind, the reader's identity (files.FileIdentity),
+xxh3-64 checksums of its tensors, their dtypes and shapes, and a checksum of the metadata
+itself; pages and entries their key, entries their line and kind; manifests what `Manifest`
+holds. A page's content is a pure function of its key (the exactness contract restated), so a
+file that exists is never written again (its time is renewed when it is used). Writes are
+atomic (files.atomic_save). A file that does not fit (another identity or format, a key or ids
+that differ, a failing checksum, damaged metadata, a truncated file) raises files.RefusedFile
+with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL, cap, counts, temporaries):
+disk_upkeep.
 """
 from __future__ import annotations
 
@@ -28,11 +32,14 @@ import torch
 import xxhash
 from safetensors import safe_open
 
+from . import disk_upkeep as upkeep
 from .files import FileIdentity, RefusedFile, atomic_save, checksum
+from .keys import identity_key
 from .layout import GdnState
 
 FORMAT = "shadow-disk/1"
-SUFFIX = ".safetensors"
+SUFFIX = upkeep.SUFFIX
+INDEX_MAX_AGE_S = 10.0    # the GDN entry index and the counts list the folder again this often
 
 
 @dataclass
@@ -54,18 +61,22 @@ class Manifest:
 
 class DiskStore:
     """Files by key under `root` for readers of identity `ident`. Creates the folders and
-    removes the temporary files of writers that died (their process is gone)."""
+    removes the temporary files of writers that died. Keeps an index of the GDN entries on
+    disk and the folder's counts, listed again every INDEX_MAX_AGE_S and kept up to date with
+    this process's own writes (another process's appear within that time)."""
 
     def __init__(self, root: Path, ident: FileIdentity):
         self.root, self.ident = Path(root).expanduser(), ident
+        self.manifest_dir = self.root / "sessions" / identity_key(ident.as_meta()).hex()
         self.refusals: dict[str, int] = {}          # files set aside, by reason
-        for sub in ("pages", "gdn", "sessions"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-            for tmp in (self.root / sub).glob(".*.tmp"):
-                if not _alive(tmp):
-                    tmp.unlink(missing_ok=True)
+        for folder in (self.root / "pages", self.root / "gdn", self.manifest_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+            upkeep.clear_temporaries(folder)
+        self._entries: set[bytes] = set()
+        self._counts: dict[str, int] = {}
+        self._listed_at = -INDEX_MAX_AGE_S
 
-    # -- paths ----------------------------------------------------------------------------------
+    # -- paths and lookups ----------------------------------------------------------------------
     def page_path(self, key: bytes) -> Path:
         return self.root / "pages" / (key.hex() + SUFFIX)
 
@@ -74,31 +85,70 @@ class DiskStore:
 
     def manifest_path(self, session: str) -> Path:
         name = xxhash.xxh3_128(session.encode("utf-8", "surrogatepass")).hexdigest()
-        return self.root / "sessions" / (name + SUFFIX)
+        return self.manifest_dir / (name + SUFFIX)
 
     def has_page(self, key: bytes) -> bool:
+        """Whether page `key`'s file exists (one stat)."""
         return self.page_path(key).is_file()
 
-    def has_entry(self, key: bytes) -> bool:
-        return self.entry_path(key).is_file()
+    def keep_page(self, key: bytes) -> bool:
+        """Whether page `key`'s file exists; its time is renewed when it does (a spill that
+        finds it need not write it, and the TTL counts from now)."""
+        return upkeep.renew(self.page_path(key))
+
+    def has_entry(self, key: bytes, look: bool = False) -> bool:
+        """Whether entry `key` is on disk, by the index (no stat); with `look`, a file the
+        index does not know yet (another process wrote it since the last listing) is looked
+        for (one stat)."""
+        self._relist()
+        if key not in self._entries and look and self.entry_path(key).is_file():
+            self._entries.add(key)
+        return key in self._entries
+
+    def counts(self) -> dict[str, int]:
+        """Files held: pages, GDN entries, this identity's manifests, and every file's bytes
+        (listed at most every INDEX_MAX_AGE_S, with this process's writes counted since)."""
+        self._relist()
+        return dict(self._counts)
+
+    def _relist(self, force: bool = False) -> None:
+        if force or time.monotonic() - self._listed_at > INDEX_MAX_AGE_S:
+            self._counts = upkeep.scan(self.root, self.manifest_dir)
+            self._entries = set()
+            for path, _ in upkeep.files(self.root / "gdn"):
+                try:
+                    self._entries.add(bytes.fromhex(path.stem))
+                except ValueError:           # not one of ours: never looked up
+                    pass
+            self._listed_at = time.monotonic()
+
+    def _wrote(self, kind: str, path: Path, before: int = 0) -> None:
+        if self._counts:
+            self._counts[kind] += 1 if not before else 0
+            self._counts["bytes"] += path.stat().st_size - before
 
     # -- writing --------------------------------------------------------------------------------
     def _meta(self, kind: str, tensors: dict[str, torch.Tensor], **extra) -> dict[str, str]:
-        return {"format": FORMAT, "kind": kind, **self.ident.as_meta(),
+        meta = {"format": FORMAT, "kind": kind, **self.ident.as_meta(),
                 **{k: str(v) for k, v in extra.items()},
-                "checksums": json.dumps({k: checksum(v) for k, v in tensors.items()})}
+                "checksums": json.dumps({k: checksum(v) for k, v in tensors.items()}),
+                "layout": json.dumps(_layout(tensors))}
+        meta["meta_checksum"] = _meta_checksum(meta)
+        return meta
 
     def write_page(self, key: bytes, ids, kv: torch.Tensor, durable: bool = False) -> bool:
         """The page `key` (rows kv [num_attention, 2, G, Hkv, D], from `ids`), unless its file
         exists (then only its time is renewed, for the TTL). Returns whether it was written.
         Not fsynced unless `durable` (files.atomic_save): a page a power loss damaged fails its
-        checksum when read and is set aside, and the session resumes below it."""
+        checksum when read and is set aside, and the session resumes below it. Raises OSError
+        when the file cannot be written."""
         path = self.page_path(key)
-        if _renew(path):
+        if upkeep.renew(path):
             return False
         tensors = {"kv": kv.detach().to("cpu").contiguous(),
                    "ids": torch.tensor(list(ids), dtype=torch.int64)}
         atomic_save(tensors, path, self._meta("page", tensors, key=key.hex()), durable)
+        self._wrote("pages", path)
         return True
 
     def write_entry(self, key: bytes, line: int, states: GdnState, kind: str,
@@ -106,7 +156,8 @@ class DiskStore:
         """The GDN entry `key` at `line` (per GDN layer (conv, recurrent)), unless its file
         exists. Returns whether it was written. Not fsynced unless `durable`, as pages."""
         path = self.entry_path(key)
-        if _renew(path):
+        if upkeep.renew(path):
+            self._entries.add(key)
             return False
         tensors = {}
         for j, (conv, rec) in enumerate(states):
@@ -114,19 +165,25 @@ class DiskStore:
             tensors[f"layers.{j}.recurrent"] = rec.detach().to("cpu").contiguous()
         atomic_save(tensors, path, self._meta("gdn", tensors, key=key.hex(), line=line,
                                               entry_kind=kind), durable)
+        self._entries.add(key)
+        self._wrote("gdn_entries", path)
         return True
 
     def write_manifest(self, session: str, m: Manifest) -> Path:
-        """The session's manifest, replacing the one before (atomically)."""
+        """The session's manifest, replacing the one before (atomically, fsynced). Raises
+        OSError when it cannot be written."""
         tensors = {"ids": torch.tensor(m.ids, dtype=torch.int64)}
-        meta = self._meta("manifest", tensors, session=session, committed=m.committed,
-                          page_keys=json.dumps(m.page_keys), state_key=m.state_key or "",
+        meta = self._meta("manifest", tensors, session=json.dumps(session),
+                          committed=m.committed, page_keys=json.dumps(m.page_keys),
+                          state_key=m.state_key or "",
                           checkpoints=json.dumps([list(c) for c in m.checkpoints]),
                           pending_lines=json.dumps(sorted([p, e]
                                                           for p, e in m.pending_lines.items())),
                           shared_line=m.shared_line, written_at=time.time())
         path = self.manifest_path(session)
+        before = path.stat().st_size if path.is_file() else 0
         atomic_save(tensors, path, meta)
+        self._wrote("manifests", path, before)
         return path
 
     # -- reading --------------------------------------------------------------------------------
@@ -137,48 +194,69 @@ class DiskStore:
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         except Exception as e:           # truncated, not safetensors: refused, with the reason
             raise RefusedFile("unreadable", f"{type(e).__name__}: {e}", path) from e
+        if meta.get("meta_checksum") != _meta_checksum(meta):
+            raise RefusedFile("checksum", f"{path.name}: its metadata fails its checksum", path)
         if meta.get("format") != FORMAT or meta.get("kind") != kind:
             raise RefusedFile("format", f"{meta.get('format')!r} {meta.get('kind')!r}, "
                                         f"expected {FORMAT!r} {kind!r}", path)
         for name, want in self.ident.as_meta().items():
             if meta.get(name) != want:
                 raise RefusedFile(name, f"the file's {name} differs from this reader's", path)
-        sums = json.loads(meta.get("checksums", "{}"))
-        if set(sums) != set(tensors) or any(sums[k] != checksum(t) for k, t in tensors.items()):
+        try:
+            sums, layout = json.loads(meta["checksums"]), json.loads(meta["layout"])
+        except (KeyError, ValueError) as e:
+            raise RefusedFile("unreadable", f"metadata: {type(e).__name__}: {e}", path) from e
+        if layout != _layout(tensors) or not isinstance(sums, dict) or set(sums) != set(
+                tensors) or any(sums[k] != checksum(t) for k, t in tensors.items()):
             raise RefusedFile("checksum", f"{path.name}: a tensor does not match its checksum",
                               path)
         return meta, tensors
 
+    def _used(self, path: Path) -> None:
+        try:
+            upkeep.renew(path)
+        except OSError:                  # a read-only folder: the TTL counts from the write
+            pass
+
     def read_page(self, key: bytes, ids) -> torch.Tensor:
         """kv [num_attention, 2, G, Hkv, D] of page `key` on the CPU, when its file holds the
-        content of `ids`. Raises RefusedFile (reason 'missing' when there is no file, 'key' or
-        'ids' when it holds another content)."""
+        content of `ids` (its time renewed: used). Raises RefusedFile (reason 'missing' when
+        there is no file, 'key' or 'ids' when it holds another content)."""
         path = self.page_path(key)
         meta, t = self._load(path, "page")
         if meta.get("key") != key.hex():
             raise RefusedFile("key", "the file holds another page", path)
         if t["ids"].tolist() != list(ids):
             raise RefusedFile("ids", "the page's ids differ", path)
+        self._used(path)
         return t["kv"]
 
     def read_entry(self, key: bytes) -> tuple[int, GdnState, str]:
-        """(line, states per GDN layer (conv, recurrent) on the CPU, kind) of entry `key`.
-        Raises RefusedFile as read_page."""
+        """(line, states per GDN layer (conv, recurrent) on the CPU, kind) of entry `key` (its
+        time renewed). Raises RefusedFile as read_page."""
         path = self.entry_path(key)
-        meta, t = self._load(path, "gdn")
-        if meta.get("key") != key.hex():
-            raise RefusedFile("key", "the file holds another entry", path)
-        n = len(t) // 2
-        states = [(t[f"layers.{j}.conv"], t[f"layers.{j}.recurrent"]) for j in range(n)]
-        return int(meta["line"]), states, meta.get("entry_kind", "checkpoint")
+        try:
+            meta, t = self._load(path, "gdn")
+            if meta.get("key") != key.hex():
+                raise RefusedFile("key", "the file holds another entry", path)
+            n = len(t) // 2
+            states = [(t[f"layers.{j}.conv"], t[f"layers.{j}.recurrent"]) for j in range(n)]
+            line = int(meta["line"])
+        except RefusedFile:
+            self._entries.discard(key)
+            raise
+        except (KeyError, ValueError) as e:
+            self._entries.discard(key)
+            raise RefusedFile("unreadable", f"{type(e).__name__}: {e}", path) from e
+        self._used(path)
+        return line, states, meta.get("entry_kind", "checkpoint")
 
     def read_manifest(self, session: str) -> Manifest:
         """The session's manifest. Raises RefusedFile ('missing' without one, 'session' when
-        the file names another session, 'manifest' when C does not fit its ids, pages and
-        state key)."""
+        the file names another session, 'manifest' when it does not hold together)."""
         path = self.manifest_path(session)
         found, m = self.read_manifest_file(path)
         if found != session:
@@ -189,17 +267,18 @@ class DiskStore:
         """(session, manifest) of the manifest at `path`, whose name must be its session's.
         Raises RefusedFile as read_manifest."""
         meta, t = self._load(path, "manifest")
-        session = meta.get("session", "")
-        if path != self.manifest_path(session):
-            raise RefusedFile("session", "the manifest's name is not its session's", path)
         try:
+            session = json.loads(meta["session"])
             m = Manifest(
                 ids=t["ids"].tolist(), committed=int(meta["committed"]),
-                page_keys=json.loads(meta["page_keys"]), state_key=meta["state_key"] or None,
-                checkpoints=[(int(p), str(k), bool(e), bool(kp))
+                page_keys=[_hex_key(k) for k in json.loads(meta["page_keys"])],
+                state_key=_hex_key(meta["state_key"]) if meta["state_key"] else None,
+                checkpoints=[(int(p), _hex_key(k), bool(e), bool(kp))
                              for p, k, e, kp in json.loads(meta["checkpoints"])],
                 pending_lines={int(p): bool(e) for p, e in json.loads(meta["pending_lines"])},
                 shared_line=int(meta["shared_line"]), written_at=float(meta["written_at"]))
+            if not isinstance(session, str) or path != self.manifest_path(session):
+                raise RefusedFile("session", "the manifest's name is not its session's", path)
         except (KeyError, ValueError, TypeError) as e:
             raise RefusedFile("manifest", f"{type(e).__name__}: {e}", path) from e
         grid = self.ident.grid
@@ -210,82 +289,48 @@ class DiskStore:
         return session, m
 
     def manifests(self) -> list[Path]:
-        """The manifest files in the folder, oldest first."""
-        return [p for p, _ in _files(self.root / "sessions")]
+        """This identity's manifest files, oldest first."""
+        return [p for p, _ in upkeep.files(self.manifest_dir)]
 
     # -- upkeep ---------------------------------------------------------------------------------
     def set_aside(self, path: Path | None, reason: str) -> None:
-        """Move a refused file to D/refused/ (named with its folder, the reason and the time)
-        and count it under the reason in `refusals`; nothing for a file already gone (deleted
-        or set aside by another reader)."""
+        """Move a refused file to D/refused/ (named with its folder, the reason, the time and
+        this process) and count it under the reason in `refusals`; nothing for a file already
+        gone (deleted or set aside by another reader)."""
         if path is None or not path.is_file():
             return
         aside = self.root / "refused"
         aside.mkdir(exist_ok=True)
         try:
-            path.replace(aside / f"{path.parent.name}.{path.stem}.{reason}.{int(time.time())}"
-                                 f"{path.suffix}")
+            path.replace(aside / f"{path.parent.name}.{path.stem}.{reason}.{time.time_ns()}."
+                                 f"{os.getpid()}{path.suffix}")
         except FileNotFoundError:
             return
+        if path.parent == self.root / "gdn":
+            self._entries.discard(bytes.fromhex(path.stem))
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def sweep(self, ttl_s: float, cap_bytes: int | None, keep: set[Path] = frozenset()
               ) -> list[Path]:
-        """Delete files older than `ttl_s`, then, past `cap_bytes`, the oldest pages and GDN
-        entries, then the oldest manifests; never those in `keep`. A file's time is renewed
-        whenever it is written again or used. Returns the deleted paths."""
-        now, gone = time.time(), []
-        files = {sub: _files(self.root / sub) for sub in ("pages", "gdn", "sessions")}
-        total = sum(st.st_size for fs in files.values() for _, st in fs)
-        order = sorted(files["pages"] + files["gdn"], key=lambda f: f[1].st_mtime) + \
-            files["sessions"]
-        for path, st in order:
-            expired = now - st.st_mtime > ttl_s
-            over = cap_bytes is not None and total > cap_bytes
-            if path not in keep and (expired or over):
-                path.unlink(missing_ok=True)
-                total -= st.st_size
-                gone.append(path)
+        """disk_upkeep.sweep over the folder; the index and counts listed again. Returns the
+        deleted paths."""
+        gone = upkeep.sweep(self.root, ttl_s, cap_bytes, set(keep))
+        self._relist(force=True)
         return gone
 
-    def counts(self) -> dict[str, int]:
-        """Files held: pages, GDN entries, manifests, and their bytes."""
-        files = {sub: _files(self.root / sub) for sub in ("pages", "gdn", "sessions")}
-        return {"pages": len(files["pages"]), "gdn_entries": len(files["gdn"]),
-                "manifests": len(files["sessions"]),
-                "bytes": sum(st.st_size for fs in files.values() for _, st in fs)}
+
+def _layout(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
+    return {k: [str(v.dtype), list(v.shape)] for k, v in sorted(tensors.items())}
 
 
-def _alive(tmp: Path) -> bool:
-    """Whether the writer of a temporary file (files.atomic_save: `.NAME.PID-THREAD.tmp`)
-    still runs on this machine."""
-    try:
-        os.kill(int(tmp.name.rsplit(".", 2)[-2].split("-")[0]), 0)
-        return True
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:              # another user's process
-        return True
+def _meta_checksum(meta: dict[str, str]) -> str:
+    """xxh3-64 of the metadata but its own checksum, as canonical JSON."""
+    rest = {k: v for k, v in meta.items() if k != "meta_checksum"}
+    return xxhash.xxh3_64(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
-def _renew(path: Path) -> bool:
-    """Whether `path` exists; its time is renewed when it does (the TTL counts from the last
-    use)."""
-    try:
-        os.utime(path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _files(folder: Path) -> list[tuple[Path, os.stat_result]]:
-    """(path, stat) of the finished files in `folder` (no temporaries), oldest first."""
-    out = []
-    with os.scandir(folder) as it:
-        for e in it:
-            if e.name.endswith(SUFFIX) and not e.name.startswith("."):
-                try:
-                    out.append((Path(e.path), e.stat()))
-                except FileNotFoundError:    # deleted meanwhile by another reader
-                    pass
-    return sorted(out, key=lambda f: f[1].st_mtime)
+def _hex_key(text: str) -> str:
+    """A key as 32 hex digits; ValueError for anything else."""
+    if not isinstance(text, str) or len(bytes.fromhex(text)) != 16:
+        raise ValueError(f"not a page key: {text!r}")
+    return text

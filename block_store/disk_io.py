@@ -45,9 +45,10 @@ def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
     (`pinned`: through page-locked host memory; default on CUDA) while the files of the
     group before are written; page and entry files are fsynced only when `durable`
     (DiskStore.write_page). Returns the manifest's path. Raises OSError (disk full, folder
-    gone); a manifest is written only after everything it names."""
+    gone; files.atomic_save turns safetensors' errors into it); a manifest is written only
+    after everything it names."""
     g = store.grid
-    todo = [i for i, k in enumerate(st.keys) if not disk.has_page(k)]   # has_page renews
+    todo = [i for i, k in enumerate(st.keys) if not disk.keep_page(k)]
     with ThreadPoolExecutor(IO_THREADS) as pool:
         jobs = []
         for at in range(0, len(todo), GROUP_PAGES):
@@ -90,9 +91,11 @@ def load_resume(store: PageStore, res: Resume, prompt: list[int],
         for at in range(0, len(todo), GROUP_PAGES):
             _load_group(store, res, prompt, todo[at:at + GROUP_PAGES],
                         fresh[at:at + GROUP_PAGES], _pinned(store, pinned))
-    except RefusedFile as e:
+    except BaseException as e:           # nothing taken stays taken, whatever went wrong
         store.release_pages(fresh)       # blank: reused first
         store.release_pages(held)
+        if not isinstance(e, RefusedFile):
+            raise
         disk.set_aside(e.path, e.reason)
         return None
     for i, page in zip(todo, fresh):

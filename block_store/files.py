@@ -50,12 +50,19 @@ def atomic_save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, st
                 durable: bool = True) -> None:
     """safetensors `tensors` with `meta` at `path`, atomically: a temporary file beside it
     (`.NAME.PID-THREAD.tmp`, removed at start-up once its writer is gone), fsync, rename,
-    fsync of the folder. Two writers of one path each rename a whole file. `durable=False`
+    fsync of the folder. Raises OSError when it cannot be written (safetensors' own errors
+    included), leaving no temporary behind. Two writers of one path each rename a whole file.
+    `durable=False`
     skips both fsyncs: the file is whole for every process (a rename), but a power loss may
     leave it empty or partial; only for files checked by checksum when read (pages, GDN
     entries), never for what a restart trusts without them (manifests)."""
     tmp = path.parent / f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
-    save_file(tensors, str(tmp), metadata=meta)
+    path.parent.mkdir(parents=True, exist_ok=True)        # a folder removed while running
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+    except Exception as e:   # safetensors' own error for a full disk or a folder gone
+        tmp.unlink(missing_ok=True)
+        raise e if isinstance(e, OSError) else OSError(f"{path.name}: {e}") from e
     if not durable:
         os.replace(tmp, path)
         return

@@ -108,13 +108,16 @@ class Resume:
 
 
 def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
-                committed: int, prompt: list[int], d: int) -> Resume:
+                committed: int, prompt: list[int], d: int, use_disk: bool = True) -> Resume:
     """The deepest line L <= len(prompt) (whole pages) where `prompt` can resume: the
     session's own pages count up to its first difference d, others are looked up by key
     (ids compared; on disk, compared when loaded); the state at L is the session's own when
     L == C <= d, else a GDN entry (in memory, else on disk). Disk lookups (a file's
-    existence) start where memory ends: a resident session's prompt costs at most one."""
-    g, pool, gdn, disk = store.grid, store.manager, store.gdn, store.disk
+    existence, one stat) start where memory ends: a resident session's prompt costs one;
+    GDN entries on disk are looked up in DiskStore's index, and by a stat only at the end of
+    a page found on disk. `use_disk=False`: memory only."""
+    g, pool, gdn = store.grid, store.manager, store.gdn
+    disk = store.disk if use_disk else None
     best = Resume(0, [], [], None)
     pages: list[Page | None] = []
     keys: list[bytes] = []
@@ -136,8 +139,9 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
             if entry is not None and entry.line == end:
                 best = Resume(end, list(pages), list(keys), entry)
     if disk is not None:                 # a deeper state on disk, deepest first
-        for n in range(len(pages), best.line // g, -1):
-            if keys[n - 1] not in gdn.entries and disk.has_entry(keys[n - 1]):
+        for n in range(len(pages), best.line // g, -1):     # a stat only above pages on disk
+            if keys[n - 1] not in gdn.entries and disk.has_entry(keys[n - 1],
+                                                                 look=pages[n - 1] is None):
                 best = Resume(n * g, pages[:n], keys[:n], keys[n - 1])
                 break
     best.matched = len(pages) * g

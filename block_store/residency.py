@@ -16,6 +16,7 @@ disk_dir/refused/, counted and logged.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from .pages import PageStore
 from .session import Checkpoint, SessionState, new_state, release_state
 
 log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 60.0      # the TTL is applied at least this often while sessions are parked
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class Residency:
         self.disk: DiskStore | None = store.disk
         self.parked: dict[str, Parked] = {}
         self.counters = Counters()
+        self._swept_at = 0.0
         if self.disk is not None:
             self.sweep()
             for path in self.disk.manifests():     # what an earlier process parked here
@@ -154,12 +157,12 @@ class Residency:
         if self.disk is not None:       # also at C = 0: its ids outlive a restart
             try:
                 path = save_session(self.store, self.disk, sid, st)
-            except OSError as e:             # disk full, folder gone: dropped, ids kept
+            except Exception as e:     # disk full, folder gone, anything: dropped, ids kept
                 log.warning("could not write session %r (%s): dropped, its ids kept", sid, e)
                 self.counters.write_errors += 1
         if path is not None:
             self.counters.spills += 1
-            self.sweep(keep={path})
+            self._maybe_sweep(keep={path})
         else:
             self.counters.drops += 1
         if st.committed:                 # findable while memory allows (a restore soon after)
@@ -175,13 +178,20 @@ class Residency:
         for sid in list(sessions):
             self.park(sessions, sid)
 
-    def save_manifest(self, sid: str, st: SessionState) -> Path | None:
+    def save_manifest(self, sid: str, st: SessionState) -> bool:
         """Write the resident session's manifest (a turn's start or end; its pages are written
         when it is parked: a restart resumes at the deepest line whose pages and states are
-        on disk). None without a disk. Raises OSError when it cannot be written."""
+        on disk). Returns whether it was written: False without a disk, or when the write
+        failed (logged and counted in write_errors: the session in memory is unchanged)."""
         if self.disk is None:
-            return None
-        return self.disk.write_manifest(sid, manifest_of(st))
+            return False
+        try:
+            self.disk.write_manifest(sid, manifest_of(st))
+            return True
+        except Exception as e:
+            log.warning("could not write the manifest of session %r (%s)", sid, e)
+            self.counters.write_errors += 1
+            return False
 
     # -- restoring ------------------------------------------------------------------------------
     def knows(self, sid: str) -> bool:
@@ -260,11 +270,22 @@ class Residency:
             self.disk.manifest_path(sid).unlink(missing_ok=True)
 
     # -- the disk -------------------------------------------------------------------------------
+    def _maybe_sweep(self, keep: set[Path]) -> None:
+        """Sweep when the folder is past disk_bytes (by DiskStore's counts, which list the
+        folder at most every few seconds) or the last sweep is SWEEP_EVERY_S old: a park
+        does not list the whole folder."""
+        over = self.cfg.disk_bytes is not None and \
+            self.disk.counts()["bytes"] > self.cfg.disk_bytes
+        if over or time.monotonic() - self._swept_at > SWEEP_EVERY_S:
+            self.sweep(keep)
+
     def sweep(self, keep: set[Path] = frozenset()) -> None:
-        """Delete files past the TTL, then the oldest past disk_bytes (never `keep`); a
-        parked session whose manifest went keeps its ids in memory (dropped)."""
+        """Delete files past the TTL, then past disk_bytes the oldest refused files, pages and
+        entries (disk_upkeep.sweep: manifests only by age; never `keep`); a parked session
+        whose manifest went keeps its ids in memory (dropped)."""
         if self.disk is None:
             return
+        self._swept_at = time.monotonic()
         gone = self.disk.sweep(self.cfg.disk_ttl_s, self.cfg.disk_bytes, keep)
         self.counters.deleted_files += len(gone)
         lost = set(gone)

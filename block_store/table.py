@@ -119,12 +119,12 @@ class SessionTable:
             release_state(self.store, st)
         self.residency.forget(sid)
 
-    def save(self, sid: str) -> None:
+    def save(self, sid: str) -> bool:
         """Write the resident session's manifest (a turn's start or end) when there is a disk.
-        Raises OSError when it cannot be written."""
+        Returns whether it was written (Residency.save_manifest: a failed write is logged and
+        counted, never raised)."""
         st = self.resident.get(sid)
-        if st is not None:
-            self.residency.save_manifest(sid, st)
+        return st is not None and self.residency.save_manifest(sid, st)
 
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""

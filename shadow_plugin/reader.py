@@ -210,15 +210,17 @@ class Reader(ForkCalls):
         self._settle(session)
         return result
 
-    def save(self, session: str) -> None:
-        """Write the session's manifest (its ids, C, page and state keys, checkpoints) to the
-        disk now, when the reader has one (a turn's end; a prompt writes its own): a restart
-        resumes it at the deepest line whose pages and states are on disk. Nothing for a
-        parked session (its manifest is written). Raises ValueError for a bad session id,
-        KeyError for an unknown one, OSError when the disk refuses the write."""
+    def save(self, session: str) -> bool:
+        """Write the resident session's manifest (its ids, C, page and state keys,
+        checkpoints) to the disk now, when the reader has one (a turn's end; a prompt writes
+        its own): a restart resumes it at the deepest line whose pages and states are on disk.
+        Returns whether it was written: False without a disk, for a session not resident (a
+        parked one's manifest was written when it was parked, unless that write failed), or
+        when the write failed (logged, counted in stats()["write_errors"]). Raises ValueError
+        for a bad session id, KeyError for an unknown one."""
         if not self.table.knows(validate.session_id(session)):
             raise KeyError(f"unknown session {session!r}")
-        self.table.save(session)
+        return self.table.save(session)
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
         """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose

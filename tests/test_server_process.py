@@ -64,7 +64,7 @@ def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
         # uvicorn shuts down gracefully, then re-raises the captured SIGTERM
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
     disk = tmp_path / "disk"
-    assert len(list((disk / "sessions").glob("*.safetensors"))) == 1          # one manifest
+    assert len(list((disk / "sessions").rglob("*.safetensors"))) == 1          # one manifest
     assert len(list((disk / "pages").glob("*.safetensors"))) == 5             # its pages
     proc, url = _start(tmp_path, port)
     try:

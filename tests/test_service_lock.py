@@ -175,7 +175,7 @@ def test_a_session_another_process_wrote_is_found_without_a_restore(tmp_path, ti
         other.feed("x", ids, "prompt")
         other.read("x")
         other.close()                                   # writes x's file
-        files = list((tmp_path / "disk" / "sessions").glob("*.safetensors"))
+        files = list((tmp_path / "disk" / "sessions").rglob("*.safetensors"))
         assert len(files) == 1
         assert c.post("/v1/shadow/sessions/x/end").status_code == 200
         status = c.get("/v1/shadow/status").json()

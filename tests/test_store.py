@@ -181,35 +181,36 @@ def _refused(reader, reason):
     assert len(aside) == 1
 
 
-def test_refuses_another_fingerprint_and_grid(tiny, tmp_path):
+def test_another_identity_neither_sees_nor_sets_aside_a_sessions_manifest(tiny, tmp_path):
+    """Manifests live under their reader identity's folder: a reader of other weights or
+    another grid on the same folder does not know the session (and refuses nothing of it);
+    the owner still restores it."""
     path = _parked_file(tiny, tmp_path)
     other = type(tiny).__new__(type(tiny))
     other.__dict__.update(tiny.__dict__)
     other.info = ModelInfo("other", "0" * 32, True)
-    r = _reader(other, tmp_path)
-    with pytest.raises(KeyError):             # its ids cannot be trusted: unknown session
-        r.ids("s")
-    _refused(r, "fingerprint")
-    assert not path.exists()
-    path = _parked_file(tiny, tmp_path)
-    r = Reader(tiny, grid=128, resident_bytes=0, disk_dir=tmp_path)
-    with pytest.raises(KeyError):
-        r.ids("s")
-    _refused(r, "grid")
+    for r in (_reader(other, tmp_path), Reader(tiny, grid=128, resident_bytes=0,
+                                                disk_dir=tmp_path)):
+        assert not r.knows("s")
+        with pytest.raises(KeyError):
+            r.ids("s")
+        assert r.stats()["refusals"] == 0 and path.is_file()
+    owner = _reader(tiny, tmp_path)
+    assert owner.committed("s") == 256 and owner.check_exact("s")
 
 
-def test_a_prompt_for_a_session_whose_file_is_refused_starts_it_again(tiny, tmp_path):
+def test_a_reader_on_another_path_starts_the_session_again_and_leaves_the_owners(tiny,
+                                                                                tmp_path):
     """A reader on another path (here the runners' eager body instead of Qwen35.forward; on a
-    GPU, another attention or its version) refuses the parked file; the host's next prompt
-    reads the session again from 0 instead of failing."""
-    _parked_file(tiny, tmp_path)
+    GPU, another attention or its version) has another identity: the host's prompt starts
+    the session from 0 in it, and the first reader's manifest stays."""
+    path = _parked_file(tiny, tmp_path)
     r = _reader(tiny, tmp_path, cuda_graphs=True)
     ids = list(range(5, 205))
     got = r.feed("s", ids, "prompt")
-    _refused(r, "kernels")
-    assert got.backlog == len(ids) and r.ids("s") == ids
+    assert got.backlog == len(ids) and r.ids("s") == ids and r.stats()["refusals"] == 0
     r.read("s")
-    assert r.check_exact("s")
+    assert r.check_exact("s") and path.is_file()
 
 
 @pytest.mark.parametrize("damage,reason", [("truncate", "unreadable"), ("flip_data", "checksum"),
@@ -280,7 +281,7 @@ def test_hostile_session_ids_stay_inside_disk_dir(tiny, tmp_path):
     for i, sid in enumerate(hostile):
         _session(r, sid, n=100, seed=i)
     r.close()
-    names = sorted(p.name for p in (disk / "sessions").iterdir())
+    names = sorted(p.name for p in r.table.store.disk.manifest_dir.iterdir())
     assert names == sorted(r.table.store.disk.manifest_path(s).name for s in hostile)
     assert sorted(p.name for p in disk.iterdir()) == ["gdn", "pages", "sessions"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
@@ -309,7 +310,7 @@ def test_ttl_and_disk_cap(tiny, tmp_path):
     before = disk.counts()
     cap = before["bytes"] - sum(p.stat().st_size for p in a_files) - 1     # one file more
     r2 = _reader(tiny, tmp_path, disk_bytes=cap, disk_ttl_s=48 * 3600)
-    after = disk.counts()
+    after = r2.table.store.disk.counts()
     assert not r2.knows("a") and not any(p.exists() for p in a_files)
     assert after["manifests"] == 2 and after["bytes"] <= cap
     assert r2.stats()["deleted_files"] == sum(before[k] - after[k]

@@ -1,0 +1,110 @@
+"""Upkeep of the disk tier's folder (disk.DiskStore): what a listing costs, the TTL and byte
+cap, temporary files of writers that died, and counts that do not list the folder on every
+call.
+
+The folder D holds pages/, gdn/, sessions/<identity>/ (manifests, one subfolder a reader
+identity) and refused/. `sweep` deletes files past the TTL (every kind, every identity's),
+then, past the byte cap, refused files and then the oldest pages and GDN entries; a manifest
+goes only with the TTL (it holds a session's ids, which nothing else keeps).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+SUFFIX = ".safetensors"
+STRAY_TMP_S = 3600      # a library's own temporary file this old belongs to no live writer
+KINDS = {"pages": "pages", "gdn": "gdn_entries", "sessions": "manifests"}
+
+
+def files(folder: Path, recursive: bool = False) -> list[tuple[Path, os.stat_result]]:
+    """(path, stat) of the finished files in `folder` (no temporaries), oldest first; none for
+    a folder that is gone."""
+    out: list[tuple[Path, os.stat_result]] = []
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False) and recursive:
+                    out += files(Path(e.path))
+                elif e.name.endswith(SUFFIX) and not e.name.startswith("."):
+                    try:
+                        out.append((Path(e.path), e.stat()))
+                    except FileNotFoundError:    # deleted meanwhile by another reader
+                        pass
+    except FileNotFoundError:
+        return []
+    return sorted(out, key=lambda f: f[1].st_mtime)
+
+
+def scan(root: Path, manifest_dir: Path) -> dict[str, int]:
+    """Files held: pages, GDN entries, this identity's manifests, and every file's bytes."""
+    listed = {"pages": files(root / "pages"), "gdn": files(root / "gdn"),
+              "sessions": files(root / "sessions", recursive=True),
+              "refused": files(root / "refused")}
+    out = {KINDS[k]: len(listed[k]) for k in ("pages", "gdn")}
+    out["manifests"] = sum(p.parent == manifest_dir for p, _ in listed["sessions"])
+    out["bytes"] = sum(st.st_size for fs in listed.values() for _, st in fs)
+    return out
+
+
+def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path]) -> list[Path]:
+    """Delete files older than `ttl_s` (every kind), then, past `cap_bytes`, the oldest
+    refused files, then the oldest pages and GDN entries together; manifests only by age;
+    never those in `keep`. Returns the deleted paths."""
+    now, gone = time.time(), []
+    listed = {"pages": files(root / "pages"), "gdn": files(root / "gdn"),
+              "sessions": files(root / "sessions", recursive=True),
+              "refused": files(root / "refused")}
+    total = sum(st.st_size for fs in listed.values() for _, st in fs)
+    for path, st in [f for fs in listed.values() for f in fs]:
+        if now - st.st_mtime > ttl_s and path not in keep:
+            path.unlink(missing_ok=True)
+            total -= st.st_size
+            gone.append(path)
+    by_age = listed["refused"] + sorted(listed["pages"] + listed["gdn"],
+                                        key=lambda f: f[1].st_mtime)
+    for path, st in by_age:
+        if cap_bytes is None or total <= cap_bytes:
+            break
+        if path not in keep and path not in gone:
+            path.unlink(missing_ok=True)
+            total -= st.st_size
+            gone.append(path)
+    return gone
+
+
+def clear_temporaries(folder: Path) -> None:
+    """Remove atomic writes' temporaries whose writer is gone (files.atomic_save:
+    `.NAME.PID-THREAD.tmp`) and a library's own temporaries (`.tmp*`) older than an hour."""
+    now = time.time()
+    for tmp in folder.glob(".*"):
+        try:
+            if tmp.name.endswith(".tmp") and not alive(tmp):
+                tmp.unlink(missing_ok=True)
+            elif tmp.name.startswith(".tmp") and now - tmp.stat().st_mtime > STRAY_TMP_S:
+                tmp.unlink(missing_ok=True)
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+
+
+def alive(tmp: Path) -> bool:
+    """Whether the writer of a temporary file (`.NAME.PID-THREAD.tmp`) still runs on this
+    machine (a process id reused since counts as running: the file then waits)."""
+    try:
+        os.kill(int(tmp.name.rsplit(".", 2)[-2].split("-")[0]), 0)
+        return True
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:              # another user's process
+        return True
+
+
+def renew(path: Path) -> bool:
+    """Whether `path` exists; its time is renewed when it does (the TTL and the cap count from
+    the last use)."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
