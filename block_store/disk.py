@@ -308,6 +308,10 @@ class DiskStore:
             return
         if path.parent == self.root / "gdn":
             self._entries.discard(bytes.fromhex(path.stem))
+        kind = {self.root / "pages": "pages", self.root / "gdn": "gdn_entries",
+                self.manifest_dir: "manifests"}.get(path.parent)
+        if kind and self._counts:            # its bytes stay counted: refused/ is the folder's
+            self._counts[kind] -= 1
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def sweep(self, ttl_s: float, cap_bytes: int | None, keep: set[Path] = frozenset()

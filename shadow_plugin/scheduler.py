@@ -65,7 +65,10 @@ class Scheduler:
         self._touch(session)
 
     def output(self, session: str) -> None:
-        """The host produced ids; the first call of a turn marks its first token."""
+        """The host produced ids; the first call of a turn marks its first token. A session
+        the scheduler has not seen a turn of (one a restarted service continues with outputs)
+        joins the idle window's order as its least recent."""
+        self._know(session)
         turn = self.turns.get(session)
         if turn is not None:
             turn.last_event_s = self.clock()
@@ -75,6 +78,7 @@ class Scheduler:
     def turn_finished(self, session: str) -> bool:
         """Close the turn. Returns True when the idle window should be polled now (the last
         open turn finished and idle_at_finish is on)."""
+        self._know(session)
         self._close(session)
         self.idle_memo = None
         if not self.turns:
@@ -112,6 +116,10 @@ class Scheduler:
         """A question at position `at`, answered when C reaches the grid line at or below it."""
         self.questions.append((session, at))
         self._answer_due(session)
+
+    def _know(self, session: str) -> None:
+        if session not in self.recency:
+            self.recency.insert(0, session)
 
     def _touch(self, session: str) -> None:
         if session in self.recency:

@@ -67,6 +67,19 @@ def test_idle_burst_reads_newest_turn_first_then_by_recency():
     assert burst == Slice("idle", (("old", 10),), 1000.0, "budget")
 
 
+def test_a_session_known_only_by_outputs_is_read_when_the_others_are_fresh():
+    """After a restart a host may continue a session with outputs and an end, no turn: the
+    idle window reads it too, after the sessions whose turns it saw."""
+    sched, reader, clock = make(chunk_ms=100.0, idle_burst_s=1.0)
+    reader.add("seen", 2 * G)
+    sched.turn_started("seen")
+    sched.turn_finished("seen")
+    reader.add("restored", 3 * G)
+    sched.output("restored")
+    sched.turn_finished("restored")
+    assert sched.idle_burst() == Slice("idle", (("seen", 2), ("restored", 3)), 500.0, "fresh")
+
+
 def test_a_host_request_mid_burst_stops_it_before_the_next_chunk():
     arrived = []                                     # a request arrives after the third chunk
     sched, reader, clock = make(busy=lambda: bool(arrived))

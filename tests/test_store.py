@@ -270,6 +270,7 @@ def test_a_damaged_page_file_is_refused_and_the_session_resumes_below_it(tiny, t
     ids = r.ids("s")
     assert path.is_file() and r.committed("s") < 2 * G
     _refused(r, reason)
+    assert r.stats()["pages"]["disk"] == len(list((tmp_path / "pages").iterdir()))
     r.read("s")
     assert r.committed("s") == len(ids) // G * G and r.check_exact("s")
 

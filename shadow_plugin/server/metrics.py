@@ -27,8 +27,16 @@ class Collector:
         for sid, s in stats["sessions"].items():
             backlog.add_metric([sid[:128]], s["backlog"])
         yield backlog
-        for key in ("spills", "restores", "refusals", "drops"):
-            yield CounterMetricFamily(f"shadow_{key}", f"sessions {key}", stats[key])
+        for key, doc in (("spills", "sessions parked with their files written"),
+                         ("restores", "sessions brought back"),
+                         ("drops", "sessions parked without files (no disk, or the write "
+                                   "failed)"),
+                         ("refusals", "files set aside as not fitting (this process)"),
+                         ("deleted_files", "files the disk's TTL or cap deleted"),
+                         ("write_errors", "disk writes that failed")):
+            yield CounterMetricFamily(f"shadow_{key}", doc, stats[key])
+        yield GaugeMetricFamily("shadow_disk_bytes", "bytes of the disk folder's files",
+                                stats["disk_bytes"])
         yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
                                 stats["resident_bytes"])
         ration_ms, decode_ms = stats["ration_ms"], stats["host_decode_ms"]
