@@ -12,10 +12,10 @@ Layout under the folder D (format version `FORMAT`):
   kernels on the folder never see, refuse or set aside each other's manifests).
 Every file's metadata holds the format, its kind, the reader's identity (files.FileIdentity),
 xxh3-64 checksums of its tensors, their dtypes and shapes, and a checksum of the metadata
-itself; pages and entries their key, entries their line and kind; manifests what `Manifest`
-holds. A page's content is a pure function of its key (the exactness contract restated), so a
-file that exists is never written again (its time is renewed when it is used). Writes are
-atomic (files.atomic_save). A file that does not fit (another identity or format, a key or ids
+itself; pages and entries their key, entries their line and kind; manifests what
+manifest.Manifest holds. A page's content is a pure function of its key (the exactness
+contract restated), so a file that exists is never written again (its time is renewed when it
+is used). Writes are atomic (files.atomic_save). A file that does not fit (another identity or format, a key or ids
 that differ, a failing checksum, damaged metadata, a truncated file) raises files.RefusedFile
 with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL, cap, counts, temporaries):
 disk_upkeep.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,27 +35,11 @@ from . import disk_upkeep as upkeep
 from .files import FileIdentity, RefusedFile, atomic_save, checksum
 from .keys import identity_key
 from .layout import GdnState
+from .manifest import Manifest, from_meta, to_meta
 
 FORMAT = "shadow-disk/1"
 SUFFIX = upkeep.SUFFIX
 INDEX_MAX_AGE_S = 10.0    # the GDN entry index and the counts list the folder again this often
-
-
-@dataclass
-class Manifest:
-    """What a restart trusts for one session: its ids, C, the keys of its pages [0, C) (hex),
-    the key of the GDN entry holding its state at C (None at C = 0), its checkpoints
-    [(line, entry key hex, episode_start, kept)], pending lines {line: episode_start}, the
-    shared line, and when it was written (s since the epoch)."""
-
-    ids: list[int]
-    committed: int
-    page_keys: list[str]
-    state_key: str | None
-    checkpoints: list[tuple[int, str, bool, bool]] = field(default_factory=list)
-    pending_lines: dict[int, bool] = field(default_factory=dict)
-    shared_line: int = 0
-    written_at: float = 0.0
 
 
 class DiskStore:
@@ -173,13 +156,7 @@ class DiskStore:
         """The session's manifest, replacing the one before (atomically, fsynced). Raises
         OSError when it cannot be written."""
         tensors = {"ids": torch.tensor(m.ids, dtype=torch.int64)}
-        meta = self._meta("manifest", tensors, session=json.dumps(session),
-                          committed=m.committed, page_keys=json.dumps(m.page_keys),
-                          state_key=m.state_key or "",
-                          checkpoints=json.dumps([list(c) for c in m.checkpoints]),
-                          pending_lines=json.dumps(sorted([p, e]
-                                                          for p, e in m.pending_lines.items())),
-                          shared_line=m.shared_line, written_at=time.time())
+        meta = self._meta("manifest", tensors, **to_meta(session, m))
         path = self.manifest_path(session)
         before = path.stat().st_size if path.is_file() else 0
         atomic_save(tensors, path, meta)
@@ -267,25 +244,9 @@ class DiskStore:
         """(session, manifest) of the manifest at `path`, whose name must be its session's.
         Raises RefusedFile as read_manifest."""
         meta, t = self._load(path, "manifest")
-        try:
-            session = json.loads(meta["session"])
-            m = Manifest(
-                ids=t["ids"].tolist(), committed=int(meta["committed"]),
-                page_keys=[_hex_key(k) for k in json.loads(meta["page_keys"])],
-                state_key=_hex_key(meta["state_key"]) if meta["state_key"] else None,
-                checkpoints=[(int(p), _hex_key(k), bool(e), bool(kp))
-                             for p, k, e, kp in json.loads(meta["checkpoints"])],
-                pending_lines={int(p): bool(e) for p, e in json.loads(meta["pending_lines"])},
-                shared_line=int(meta["shared_line"]), written_at=float(meta["written_at"]))
-            if not isinstance(session, str) or path != self.manifest_path(session):
-                raise RefusedFile("session", "the manifest's name is not its session's", path)
-        except (KeyError, ValueError, TypeError) as e:
-            raise RefusedFile("manifest", f"{type(e).__name__}: {e}", path) from e
-        grid = self.ident.grid
-        if m.committed % grid or not 0 <= m.committed <= len(m.ids) or \
-                len(m.page_keys) != m.committed // grid or (m.committed > 0) != bool(m.state_key):
-            raise RefusedFile("manifest", f"C {m.committed} does not fit {len(m.ids)} ids, "
-                                          f"{len(m.page_keys)} pages and the state key", path)
+        session, m = from_meta(meta, t["ids"].tolist(), self.ident.grid, path)
+        if path != self.manifest_path(session):
+            raise RefusedFile("session", "the manifest's name is not its session's", path)
         return session, m
 
     def manifests(self) -> list[Path]:
@@ -331,10 +292,3 @@ def _meta_checksum(meta: dict[str, str]) -> str:
     """xxh3-64 of the metadata but its own checksum, as canonical JSON."""
     rest = {k: v for k, v in meta.items() if k != "meta_checksum"}
     return xxhash.xxh3_64(json.dumps(rest, sort_keys=True).encode()).hexdigest()
-
-
-def _hex_key(text: str) -> str:
-    """A key as 32 hex digits; ValueError for anything else."""
-    if not isinstance(text, str) or len(bytes.fromhex(text)) != 16:
-        raise ValueError(f"not a page key: {text!r}")
-    return text
