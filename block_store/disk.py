@@ -15,9 +15,9 @@ xxh3-64 checksums of its tensors, their dtypes and shapes, and a checksum of the
 itself; pages and entries their key, entries their line and kind; manifests what
 manifest.Manifest holds. A page's content is a pure function of its key (the exactness
 contract restated), so a file that exists is never written again (its time is renewed when it
-is used). Writes are atomic (files.atomic_save). A file that does not fit (another identity or format, a key or ids
-that differ, a failing checksum, damaged metadata, a truncated file) raises files.RefusedFile
-with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL, cap, counts, temporaries):
+is used). Writes are atomic (files.atomic_save). A file that does not fit (another identity
+or format, a key or ids that differ, a failing checksum, damaged metadata, a truncated file)
+raises files.RefusedFile with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL, cap, counts, temporaries):
 disk_upkeep.
 """
 from __future__ import annotations
