@@ -17,8 +17,8 @@ manifest.Manifest holds. A page's content is a pure function of its key (the exa
 contract restated), so a file that exists is never written again (its time is renewed when it
 is used). Writes are atomic (files.atomic_save). A file that does not fit (another identity
 or format, a key or ids that differ, a failing checksum, damaged metadata, a truncated file)
-raises files.RefusedFile with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL, cap, counts, temporaries):
-disk_upkeep.
+raises files.RefusedFile with the reason; `set_aside` moves it to D/refused/. Upkeep (TTL,
+cap, counts, temporaries): disk_upkeep.
 """
 from __future__ import annotations
 
