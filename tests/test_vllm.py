@@ -183,6 +183,9 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
                 if line.startswith("shadow_read_tokens_total")]
         assert 'shadow_turn_starts_total{fresh="true"}' in metrics
         assert read and float(read[0].split()[-1]) > 0 and "vllm:prefix_cache_queries" in metrics
+        from test_grafana import dashboard_metrics         # the dashboard's vLLM panels
+        missing = sorted(n for n in dashboard_metrics("vllm:") if n not in metrics)
+        assert dashboard_metrics("vllm:") and not missing, missing
         assert 'shadow_pages{state="pinned"}' in metrics            # the shadow's own pages
         assert "shadow_prefix_cache_queried_tokens_total" in metrics
         external = [float(line.split()[-1]) for line in metrics.splitlines()
