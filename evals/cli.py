@@ -20,7 +20,8 @@ import torch
 from jinja2 import TemplateError
 
 from evals.data import data_dir
-from shadow_plugin.host import DEFAULT_MS_PER_1K  # the one default read cost (eager H200)
+
+RUN_OF_RECORD = Path(__file__).with_name("read_costs_h200.json")   # fresh's default costs
 
 HF_NAME = "models--Qwen--Qwen3.5-0.8B"
 
@@ -167,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("timelines", nargs="+", help="timeline JSON files (shared/data/timelines)")
     cost = fp.add_mutually_exclusive_group()
     cost.add_argument("--read-ms-per-1k", type=float, default=None,
-                      help=f"read cost (default {DEFAULT_MS_PER_1K}: the eager H200 figure)")
-    cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands)")
+                      help="one read cost for every context (ms per 1,000 ids)")
+    cost.add_argument("--cost-model", help="a `shadow-reader bench` JSON (grid-512 read bands; "
+                      "default: the latest H200 run of record shipped with the package, "
+                      "evals/read_costs_h200.json)")
     fp.add_argument("--grid", type=int, default=512)
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
     fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
@@ -220,11 +223,12 @@ def _fresh(args) -> int:
         raise ValueError(f"--grid must be a positive multiple of 64, got {args.grid}")
     if args.read_ms_per_1k is not None and not args.read_ms_per_1k > 0:
         raise ValueError(f"--read-ms-per-1k must be > 0, got {args.read_ms_per_1k}")
-    if args.cost_model:
-        name, ms_per_1k = cost_from_bench(args.cost_model)
-    else:
-        rate = args.read_ms_per_1k or DEFAULT_MS_PER_1K
+    if args.read_ms_per_1k is not None:
+        rate = args.read_ms_per_1k
         name, ms_per_1k = f"{rate} ms per 1,000 ids", (lambda c: rate)
+    else:
+        name, ms_per_1k = cost_from_bench(args.cost_model or RUN_OF_RECORD)
+    print(f"read costs: {name}", file=sys.stderr)
     cfg = SchedulerConfig.from_env(grid=args.grid)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)
     if args.plot:

@@ -226,10 +226,14 @@ def simulate(requests: list[Request], cfg: SchedulerConfig, ms_per_1k, ration: b
 
 def cost_from_bench(path) -> tuple[str, callable]:
     """(name, ms_per_1k(context)) from a `shadow-reader bench` JSON: the grid-512 read bands,
-    through CUDA graphs when the run measured them, else eager. KeyError when it has neither."""
+    through CUDA graphs when the run measured them, else eager. The name says the file, its GPU,
+    date and read path and the bands. KeyError when it has neither."""
     res = json.loads(Path(path).read_text())
     part = res.get("read_grid512_cuda_graphs") or res["read_grid512"]
     bands = part["ms_per_1k"]
+    about = ", ".join(str(x) for x in (res.get("gpu"), res.get("date"), part.get("path")) if x)
+    path = f"{path} ({about}; ms per 1,000 ids by context: " + \
+        ", ".join(f"{band} {ms}" for band, ms in bands.items()) + ")"
     table = []
     for band, ms in bands.items():
         lo, hi = (int(x.rstrip("k")) * 1024 for x in band.split("-"))

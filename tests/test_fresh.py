@@ -122,3 +122,14 @@ def test_a_request_that_meets_an_idle_chunk_waits_for_it(tmp_path):
     res = simulate(load_timeline(path), SchedulerConfig(), lambda c: 10.0, ration=False)
     assert [round(w, 2) for w in res["host_waits_ms"]] == [0.72]
     assert [b for *_, b in res["trace"]] == [0, 2 * 512]
+
+
+def test_fresh_without_costs_uses_the_shipped_h200_run_and_says_so(tmp_path, capsys):
+    assert main(["fresh", str(_timeline(tmp_path))]) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out.strip().splitlines()[-1])
+    assert "read_costs_h200.json (NVIDIA H200, 2026-12-01" in res["cost_model"]
+    assert "0k-8k 6.76" in res["cost_model"] and "read costs: " in out.err
+    assert main(["fresh", str(_timeline(tmp_path)), "--read-ms-per-1k", "100"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["cost_model"] == "100.0 ms per 1,000 ids"
