@@ -6,6 +6,7 @@ Commands:
   bench    the read benchmark
   fresh    how fresh the shadow stays on recorded request timelines
   serve    the HTTP service for hosts in another process
+  prefix-hits  one agent's sessions with its prefix, alone and together (evals/prefix_share.py)
 """
 from __future__ import annotations
 
@@ -176,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
     fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
     fp.set_defaults(func=_fresh)
+    hp = sub.add_parser("prefix-hits", add_help=False, help="one agent's sessions with its "
+                        "prefix, alone and together: ids read, hit rate, bytes held "
+                        "(evals/prefix_share.py; --help for its options)")
+    hp.set_defaults(func=None)
     ep = sub.add_parser("export-model", help="write a preset's seeded random weights as a "
                         "Hugging Face directory (a host model for vLLM, e.g. random:tiny-host)")
     ep.add_argument("spec", help="random:NAME (tiny, tiny-host, qwen3.5-0.8b, -2b, -4b)")
@@ -271,6 +276,10 @@ def _bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prefix-hits"]:            # its own options: evals/prefix_share.py
+        from .prefix_share import main as prefix_hits
+        return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -9,9 +9,12 @@ whether the prefix's pages are held once (resident bytes <= the sessions' own pa
 of the prefix + the GDN table's entries + the sessions' GDN states).
 
     python -m evals.prefix_share --prefix ../shared/data/prefixes/opencode_qwen.json \\
-        --model random:tiny --device cpu [SESSION.json ...]     (default: every shared session)
+        --model random:tiny --device cpu [SESSION.json ...] [--plot hits.png]
+    shadow-reader prefix-hits ...                    (the same, from the command line)
 
-No questions are asked (reads only). Prints a line per session and, last, one JSON object.
+(default: every shared session). No questions are asked (reads only). `--plot`: a PNG of the
+ids each session read alone and together, with its bound, and the hit rate (matplotlib, the
+`plot` extra). Prints a line per session and, last, one JSON object.
 """
 from __future__ import annotations
 
@@ -46,13 +49,14 @@ def _common(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("sessions", nargs="*", help="session files (default: the shared set)")
     ap.add_argument("--prefix", required=True, help="a prefix file (../shared/data/prefixes)")
     ap.add_argument("--model", default="random:tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--plot", help="write a PNG of ids read alone and together here")
     args = ap.parse_args(argv)
     paths = args.sessions or sorted(str(p) for p in (data_dir() / "sessions").glob("*.json"))
     prefix = load_prefix(args.prefix)
@@ -83,6 +87,9 @@ def main(argv=None) -> int:
     live = sum(c.nbytes + r.nbytes for st in reader.table.resident.values() for c, r in st.gdn)
     held_once = s["resident_bytes"] <= (own - shared_pages) * s["page_bytes"] + \
         s["gdn_entry_bytes"] + live
+    if args.plot:
+        plot(per, together["prefix_cache_hit_rate"], Path(args.prefix).name, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     print(json.dumps({
         "model": args.model, "device": args.device, "grid": args.grid, "dtype": str(model.dtype),
         "torch": torch.__version__, "date": str(datetime.date.today()),
@@ -94,6 +101,27 @@ def main(argv=None) -> int:
                                     "resident_bytes", "pages", "page_bytes", "gdn_entry_bytes",
                                     "gdn_entries_by_kind")}}))
     return 0
+
+
+def plot(per: dict, hit_rate: float, prefix: str, path) -> None:
+    """Bars of the ids each session read alone and together, its bound as a tick."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(per)
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 4))
+    ax.bar([i - 0.2 for i in x], [per[n]["read_alone"] for n in names], 0.4, label="alone")
+    ax.bar([i + 0.2 for i in x], [per[n]["read_together"] for n in names], 0.4,
+           label="together")
+    ax.scatter([i + 0.2 for i in x], [per[n]["bound"] for n in names], marker="_", s=400,
+               color="black", label="bound", zorder=3)
+    ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel="ids read", title=f"prefix {prefix}: hit rate {hit_rate:.3f}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

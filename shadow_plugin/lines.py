@@ -47,7 +47,7 @@ def is_episode_start(prompt: list[int]) -> bool:
     return prompt[i + 1:i + 3] == [USER, NEWLINE] and prompt[i + 3:i + 4] != [TOOL_RESPONSE]
 
 
-SYSTEM = 8948          # "system", an ordinary BPE id (docs/specs/qwen35-chat-format.md section 11)
+SYSTEM = 8678          # "system", an ordinary BPE id of the Qwen3.5 vocabulary (tests check it)
 MAX_SHARED_SCAN = 1 << 17     # ids looked at for the first system message's end
 
 

@@ -481,3 +481,15 @@ def test_renderer_falls_back_to_builtin(tmp_path):
     small = Renderer.from_model_dir(tmp_path, template="qwen3.5-0.8b")
     assert small.render([user("Hi")], add_generation_prompt=True) == E4["qwen3.5-0.8b", None]
     assert set(TEMPLATES) >= {"qwen3.5-27b", "qwen3.5-0.8b", "qwen3.6-27b"}
+
+
+def test_the_role_ids_the_reader_looks_for_are_the_tokenizers():
+    """shadow_plugin.lines finds messages by the ordinary BPE ids of their roles: they must be
+    what the Qwen3.5 tokenizer gives (a wrong 'system' id once kept the shared system
+    message's checkpoint from ever being taken)."""
+    from shadow_plugin import lines
+    from shadow_plugin.tokenizer import load_tokenizer
+    tok = load_tokenizer()
+    for role, want in (("system", lines.SYSTEM), ("user", lines.USER),
+                       ("assistant", lines.ASSISTANT)):
+        assert tok.encode(f"<|im_start|>{role}\n") == [lines.IM_START, want, lines.NEWLINE]

@@ -66,3 +66,29 @@ def test_disk_ab_times_both_variants_and_stays_exact(tmp_path):
     for what in ("spill", "restore"):
         assert all(len(res[what][v]["all_ms"]) == 2 for v in ("before", "after"))
     assert res["exact"] is True and res["disk_bytes"] > 0
+
+
+def test_prefix_hits_shares_an_agents_prefix_and_plots_it(tmp_path):
+    """Two sessions of one agent (the example and a copy with another first request), with
+    opencode's prefix: the second reads less together than alone, within its bound; the plot
+    is written."""
+    from evals.data import data_dir
+    raw = json.loads((ROOT / "examples" / "session.json").read_text())
+    other = json.loads(json.dumps(raw))
+    first_user = next(m for m in other["messages"] if m["role"] == "user")
+    first_user["content"] = "A different request: " + str(first_user["content"])
+    paths = []
+    for name, data in (("a", raw), ("b", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    png = tmp_path / "hits.png"
+    out = subprocess.run([sys.executable, "-m", "evals.cli", "prefix-hits", *map(str, paths),
+                          "--prefix", str(data_dir() / "prefixes" / "opencode_qwen.json"),
+                          "--grid", "64", "--plot", str(png)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    b = res["sessions"]["b"]
+    assert res["target_met"] and res["prefix_held_once"] and b["shared_whole_pages"] > 0
+    assert b["read_together"] < b["read_alone"] and b["exact"] is True
+    assert 0 < res["prefix_cache_hit_rate"] <= 1 and png.stat().st_size > 1000

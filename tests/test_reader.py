@@ -103,7 +103,7 @@ def test_new_user_message_rolls_back_to_episode_start_not_zero(tiny):
     assistant turn: the rollback lands on the episode-start checkpoint even when more tool
     turns than max_checkpoints came in between."""
     r = Reader(tiny, grid=G, max_checkpoints=2)
-    prompt = [IM_START, 8948, NL] + _rand(40, 1) + [IM_END, NL] + _user(90, 2) + GEN_PROMPT
+    prompt = [IM_START, lines.SYSTEM, NL] + _rand(40, 1) + [IM_END, NL] + _user(90, 2) + GEN_PROMPT
     r.feed("s", prompt, "prompt")
     r.read("s")
     episode_line = lines.prompt_line(prompt, G)
