@@ -87,7 +87,8 @@ def load_resume(store: PageStore, res: Resume, prompt: list[int],
     held = store.take_pages([p for p in res.pages if p is not None])   # not reused below
     fresh = [store.allocate() for _ in todo]
     try:
-        entry = _read_entry(store, res)
+        entry = load_entry(store, res.state, res.line) if isinstance(res.state, bytes) \
+            else None
         for at in range(0, len(todo), GROUP_PAGES):
             _load_group(store, res, prompt, todo[at:at + GROUP_PAGES],
                         fresh[at:at + GROUP_PAGES], _pinned(store, pinned))
@@ -103,22 +104,21 @@ def load_resume(store: PageStore, res: Resume, prompt: list[int],
     store.release_pages(res.pages)       # one reference each, ours: cached, chain head last
     res.num_loaded = len(todo)
     if entry is not None:
-        res.state = store.gdn.put(res.state, res.line, entry[1], entry[2])
+        res.state = store.gdn.put(res.state, res.line, *entry)
         store.gdn.release(res.state)
     return res
 
 
-def _read_entry(store: PageStore, res: Resume):
-    """(line, states on the device, kind) of the entry on disk `res` resumes from, or None.
-    Raises RefusedFile, also for an entry at another line than res.line."""
-    if not isinstance(res.state, bytes):
-        return None
-    line, states, kind = store.disk.read_entry(res.state)
-    if line != res.line:
-        raise RefusedFile("line", f"the entry is at {line}, its key at {res.line}",
-                          store.disk.entry_path(res.state))
+def load_entry(store: PageStore, key: bytes, line: int):
+    """(states per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32) on the spec's
+    device, kind) of the GDN entry `key` on disk, which must be at grid line `line`. Raises
+    RefusedFile (DiskStore.read_entry's reasons, and 'line' for an entry at another line)."""
+    found, states, kind = store.disk.read_entry(key)
+    if found != line:
+        raise RefusedFile("line", f"the entry is at {found}, its key at {line}",
+                          store.disk.entry_path(key))
     dev = store.spec.device
-    return line, [(c.to(dev), r.to(dev)) for c, r in states], kind
+    return [(c.to(dev), r.to(dev)) for c, r in states], kind
 
 
 def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[int],

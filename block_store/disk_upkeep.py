@@ -15,7 +15,6 @@ from pathlib import Path
 
 SUFFIX = ".safetensors"
 STRAY_TMP_S = 3600      # a library's own temporary file this old belongs to no live writer
-KINDS = {"pages": "pages", "gdn": "gdn_entries", "sessions": "manifests"}
 
 
 def files(folder: Path, recursive: bool = False) -> list[tuple[Path, os.stat_result]]:
@@ -37,25 +36,26 @@ def files(folder: Path, recursive: bool = False) -> list[tuple[Path, os.stat_res
     return sorted(out, key=lambda f: f[1].st_mtime)
 
 
+def listing(root: Path) -> dict[str, list[tuple[Path, os.stat_result]]]:
+    """files() of each of the folder's parts: pages, gdn, sessions (every identity's), refused."""
+    return {"pages": files(root / "pages"), "gdn": files(root / "gdn"),
+            "sessions": files(root / "sessions", recursive=True),
+            "refused": files(root / "refused")}
+
+
 def scan(root: Path, manifest_dir: Path) -> dict[str, int]:
     """Files held: pages, GDN entries, this identity's manifests, and every file's bytes."""
-    listed = {"pages": files(root / "pages"), "gdn": files(root / "gdn"),
-              "sessions": files(root / "sessions", recursive=True),
-              "refused": files(root / "refused")}
-    out = {KINDS[k]: len(listed[k]) for k in ("pages", "gdn")}
-    out["manifests"] = sum(p.parent == manifest_dir for p, _ in listed["sessions"])
-    out["bytes"] = sum(st.st_size for fs in listed.values() for _, st in fs)
-    return out
+    listed = listing(root)
+    return {"pages": len(listed["pages"]), "gdn_entries": len(listed["gdn"]),
+            "manifests": sum(p.parent == manifest_dir for p, _ in listed["sessions"]),
+            "bytes": sum(st.st_size for fs in listed.values() for _, st in fs)}
 
 
 def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path]) -> list[Path]:
     """Delete files older than `ttl_s` (every kind), then, past `cap_bytes`, the oldest
     refused files, then the oldest pages and GDN entries together; manifests only by age;
     never those in `keep`. Returns the deleted paths."""
-    now, gone = time.time(), []
-    listed = {"pages": files(root / "pages"), "gdn": files(root / "gdn"),
-              "sessions": files(root / "sessions", recursive=True),
-              "refused": files(root / "refused")}
+    now, gone, listed = time.time(), [], listing(root)
     total = sum(st.st_size for fs in listed.values() for _, st in fs)
     for path, st in [f for fs in listed.values() for f in fs]:
         if now - st.st_mtime > ttl_s and path not in keep:

@@ -25,7 +25,7 @@ import numpy as np
 from . import files
 from .checkpoints import resume
 from .disk import DiskStore, Manifest
-from .disk_io import manifest_of, save_session
+from .disk_io import load_entry, manifest_of, save_session
 from .pages import PageStore
 from .session import Checkpoint, SessionState, new_state, release_state
 
@@ -243,23 +243,21 @@ class Residency:
     def _checkpoints(self, st: SessionState, m: Manifest) -> None:
         """The manifest's checkpoints at or below C whose entries are found (memory, then
         disk), referenced by `st`."""
-        gdn, dev = self.store.gdn, self.spec.device
+        gdn = self.store.gdn
         for pos, key_hex, episode, kept in m.checkpoints:
             key = bytes.fromhex(key_hex)
             if pos > st.committed or st.keys[pos // self.store.grid - 1] != key:
                 continue
-            entry = gdn.get(key)
-            if entry is not None:
-                entry = gdn.put(key, pos, entry.states)
+            held = gdn.get(key)
+            if held is not None:
+                entry = gdn.put(key, pos, held.states)
             else:
                 try:
-                    line, states, kind = self.disk.read_entry(key)
+                    entry = gdn.put(key, pos, *load_entry(self.store, key, pos))
                 except files.RefusedFile as e:
-                    self.disk.set_aside(e.path, e.reason)
+                    if e.reason != "line":       # as before: another line is skipped, kept
+                        self.disk.set_aside(e.path, e.reason)
                     continue
-                if line != pos:
-                    continue
-                entry = gdn.put(key, pos, [(c.to(dev), r.to(dev)) for c, r in states], kind)
             st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
 
     def forget(self, sid: str) -> None:

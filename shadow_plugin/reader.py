@@ -57,7 +57,8 @@ class Reader(ForkCalls):
     page's rows; default 512, or the adapter's); max_checkpoints; tokenizer (an object
     with encode(text) -> ids; default: shadow_plugin.tokenizer.load_tokenizer(), loaded on the
     first text question); resident_bytes (cap on resident session bytes, 4 GiB); disk_dir
-    (where sessions past the cap are parked; None: they are dropped and read again from 0);
+    (where sessions past the cap are parked, block_store.disk; None: they are dropped and
+    resumed from what memory still holds);
     disk_bytes (cap on the folder, None: none); disk_ttl_s (files older than this are
     deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
     of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
