@@ -174,6 +174,19 @@ class DiskStore:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
         except Exception as e:           # truncated, not safetensors: refused, with the reason
             raise RefusedFile("unreadable", f"{type(e).__name__}: {e}", path) from e
+        sums = self.check_meta(meta, kind, _layout(tensors), path)
+        if any(sums[k] != checksum(t) for k, t in tensors.items()):
+            raise RefusedFile("checksum", f"{path.name}: a tensor does not match its checksum",
+                              path)
+        return meta, tensors
+
+    def check_meta(self, meta: dict[str, str], kind: str, layout: dict[str, list],
+                   path: Path) -> dict[str, str]:
+        """The checks of a file's metadata `meta` (its own checksum, format, kind, this reader's
+        identity) and of its tensors' `layout` ({name: [torch dtype str, shape]}, as the file
+        holds them) against the metadata's; returns the tensors' checksums by name (xxh3-64
+        hex), which the caller compares with the data. Raises RefusedFile ('checksum',
+        'format', an identity field's name, 'unreadable')."""
         if meta.get("meta_checksum") != _meta_checksum(meta):
             raise RefusedFile("checksum", f"{path.name}: its metadata fails its checksum", path)
         if meta.get("format") != FORMAT or meta.get("kind") != kind:
@@ -183,14 +196,13 @@ class DiskStore:
             if meta.get(name) != want:
                 raise RefusedFile(name, f"the file's {name} differs from this reader's", path)
         try:
-            sums, layout = json.loads(meta["checksums"]), json.loads(meta["layout"])
+            sums, want = json.loads(meta["checksums"]), json.loads(meta["layout"])
         except (KeyError, ValueError) as e:
             raise RefusedFile("unreadable", f"metadata: {type(e).__name__}: {e}", path) from e
-        if layout != _layout(tensors) or not isinstance(sums, dict) or set(sums) != set(
-                tensors) or any(sums[k] != checksum(t) for k, t in tensors.items()):
+        if want != layout or not isinstance(sums, dict) or set(sums) != set(layout):
             raise RefusedFile("checksum", f"{path.name}: a tensor does not match its checksum",
                               path)
-        return meta, tensors
+        return sums
 
     def _used(self, path: Path) -> None:
         try:

@@ -5,9 +5,10 @@ on disk (pages.find_resume).
 
 Spill: the pages not yet on disk leave the pool a group at a time (kv_pool.pages_to_cpu, into
 page-locked memory on CUDA) and are written in threads (safetensors releases the GIL); a page
-already on disk only has its time renewed. Load: page files are read and checked in threads,
-their ids compared with the prompt's, copied into one host buffer and written into the pool
-in one copy (kv_pool.put_pages).
+already on disk only has its time renewed. Load: page files are read and checked in threads
+straight into one host buffer a group (page_read.read_page_into; `fast=False`: safetensors'
+read then a copy, DiskStore.read_page, the slow twin), their ids compared with the prompt's,
+and the buffer written into the pool in one copy (kv_pool.put_pages).
 """
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ import torch
 from .disk import DiskStore, Manifest
 from .files import RefusedFile
 from .kv_pool import pages_to_cpu, put_pages
+from .page_read import read_page_into
 from .pages import PageStore, Resume
 from .session import SessionState
 
 IO_THREADS = min(8, os.cpu_count() or 1)
 GROUP_PAGES = 32      # pages a spill takes off the device at a time (about 200 MB on the 0.8B)
+FAST_READ = True      # a load reads page files straight into its buffer (page_read)
 
 
 def manifest_of(st: SessionState) -> Manifest:
@@ -71,13 +74,15 @@ def _pinned(store: PageStore, pinned: bool | None) -> bool:
 
 
 def load_resume(store: PageStore, res: Resume, prompt: list[int],
-                pinned: bool | None = None) -> Resume | None:
+                pinned: bool | None = None, fast: bool | None = None) -> Resume | None:
     """`res` with its pages on disk loaded into the pool (named by their keys, unreferenced,
     cached) and its state on disk loaded into the GDN table (unreferenced); the same `res`
     when nothing is on disk. Pages go GROUP_PAGES at a time: their files read and checked in
     threads, each copied into one host buffer (`pinned`: page-locked, default on CUDA; the
     buffers of a group size are reused by torch's host allocator, so only the first restore
-    of a process pays for locking them), which goes to the device in one copy. None when a
+    of a process pays for locking them), which goes to the device in one copy. `fast` (default
+    FAST_READ): each file read straight into the buffer (page_read.read_page_into), else read
+    by safetensors and copied (DiskStore.read_page); the same checks and bits. None when a
     file was refused: it is set aside (counted in disk.refusals) and nothing is changed, so
     the caller looks again."""
     if res.num_disk_pages == 0 and not isinstance(res.state, bytes):
@@ -89,9 +94,11 @@ def load_resume(store: PageStore, res: Resume, prompt: list[int],
     try:
         entry = load_entry(store, res.state, res.line) if isinstance(res.state, bytes) \
             else None
-        for at in range(0, len(todo), GROUP_PAGES):
-            _load_group(store, res, prompt, todo[at:at + GROUP_PAGES],
-                        fresh[at:at + GROUP_PAGES], _pinned(store, pinned))
+        with ThreadPoolExecutor(IO_THREADS) as threads:
+            for at in range(0, len(todo), GROUP_PAGES):
+                _load_group(store, res, prompt, todo[at:at + GROUP_PAGES],
+                            fresh[at:at + GROUP_PAGES], _pinned(store, pinned),
+                            FAST_READ if fast is None else fast, threads)
     except BaseException as e:           # nothing taken stays taken, whatever went wrong
         store.release_pages(fresh)       # blank: reused first
         store.release_pages(held)
@@ -122,15 +129,18 @@ def load_entry(store: PageStore, key: bytes, line: int):
 
 
 def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[int],
-                pages: list, pinned: bool) -> None:
-    """Pages `group` of `res` (indices into res.pages) from disk into pool pages `pages`."""
+                pages: list, pinned: bool, fast: bool, threads: ThreadPoolExecutor) -> None:
+    """Pages `group` of `res` (indices into res.pages) from disk into pool pages `pages`, the
+    files read by `threads`."""
     g, block = store.grid, store.pool.block
     rows = torch.empty(len(group), *block.shape[:2], *block.shape[3:], dtype=block.dtype,
                        pin_memory=pinned)
 
     def read(j: int) -> None:
         i = group[j]
-        rows[j].copy_(store.disk.read_page(res.keys[i], prompt[i * g:(i + 1) * g]))
-    with ThreadPoolExecutor(IO_THREADS) as pool:
-        list(pool.map(read, range(len(group))))
+        if fast:
+            read_page_into(store.disk, res.keys[i], prompt[i * g:(i + 1) * g], rows[j])
+        else:
+            rows[j].copy_(store.disk.read_page(res.keys[i], prompt[i * g:(i + 1) * g]))
+    list(threads.map(read, range(len(group))))
     put_pages(store.pool, [p.index for p in pages], rows)
