@@ -62,10 +62,11 @@ def test_disk_ab_times_both_variants_and_stays_exact(tmp_path):
                     str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
     ids = str(tmp_path / "session.npz")
     res = _run("evals.disk_ab", "--ids", ids, "--more", ids, "--disk", str(tmp_path / "d"),
-               "--model", "random:tiny", "--device", "cpu", "--size", "2048", "--repeats", "2")
-    for what in ("spill", "restore"):
-        assert all(len(res[what][v]["all_ms"]) == 2 for v in ("before", "after"))
-    assert res["exact"] is True and res["disk_bytes"] > 0
+               "--model", "random:tiny", "--device", "cpu", "--size", "2048", "--repeats", "2",
+               "--threads", "2")
+    assert len(res["spill"]["all_ms"]) == 2
+    assert all(len(res["restore"][v]["all_ms"]) == 2 for v in ("before", "after", "after_t2"))
+    assert res["same_bits"] is True and res["exact"] is True and res["disk_bytes"] > 0
 
 
 def test_prefix_hits_shares_an_agents_prefix_and_plots_it(tmp_path):
