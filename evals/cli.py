@@ -7,6 +7,7 @@ Commands:
   fresh    how fresh the shadow stays on recorded request timelines
   serve    the HTTP service for hosts in another process
   prefix-hits  one agent's sessions with its prefix, alone and together (evals/prefix_share.py)
+  router-eval  the router question at labelled turns against the labels (evals/router_eval.py)
 """
 from __future__ import annotations
 
@@ -181,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefix, alone and together: ids read, hit rate, bytes held "
                         "(evals/prefix_share.py; --help for its options)")
     hp.set_defaults(func=None)
+    rp = sub.add_parser("router-eval", add_help=False, help="the router's class question at "
+                        "each labelled turn against a JSON-lines file of labels, beside the "
+                        "constant-label baseline (evals/router_eval.py; --help for its options)")
+    rp.set_defaults(func=None)
     ep = sub.add_parser("export-model", help="write a preset's seeded random weights as a "
                         "Hugging Face directory (a host model for vLLM, e.g. random:tiny-host)")
     ep.add_argument("spec", help="random:NAME (tiny, tiny-host, qwen3.5-0.8b, -2b, -4b)")
@@ -193,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", choices=["cpu", "cuda"])
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     sp.add_argument("--port", type=int, default=8765)
-    sp.add_argument("--api-key", help="require this bearer key on every route but /healthz")
+    sp.add_argument("--api-key", help="require this bearer key on every route but /healthz "
+                    "and the dashboard's page (SHADOW_API_KEY keeps it out of ps)")
     sp.add_argument("--grid", type=int)
     sp.set_defaults(func=_serve)
     return ap
@@ -214,6 +220,9 @@ def _serve(args) -> int:
                                                   api_key=args.api_key, grid=args.grid,
                                                   bind_host=args.host)
     app = create_app(cfg)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"shadow-reader: dashboard at http://{shown}:{args.port}/v1/shadow/dashboard",
+          file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
@@ -280,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["prefix-hits"]:            # its own options: evals/prefix_share.py
         from .prefix_share import main as prefix_hits
         return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")
-    args = build_parser().parse_args(argv)
     try:
+        if argv[:1] == ["router-eval"]:        # its own options: evals/router_eval.py
+            from .router_eval import main as router_eval
+            return router_eval(argv[1:], prog="shadow-reader router-eval")
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except TemplateError as e:
         print(f"shadow-reader: error: chat template: {e}", file=sys.stderr)

@@ -3,7 +3,8 @@
 SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW_DIR (journal
 and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK
 ("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
-SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file); the scheduler's
+SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTORY_S (the
+dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
 kernel configs, read where fla is loaded: model.kernels, model.autotune). Every
@@ -42,7 +43,9 @@ class ServiceConfig:
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
     disk_gb (None: no cap); api_key (None: no key); max_body_bytes; max_ids (per request);
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
-    served; on a loopback address the Host header must name the loopback)."""
+    served; on a loopback address the Host header must name the loopback); history_every_s,
+    history_samples: the dashboard's history (server.history.History: one sample every
+    history_every_s s, the last history_samples kept)."""
 
     model: str = ""
     device: str = ""
@@ -57,6 +60,8 @@ class ServiceConfig:
     profiles_path: Path | None = None
     scheduler: SchedulerConfig = SchedulerConfig()
     bind_host: str = "127.0.0.1"
+    history_every_s: float = 1.0
+    history_samples: int = 3600
 
     @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":
@@ -73,6 +78,8 @@ class ServiceConfig:
                    api_key=_get(env, "API_KEY"),
                    max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
                    profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,
+                   history_every_s=_num(env, "HISTORY_S", 1.0),
+                   history_samples=int(_num(env, "HISTORY_SAMPLES", 3600, int)),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 
     def with_overrides(self, **kw) -> "ServiceConfig":

@@ -187,6 +187,13 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         missing = sorted(n for n in dashboard_metrics("vllm:") if n not in metrics)
         assert dashboard_metrics("vllm:") and not missing, missing
         assert 'shadow_pages{state="pinned"}' in metrics            # the shadow's own pages
+        # the dashboard on vLLM's server: the page (also outside /v1), its history sampled at
+        # each refresh of the metrics
+        for path in ("/shadow/dashboard", "/v1/shadow/dashboard"):
+            page = httpx.get(server.url + path, timeout=60)
+            assert page.status_code == 200 and "window.shadowDashboard" in page.text, path
+        samples = httpx.get(server.url + "/v1/shadow/history", timeout=60).json()["samples"]
+        assert len(samples) >= 2 and samples[-1]["values"]["shadow_read_tokens_total"] > 0
         assert "shadow_prefix_cache_queried_tokens_total" in metrics
         external = [float(line.split()[-1]) for line in metrics.splitlines()
                     if line.startswith("vllm:external_prefix_cache_hits_total")]

@@ -2,10 +2,11 @@
 reader through the service's facade (facade.Shadow), whose methods take the one lock.
 
 Safe by default: binds 127.0.0.1 (cli), a bearer key when configured on every route but
-/healthz, bodies over max_body_bytes -> 413, id lists over max_ids -> 413, session ids in paths
-must match [A-Za-z0-9._:-]{1,128} (400), unknown sessions -> 404, bad values -> 400 or 422
-naming the field, a question while the model loads -> 503 with Retry-After, an ask with `wait`
-that times out -> 504 with the backlog.
+/healthz and the dashboard's page (which holds no data: its JSON routes need the key), bodies
+over max_body_bytes -> 413, id lists over max_ids -> 413, session ids in paths must match
+[A-Za-z0-9._:-]{1,128} (400), unknown sessions -> 404, bad values -> 400 or 422 naming the
+field, a question while the model loads -> 503 with Retry-After, an ask with `wait` that times
+out -> 504 with the backlog.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client import generate_latest
 from ..config import ServiceConfig
 from ..renderer import Renderer
 from . import errors, schemas
+from .dashboard import PAGE_PATHS, dashboard_router
 from .docs import add_docs
 from .errors import NotReady, WaitTimeout
 from .facade import Fed
@@ -61,7 +63,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     loopback = cfg.bind_host in LOOPBACK
     app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key,
-                       allowed_hosts=LOOPBACK if loopback else None)
+                       allowed_hosts=LOOPBACK if loopback else None,
+                       open_paths=frozenset(("/healthz", *PAGE_PATHS)))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
@@ -126,6 +129,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return {"busy": svc.busy}
 
     app.include_router(question_router(svc))   # ask, summarize, chat, status, sessions, ...
+    app.include_router(dashboard_router(svc.history))   # the page (no key) and its history
 
     @app.get("/metrics")
     def metrics():

@@ -30,12 +30,13 @@ class Guard:
     the loopback) whose Host is not one of allowed_hosts; 415 for a body that is not declared
     application/json; 413 for bodies over
     `max_body_bytes` (declared or streamed); 401 without the right `Authorization: Bearer
-    <key>` (scheme case-insensitive) on every path but /healthz."""
+    <key>` (scheme case-insensitive) on every path but `open_paths` (default /healthz)."""
 
     def __init__(self, app, max_body_bytes: int, api_key: str | None,
-                 allowed_hosts: frozenset | None = None):
+                 allowed_hosts: frozenset | None = None,
+                 open_paths: frozenset = frozenset({"/healthz"})):
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
-        self.allowed_hosts = allowed_hosts
+        self.allowed_hosts, self.open_paths = allowed_hosts, open_paths
 
     def _foreign(self, headers: dict) -> str | None:
         """Why the request comes from somewhere it must not, else None."""
@@ -60,7 +61,8 @@ class Guard:
         why = self._foreign(headers)
         if why:
             return await _reply(send, 403, why)
-        if self.api_key and scope["path"] != "/healthz" and not self._authorized(headers):
+        if (self.api_key and scope["path"] not in self.open_paths
+                and not self._authorized(headers)):
             return await _reply(send, 401, "missing or wrong API key (Authorization: Bearer)")
         size = headers.get(b"content-length", b"").decode()
         has_body = (size.isdigit() and int(size) > 0) or b"transfer-encoding" in headers

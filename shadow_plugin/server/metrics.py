@@ -39,6 +39,8 @@ class Collector:
                                 stats["disk_bytes"])
         yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
                                 stats["resident_bytes"])
+        yield GaugeMetricFamily("shadow_resident_cap_bytes", "the resident cap (bytes)",
+                                stats["resident_cap_bytes"])
         ration_ms, decode_ms = stats["ration_ms"], stats["host_decode_ms"]
         yield CounterMetricFamily("shadow_ration_ms", "ms the in-turn ration used", ration_ms)
         yield CounterMetricFamily("shadow_host_decode_ms", "ms of host decode (first token to "

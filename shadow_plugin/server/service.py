@@ -21,6 +21,7 @@ from ..step import ReaderConfig
 from ..tokenizer import load_tokenizer
 from .errors import NotReady
 from .facade import Shadow, narration_status
+from .history import History, Sampler
 from .metrics import Collector
 from .narrator import Narrator
 from .router_journal import RouterJournal, load_profiles
@@ -30,8 +31,8 @@ log = logging.getLogger(__name__)
 
 def check_config(cfg: ServiceConfig) -> None:
     """What can be refused before the service starts (ValueError naming the setting): an empty
-    or unknown model, a grid the reader cannot take. A model that fails later while loading is
-    reported by /healthz (503) instead."""
+    or unknown model, a grid the reader cannot take, a history the dashboard cannot keep. A
+    model that fails later while loading is reported by /healthz (503) instead."""
     if not cfg.model:
         raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
                          "random:NAME (or pass --model)")
@@ -47,6 +48,12 @@ def check_config(cfg: ServiceConfig) -> None:
         ReaderConfig(grid=cfg.grid)
     except ValueError as e:
         raise ValueError(f"SHADOW_GRID / --grid: {e}") from None
+    if not cfg.history_every_s > 0:
+        raise ValueError(f"SHADOW_HISTORY_S={cfg.history_every_s}: the dashboard's sampling "
+                         "interval must be a positive number of seconds")
+    if cfg.history_samples < 1:
+        raise ValueError(f"SHADOW_HISTORY_SAMPLES={cfg.history_samples}: keep at least one "
+                         "sample")
 
 
 class Service:
@@ -67,14 +74,17 @@ class Service:
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
         self.registry = CollectorRegistry()
-        self.registry.register(Collector(
-            lambda: self.shadow.metrics() if self.state == "ready" else None))
+        collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
+        self.registry.register(collector)
+        self.history = History(cfg.history_every_s, cfg.history_samples)
+        self.sampler = Sampler(self.history, collector)     # samples once the model is ready
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
 
     def start(self) -> None:
         """Start loading the model (once; a second start, e.g. a second lifespan, is a no-op)."""
         if self._thread.ident is None:
             self._thread.start()
+            self.sampler.start()
 
     def _load(self) -> None:
         t0 = time.perf_counter()
@@ -121,6 +131,7 @@ class Service:
         session."""
         if self._thread.ident is not None:
             self._thread.join()
+        self.sampler.stop()
         if self.host is not None:
             self.host.stop_idle_loop()
             with self.host.lock:

@@ -1,0 +1,57 @@
+"""The dashboard's routes, one definition for the standalone service (server.app) and for vLLM's
+server (shadow_plugin.vllm.endpoint):
+
+- GET /v1/shadow/dashboard (and /shadow/dashboard, outside the /v1 prefix that vLLM's
+  `--api-key` guards, so the page loads there too): a self-contained page (static/dashboard.html
+  with static/dashboard.js inlined; no CDN, no data, no key). It draws everything from the JSON
+  routes below and /v1/shadow/status, under the server's auth rules: with a key set it asks for
+  it once and sends it as a bearer token.
+- GET /v1/shadow/history?since=T: the counters sampled over time (server.history.History).
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse
+
+from .history import History
+
+PAGE_PATHS = ("/v1/shadow/dashboard", "/shadow/dashboard")
+# The page may talk to its own server only: nothing loads from elsewhere (users may be offline).
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+       "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
+
+
+def page_html() -> str:
+    """The page: dashboard.html with dashboard.js inlined where it says /*SCRIPT*/."""
+    static = resources.files("shadow_plugin.server") / "static"
+    html = (static / "dashboard.html").read_text(encoding="utf-8")
+    return html.replace("/*SCRIPT*/", (static / "dashboard.js").read_text(encoding="utf-8"))
+
+
+def dashboard_router(history: History) -> APIRouter:
+    """The page and the history route over `history` (module doc)."""
+    r = APIRouter()
+    html = page_html()                    # read once: the package's files do not change
+
+    def page():
+        return HTMLResponse(html, headers={"Content-Security-Policy": CSP,
+                                           "Cache-Control": "no-cache",
+                                           "X-Content-Type-Options": "nosniff"})
+
+    for path in PAGE_PATHS:
+        r.add_api_route(path, page, methods=["GET"], response_class=HTMLResponse,
+                        include_in_schema=path == PAGE_PATHS[0],
+                        summary="The live dashboard (a page; its data comes from the JSON "
+                                "routes)")
+
+    @r.get("/v1/shadow/history")
+    def history_route(since: float = Query(0.0, ge=0.0, description="unix time (s): only the "
+                                           "samples taken after it")):
+        """The counters of /metrics sampled every `every_s` into a bounded ring: {now,
+        every_s, max_samples, samples: [{t, values: {prometheus name{labels}: value}}]}."""
+        return history.answer(since)
+
+    return r
