@@ -1,0 +1,168 @@
+"""router-eval: the router's class question at each labelled turn's insertion point against
+labels a user gives, with the constant-label baseline beside it (issue 18, item 4).
+
+    shadow-reader router-eval LABELS.jsonl [--model DIR | random:NAME] [--device cpu|cuda]
+        [--grid 512] [--question q.json] [--prefix AGENT.json] [--template NAME] [--no-thinking]
+
+LABELS.jsonl has one object a line: {"session": FILE, "turn": N, "label": CLASS}. FILE is a
+session JSON as `replay` takes it (a path relative to the labels file's folder, or absolute);
+N is the turn as `replay` numbers it (0 = the first assistant message after the first); CLASS
+one of the question's labels (the 9 router classes by default: shadow_plugin.router.ROUTER).
+Each session is followed as its host served it (turns rendered and tokenised as in `replay`):
+a labelled turn's prompt is fed, its whole chunks read up to the insertion point (after the
+prompt's last <|im_end|>, where the service's router asks: server.router_journal), the question
+asked there, then the rest read and the output fed. Nothing past a session's last labelled turn
+is read.
+
+Prints one row a labelled turn, then per class: labelled, predicted, right; the last line is one
+JSON object: accuracy, the baseline (always the most frequent label; its accuracy is that
+label's share), per-class counts, the confusion matrix, model, device, grid, dtype, versions and
+date. With random weights (`random:NAME`) the answers are meaningless and a banner says so: the
+CPU smoke test checks the plumbing, a real checkpoint the router.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from adapters.model import load_model
+from shadow_plugin.host_view import HostTurn, host_turns
+from shadow_plugin.reader import Reader
+from shadow_plugin.renderer import Renderer
+from shadow_plugin.router import Question, load_question
+from shadow_plugin.server.router_journal import insertion_point
+from shadow_plugin.step import ReaderConfig
+from shadow_plugin.tokenizer import load_tokenizer
+
+from .replay import load_prefix, load_session, with_prefix
+
+
+def load_labels(path: str | Path, question: Question) -> list[dict]:
+    """The labels file's lines as {"session": Path, "turn": int, "label": str, "line": int}.
+    Raises ValueError naming the line: not a JSON object, a missing field, a turn that is not
+    an integer >= 0, a label outside the question's, a session labelled twice at one turn."""
+    path, out, seen = Path(path), [], set()
+    for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not {"session", "turn", "label"} <= set(row):
+            raise ValueError(f"{path}:{n}: expected {{\"session\", \"turn\", \"label\"}}")
+        turn = row["turn"]
+        if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
+            raise ValueError(f"{path}:{n}: turn must be an integer >= 0, got {turn!r}")
+        if row["label"] not in question.labels:
+            raise ValueError(f"{path}:{n}: label {row['label']!r} is not one of "
+                             f"{', '.join(question.labels)}")
+        session = Path(row["session"]).expanduser()
+        session = session if session.is_absolute() else path.parent / session
+        if (session, turn) in seen:
+            raise ValueError(f"{path}:{n}: {row['session']} turn {turn} is labelled twice")
+        seen.add((session, turn))
+        out.append({"session": session, "turn": turn, "label": row["label"], "line": n})
+    if not out:
+        raise ValueError(f"{path}: no labels")
+    return out
+
+
+def ask_at_turns(reader: Reader, sid: str, turns: list[HostTurn], wanted: set[int],
+                 question: Question) -> dict[int, tuple[str, float]]:
+    """Follow the session through its turns up to the last one in `wanted`; at each wanted
+    turn ask `question` at the prompt's insertion point. Returns {turn: (label, p)}."""
+    grid, out = reader.config.grid, {}
+    for n, turn in enumerate(turns[:max(wanted) + 1]):
+        reader.feed(sid, turn.prompt_ids, "prompt")
+        if n in wanted:
+            at = insertion_point(turn.prompt_ids)
+            need = (at // grid * grid - reader.committed(sid)) // grid
+            if need > 0:
+                reader.read(sid, max_chunks=need)
+            ans = reader.ask(sid, question.question, list(question.choices), at=at)
+            out[n] = (question.labels[question.choices.index(ans.label)], max(ans.probs))
+        reader.read(sid)
+        reader.feed(sid, turn.output_ids, "output")
+    return out
+
+
+def score(rows: list[dict], labels: tuple[str, ...]) -> dict:
+    """Accuracy, the constant-label baseline, per-class counts and the confusion matrix
+    (true label -> predicted label -> count) of rows with "label" and "predicted"."""
+    n = len(rows)
+    right = sum(r["label"] == r["predicted"] for r in rows)
+    counts = Counter(r["label"] for r in rows)
+    base, base_n = max(counts.items(), key=lambda kv: (kv[1], -labels.index(kv[0])))
+    per = {c: {"labelled": counts.get(c, 0),
+               "predicted": sum(r["predicted"] == c for r in rows),
+               "right": sum(r["label"] == c == r["predicted"] for r in rows)} for c in labels}
+    confusion = {c: dict(Counter(r["predicted"] for r in rows if r["label"] == c))
+                 for c in labels if counts.get(c)}
+    return {"num_labels": n, "accuracy": right / n, "num_right": right,
+            "baseline_label": base, "baseline_accuracy": base_n / n, "per_class": per,
+            "confusion": confusion}
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("labels", help="a JSON-lines file of {session, turn, label}")
+    ap.add_argument("--model", default="random:tiny", help="a Qwen3.5 directory or random:NAME")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--question", help="a question file (default: the 9-class router)")
+    ap.add_argument("--prefix", help="an agent's prefix file (../shared/data/prefixes)")
+    ap.add_argument("--template", default="qwen3.5-27b", help="the host's chat template")
+    ap.add_argument("--no-thinking", action="store_true")
+    args = ap.parse_args(argv)
+    ReaderConfig(args.grid)                       # bad flags and files fail before the model
+    question = load_question(args.question)
+    rows = load_labels(args.labels, question)
+    prefix = load_prefix(args.prefix) if args.prefix else None
+    renderer = Renderer.from_model_dir(None, template=args.template)
+    model = load_model(args.model, device=args.device)
+    tokenizer = load_tokenizer(None if args.model.startswith("random:") else args.model)
+    reader = Reader(model, grid=args.grid, tokenizer=tokenizer)
+    thinking = False if args.no_thinking else None
+    by_session: dict[Path, list[dict]] = {}
+    for r in rows:
+        by_session.setdefault(r["session"], []).append(r)
+    print(f"{'session':<28} {'turn':>4}  {'label':<10} {'predicted':<10} {'p':>5}")
+    for i, (path, labelled) in enumerate(by_session.items()):
+        messages, tools = load_session(path)
+        if prefix:
+            messages, tools = with_prefix(messages, prefix)
+        turns = host_turns(messages, tools or None, renderer, tokenizer, thinking)
+        wanted = {r["turn"] for r in labelled}
+        if max(wanted) >= len(turns):
+            bad = next(r for r in labelled if r["turn"] >= len(turns))
+            raise ValueError(f"{args.labels}:{bad['line']}: {path.name} has {len(turns)} turns "
+                             f"(0-{len(turns) - 1}), not turn {bad['turn']}")
+        answers = ask_at_turns(reader, f"s{i}", turns, wanted, question)
+        reader.drop(f"s{i}")                # its pages stay cached for the next
+        for r in sorted(labelled, key=lambda r: r["turn"]):
+            r["predicted"], r["p"] = answers[r["turn"]]
+            print(f"{path.stem[:28]:<28} {r['turn']:>4}  {r['label']:<10} {r['predicted']:<10} "
+                  f"{r['p']:>5.2f}", flush=True)
+    result = score(rows, question.labels)
+    print(f"accuracy {result['accuracy']:.3f} ({result['num_right']}/{result['num_labels']}); "
+          f"always {result['baseline_label']!r}: {result['baseline_accuracy']:.3f}",
+          file=sys.stderr)
+    if model.info.is_random:
+        print("random weights: the answers are meaningless (the plumbing is what ran)",
+              file=sys.stderr)
+    print(json.dumps({**result, "model": args.model, "random_weights": model.info.is_random,
+                      "device": args.device, "grid": args.grid,
+                      "dtype": str(model.dtype).removeprefix("torch."),
+                      "torch": torch.__version__, "date": str(datetime.date.today())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
