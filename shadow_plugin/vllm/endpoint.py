@@ -1,11 +1,13 @@
 """The endpoint plugin (entry point `shadow` in `vllm.endpoint_plugins`; vLLM loads it when
 `VLLM_PLUGINS` names it): the shadow's question routes on vLLM's own OpenAI-compatible server,
 the same routes and rules as the standalone service (shadow_plugin.server.routes: ask,
-summarize, POST /v1/shadow/chat/completions, status, sessions, narration, check), reaching the
+summarize, POST /v1/shadow/chat/completions, status, sessions, narration, check, and the
+dashboard: GET /v1/shadow/dashboard, also at /shadow/dashboard, outside the /v1 prefix that
+vLLM's `--api-key` guards, and GET /v1/shadow/history), reaching the
 shadow in vLLM's worker through `engine_client.collective_rpc("shadow_call", ...)`, the worker
 method the general plugin installs. The shadow's counters join vLLM's `/metrics`, refreshed
 from the worker every METRICS_EVERY_S (not with several API servers, whose metrics vLLM
-gathers from PROMETHEUS_MULTIPROC_DIR).
+gathers from PROMETHEUS_MULTIPROC_DIR); each refresh is also the dashboard's history sample.
 
 A route's call runs on vLLM's engine thread between the host's steps; a waiting ask waits here,
 one look a call, never in the engine.
@@ -20,12 +22,15 @@ import threading
 import anyio.from_thread
 from prometheus_client import REGISTRY
 
+from ..server.dashboard import dashboard_router
+from ..server.history import History, flatten
 from ..server.metrics import Collector
 from ..server.remote import RemoteService
 from ..server.routes import question_router
 
 log = logging.getLogger(__name__)
-METRICS_EVERY_S = 2.0
+METRICS_EVERY_S = 1.0      # also the dashboard's sampling interval
+HISTORY_SAMPLES = 3600
 METRICS_IDLE_S = 30.0       # the next look when the shadow does not run
 STOP_TIMEOUT_S = 120.0      # how long a planned stop waits for the shadow to write its sessions
 NOT_RUNNING = ("the shadow does not run in vLLM's worker: start vLLM with --kv-transfer-config "
@@ -42,6 +47,8 @@ class ShadowEndpoint:
     def __init__(self):
         self.engine_client = None
         self.metrics: dict | None = None          # the last metrics fetched from the worker
+        self.collector = Collector(lambda: self.metrics)
+        self.history = History(METRICS_EVERY_S, HISTORY_SAMPLES)
         self._task: asyncio.Task | None = None
 
     # -- the door's call, from a route's worker thread ------------------------------------------
@@ -63,13 +70,14 @@ class ShadowEndpoint:
     # -- vLLM's hooks ---------------------------------------------------------------------------
     def attach_router(self, app) -> None:
         app.include_router(question_router(RemoteService(self.call)))
+        app.include_router(dashboard_router(self.history))
 
     async def init_state(self, engine_client, state, args) -> None:
         self.engine_client = engine_client
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
         try:
-            REGISTRY.register(Collector(lambda: self.metrics))
+            REGISTRY.register(self.collector)
         except ValueError:                   # registered by an earlier init in this process
             pass
         loop = asyncio.get_running_loop()
@@ -101,5 +109,6 @@ class ShadowEndpoint:
         while True:
             reply = await self.call_async("metrics", {})
             self.metrics = reply[1] if reply[0] == "ok" else None
+            self.history.add(flatten(self.collector))
             not_running = reply[0] == "error" and reply[2][0] == NOT_RUNNING
             await asyncio.sleep(METRICS_IDLE_S if not_running else METRICS_EVERY_S)

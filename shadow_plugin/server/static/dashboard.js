@@ -219,7 +219,7 @@ function sessionsTable(st) {
     const a = answers[sid], tr = body.insertRow();
     const cells = [sid, s.residency, fmt(s.num_ids), fmt(s.committed), fmt(s.backlog),
       fmt(s.bytes / 2 ** 20, 1), a ? a.label : "–", a ? fmt(a.p, 2) : "–",
-      a ? `${fmt(Date.now() / 1000 - a.time)} s ago` : "–"];
+      a ? `${fmt(Math.max(D.now - a.time, 0))} s ago` : "–"];
     cells.forEach((c, i) => {
       const td = tr.insertCell();
       td.textContent = c;                   // text only: ids and labels come from clients
@@ -237,7 +237,7 @@ function render() {
     sessionsTable(D.status);
   }
   if (!D.samples.length) return;
-  const now = Math.max(D.samples.at(-1).t, Date.now() / 1000);
+  const now = Math.max(D.samples.at(-1).t, D.now);
   for (const [name, make] of Object.entries(CHARTS)) {
     const chart = make();
     draw(name, chart, now);
@@ -252,6 +252,7 @@ async function tick() {
     const since = D.samples.length ? D.samples.at(-1).t : 0;
     const h = await get("/v1/shadow/history?since=" + since);
     D.everyS = h.every_s;
+    D.now = h.now;                          // the server's clock: the client's may differ
     D.samples.push(...h.samples);
     while (D.samples.length && D.samples[0].t < h.now - WINDOW_S - 60) D.samples.shift();
     D.status = await get("/v1/shadow/status");
