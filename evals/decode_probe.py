@@ -6,10 +6,11 @@ the same rows in shuffled 512-row pages under several tilings, and over pages in
 paging itself costs). Median GPU ms of 50 calls (CUDA events, after warm-up); relative RMS
 against the fp32 twin; bits equal under two page orders. Last line: one JSON object.
 
-    python -m evals.decode_probe
+    python -m evals.decode_probe [--only decode,pages_s256,...]
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
@@ -38,7 +39,19 @@ TILINGS = {"decode": at.DECODE,
            "bn32_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=256,
                                           num_warps=2),
            "bn32_s512": at.SplitConfig(block_m=16, block_n=32, s_max=512, min_split=128,
-                                       num_warps=4)}
+                                       num_warps=4),
+           # page splits (whole 512-row pages a split, one table load a page): s256 is one
+           # page a split at 100k (200 splits), s128 two
+           "pages_s256": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
+                                        num_warps=4, page_splits=True),
+           "pages_s128": at.SplitConfig(block_m=16, block_n=32, s_max=128, min_split=512,
+                                        num_warps=4, page_splits=True),
+           "pages_s256_bn64": at.SplitConfig(block_m=16, block_n=64, s_max=256, min_split=512,
+                                             num_warps=4, page_splits=True),
+           "pages_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
+                                           num_warps=2, page_splits=True),
+           "pages_s256_st3": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
+                                            num_warps=4, num_stages=3, page_splits=True)}
 
 
 def timed(fn) -> float:
@@ -55,7 +68,13 @@ def pools(rows, seed, spare=8):
     return k, v, order.to(DEV)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated tilings (default: all)")
+    only = [x for x in ap.parse_args(argv).only.split(",") if x]
+    tilings = {k: v for k, v in TILINGS.items() if not only or k in only}
+    if "decode" not in tilings or set(only) - set(TILINGS):
+        raise SystemExit(f"--only names tilings of {sorted(TILINGS)} and keeps 'decode'")
     res = {}
     for ctx in (25600, 51200, 102400):
         pos = ctx - 1
@@ -71,7 +90,7 @@ def main() -> int:
         pos_t = torch.tensor([pos], dtype=torch.long, device=DEV)
         in_order = torch.arange(order.numel(), device=DEV)
         kc = rows_k if ctx % PAGE == 0 else None
-        for name, cfg in TILINGS.items():
+        for name, cfg in tilings.items():
             o_part, l_part = at.scratch(1, 8, 256, cfg, DEV)
 
             def call(pages=order, kp=ptrs):

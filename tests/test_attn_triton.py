@@ -33,17 +33,17 @@ def _case(t, pos, h=4, hkv=2, d=32, cap_extra=7, seed=0):
 PAGE = 16       # rows a page in these tests (the reader's pages hold G rows)
 
 
-def _paged(k_buf, v_buf, seed=0, spare=2):
-    """Pools of PAGE-row pages holding the rows of k_buf, v_buf (padded to whole pages) in a
+def _paged(k_buf, v_buf, seed=0, spare=2, page=PAGE):
+    """Pools of `page`-row pages holding the rows of k_buf, v_buf (padded to whole pages) in a
     shuffled order among spare pages of noise; returns (k_pool, v_pool, page table int64)."""
     g = torch.Generator().manual_seed(seed)
-    n = -(-k_buf.shape[0] // PAGE)
+    n = -(-k_buf.shape[0] // page)
     pages = torch.randperm(n + spare, generator=g)[:n]
-    pad = n * PAGE - k_buf.shape[0]
+    pad = n * page - k_buf.shape[0]
     pools = []
     for buf in (k_buf, v_buf):
-        pool = torch.randn(n + spare, PAGE, *buf.shape[1:], generator=g).to(DT)
-        pool[pages] = torch.nn.functional.pad(buf, (0, 0, 0, 0, 0, pad)).view(n, PAGE,
+        pool = torch.randn(n + spare, page, *buf.shape[1:], generator=g).to(DT)
+        pool[pages] = torch.nn.functional.pad(buf, (0, 0, 0, 0, 0, pad)).view(n, page,
                                                                             *buf.shape[1:])
         pools.append(pool)
     return pools[0], pools[1], pages
@@ -53,13 +53,13 @@ def _ptrs(k_pool, v_pool):
     return torch.tensor([k_pool.data_ptr(), v_pool.data_ptr()], dtype=torch.int64)
 
 
-def _run(q, k_buf, v_buf, pos, cfg, seed=0):
+def _run(q, k_buf, v_buf, pos, cfg, seed=0, page=PAGE):
     t, h, d = q.shape
-    k_pool, v_pool, pages = _paged(k_buf, v_buf, seed)
+    k_pool, v_pool, pages = _paged(k_buf, v_buf, seed, page=page)
     o_part, l_part = at.scratch(t, h, d, cfg, q.device)
     out = torch.empty(t, h * d, dtype=q.dtype)
     return at.attend_table(q, _ptrs(k_pool, v_pool), torch.tensor([pos]), k_buf.shape[1],
-                           o_part, l_part, out, cfg, pages, PAGE)
+                           o_part, l_part, out, cfg, pages, page)
 
 
 @pytest.mark.parametrize("t,pos", [(1, 0), (5, 0), (16, 0), (16, 40), (1, 150), (23, 137)])
@@ -97,6 +97,44 @@ def test_splits_agree_with_one_split():
     a = _run(q, k_buf, v_buf, 200, SMALL).float()
     b = _run(q, k_buf, v_buf, 200, one).float()
     assert (a - b).abs().max().item() < 4e-3
+
+
+# page splits: the keys cut at page boundaries (pages of 32 rows, two 16-key blocks each),
+# against the block walk with the same splits (min_split 64 rounds both alike up to 256 keys)
+BLOCKS = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=64, num_warps=4)
+PAGED = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=64, num_warps=4,
+                       page_splits=True)
+
+
+@pytest.mark.parametrize("t,pos", [(1, 0), (1, 31), (1, 150), (5, 27), (16, 40), (23, 137),
+                                   (1, 255)])
+def test_page_splits_give_the_block_walks_bits_and_match_the_twin(t, pos):
+    q, k_buf, v_buf = _case(t, pos)
+    got = _run(q, k_buf, v_buf, pos, PAGED, page=32)
+    assert torch.equal(got, _run(q, k_buf, v_buf, pos, BLOCKS, page=32))
+    err = (got.float() - attend_ref(q, k_buf, v_buf, pos).float()).abs().max().item()
+    assert err < 4e-3, err
+
+
+def test_page_splits_past_min_split_ignore_where_pages_lie_and_match_the_twin():
+    """1,000 keys in 4 splits of 256 (8 pages each): the pages' order changes no bit."""
+    q, k_buf, v_buf = _case(1, 999)
+    cfg = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4,
+                         page_splits=True)
+    a = _run(q, k_buf, v_buf, 999, cfg, page=32)
+    assert torch.equal(a, _run(q, k_buf, v_buf, 999, cfg, seed=7, page=32))
+    blocks = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4)
+    assert torch.equal(a, _run(q, k_buf, v_buf, 999, blocks, page=32))    # splits of 256 too
+    err = (a.float() - attend_ref(q, k_buf, v_buf, 999).float()).abs().max().item()
+    assert err < 4e-3, err
+
+
+def test_page_splits_refuse_a_min_split_that_is_not_whole_pages():
+    q, k_buf, v_buf = _case(1, 40)
+    with pytest.raises(ValueError, match="min_split a multiple"):
+        _run(q, k_buf, v_buf, 40, at.SplitConfig(block_m=16, block_n=16, s_max=4,
+                                                 min_split=48, num_warps=4, page_splits=True),
+             page=32)
 
 
 def _rows(pool, pages):

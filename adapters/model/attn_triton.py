@@ -31,7 +31,9 @@ import triton.language as tl
 class SplitConfig:
     """Tiling of one attention call. block_m: rows (position x group head) per program;
     block_n: keys per inner step; s_max: most splits of the keys; min_split: fewest keys a split
-    holds. Chunk reads use READ (fixed: the committed state depends on it)."""
+    holds; page_splits: splits of whole pages (their length a multiple of the page's rows, not
+    of block_n), each page's place loaded once and its blocks read without the page table.
+    Chunk reads use READ (fixed: the committed state depends on it)."""
 
     block_m: int = 128       # the fastest of 7 tilings on the H200 at 8k-98k (BENCHMARKS.md)
     block_n: int = 32
@@ -39,6 +41,7 @@ class SplitConfig:
     min_split: int = 2048
     num_warps: int = 8
     num_stages: int = 2
+    page_splits: bool = False
 
     def __post_init__(self):
         pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
@@ -71,10 +74,10 @@ DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4)
 
 
 @triton.jit
-def _split_len(end, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys per split for keys [0, end): end / S_MAX rounded up to BLOCK_N, at least MIN_SPLIT
-    (the split and combine kernels must agree on it)."""
-    return tl.maximum(((end + S_MAX - 1) // S_MAX + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_SPLIT)
+def _split_len(end, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, ALIGN: tl.constexpr):
+    """Keys per split for keys [0, end): end / S_MAX rounded up to ALIGN (BLOCK_N, or the page's
+    rows for page splits), at least MIN_SPLIT (the split and combine kernels must agree)."""
+    return tl.maximum(((end + S_MAX - 1) // S_MAX + ALIGN - 1) // ALIGN * ALIGN, MIN_SPLIT)
 
 
 @triton.jit
@@ -106,9 +109,17 @@ def _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV
     BLOCK_N divides PAGE and start is a multiple of BLOCK_N): returns the new (row max m_i
     [M], row sum l_i [M], acc [M, D]), all fp32; MASKED: keys >= hi or after a row's position
     are left out (else all are visible)."""
+    base = _pool_row(PT, start, PAGE).to(tl.int64) - start      # pool row of key n: base + n
+    return _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV,
+                     D, BLOCK_N, MASKED)
+
+
+@triton.jit
+def _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2,
+              HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """_block with the block's page placed: key n lies in pool row base + n (int64)."""
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    base = _pool_row(PT, start, PAGE).to(tl.int64) - start      # pool row of key n: base + n
     off = (base + n)[:, None] * (HKV * D) + kvh * D + d[None, :]
     if MASKED:
         k = tl.load(kp + off, mask=(n < hi)[:, None], other=0.0)
@@ -135,13 +146,17 @@ def _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV
 def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, PAGE: tl.constexpr):
+                       S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, PAGE: tl.constexpr,
+                       PAGE_SPLITS: tl.constexpr):
     """Program (m, kv head, split): rows m*BLOCK_M.. of (t, g), keys of one split.
-    Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp)."""
+    Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp).
+    PAGE_SPLITS: splits of whole pages, walked a page at a time (one table load a page); the
+    same blocks in the same order as the other walk, so the same bits for the same splits."""
     G: tl.constexpr = H // HKV
+    ALIGN: tl.constexpr = PAGE if PAGE_SPLITS else BLOCK_N
     pid_m, kvh, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = tl.load(POS)
-    split = _split_len(pos + T, S_MAX, MIN_SPLIT, BLOCK_N)
+    split = _split_len(pos + T, S_MAX, MIN_SPLIT, ALIGN)
     last_t = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, T - 1)
     lo = s * split
     hi = tl.minimum(lo + split, pos + last_t + 1)     # keys past hi are masked for every row
@@ -165,12 +180,23 @@ def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
         # masks select what the unmasked path reads anyway, so both give the same bits.
         full = tl.minimum(hi, pos + (pid_m * BLOCK_M) // G + 1)
         full_end = lo + tl.maximum(full - lo, 0) // BLOCK_N * BLOCK_N
-        for start in range(lo, full_end, BLOCK_N):
-            m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
-                                   scale_log2, HKV, D, BLOCK_N, PAGE, False)
-        for start in range(full_end, hi, BLOCK_N):
-            m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
-                                   scale_log2, HKV, D, BLOCK_N, PAGE, True)
+        if PAGE_SPLITS:
+            for p0 in range(lo, hi, PAGE):
+                base = tl.load(PT + p0 // PAGE).to(tl.int64) * PAGE - p0
+                p_full = tl.minimum(tl.maximum(full_end, p0), p0 + PAGE)
+                for start in range(p0, p_full, BLOCK_N):
+                    m_i, l_i, acc = _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i,
+                                              l_i, acc, scale_log2, HKV, D, BLOCK_N, False)
+                for start in range(p_full, tl.minimum(p0 + PAGE, hi), BLOCK_N):
+                    m_i, l_i, acc = _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i,
+                                              l_i, acc, scale_log2, HKV, D, BLOCK_N, True)
+        else:
+            for start in range(lo, full_end, BLOCK_N):
+                m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
+                                       scale_log2, HKV, D, BLOCK_N, PAGE, False)
+            for start in range(full_end, hi, BLOCK_N):
+                m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
+                                       scale_log2, HKV, D, BLOCK_N, PAGE, True)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out_row = s * T * H + t * H + head
         tl.store(O_PART + out_row[:, None] * D + d[None, :], acc / l_safe[:, None],
@@ -180,11 +206,11 @@ def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
 
 @triton.jit
 def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr):
+                         ALIGN: tl.constexpr, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr):
     """Program per row t*H + h: the splits that hold keys <= pos + t, combined in split order."""
     r = tl.program_id(0)
     pos = tl.load(POS)
-    split = _split_len(pos + T, S_MAX, MIN_SPLIT, BLOCK_N)
+    split = _split_len(pos + T, S_MAX, MIN_SPLIT, ALIGN)
     num_splits = (pos + r // H) // split + 1
     lse0 = tl.load(L_PART + r)                        # split 0 holds key 0: always present
     m = lse0
@@ -254,19 +280,24 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv
     D]), row r in page pages[r // page_rows] (int64), written to out [T, H * D] (q's dtype).
     Scratch: o_part [cfg.s_max, T * H, D] fp32, l_part [cfg.s_max, T * H] fp32. D must be a
     power of two, H a multiple of num_kv_heads and page_rows a multiple of cfg.block_n (a
-    block of keys lies in one page). Raises ValueError for a page size the tiling does not
-    divide."""
+    block of keys lies in one page); with cfg.page_splits, cfg.min_split a multiple of
+    page_rows. Raises ValueError for a page size the tiling does not divide."""
     if page_rows % cfg.block_n:
         raise ValueError(f"pages of {page_rows} rows need a key block dividing them, got "
                          f"block_n {cfg.block_n}")
+    if cfg.page_splits and cfg.min_split % page_rows:
+        raise ValueError(f"page splits of pages of {page_rows} rows need min_split a multiple "
+                         f"of them, got {cfg.min_split}")
     t, h, d = q.shape
     grid = (triton.cdiv(t * (h // num_kv_heads), cfg.block_m), num_kv_heads, cfg.s_max)
     scale_log2 = d ** -0.5 * 1.4426950408889634        # log2(e): softmax taken base 2
     _attn_split_kernel[grid](q, table, pos, pages, o_part, l_part, t, scale_log2, H=h,
                              HKV=num_kv_heads, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                              S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split, PAGE=page_rows,
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d, BLOCK_N=cfg.block_n,
+                             PAGE_SPLITS=cfg.page_splits, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+    _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d,
+                                   ALIGN=page_rows if cfg.page_splits else cfg.block_n,
                                    S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split)
     return out
 
