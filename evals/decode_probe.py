@@ -6,12 +6,17 @@ the same rows in shuffled 512-row pages under several tilings, and over pages in
 paging itself costs). Median GPU ms of 50 calls (CUDA events, after warm-up); relative RMS
 against the fp32 twin; bits equal under two page orders. Last line: one JSON object.
 
-    python -m evals.decode_probe [--only decode,pages_s256,...]
+    python -m evals.decode_probe [--only decode,pages_s256,...] [--rounds 1]
+        [--contexts 25600,51200,102400]
+
+With --rounds R the calls are timed in turns, each once a round (50 calls, CUDA events), and
+each figure is the median of its R rounds (all kept under "rounds").
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -71,12 +76,16 @@ def pools(rows, seed, spare=8):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="comma-separated tilings (default: all)")
-    only = [x for x in ap.parse_args(argv).only.split(",") if x]
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timings taken in turns, every call once a round; medians of rounds")
+    ap.add_argument("--contexts", default="25600,51200,102400")
+    args = ap.parse_args(argv)
+    only = [x for x in args.only.split(",") if x]
     tilings = {k: v for k, v in TILINGS.items() if not only or k in only}
     if "decode" not in tilings or set(only) - set(TILINGS):
         raise SystemExit(f"--only names tilings of {sorted(TILINGS)} and keeps 'decode'")
     res = {}
-    for ctx in (25600, 51200, 102400):
+    for ctx in (int(x) for x in args.contexts.split(",")):
         pos = ctx - 1
         k, v, order = pools(ctx, 1)
         rows_k = k[order].flatten(0, 1)[:ctx].contiguous()
@@ -85,17 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         q = torch.randn(1, 8, 256, device=DEV, generator=gen).to(DT)
         out = torch.empty(1, 8 * 256, device=DEV, dtype=DT)
         want = attend_ref(q, rows_k, rows_v, pos)
-        row = {"fa2_contiguous": timed(lambda: attn_flash.attend(q, pos, rows_k, rows_v, out))}
+        calls = {"fa2_contiguous": lambda: attn_flash.attend(q, pos, rows_k, rows_v, out)}
+        row = {}
         ptrs = torch.tensor([k.data_ptr(), v.data_ptr()], dtype=torch.long, device=DEV)
         pos_t = torch.tensor([pos], dtype=torch.long, device=DEV)
-        in_order = torch.arange(order.numel(), device=DEV)
-        kc = rows_k if ctx % PAGE == 0 else None
         for name, cfg in tilings.items():
             o_part, l_part = at.scratch(1, 8, 256, cfg, DEV)
 
-            def call(pages=order, kp=ptrs):
+            def call(pages=order, kp=ptrs, cfg=cfg, o_part=o_part, l_part=l_part):
                 at.attend_table(q, kp, pos_t, 2, o_part, l_part, out, cfg, pages, PAGE)
-            row[name] = timed(call)
+            call()
             got = out.clone()
             row[name + "_rel_rms"] = round(attn_kernel.rel_rms(got, want), 5)
             k2, v2, order2 = pools(ctx, 3, spare=3)      # the same rows in other places
@@ -103,14 +111,24 @@ def main(argv: list[str] | None = None) -> int:
             ptrs2 = torch.tensor([k2.data_ptr(), v2.data_ptr()], dtype=torch.long, device=DEV)
             call(order2, ptrs2)
             row[name + "_same_bits_other_pages"] = torch.equal(out, got)
-            if name == "decode" and kc is not None:
+            del k2, v2
+            calls[name] = call
+            if name == "decode" and ctx % PAGE == 0:
                 ptrs_c = torch.tensor([rows_k.data_ptr(), rows_v.data_ptr()], dtype=torch.long,
                                       device=DEV)
-                row["decode_pages_in_order"] = timed(lambda: call(in_order, ptrs_c))
+                in_order = torch.arange(order.numel(), device=DEV)
+                calls["decode_pages_in_order"] = lambda c=call, p=in_order, kp=ptrs_c: c(p, kp)
+        times = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                times[name].append(timed(fn))
+        row.update({name: round(statistics.median(t), 4) for name, t in times.items()})
+        if args.rounds > 1:
+            row["rounds"] = {name: t for name, t in times.items()}
         res[f"{ctx // 1024}k"] = row
         print(ctx, row, flush=True)
     print(json.dumps({"probe": "decode", "dtype": "bfloat16", "gpu": torch.cuda.get_device_name(),
-                      **versions(), "results": res}))
+                      **versions(), "rounds": args.rounds, "results": res}))
     return 0
 
 
