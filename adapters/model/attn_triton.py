@@ -70,6 +70,7 @@ READ = SplitConfig()
 # one query row over paged keys: 128 splits of 32-key blocks, the fastest of 11 tilings at
 # 50k-100k on the H200 (evals/decode_probe.py, docs/decode-probe-pages-2026-12-01-b.log: 0.142
 # ms a layer at 100k against 0.190 with 64 splits; FlashAttention-2 on contiguous rows 0.126)
+# (page splits were measured slower at 100k, +9-28 %, docs/decode-probe-pages-2026-12-01-d.log)
 DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4)
 
 
