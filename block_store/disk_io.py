@@ -23,22 +23,23 @@ from .files import RefusedFile
 from .kv_pool import pages_to_cpu, put_pages
 from .page_read import read_page_into
 from .pages import PageStore, Resume
-from .session import SessionState
+from .session import Checkpoint, SessionState
 
 IO_THREADS = min(8, os.cpu_count() or 1)
 GROUP_PAGES = 32      # pages a spill takes off the device at a time (about 200 MB on the 0.8B)
 FAST_READ = True      # a load reads page files straight into its buffer (page_read)
 
 
-def manifest_of(st: SessionState) -> Manifest:
+def manifest_of(st: SessionState, stale: bool | None = None) -> Manifest:
     """What a restart trusts for `st`: ids, C, page keys, the key of its states at C,
-    checkpoints, pending lines, the shared line."""
+    checkpoints, pending lines, the shared line, and whether it is stale (default: st.stale)."""
     return Manifest(ids=list(st.ids), committed=st.committed,
                     page_keys=[k.hex() for k in st.keys],
                     state_key=st.keys[-1].hex() if st.committed else None,
                     checkpoints=[(cp.pos, cp.entry.key.hex(), cp.episode_start, cp.kept)
                                  for cp in st.checkpoints],
-                    pending_lines=dict(st.pending_lines), shared_line=st.shared_line)
+                    pending_lines=dict(st.pending_lines), shared_line=st.shared_line,
+                    stale=st.stale if stale is None else stale)
 
 
 def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
@@ -126,6 +127,28 @@ def load_entry(store: PageStore, key: bytes, line: int):
                           store.disk.entry_path(key))
     dev = store.spec.device
     return [(c.to(dev), r.to(dev)) for c, r in states], kind
+
+
+def load_checkpoints(store: PageStore, st: SessionState, m: Manifest) -> None:
+    """Reference in `st` the manifest's checkpoints at or below its C whose entries are found
+    (memory, then disk); a refused entry file is set aside (one at another line is skipped
+    and kept)."""
+    gdn = store.gdn
+    for pos, key_hex, episode, kept in m.checkpoints:
+        key = bytes.fromhex(key_hex)
+        if pos > st.committed or st.keys[pos // store.grid - 1] != key:
+            continue
+        held = gdn.get(key)
+        if held is not None:
+            entry = gdn.put(key, pos, held.states)
+        else:
+            try:
+                entry = gdn.put(key, pos, *load_entry(store, key, pos))
+            except RefusedFile as e:
+                if e.reason != "line":
+                    store.disk.set_aside(e.path, e.reason)
+                continue
+        st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
 
 
 def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[int],

@@ -1,6 +1,6 @@
 """A session's manifest: what a restart trusts (disk.DiskStore writes and reads it): its ids,
-C, the keys of its pages [0, C), the key of its states at C, checkpoints, pending lines and
-the shared line. Kept in a safetensors file as `ids` int64 [N] and these fields as metadata
+C, the keys of its pages [0, C), the key of its states at C, checkpoints, pending lines, the
+shared line, and whether it is stale (outputs the host sent after it was written were lost). Kept in a safetensors file as `ids` int64 [N] and these fields as metadata
 (`to_meta`, `from_meta`); keys as 32 hex digits.
 """
 from __future__ import annotations
@@ -18,7 +18,9 @@ class Manifest:
     """What a restart trusts for one session: its ids, C, the keys of its pages [0, C) (hex),
     the key of the GDN entry holding its state at C (None at C = 0), its checkpoints
     [(line, entry key hex, episode_start, kept)], pending lines {line: episode_start}, the
-    shared line, and when it was written (s since the epoch)."""
+    shared line, when it was written (s since the epoch), and `stale`: written just before
+    outputs were appended (Reader.mark_outputs), so a restart that finds it holds a prefix of
+    what the host sent, not all of it."""
 
     ids: list[int]
     committed: int
@@ -28,6 +30,7 @@ class Manifest:
     pending_lines: dict[int, bool] = field(default_factory=dict)
     shared_line: int = 0
     written_at: float = 0.0
+    stale: bool = False
 
 
 def to_meta(session: str, m: Manifest) -> dict[str, object]:
@@ -37,7 +40,7 @@ def to_meta(session: str, m: Manifest) -> dict[str, object]:
             "page_keys": json.dumps(m.page_keys), "state_key": m.state_key or "",
             "checkpoints": json.dumps([list(c) for c in m.checkpoints]),
             "pending_lines": json.dumps(sorted([p, e] for p, e in m.pending_lines.items())),
-            "shared_line": m.shared_line, "written_at": time.time()}
+            "shared_line": m.shared_line, "written_at": time.time(), "stale": int(m.stale)}
 
 
 def from_meta(meta: dict[str, str], ids: list[int], grid: int, path: Path
@@ -54,7 +57,8 @@ def from_meta(meta: dict[str, str], ids: list[int], grid: int, path: Path
             checkpoints=[(int(p), hex_key(k), bool(e), bool(kp))
                          for p, k, e, kp in json.loads(meta["checkpoints"])],
             pending_lines={int(p): bool(e) for p, e in json.loads(meta["pending_lines"])},
-            shared_line=int(meta["shared_line"]), written_at=float(meta["written_at"]))
+            shared_line=int(meta["shared_line"]), written_at=float(meta["written_at"]),
+            stale=bool(int(meta.get("stale", 0))))
         if not isinstance(session, str):
             raise TypeError(f"session {session!r} is not a string")
     except (KeyError, ValueError, TypeError) as e:
@@ -71,3 +75,15 @@ def hex_key(text: str) -> str:
     if not isinstance(text, str) or len(bytes.fromhex(text)) != 16:
         raise ValueError(f"not a page key: {text!r}")
     return text
+
+
+def peek_session(path: Path) -> str | None:
+    """The session id a manifest file names in its header, read without any check (to name a
+    session whose manifest was refused); None when even that does not read."""
+    try:
+        from safetensors import safe_open
+        with safe_open(str(path), "pt") as f:
+            session = json.loads((f.metadata() or {})["session"])
+        return session if isinstance(session, str) else None
+    except Exception:                      # a damaged file: nothing to name
+        return None

@@ -25,9 +25,10 @@ import numpy as np
 from . import files
 from .checkpoints import resume
 from .disk import DiskStore, Manifest
-from .disk_io import load_entry, manifest_of, save_session
+from .disk_io import load_checkpoints, manifest_of, save_session
+from .manifest import peek_session
 from .pages import PageStore
-from .session import Checkpoint, SessionState, new_state, release_state
+from .session import SessionState, new_state, release_state
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 60.0      # the TTL is applied at least this often while sessions are parked
@@ -61,8 +62,8 @@ class StoreConfig:
 @dataclass
 class Parked:
     """A session that holds no device memory: its ids (int64), its manifest when written (None:
-    dropped), the C its manifest holds, the furthest C it had committed, and (dropped only) its
-    pending lines and shared line."""
+    dropped), the C its manifest holds, the furthest C it had committed, (dropped only) its
+    pending lines and shared line, and the session's flags (session.SessionState)."""
 
     ids: np.ndarray
     manifest: Path | None
@@ -70,6 +71,8 @@ class Parked:
     furthest: int = 0
     pending_lines: dict[int, bool] = field(default_factory=dict)
     shared_line: int = 0
+    stale: bool = False
+    unsaved_outputs: bool = False
 
 
 @dataclass
@@ -90,6 +93,8 @@ class Residency:
         self.cfg, self.store, self.spec = cfg, store, store.spec
         self.disk: DiskStore | None = store.disk
         self.parked: dict[str, Parked] = {}
+        # manifests refused at start-up: path -> (the session they name, if readable, reason)
+        self.unusable: dict[Path, tuple[str | None, str]] = {}
         self.counters = Counters()
         self._swept_at = 0.0
         if self.disk is not None:
@@ -107,9 +112,11 @@ class Residency:
             if refuse:
                 log.warning("refused manifest %s: %s", path.name, e)
                 self.disk.set_aside(e.path or path, e.reason)
+            else:                        # listed (status) until its session is deleted
+                self.unusable[path] = (peek_session(path), f"{e.reason}: {e}")
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
-                                  m.committed)
+                                  m.committed, stale=m.stale)
         return self.parked[sid]
 
     def record(self, sid: str) -> Parked | None:
@@ -170,7 +177,8 @@ class Residency:
             gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state"))
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
-                                  dict(st.pending_lines), st.shared_line)
+                                  dict(st.pending_lines), st.shared_line, st.stale,
+                                  st.unsaved_outputs and path is None)
         release_state(self.store, st)
 
     def close(self, sessions: dict[str, SessionState]) -> None:
@@ -178,15 +186,17 @@ class Residency:
         for sid in list(sessions):
             self.park(sessions, sid)
 
-    def save_manifest(self, sid: str, st: SessionState) -> bool:
-        """Write the resident session's manifest (a turn's start or end; its pages are written
-        when it is parked: a restart resumes at the deepest line whose pages and states are
-        on disk). Returns whether it was written: False without a disk, or when the write
-        failed (logged and counted in write_errors: the session in memory is unchanged)."""
+    def save_manifest(self, sid: str, st: SessionState, stale: bool = False) -> bool:
+        """Write the resident session's manifest (a turn's start or end; `stale`: just before
+        outputs are appended; its pages are written when it is parked: a restart resumes at the
+        deepest line whose pages and states are on disk). Returns whether it was written: False
+        without a disk, or when the write failed (logged and counted in write_errors: the
+        session in memory is unchanged)."""
         if self.disk is None:
             return False
         try:
-            self.disk.write_manifest(sid, manifest_of(st))
+            self.disk.write_manifest(sid, manifest_of(st, stale or st.stale))
+            st.unsaved_outputs = stale
             return True
         except Exception as e:
             log.warning("could not write the manifest of session %r (%s)", sid, e)
@@ -232,40 +242,31 @@ class Residency:
         st.ids, st.furthest = ids, max(rec.furthest if rec else 0,
                                        m.committed if m else 0, st.committed)
         if m is not None:
-            self._checkpoints(st, m)
+            load_checkpoints(self.store, st, m)
             st.pending_lines, st.shared_line = m.pending_lines, m.shared_line
+            st.stale, st.unsaved_outputs = m.stale, m.stale
         else:
             st.pending_lines, st.shared_line = rec.pending_lines, rec.shared_line
+            st.stale, st.unsaved_outputs = rec.stale, rec.unsaved_outputs
         st.pending_lines = {p: e for p, e in st.pending_lines.items() if p > st.committed}
         self.counters.restores += 1
         return st
 
-    def _checkpoints(self, st: SessionState, m: Manifest) -> None:
-        """The manifest's checkpoints at or below C whose entries are found (memory, then
-        disk), referenced by `st`."""
-        gdn = self.store.gdn
-        for pos, key_hex, episode, kept in m.checkpoints:
-            key = bytes.fromhex(key_hex)
-            if pos > st.committed or st.keys[pos // self.store.grid - 1] != key:
-                continue
-            held = gdn.get(key)
-            if held is not None:
-                entry = gdn.put(key, pos, held.states)
-            else:
-                try:
-                    entry = gdn.put(key, pos, *load_entry(self.store, key, pos))
-                except files.RefusedFile as e:
-                    if e.reason != "line":       # as before: another line is skipped, kept
-                        self.disk.set_aside(e.path, e.reason)
-                    continue
-            st.checkpoints.append(Checkpoint(pos, entry, episode, kept))
-
     def forget(self, sid: str) -> None:
         """Drop a session's record and manifest (its pages stay on disk for other sessions
-        until the TTL or the cap deletes them)."""
+        until the TTL or the cap deletes them), and its listing as refused."""
         self.parked.pop(sid, None)
         if self.disk is not None:
-            self.disk.manifest_path(sid).unlink(missing_ok=True)
+            path = self.disk.manifest_path(sid)
+            path.unlink(missing_ok=True)
+            self.unusable.pop(path, None)
+
+    def refused(self, sid: str) -> str | None:
+        """Why the session's manifest was refused at start-up (None: it was not)."""
+        if self.disk is None:
+            return None
+        listed = self.unusable.get(self.disk.manifest_path(sid))
+        return listed[1] if listed else None
 
     # -- the disk -------------------------------------------------------------------------------
     def _maybe_sweep(self, keep: set[Path]) -> None:

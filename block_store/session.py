@@ -54,7 +54,9 @@ class SessionState:
     page below); furthest: the furthest C committed (re-reads are counted below it, under
     reread_cause: the cause of the last rewrite that sent C back); counted: whether its reads
     count as reads into committed state (not a fork's scratch base);
-    last_used: the table's LRU clock.
+    last_used: the table's LRU clock; unsaved_outputs: outputs were appended since its manifest
+    was last written (that manifest says it is stale); stale: restored from a stale manifest,
+    so it holds a prefix of what the host sent until the host's next prompt.
     """
 
     ids: list[int]
@@ -71,6 +73,8 @@ class SessionState:
     reread_cause: str = "other"
     counted: bool = True
     last_used: int = 0
+    unsaved_outputs: bool = False
+    stale: bool = False
 
     @property
     def backlog(self) -> int:

@@ -50,7 +50,7 @@ class SessionTable:
         if restored:
             st = self.residency.restore(sid)
             if st is None:
-                raise KeyError(f"unknown session {sid!r}")
+                raise self.unknown(sid)
             self.resident[sid] = st
         self._clock += 1
         st.last_used = self._clock
@@ -64,6 +64,8 @@ class SessionTable:
         old = self.resident.pop(sid, None)
         if old is not None:
             release_state(self.store, old)
+        if self.residency.refused(sid) is not None:     # a new start: no longer listed
+            self.residency.unusable.pop(self.store.disk.manifest_path(sid), None)
         self.resident[sid] = new_state(self.spec)
         return self.get(sid)
 
@@ -85,8 +87,17 @@ class SessionTable:
             return len(st.ids), st.committed
         rec = self.residency.record(sid)       # adopts a file another process wrote since
         if rec is None:
-            raise KeyError(f"unknown session {sid!r}")
+            raise self.unknown(sid)
         return len(rec.ids), rec.committed_on_disk
+
+    def unknown(self, sid: str) -> KeyError:
+        """The KeyError for a session not held: unknown, or its manifest refused at start-up
+        (with the reason)."""
+        why = self.residency.refused(sid)
+        if why is None:
+            return KeyError(f"unknown session {sid!r}")
+        return KeyError(f"session {sid!r} was not restored: its manifest was refused at "
+                        f"start-up ({why}); send its turn again, or DELETE it")
 
     def held_ids(self, sid: str):
         """The session's ids (a list, or an int64 numpy array for a parked session: do not
@@ -111,20 +122,25 @@ class SessionTable:
         return bool(np.array_equal(held[:len(ids)], np.asarray(ids, dtype=np.int64)))
 
     def drop(self, sid: str) -> None:
-        """Forget a session: its tensors, its record and its file. KeyError when unknown."""
-        if not self.knows(sid):
+        """Forget a session: its tensors, its record and its file (also one listed as refused
+        at start-up). KeyError when unknown."""
+        if not self.knows(sid) and self.residency.refused(sid) is None:
             raise KeyError(f"unknown session {sid!r}")
         st = self.resident.pop(sid, None)
         if st is not None:
             release_state(self.store, st)
         self.residency.forget(sid)
 
-    def save(self, sid: str) -> bool:
-        """Write the resident session's manifest (a turn's start or end) when there is a disk.
-        Returns whether it was written (Residency.save_manifest: a failed write is logged and
-        counted, never raised)."""
+    def save(self, sid: str, stale: bool = False) -> bool:
+        """Write the resident session's manifest (a turn's start or end; `stale`: before
+        outputs, Residency.save_manifest) when there is a disk. Returns whether it was written
+        (a failed write is logged and counted, never raised); for a parked session, whether
+        its park wrote it."""
         st = self.resident.get(sid)
-        return st is not None and self.residency.save_manifest(sid, st)
+        if st is None:
+            rec = self.residency.parked.get(sid)
+            return rec is not None and rec.manifest is not None
+        return self.residency.save_manifest(sid, st, stale)
 
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""
@@ -140,13 +156,13 @@ class SessionTable:
         per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
                      "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
-                     "num_ids": len(st.ids)}
+                     "num_ids": len(st.ids), "stale": st.stale}
                for sid, st in self.resident.items()}
         for sid, rec in self.residency.parked.items():
             per[sid] = {"residency": "disk" if rec.manifest else "dropped", "bytes": 0,
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
-                        "num_ids": len(rec.ids)}
+                        "num_ids": len(rec.ids), "stale": rec.stale}
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
         pc, on_disk = self.store.counters, self.residency.disk_counts()
         refusals = self.residency.refusals()
@@ -165,4 +181,6 @@ class SessionTable:
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
-                "deleted_files": c.deleted_files, "write_errors": c.write_errors}
+                "deleted_files": c.deleted_files, "write_errors": c.write_errors,
+                "refused_sessions": [{"session": s, "file": p.name, "reason": why}
+                                     for p, (s, why) in self.residency.unusable.items()]}

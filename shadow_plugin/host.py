@@ -120,15 +120,16 @@ class Host:
             self._count(out)
             return Slice(out.kind, out.chunks, max(out.ms, wall_ms), out.stop)
 
-    def turn_finished(self, session: str) -> None:
+    def turn_finished(self, session: str) -> bool:
         """The turn ended: the session's manifest is written (Reader.save, with a disk); the
         idle loop polls at once when it was the last open turn (SchedulerConfig.idle_at_finish)
-        instead of at its next poll."""
+        instead of at its next poll. Returns whether the manifest holding all the session's
+        ids is on disk (False without a disk, or when the write failed)."""
         with self.lock:
-            if self.reader.knows(session):
-                self.reader.save(session)
+            saved = self.reader.knows(session) and self.reader.save(session)
             if self.scheduler.turn_finished(session):
                 self._wake.set()
+            return saved
 
     def question_at(self, session: str, at: int) -> None:
         """Register a question at position `at`; on_question fires when C reaches its line."""
@@ -143,7 +144,7 @@ class Host:
                 known = self.reader.knows(session)
             except ValueError:                 # not a session id: nothing can be held under it
                 known = False
-            if known:
+            if known or self.reader.refused(session) is not None:
                 self.reader.drop(session)
 
     def idle_once(self, stop: Callable[[], bool] = lambda: False) -> Slice | None:

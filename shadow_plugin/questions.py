@@ -25,8 +25,10 @@ class Answer:
     """label: the chosen choice's text; letter: its letter; probs: one per choice (sum 1);
     ms: wall time of the ask; num_forwarded_tokens: ids run through the model (scratch chunks,
     the pending tail and the question); num_committed: ids the session committed on the way
-    (whole chunks up to the grid line at or below `at`); backlog: len(ids) - C when asked; at: the position asked
-    at; beyond_max_positions: the forward went past the model's max_position_embeddings."""
+    (whole chunks up to the grid line at or below `at`); backlog: len(ids) - C when asked; at:
+    the position asked at; beyond_max_positions: the forward went past the model's
+    max_position_embeddings; stale: the session came back from a restart holding a prefix of
+    what the host sent (Reader.stale), so this answers about that prefix."""
 
     label: str
     letter: str
@@ -37,6 +39,7 @@ class Answer:
     backlog: int
     at: int
     beyond_max_positions: bool = False
+    stale: bool = False
 
 
 def question_text(question: str, choices: list[str], prefix: str) -> str:

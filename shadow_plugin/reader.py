@@ -8,6 +8,7 @@ state equals a fresh prefill of ids[:C] on the same grid, bit for bit (`check_ex
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from block_store.checkpoints import first_difference, resume, take
 from block_store.session import check_layout, kv_view, state_bytes
 
 from . import exact, fork, lines, rewrites, validate
+from .conflicts import StaleSession
+from .reader_files import FileCalls
 from .reader_forks import ForkCalls
 from .step import ReaderConfig, read_chunk
 
@@ -30,7 +33,8 @@ class FeedResult:
     was none); backlog: len(ids) - C after the feed; episode_start: the prompt ends a real user
     message; rewrite: None when the prompt extends the held ids, else its kind
     (rewrites.classify: 'bpe', 'template', or 'other' without a tokenizer that decodes
-    them)."""
+    them); durable: whether the session's manifest holding the prompt is on disk (None: no
+    disk, or an output)."""
 
     first_difference: int | None
     rolled_back_from: int | None
@@ -38,6 +42,7 @@ class FeedResult:
     backlog: int
     episode_start: bool = False
     rewrite: str | None = None
+    durable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class ReadResult:
     ms: float
 
 
-class Reader(ForkCalls):
+class Reader(ForkCalls, FileCalls):
     """Exact incremental reader over one model.
 
     Args: model (adapters.Qwen35, whose forwards adapters.make_adapter chooses from the
@@ -184,8 +189,11 @@ class Reader(ForkCalls):
         the ids). A prompt for an unknown session creates it, as it does for a session known
         only by a file the reader refuses (written by another path, model or grid, or damaged).
 
+        Outputs first mark the session's manifest stale when they are the first since it was
+        written (mark_outputs). A prompt re-synchronises a stale session.
+
         Raises ValueError for bad ids, kind or session id (nothing changes), KeyError for output
-        to an unknown session.
+        to an unknown session, conflicts.StaleSession for output to a stale one.
         """
         validate.session_id(session)
         validate.flag(episode_start, "episode_start")
@@ -194,6 +202,9 @@ class Reader(ForkCalls):
         new = validate.token_ids(ids, self.adapter.vocab_size)
         if kind == "output":
             st = self._get(session)
+            if st.stale:
+                raise StaleSession(session, len(st.ids))
+            self.mark_outputs(session)
             st.ids.extend(new)
             return FeedResult(None, None, None, st.backlog)
         if not new:
@@ -207,21 +218,10 @@ class Reader(ForkCalls):
                 # grid, or damaged, set aside): the prompt starts the session again from 0
                 st = self.table.create(session)
         result = self._feed_prompt(st, new, episode_start)
-        self.table.save(session)                 # the manifest a restart trusts (with a disk)
+        st.stale = False                         # the host's whole prompt: in step again
+        saved = self.table.save(session)         # the manifest a restart trusts (with a disk)
         self._settle(session)
-        return result
-
-    def save(self, session: str) -> bool:
-        """Write the resident session's manifest (its ids, C, page and state keys,
-        checkpoints) to the disk now, when the reader has one (a turn's end; a prompt writes
-        its own): a restart resumes it at the deepest line whose pages and states are on disk.
-        Returns whether it was written: False without a disk, for a session not resident (a
-        parked one's manifest was written when it was parked, unless that write failed), or
-        when the write failed (logged, counted in stats()["write_errors"]). Raises ValueError
-        for a bad session id, KeyError for an unknown one."""
-        if not self.table.knows(validate.session_id(session)):
-            raise KeyError(f"unknown session {session!r}")
-        return self.table.save(session)
+        return dataclasses.replace(result, durable=saved if self.table.store.disk else None)
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
         """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose

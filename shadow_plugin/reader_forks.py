@@ -6,6 +6,8 @@ fork.py.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from block_store import SessionState
 
 from . import fork, questions, validate
@@ -43,7 +45,7 @@ class ForkCalls:
         answer = fork.answer(self.adapter, self.config, self.table.store, st, q_ids, letters,
                              choices, at, self._take_scratch(session, st, at))
         self._settle(session)
-        return answer
+        return dataclasses.replace(answer, stale=st.stale) if st.stale else answer
 
     def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
         """For a question or fork at `at` below C, which starts from a checkpoint and re-reads

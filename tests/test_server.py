@@ -187,7 +187,8 @@ def test_router_in_shadow_mode_journals_at_the_insertion_point(tmp_path):
         assert c.post("/v1/shadow/sessions/q/turn", json={"prompt_ids": [1, 2],
                                                           "profile": "quiet"}).json() == {
             "followed": False, "first_difference": None, "rolled_back_from": None,
-            "rolled_back_to": None, "backlog": None, "committed": None, "num_ids": None}
+            "rolled_back_to": None, "backlog": None, "committed": None, "num_ids": None,
+            "durable": None}
         assert c.post("/v1/shadow/sessions/q/turn", json={"prompt_ids": [1],
                                                           "profile": "nope"}).status_code == 400
 

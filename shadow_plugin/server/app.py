@@ -23,7 +23,8 @@ from ..renderer import Renderer
 from . import errors, schemas
 from .dashboard import PAGE_PATHS, dashboard_router
 from .docs import add_docs
-from .errors import NotReady, WaitTimeout
+from ..conflicts import Conflict
+from .errors import NotDurable, NotReady, WaitTimeout
 from .facade import Fed
 from .limits import LOOPBACK, Guard
 from .routes import question_router, session_id
@@ -32,12 +33,16 @@ from .service import Service
 ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad session id, `at` "
                                "beyond the ids, an unknown profile)"},
           401: {"description": "missing or wrong API key (when the server has one)"},
-          404: {"description": "unknown session"},
+          404: {"description": "unknown session (or one whose file was refused at start-up: "
+                            "the reason is given)"},
+          409: {"description": "outputs for a stale session, or at another position than the "
+                            "ids held: send the turn again"},
           403: {"description": "a cross-origin request, or a Host other than the loopback's on "
                             "a loopback bind"},
           413: {"description": "body or id list over the limit"},
           415: {"description": "a body not declared application/json"},
-          503: {"description": "the model is loading (Retry-After)"},
+          503: {"description": "the model is loading, or the disk refused the session's "
+                            "manifest (Retry-After)"},
           504: {"description": "`wait`: the reader did not catch up in time (with the backlog)"}}
 
 
@@ -74,6 +79,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return JSONResponse({"detail": found}, 422)
 
     @app.exception_handler(NotReady)
+    @app.exception_handler(NotDurable)
+    @app.exception_handler(Conflict)
     @app.exception_handler(WaitTimeout)
     @app.exception_handler(KeyError)
     @app.exception_handler(ValueError)
@@ -90,7 +97,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return schemas.FeedOut(first_difference=res.first_difference,
                                rolled_back_from=res.rolled_back_from,
                                rolled_back_to=res.rolled_back_to, backlog=res.backlog,
-                               committed=fed.committed, num_ids=fed.num_ids)
+                               committed=fed.committed, num_ids=fed.num_ids,
+                               durable=res.durable)
 
     @app.post("/v1/shadow/sessions/{sid}/turn", response_model=schemas.FeedOut)
     def turn(body: schemas.TurnIn, sid: str = Depends(session_id)):
@@ -105,7 +113,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.post("/v1/shadow/sessions/{sid}/output", response_model=schemas.FeedOut)
     def output(body: schemas.OutputIn, sid: str = Depends(session_id)):
-        return feed_out(svc.require().output(sid, check_ids(body.ids, "ids")))
+        return feed_out(svc.require().output(sid, check_ids(body.ids, "ids"), body.position))
 
     @app.post("/v1/shadow/sessions/{sid}/round", response_model=schemas.SliceOut)
     def between_rounds(sid: str = Depends(session_id)):

@@ -2,10 +2,14 @@
 handlers and the shared question routes (server.routes, also on vLLM's server, where an app-wide
 handler for KeyError or ValueError would change vLLM's own routes): KeyError -> 404 (unknown
 session), ValueError -> 400 (a bad value), WaitTimeout -> 504 with the backlog, NotReady -> 503
-(Retry-After while the model loads, none after a failed load)."""
+(Retry-After while the model loads, none after a failed load), NotDurable -> 503 (Retry-After:
+the disk refused a manifest), conflicts.Conflict -> 409 (a stale session, outputs at another
+position)."""
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
+
+from ..conflicts import Conflict, PositionMismatch, StaleSession
 
 
 class NotReady(Exception):
@@ -28,6 +32,17 @@ class WaitTimeout(Exception):
         self.backlog, self.committed, self.why = backlog, committed, why
 
 
+class NotDurable(Exception):
+    """A turn, an end or outputs the shadow could not make durable: the session's manifest
+    did not reach the disk (full, gone), so a restart would not find what the host sent (503
+    with Retry-After; for outputs nothing was appended, so a retry is safe)."""
+
+    def __init__(self, session: str, what: str):
+        super().__init__(session, what)
+        self.why = (f"session {session!r}: {what}, but its manifest could not be written to the "
+                    f"disk (SHADOW_DISK full or gone; see the log and write_errors): retry")
+
+
 def answer(exc: Exception) -> JSONResponse | None:
     """The HTTP answer to one of the shadow's errors, or None for any other exception."""
     if isinstance(exc, NotReady):
@@ -35,6 +50,15 @@ def answer(exc: Exception) -> JSONResponse | None:
             return JSONResponse({"detail": exc.why}, 503)
         return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
                             headers={"Retry-After": "5"})
+    if isinstance(exc, NotDurable):
+        return JSONResponse({"detail": exc.why}, 503, headers={"Retry-After": "5"})
+    if isinstance(exc, Conflict):
+        body = {"detail": str(exc), "session": exc.session}
+        if isinstance(exc, StaleSession):
+            body.update(stale=True, position=exc.position)
+        elif isinstance(exc, PositionMismatch):
+            body.update(position=exc.position, held=exc.held)
+        return JSONResponse(body, 409)
     if isinstance(exc, WaitTimeout):
         return JSONResponse({"detail": f"the reader has not caught up: {exc.why}",
                              "backlog": exc.backlog, "committed": exc.committed}, 504)

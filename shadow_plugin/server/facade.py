@@ -15,9 +15,10 @@ import xxhash
 
 from block_store import ExactnessError
 
+from ..conflicts import PositionMismatch, StaleSession
 from ..host import Host
 from ..reader import FeedResult
-from .errors import WaitTimeout
+from .errors import NotDurable, WaitTimeout
 from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
@@ -99,7 +100,9 @@ class Shadow:
              router_label: str | None) -> Fed | None:
         """A new turn under its profile: None when the profile's mode is off (not followed);
         registers the router question at the insertion point when the profile asks for it.
-        Raises ValueError for an unknown profile or bad ids (nothing changes)."""
+        Raises ValueError for an unknown profile or bad ids (nothing changes), NotDurable when
+        the disk refused the session's manifest (the turn is held in memory: resending it
+        changes nothing but the manifest)."""
         if profile is not None and profile not in self.profiles:
             raise ValueError(f"unknown profile {profile!r}")
         prof = self.profiles.get(profile, Profile())
@@ -120,12 +123,23 @@ class Shadow:
                 at = insertion_point(ids)
                 self.journal.expect(session, at, router_label, backlog)
                 self.host.question_at(session, at)
+            if result.durable is False:
+                raise NotDurable(session, "the turn is held in memory")
             return self._fed(session, result)
 
-    def output(self, session: str, ids: list[int]) -> Fed:
-        """Ids the host produced; queues a narration at each </think> when the profile asks."""
+    def output(self, session: str, ids: list[int], position: int | None = None) -> Fed:
+        """Ids the host produced (after `position` ids, when given); queues a narration at each
+        </think> when the profile asks. Raises PositionMismatch when the session holds another
+        number of ids, StaleSession when it came back stale from a restart, NotDurable when
+        the manifest marking outputs could not be written (nothing is appended then)."""
         with self.lock:
             start = self._position(session)[0]
+            if position is not None and position != start:
+                raise PositionMismatch(session, position, start)
+            if self.reader.stale(session):
+                raise StaleSession(session, start)
+            if self.reader.mark_outputs(session) is False:
+                raise NotDurable(session, "the outputs were not appended")
             result = self.host.output(session, ids)
             if self.session_profiles.get(session, Profile()).narrator:
                 self.narrator.on_output(session, start, list(ids))
@@ -145,15 +159,21 @@ class Shadow:
             return sl
 
     def end(self, session: str) -> None:
-        """The turn ended (the session stays)."""
+        """The turn ended (the session stays). Raises NotDurable when the reader has a disk
+        and the manifest holding all the session's ids could not be written."""
         with self.lock:
             self._position(session)
-            self.host.turn_finished(session)
+            if not self.host.turn_finished(session) and self.reader.table.store.disk:
+                raise NotDurable(session, "the turn's end is held in memory")
 
     def delete(self, session: str) -> None:
         """Forget the session in the reader and the scheduler, its file included."""
         with self.lock:
-            self._position(session)
+            try:
+                self._position(session)
+            except KeyError:                 # listed as refused at start-up: unlisted
+                if self.reader.refused(session) is None:
+                    raise
             self.host.forget(session)
 
     def narration(self, session: str) -> dict:

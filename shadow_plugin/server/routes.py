@@ -50,7 +50,8 @@ def answered(fn: Callable) -> Callable:
 def ask_out(ans) -> schemas.AskOut:
     return schemas.AskOut(label=ans.label, letter=ans.letter, probs=list(ans.probs), ms=ans.ms,
                           backlog=ans.backlog, num_forwarded_tokens=ans.num_forwarded_tokens,
-                          at=ans.at, beyond_max_positions=ans.beyond_max_positions)
+                          at=ans.at, beyond_max_positions=ans.beyond_max_positions,
+                          stale=ans.stale)
 
 
 def ask(door, session: str, question: str, choices: list[str], at: int | None,

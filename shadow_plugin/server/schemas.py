@@ -57,10 +57,15 @@ class FeedOut(BaseModel):
     backlog: int | None = None
     committed: int | None = None
     num_ids: int | None = None
+    durable: bool | None = Field(default=None, description="the session's manifest holding "
+                                 "this is on disk (null without a disk)")
 
 
 class OutputIn(Strict):
     ids: list[StrictInt]
+    position: StrictInt | None = Field(default=None, ge=0, description="how many ids the host "
+                                       "has sent for this session before these; a mismatch "
+                                       "is 409 (send the turn again)")
 
 
 class HostIn(Strict):
@@ -100,6 +105,9 @@ class AskOut(BaseModel):
     num_forwarded_tokens: int
     at: int
     beyond_max_positions: bool
+    stale: bool = Field(default=False, description="the session came back from a restart "
+                        "holding a prefix of what the host sent (`at` of it) until its next "
+                        "turn")
 
 
 class SummarizeIn(Strict):
