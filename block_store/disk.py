@@ -94,8 +94,15 @@ class DiskStore:
         self._relist()
         return dict(self._counts)
 
-    def _relist(self, force: bool = False) -> None:
-        if force or time.monotonic() - self._listed_at > INDEX_MAX_AGE_S:
+    def refresh(self) -> None:
+        """List the folder again when half INDEX_MAX_AGE_S old, so that lookups and counts
+        made under a caller's lock do not list it. Safe from another thread than the one
+        writing: the listing replaces the index and counts whole (a write counted meanwhile
+        may be missed until the next listing)."""
+        self._relist(max_age_s=INDEX_MAX_AGE_S / 2)
+
+    def _relist(self, force: bool = False, max_age_s: float = INDEX_MAX_AGE_S) -> None:
+        if force or time.monotonic() - self._listed_at > max_age_s:
             self._counts = upkeep.scan(self.root, self.manifest_dir)
             self._entries = set()
             for path, _ in upkeep.files(self.root / "gdn"):

@@ -286,10 +286,10 @@ def _bench(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["prefix-hits"]:            # its own options: evals/prefix_share.py
-        from .prefix_share import main as prefix_hits
-        return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")
     try:
+        if argv[:1] == ["prefix-hits"]:        # its own options: evals/prefix_share.py
+            from .prefix_share import main as prefix_hits
+            return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")
         if argv[:1] == ["router-eval"]:        # its own options: evals/router_eval.py
             from .router_eval import main as router_eval
             return router_eval(argv[1:], prog="shadow-reader router-eval")

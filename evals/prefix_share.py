@@ -4,9 +4,10 @@ through a fresh reader and then all together through one reader, interleaved tur
 Checks, per session after the first: ids read together <= ids read alone - the whole pages it
 shares with an earlier session's first prompt + one page (measured from the rendered prompts,
 not assumed: where a session's own system text lands depends on the chat template; with
-Qwen3.5's and opencode's prefix all six shared sessions share 21 pages); reports the hit rate, resident bytes, pages held, GDN entry bytes, and
-whether the prefix's pages are held once (resident bytes <= the sessions' own pages + one copy
-of the prefix + the GDN table's entries + the sessions' GDN states).
+Qwen3.5's and opencode's prefix all six shared sessions share 21 pages); reports the hit rate,
+resident bytes, pages held, GDN entry bytes, and whether the prefix's pages are held once
+(resident bytes <= the sessions' own pages + one copy of the prefix + the GDN table's entries +
+the sessions' GDN states). The JSON line comes before the plot is written.
 
     python -m evals.prefix_share --prefix ../shared/data/prefixes/opencode_qwen.json \\
         --model random:tiny --device cpu [SESSION.json ...] [--plot hits.png]
@@ -50,7 +51,10 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog, description="One agent's sessions with its prefix, "
+                                 "each alone and then all together through one reader: ids "
+                                 "read per session against the bound, the prefix cache's hit "
+                                 "rate, bytes held (a plot with --plot).")
     ap.add_argument("sessions", nargs="*", help="session files (default: the shared set)")
     ap.add_argument("--prefix", required=True, help="a prefix file (../shared/data/prefixes)")
     ap.add_argument("--model", default="random:tiny")
@@ -58,6 +62,8 @@ def main(argv=None, prog: str | None = None) -> int:
     ap.add_argument("--grid", type=int, default=512)
     ap.add_argument("--plot", help="write a PNG of ids read alone and together here")
     args = ap.parse_args(argv)
+    if args.plot and not Path(args.plot).expanduser().resolve().parent.is_dir():
+        raise ValueError(f"--plot {args.plot}: its folder does not exist")
     paths = args.sessions or sorted(str(p) for p in (data_dir() / "sessions").glob("*.json"))
     prefix = load_prefix(args.prefix)
     tokenizer, renderer = load_tokenizer(), Renderer.from_model_dir(None)
@@ -87,11 +93,9 @@ def main(argv=None, prog: str | None = None) -> int:
     live = sum(c.nbytes + r.nbytes for st in reader.table.resident.values() for c, r in st.gdn)
     held_once = s["resident_bytes"] <= (own - shared_pages) * s["page_bytes"] + \
         s["gdn_entry_bytes"] + live
-    if args.plot:
-        plot(per, together["prefix_cache_hit_rate"], Path(args.prefix).name, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
     print(json.dumps({
-        "model": args.model, "device": args.device, "grid": args.grid, "dtype": str(model.dtype),
+        "model": args.model, "device": args.device, "grid": args.grid,
+        "dtype": str(model.dtype).removeprefix("torch."),
         "torch": torch.__version__, "date": str(datetime.date.today()),
         "prefix": Path(args.prefix).name, "prefix_system_ids": prefix_ids,
         "sessions": per, "target_met": met,
@@ -99,7 +103,10 @@ def main(argv=None, prog: str | None = None) -> int:
         **{k: together[k] for k in ("prefix_cache_hit_rate", "prefix_cache_queried_tokens",
                                     "prefix_cache_hit_tokens", "read_tokens", "reread_tokens",
                                     "resident_bytes", "pages", "page_bytes", "gdn_entry_bytes",
-                                    "gdn_entries_by_kind")}}))
+                                    "gdn_entries_by_kind")}}), flush=True)
+    if args.plot:                        # after the result: a failing write must not lose it
+        plot(per, together["prefix_cache_hit_rate"], Path(args.prefix).name, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -32,6 +32,13 @@ class FileCalls:
             raise self.table.unknown(session)
         return rec.stale
 
+    def refresh_disk_listing(self) -> None:
+        """List the disk folder for its counts when due (DiskStore.refresh), outside the
+        reader's lock, so stats() under it does not list a large folder; nothing without a
+        disk."""
+        if self.table.store.disk is not None:
+            self.table.store.disk.refresh()
+
     def refused(self, session: str) -> str | None:
         """Why the session's manifest was refused when the reader started (it is listed in
         stats()["refused_sessions"] until dropped or started again), None when it was not."""

@@ -1,6 +1,8 @@
 """The dashboard's routes in-process (issue 18): the page needs no key and loads nothing from
 elsewhere, the history route keeps the auth rules, samples what /metrics exports under the same
 names, answers `since`, and its ring stays bounded; bad history settings are refused."""
+import base64
+import hashlib
 import re
 import time
 
@@ -14,7 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from shadow_plugin.config import ServiceConfig  # noqa: E402
 from shadow_plugin.scheduler import SchedulerConfig  # noqa: E402
 from shadow_plugin.server.app import create_app  # noqa: E402
-from shadow_plugin.server.history import MAX_BACKLOG_SERIES, History, Sampler, flatten, sample_key  # noqa: E402
+from shadow_plugin.server.history import (  # noqa: E402
+    MAX_BACKLOG_SERIES,  # noqa: E402
+    History,
+    Sampler,
+    flatten,
+    sample_key,
+)
 
 G = 64
 KEY = {"Authorization": "Bearer k3y"}
@@ -24,8 +32,8 @@ LOCAL = "http://127.0.0.1"
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, api_key="k3y",
-                        state_dir=tmp_path_factory.mktemp("dash"), history_every_s=0.05,
-                        history_samples=40, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+                        state_dir=tmp_path_factory.mktemp("dash"), history_every_s=0.1,
+                        history_samples=12, scheduler=SchedulerConfig(grid=G, poll_s=0.02))
     with TestClient(create_app(cfg), base_url=LOCAL) as c:
         deadline = time.monotonic() + 60
         while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
@@ -41,6 +49,12 @@ def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(client):
         assert "default-src 'none'" in csp and "connect-src 'self'" in csp
         page = r.text
         assert "/*SCRIPT*/" not in page and "window.shadowDashboard" in page
+        # only the page's own script runs: the CSP names its hash
+        (script,) = re.findall(r"<script>(.*?)</script>", page, re.S)
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"script-src 'sha256-{digest}'" in csp and "unsafe-inline'; style" not in \
+            csp.split("script-src")[1][:90]
+        assert client.head(path).status_code == 200
         # no script, style or image from a URL: everything is inline (users may be offline)
         assert not re.search(r"<(script|link|img)[^>]*(src|href)=", page)
         assert "/v1/shadow/history" in page and "/v1/shadow/status" in page
@@ -54,10 +68,10 @@ def test_history_samples_the_metrics_names_and_answers_since(client):
                        headers=KEY).status_code == 200
     time.sleep(0.5)
     h = client.get("/v1/shadow/history", headers=KEY).json()
-    assert h["every_s"] == 0.05 and h["max_samples"] == 40
+    assert h["every_s"] == 0.1 and h["max_samples"] == 12 and h["started"] <= h["now"]
     samples = h["samples"]
-    assert 2 <= len(samples) <= 40
-    assert all(a["t"] < b["t"] for a, b in zip(samples, samples[1:]))
+    assert 2 <= len(samples) <= 12
+    assert all(a["t"] < b["t"] and a["seq"] + 1 == b["seq"] for a, b in zip(samples, samples[1:]))
     newest = samples[-1]["values"]
     metrics = {sample_key(s.name, s.labels) for fam in text_string_to_metric_families(
         client.get("/metrics", headers=KEY).text) for s in fam.samples}
@@ -74,10 +88,16 @@ def test_history_samples_the_metrics_names_and_answers_since(client):
     later = client.get("/v1/shadow/history", params={"since": cut}, headers=KEY).json()
     assert later["samples"] and all(s["t"] > cut for s in later["samples"])
     assert later["samples"][0] in samples
-    assert client.get("/v1/shadow/history?since=x", headers=KEY).status_code == 422
-    assert client.get("/v1/shadow/history?since=-1", headers=KEY).status_code == 422
-    time.sleep(2.5)                                        # 50 samples' time: the ring holds 40
-    assert len(client.get("/v1/shadow/history", headers=KEY).json()["samples"]) == 40
+    seq = samples[-2]["seq"]
+    after = client.get("/v1/shadow/history", params={"after": seq}, headers=KEY).json()
+    assert after["samples"] and all(s["seq"] > seq for s in after["samples"])
+    recent = client.get("/v1/shadow/history", params={"window_s": 0.25}, headers=KEY).json()
+    assert 1 <= len(recent["samples"]) <= 4
+    assert all(s["t"] > recent["now"] - 0.25 for s in recent["samples"])
+    for bad in ("since=x", "since=-1", "after=-1", "window_s=0"):
+        assert client.get(f"/v1/shadow/history?{bad}", headers=KEY).status_code == 422
+    time.sleep(1.6)                                        # 16 samples' time: the ring holds 12
+    assert len(client.get("/v1/shadow/history", headers=KEY).json()["samples"]) == 12
 
 
 class _Source:
@@ -117,7 +137,10 @@ def test_a_failing_sample_is_skipped_and_sampling_goes_on():
 
 
 @pytest.mark.parametrize("kw, name", [({"history_every_s": 0}, "SHADOW_HISTORY_S"),
-                                      ({"history_samples": 0}, "SHADOW_HISTORY_SAMPLES")])
+                                      ({"history_every_s": float("inf")}, "SHADOW_HISTORY_S"),
+                                      ({"history_every_s": 0.001}, "SHADOW_HISTORY_S"),
+                                      ({"history_samples": 0}, "SHADOW_HISTORY_SAMPLES"),
+                                      ({"history_samples": 10**7}, "SHADOW_HISTORY_SAMPLES")])
 def test_bad_history_settings_are_refused_by_name(kw, name):
     with pytest.raises(ValueError, match=name):
         create_app(ServiceConfig(model="random:tiny", **kw))

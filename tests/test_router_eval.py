@@ -26,7 +26,7 @@ def test_router_eval_on_the_example_session(tmp_path):
             {"session": str(EXAMPLE), "turn": 3, "label": "code_edit"},
             {"session": str(EXAMPLE), "turn": 5, "label": "design_ui"}]
     labels.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    out = _cli(str(labels), "--grid", "64")
+    out = _cli(str(labels), "--grid", "64", "--model", "random:tiny", "--device", "cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     res = json.loads(lines[-1])
@@ -42,6 +42,7 @@ def test_router_eval_on_the_example_session(tmp_path):
     assert res["baseline_accuracy"] == pytest.approx(2 / 3)
     assert res["random_weights"] is True and "meaningless" in out.stderr
     assert sum(c["predicted"] for c in res["per_class"].values()) == 3
+    assert res["labels_file"] == str(labels) and res["model"] == "random:tiny"
 
 
 def test_a_labels_file_relative_to_its_folder_and_its_errors_by_line(tmp_path):
@@ -50,17 +51,25 @@ def test_a_labels_file_relative_to_its_folder_and_its_errors_by_line(tmp_path):
     labels = tmp_path / "l.jsonl"
     labels.write_text(json.dumps(good) + "\n\n")
     (row,) = load_labels(labels, ROUTER)
-    assert row["session"] == tmp_path / "s.json" and row["turn"] == 1 and row["line"] == 1
+    assert row["session"] == (tmp_path / "s.json").resolve() and row["turn"] == 1
+    assert row["line"] == 1
     for bad, why in ((dict(good, label="cooking"), "l.jsonl:2: label 'cooking'"),
                      (dict(good, turn=-1), "l.jsonl:2: turn must be"),
                      ({"session": "s.json"}, "l.jsonl:2: expected"),
+                     (dict(good, session=5), "l.jsonl:2: session must be a file name"),
+                     (dict(good, session="./x/../s.json"), "l.jsonl:2: ./x/../s.json turn 1 "
+                                                            "is labelled twice"),
                      (good, "l.jsonl:2: s.json turn 1 is labelled twice")):
         labels.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
         with pytest.raises(ValueError, match=why):
             load_labels(labels, ROUTER)
-    labels.write_text(json.dumps(dict(good, turn=99)) + "\n")
-    out = _cli(str(labels), "--grid", "64")
-    assert out.returncode == 2 and "turn 99" in out.stderr and "l.jsonl:1" in out.stderr
+    labels.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, turn=99)) + "\n")
+    out = _cli(str(labels), "--grid", "64", "--model", "random:tiny", "--device", "cpu")
+    assert out.returncode == 2 and "turn 99" in out.stderr and "l.jsonl:2" in out.stderr
+    assert "session" not in out.stdout             # refused before any session was read
+    labels.write_text(json.dumps(dict(good, session="nope.json")) + "\n")
+    out = _cli(str(labels), "--grid", "64", "--model", "random:tiny", "--device", "cpu")
+    assert out.returncode == 2 and "l.jsonl:1" in out.stderr and "nope.json" in out.stderr
 
 
 def test_scoring_worked_out_by_hand():

@@ -19,11 +19,11 @@ from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 
 from ..config import ServiceConfig
+from ..conflicts import Conflict
 from ..renderer import Renderer
 from . import errors, schemas
 from .dashboard import PAGE_PATHS, dashboard_router
 from .docs import add_docs
-from ..conflicts import Conflict
 from .errors import NotDurable, NotReady, WaitTimeout
 from .facade import Fed
 from .limits import LOOPBACK, Guard

@@ -10,6 +10,8 @@ server (shadow_plugin.vllm.endpoint):
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 from importlib import resources
 
 from fastapi import APIRouter, Query
@@ -18,40 +20,52 @@ from fastapi.responses import HTMLResponse
 from .history import History
 
 PAGE_PATHS = ("/v1/shadow/dashboard", "/shadow/dashboard")
-# The page may talk to its own server only: nothing loads from elsewhere (users may be offline).
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-       "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-       "frame-ancestors 'none'")
+SCRIPTS = ("charts.js", "dashboard.js")     # inlined in this order
 
 
-def page_html() -> str:
-    """The page: dashboard.html with dashboard.js inlined where it says /*SCRIPT*/."""
+def csp(script: str) -> str:
+    """The page may talk to its own server only and run only its own script (by its SHA-256):
+    nothing loads from elsewhere (users may be offline)."""
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    return (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def page_html() -> tuple[str, str]:
+    """(the page: dashboard.html with SCRIPTS inlined where it says /*SCRIPT*/, its CSP)."""
     static = resources.files("shadow_plugin.server") / "static"
     html = (static / "dashboard.html").read_text(encoding="utf-8")
-    return html.replace("/*SCRIPT*/", (static / "dashboard.js").read_text(encoding="utf-8"))
+    script = "\n".join((static / name).read_text(encoding="utf-8") for name in SCRIPTS)
+    script = f"\n{script}\n"
+    return html.replace("\n/*SCRIPT*/\n", script), csp(script)
 
 
 def dashboard_router(history: History) -> APIRouter:
     """The page and the history route over `history` (module doc)."""
     r = APIRouter()
-    html = page_html()                    # read once: the package's files do not change
+    html, policy = page_html()            # read once: the package's files do not change
 
     def page():
-        return HTMLResponse(html, headers={"Content-Security-Policy": CSP,
+        return HTMLResponse(html, headers={"Content-Security-Policy": policy,
                                            "Cache-Control": "no-cache",
                                            "X-Content-Type-Options": "nosniff"})
 
     for path in PAGE_PATHS:
-        r.add_api_route(path, page, methods=["GET"], response_class=HTMLResponse,
+        r.add_api_route(path, page, methods=["GET", "HEAD"], response_class=HTMLResponse,
                         include_in_schema=path == PAGE_PATHS[0],
                         summary="The live dashboard (a page; its data comes from the JSON "
                                 "routes)")
 
     @r.get("/v1/shadow/history")
     def history_route(since: float = Query(0.0, ge=0.0, description="unix time (s): only the "
-                                           "samples taken after it")):
-        """The counters of /metrics sampled every `every_s` into a bounded ring: {now,
-        every_s, max_samples, samples: [{t, values: {prometheus name{labels}: value}}]}."""
-        return history.answer(since)
+                                           "samples taken after it"),
+                      after: int = Query(0, ge=0, description="only the samples numbered "
+                                         "after this `seq`"),
+                      window_s: float | None = Query(None, gt=0.0, description="only the "
+                                                     "samples of the last window_s s")):
+        """The counters of /metrics sampled every `every_s` into a bounded ring: {now, started
+        (this process's history: another value means the counters started again), every_s,
+        max_samples, samples: [{seq, t, values: {prometheus name{labels}: value}}]}."""
+        return history.answer(since, after, window_s)
 
     return r

@@ -75,6 +75,7 @@ class Shadow:
         self.session_profiles: dict[str, Profile] = {}
         self.turn_starts = {"true": 0, "false": 0}      # turns begun fresh (backlog < G) or not
         self.answers: deque = deque(maxlen=20)          # the last answers, for status
+        self.last_answer: dict[str, dict] = {}          # each session's last answer
         self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
 
     @property
@@ -175,6 +176,7 @@ class Shadow:
                 if self.reader.refused(session) is None:
                     raise
             self.host.forget(session)
+            self.last_answer.pop(session, None)
 
     def narration(self, session: str) -> dict:
         with self.lock:
@@ -251,8 +253,10 @@ class Shadow:
         with self.gate():
             ans = self.reader.ask(session, question, choices, at)
             self.ask_ms.append(ans.ms)
-            self.answers.append({"session": session, "label": ans.label, "p": max(ans.probs),
-                                 "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()})
+            line = {"session": session, "label": ans.label, "p": max(ans.probs),
+                    "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
+            self.answers.append(line)
+            self.last_answer[session] = line
             return ans
 
     def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None):
@@ -288,12 +292,16 @@ class Shadow:
 
     # -- reporting ------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Reader.stats and totals, the open turns, the host share (ration_ms, host_decode_ms),
-        the last answers, the router journal's agreement and the narrator's latest narrations,
-        in one hold (the idle loop's narrator writes them under the lock)."""
+        """Reader.stats (each session with its last answer) and totals, the open turns, the host
+        share (ration_ms, host_decode_ms), the last answers, the router journal's agreement and
+        the narrator's latest narrations, in one hold (the idle loop's narrator writes them
+        under the lock)."""
         with self.lock:
             ration_ms, decode_ms = self.host.scheduler.host_share()
-            return {**self.reader.stats(), "totals": dict(self.reader.totals),
+            stats = self.reader.stats()
+            for sid, s in stats["sessions"].items():
+                s["last_answer"] = self.last_answer.get(sid)
+            return {**stats, "totals": dict(self.reader.totals),
                     "open_turns": sorted(self.host.scheduler.turns),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
                     "chunks_by_window": dict(self.host.num_chunks),

@@ -3,7 +3,8 @@ of what /metrics exports (the same Prometheus names and labels, read through the
 collector, server.metrics.Collector), kept in a bounded ring, so a page opened or reloaded
 later still draws rates over the last minutes.
 
-A sample is {"t": unix time in s, "values": {"name{label=\"v\"}": value}}: counters with their
+A sample is {"seq": its number in this process (from 1), "t": unix time in s, "values":
+{"name{label=\"v\"}": value}}: counters with their
 `_total` suffix, gauges, the question-latency histogram's `_sum` and `_count` (no buckets), and
 the backlog of at most MAX_BACKLOG_SERIES sessions (the largest), so a sample's size does not
 grow with the number of sessions.
@@ -16,8 +17,11 @@ import time
 from collections import deque
 
 log = logging.getLogger(__name__)
-MAX_BACKLOG_SERIES = 32
+MAX_BACKLOG_SERIES = 32        # sessions whose backlog a sample keeps (the largest): its size
 BACKLOG = "shadow_backlog_ids"
+EVERY_S_RANGE = (0.1, 3600.0)  # the sampling intervals a history takes (s)
+MAX_SAMPLES = 86_400           # the largest ring a history takes (a day at 1 s)
+STOP_JOIN_S = 5.0              # how long a stop waits for a sample in progress
 
 
 def sample_key(name: str, labels: dict[str, str]) -> str:
@@ -50,17 +54,22 @@ def flatten(collector) -> dict[str, float] | None:
 
 class History:
     """A bounded ring of samples (at most `max_samples`, the oldest dropped), thread-safe: a
-    sampler adds while routes read.
+    sampler adds while routes read. `started` (unix s) names this process's history: a reader
+    that sees it change knows the counters started again.
 
-    Args: every_s: the sampling interval the sampler uses (s), reported to readers;
-    max_samples: the ring's size (3,600 at 1 s: an hour)."""
+    Args: every_s: the sampling interval the sampler uses (s, within EVERY_S_RANGE), reported
+    to readers; max_samples: the ring's size (1 to MAX_SAMPLES; 3,600 at 1 s: an hour).
+    Raises ValueError outside those ranges."""
 
     def __init__(self, every_s: float = 1.0, max_samples: int = 3600):
-        if every_s <= 0 or max_samples < 1:
-            raise ValueError(f"history: every_s must be > 0 and max_samples >= 1, got "
-                             f"{every_s} and {max_samples}")
+        lo, hi = EVERY_S_RANGE
+        if not lo <= every_s <= hi or not 1 <= max_samples <= MAX_SAMPLES:
+            raise ValueError(f"history: every_s must be within [{lo}, {hi}] s and max_samples "
+                             f"within [1, {MAX_SAMPLES}], got {every_s} and {max_samples}")
         self.every_s, self.max_samples = every_s, max_samples
+        self.started = time.time()
         self._ring: deque = deque(maxlen=max_samples)
+        self._seq = 0
         self._lock = threading.Lock()
 
     def add(self, values: dict[str, float] | None, t: float | None = None) -> None:
@@ -69,41 +78,53 @@ class History:
         if values is None:
             return
         with self._lock:
-            self._ring.append({"t": time.time() if t is None else t, "values": values})
+            self._seq += 1
+            self._ring.append({"seq": self._seq, "t": time.time() if t is None else t,
+                               "values": values})
 
-    def since(self, t: float = 0.0) -> list[dict]:
-        """The samples taken after `t` (unix s), oldest first."""
+    def since(self, t: float = 0.0, after: int = 0) -> list[dict]:
+        """The samples taken after `t` (unix s) and numbered after `after`, oldest first (a
+        reader that follows `seq` is not fooled by a clock set back)."""
         with self._lock:
-            return [s for s in self._ring if s["t"] > t]
+            return [s for s in self._ring if s["t"] > t and s["seq"] > after]
 
-    def answer(self, since: float = 0.0) -> dict:
-        """The history route's body: {now, every_s, max_samples, samples}."""
-        return {"now": time.time(), "every_s": self.every_s, "max_samples": self.max_samples,
-                "samples": self.since(since)}
+    def answer(self, since: float = 0.0, after: int = 0, window_s: float | None = None) -> dict:
+        """The history route's body: {now, started, every_s, max_samples, samples} with the
+        samples after `since` and `after`, and within the last `window_s` s when given."""
+        now = time.time()
+        t = since if window_s is None else max(since, now - window_s)
+        return {"now": now, "started": self.started, "every_s": self.every_s,
+                "max_samples": self.max_samples, "samples": self.since(t, after)}
 
 
 class Sampler:
     """A daemon thread adding flatten(collector) to `history` every history.every_s until
-    `stop`. A failing collection is logged once and sampling goes on."""
+    `stop`, after `prepare()` (work that need not hold what the collection holds: the disk
+    folder's listing, outside the service's lock). A failing collection is logged once and
+    sampling goes on."""
 
-    def __init__(self, history: History, collector):
-        self.history, self.collector = history, collector
+    def __init__(self, history: History, collector, prepare=None):
+        self.history, self.collector, self.prepare = history, collector, prepare
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shadow-history", daemon=True)
         self._failed = False
 
     def start(self) -> None:
+        """Start the thread (once)."""
         if self._thread.ident is None:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread, waiting at most STOP_JOIN_S for a sample in progress."""
         self._stop.set()
         if self._thread.ident is not None:
-            self._thread.join(5.0)
+            self._thread.join(STOP_JOIN_S)
 
     def sample(self) -> None:
         """One sample now (the thread's step; tests call it directly)."""
         try:
+            if self.prepare is not None:
+                self.prepare()
             self.history.add(flatten(self.collector))
         except Exception:                      # a sample lost, never the service
             if not self._failed:

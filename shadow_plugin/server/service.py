@@ -21,7 +21,7 @@ from ..step import ReaderConfig
 from ..tokenizer import load_tokenizer
 from .errors import NotReady
 from .facade import Shadow, narration_status
-from .history import History, Sampler
+from .history import EVERY_S_RANGE, MAX_SAMPLES, History, Sampler
 from .metrics import Collector
 from .narrator import Narrator
 from .router_journal import RouterJournal, load_profiles
@@ -48,12 +48,13 @@ def check_config(cfg: ServiceConfig) -> None:
         ReaderConfig(grid=cfg.grid)
     except ValueError as e:
         raise ValueError(f"SHADOW_GRID / --grid: {e}") from None
-    if not cfg.history_every_s > 0:
+    lo, hi = EVERY_S_RANGE
+    if not lo <= cfg.history_every_s <= hi:
         raise ValueError(f"SHADOW_HISTORY_S={cfg.history_every_s}: the dashboard's sampling "
-                         "interval must be a positive number of seconds")
-    if cfg.history_samples < 1:
-        raise ValueError(f"SHADOW_HISTORY_SAMPLES={cfg.history_samples}: keep at least one "
-                         "sample")
+                         f"interval must be within [{lo}, {hi}] s")
+    if not 1 <= cfg.history_samples <= MAX_SAMPLES:
+        raise ValueError(f"SHADOW_HISTORY_SAMPLES={cfg.history_samples}: keep 1 to "
+                         f"{MAX_SAMPLES} samples")
 
 
 class Service:
@@ -77,7 +78,9 @@ class Service:
         collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
         self.registry.register(collector)
         self.history = History(cfg.history_every_s, cfg.history_samples)
-        self.sampler = Sampler(self.history, collector)     # samples once the model is ready
+        self.sampler = Sampler(self.history, collector,    # samples once the model is ready
+                               prepare=lambda: self.state == "ready" and
+                               self.reader.refresh_disk_listing())
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
 
     def start(self) -> None:

@@ -109,6 +109,9 @@ class ShadowEndpoint:
         while True:
             reply = await self.call_async("metrics", {})
             self.metrics = reply[1] if reply[0] == "ok" else None
-            self.history.add(flatten(self.collector))
+            try:
+                self.history.add(flatten(self.collector))
+            except Exception:                # a sample lost; the refresh goes on
+                log.exception("shadow: a history sample failed")
             not_running = reply[0] == "error" and reply[2][0] == NOT_RUNNING
             await asyncio.sleep(METRICS_IDLE_S if not_running else METRICS_EVERY_S)
