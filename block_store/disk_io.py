@@ -121,6 +121,8 @@ def load_entry(store: PageStore, key: bytes, line: int):
     """(states per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32) on the spec's
     device, kind) of the GDN entry `key` on disk, which must be at grid line `line`. Raises
     RefusedFile (DiskStore.read_entry's reasons, and 'line' for an entry at another line)."""
+    if store.spill is not None:          # an eviction's write of it still queued
+        store.spill.wait_entry(key)
     found, states, kind = store.disk.read_entry(key)
     if found != line:
         raise RefusedFile("line", f"the entry is at {found}, its key at {line}",

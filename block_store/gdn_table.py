@@ -11,6 +11,7 @@ recently used first. On the 0.8B an entry is about 19 MB, three 512-row KV pages
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .layout import GdnState, clone_gdn
@@ -30,18 +31,15 @@ class GdnEntry:
     hits: int = 0
 
     @property
-    def loose_bytes(self) -> int:
-        """Bytes of the unreferenced entries (what `evict` may drop)."""
-        return sum(e.nbytes for e in self.entries.values() if e.refs == 0)
-
-    @property
     def nbytes(self) -> int:
         return sum(c.nbytes + r.nbytes for c, r in self.states)
 
 
 class GdnTable:
     """Entries by key, in LRU order (most recent last). budget_bytes: the most bytes its
-    unreferenced entries may keep in all (`evict`); referenced ones are never evicted."""
+    unreferenced entries may keep in all (`evict`); referenced ones are never evicted.
+    `on_evict` (None: nothing): called with each entry `evict` drops, just before (the disk
+    tier writes it: spill.Spill.entry); it must not raise or change the table."""
 
     def __init__(self, budget_bytes: int):
         if budget_bytes < 0:
@@ -49,6 +47,7 @@ class GdnTable:
         self.budget_bytes = budget_bytes
         self.entries: OrderedDict[bytes, GdnEntry] = OrderedDict()
         self.num_evicted = 0
+        self.on_evict: Callable[[GdnEntry], None] | None = None
 
     def get(self, key: bytes) -> GdnEntry | None:
         """The entry for `key` (made the most recently used), or None."""
@@ -84,6 +83,8 @@ class GdnTable:
         for e in loose:
             if held - freed <= budget:
                 break
+            if self.on_evict is not None:
+                self.on_evict(e)
             del self.entries[e.key]
             freed += e.nbytes
             self.num_evicted += 1

@@ -19,6 +19,7 @@ from .keys import next_key
 from .kv_pool import KvPool, PagedKv
 from .layout import GdnState, StateSpec
 from .pool import Page, PoolFull
+from .spill import Spill
 
 
 @dataclass
@@ -44,7 +45,9 @@ class PageStore:
     gdn_budget_bytes (what unreferenced GDN entries may keep); num_pages: pages allocated up
     front (on CUDA the table asks for what the resident cap holds, so that no chunk pays for
     copying the pool into a larger one); disk: the disk tier (None: none). More pages are
-    added as needed (`allocate`); the caller (table.SessionTable) keeps the cap."""
+    added as needed (`allocate`); the caller (table.SessionTable) keeps the cap. With a disk,
+    `spill` (spill.Spill) writes a cached page before its memory is reused and a loose GDN
+    entry before it is evicted, by key, unless the disk holds them (None without a disk)."""
 
     def __init__(self, spec: StateSpec, grid: int, root: bytes, gdn_budget_bytes: int,
                  num_pages: int = 0, disk: DiskStore | None = None):
@@ -52,6 +55,10 @@ class PageStore:
         self.pool = KvPool(spec, grid, num_pages)
         self.gdn = GdnTable(gdn_budget_bytes)
         self.counters = PageCounters()
+        self.spill = Spill(disk, self.pool) if disk is not None else None
+        if self.spill is not None:
+            self.pool.manager.on_reuse = self.spill.page
+            self.gdn.on_evict = self.spill.entry
 
     @property
     def manager(self):
@@ -84,6 +91,18 @@ class PageStore:
 
     def take_pages(self, pages: list[Page]) -> list[Page]:
         return [self.manager.take(p) for p in pages]
+
+    def page_on_disk(self, key: bytes) -> bool:
+        """Whether page `key`'s file is on disk (one stat), once its queued spill is written."""
+        if self.spill is not None:
+            self.spill.wait_page(key)
+        return self.disk.has_page(key)
+
+    def entry_on_disk(self, key: bytes, look: bool = False) -> bool:
+        """DiskStore.has_entry, once entry `key`'s queued spill is written."""
+        if self.spill is not None:
+            self.spill.wait_entry(key)
+        return self.disk.has_entry(key, look=look)
 
 
 @dataclass
@@ -128,7 +147,7 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
         else:
             key = store.key_after(keys, prompt[i * g:end])
             page = pool.lookup(key, prompt[i * g:end])
-            if page is None and (disk is None or not disk.has_page(key)):
+            if page is None and (disk is None or not store.page_on_disk(key)):
                 break
         pages.append(page)
         keys.append(key)
@@ -140,8 +159,8 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
                 best = Resume(end, list(pages), list(keys), entry)
     if disk is not None:                 # a deeper state on disk, deepest first
         for n in range(len(pages), best.line // g, -1):     # a stat only above pages on disk
-            if keys[n - 1] not in gdn.entries and disk.has_entry(keys[n - 1],
-                                                                 look=pages[n - 1] is None):
+            if keys[n - 1] not in gdn.entries and store.entry_on_disk(keys[n - 1],
+                                                                      look=pages[n - 1] is None):
                 best = Resume(n * g, pages[:n], keys[:n], keys[n - 1])
                 break
     best.matched = len(pages) * g

@@ -7,7 +7,7 @@ same prefix finds it). Bookkeeping only: no tensors (the pool's tensors are inde
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -28,7 +28,10 @@ class Page:
 
 
 class PagePool:
-    """Args: num_pages (>= 0; `grow` adds more). Raises ValueError for a bad count."""
+    """Args: num_pages (>= 0; `grow` adds more). Raises ValueError for a bad count.
+    `on_reuse` (None: nothing): called with a cached page (keyed, unreferenced) just before it
+    forgets its content, while its key, ids and memory are still its own (the disk tier writes
+    it there: spill.Spill.page); it must not raise or change the pool."""
 
     def __init__(self, num_pages: int):
         if num_pages < 0:
@@ -36,6 +39,7 @@ class PagePool:
         self.pages = [Page(i) for i in range(num_pages)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_pages))
         self.by_key: dict[bytes, int] = {}
+        self.on_reuse: Callable[[Page], None] | None = None
 
     def grow(self, num_pages: int) -> None:
         """Hold `num_pages` pages: the new ones join the free queue's least recent end (used
@@ -70,8 +74,11 @@ class PagePool:
             raise PoolFull(f"all {len(self.pages)} pages are in use")
         index, _ = self.free.popitem(last=False)
         page = self.pages[index]
-        if page.key is not None and self.by_key.get(page.key) == index:
-            del self.by_key[page.key]
+        if page.key is not None:
+            if self.on_reuse is not None:
+                self.on_reuse(page)
+            if self.by_key.get(page.key) == index:
+                del self.by_key[page.key]
         page.key, page.ids, page.refs = None, None, 1
         return page
 
@@ -116,13 +123,15 @@ class PagePool:
                 self.free.move_to_end(page.index, last=False)
 
     def forget_cached(self) -> int:
-        """Every free page forgets the content it kept (as if reused): only referenced pages
-        (and the disk tier) still hold what was read. Returns the pages forgotten. For tests
-        and benchmarks of the disk tier."""
+        """Every free page forgets the content it kept (as if reused, `on_reuse` called
+        first): only referenced pages (and the disk tier) still hold what was read. Returns
+        the pages forgotten. For tests and benchmarks of the disk tier."""
         n = 0
         for i in self.free:
             page = self.pages[i]
             if page.key is not None:
+                if self.on_reuse is not None:
+                    self.on_reuse(page)
                 if self.by_key.get(page.key) == i:
                     del self.by_key[page.key]
                 page.key, page.ids, n = None, None, n + 1

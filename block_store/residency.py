@@ -7,11 +7,11 @@ in use is parked: its pages, its states at C and its checkpoints' entries writte
 tier (disk.DiskStore, by key: what is on disk already is not written again) and then its
 manifest (disk_io.save_session); without a disk, or when the write fails, it is dropped (its
 ids stay). Either way its pages and entries go back to the page store, cached and findable by
-key until reused, and its states at C stay there as an unreferenced entry, so a restore soon
-after finds them in memory. A restore resumes the session's ids through the one lookup
-(checkpoints.resume: memory, then disk), so it lands at the deepest line still held. The disk
-keeps its TTL and byte cap (DiskStore.sweep); a refused file is set aside under
-disk_dir/refused/, counted and logged.
+key until reused (with a disk, written first: spill.Spill), and its states at C stay there as an
+unreferenced entry, so a restore soon after finds them in memory. A
+restore resumes the session's ids through the one lookup (checkpoints.resume: memory, then
+disk), so it lands at the deepest line still held. The disk keeps its TTL and byte cap
+(DiskStore.sweep); a refused file is set aside under disk_dir/refused/, counted and logged.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ class Residency:
                 self.counters.write_errors += 1
         if path is not None:
             self.counters.spills += 1
-            self._maybe_sweep(keep={path})
+            self.upkeep(keep={path})
         else:
             self.counters.drops += 1
         if st.committed:                 # findable while memory allows (a restore soon after)
@@ -269,10 +269,10 @@ class Residency:
         return listed[1] if listed else None
 
     # -- the disk -------------------------------------------------------------------------------
-    def _maybe_sweep(self, keep: set[Path]) -> None:
+    def upkeep(self, keep: set[Path] = frozenset()) -> None:
         """Sweep when the folder is past disk_bytes (by DiskStore's counts, which list the
-        folder at most every few seconds) or the last sweep is SWEEP_EVERY_S old: a park
-        does not list the whole folder."""
+        folder at most every few seconds) or the last sweep is SWEEP_EVERY_S old: a park, or
+        a spill of evicted pages (SessionTable.settle), does not list the whole folder."""
         over = self.cfg.disk_bytes is not None and \
             self.disk.counts()["bytes"] > self.cfg.disk_bytes
         if over or time.monotonic() - self._swept_at > SWEEP_EVERY_S:

@@ -70,8 +70,14 @@ class SessionTable:
         return self.get(sid)
 
     def settle(self, keep: str | None) -> None:
-        """Keep resident bytes within the cap, sparing the session in use."""
+        """Keep resident bytes within the cap, sparing the session in use; when evicted pages
+        or GDN entries were written to disk since, the disk's cap and TTL (Residency's sweep,
+        when due)."""
         self.residency.make_room(self.resident, keep)
+        spill = self.store.spill
+        if spill is not None and spill.wrote:
+            spill.wrote = False
+            self.residency.upkeep()
 
     def names(self) -> list[str]:
         """Resident session ids, most recently used first, then parked ones."""
@@ -143,8 +149,11 @@ class SessionTable:
         return self.residency.save_manifest(sid, st, stale)
 
     def close(self) -> None:
-        """A planned stop: park every resident session (written to disk when there is one)."""
+        """A planned stop: park every resident session (written to disk when there is one),
+        and wait for the evicted pages and entries still being written."""
         self.residency.close(self.resident)
+        if self.store.spill is not None:
+            self.store.spill.flush()
 
     def stats(self) -> dict:
         """Per session: residency ("resident", "disk" or "dropped"), bytes it references
@@ -181,6 +190,7 @@ class SessionTable:
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
-                "deleted_files": c.deleted_files, "write_errors": c.write_errors,
+                "deleted_files": c.deleted_files, "write_errors": c.write_errors + (
+                    self.store.spill.counters.write_errors if self.store.spill else 0),
                 "refused_sessions": [{"session": s, "file": p.name, "reason": why}
                                      for p, (s, why) in self.residency.unusable.items()]}

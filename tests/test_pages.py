@@ -44,22 +44,27 @@ op = st.one_of(
     st.tuples(st.just("park"), st.integers(0, 3)),
     st.tuples(st.just("evict_pages")),
     st.tuples(st.just("restart")),
+    st.tuples(st.just("drop"), st.integers(0, 3)),
 )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(op, min_size=3, max_size=10), seed=st.integers(0, 2**32 - 1),
-       disk=st.booleans())
-def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed, disk):
+       disk=st.booleans(), small=st.booleans())
+def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed, disk, small):
+    """`small`: a resident cap of about 9 pages of random:tiny, so sessions park, loose GDN
+    entries are evicted and cached pages reused by themselves (with a disk, written first);
+    `drop` deletes a session (its pages cached, its entries loose, nothing written)."""
     rng = random.Random(seed)
     disk_dir = tmp_path_factory.mktemp("d") if disk else None
-    reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir)
+    cap = {"resident_bytes": 600_000} if small else {}
+    reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir, **cap)
     prefix = _rand(5 * G, rng)
     cuts = [0, G - 1, G, G + 1, 2 * G + 30]                   # k G, k G - 1, k G + 1
-    names = []
+    names, made = [], 0
     for o in [("new", 3, 40), ("read", 0)] + ops:
         if o[0] == "new":
-            sid = f"s{len(names)}"
+            sid, made = f"s{made}", made + 1
             names.append(sid)
             reader.feed(sid, prefix[:cuts[o[1]]] + _rand(o[2] + 1, rng), "prompt")
         elif not names:
@@ -90,8 +95,11 @@ def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed,
         elif o[0] == "restart" and disk:     # a planned stop, then a new reader on the folder
             held = {s: reader.ids(s) for s in names}
             reader.close()
-            reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir)
+            reader = Reader(tiny, grid=G, max_checkpoints=2, disk_dir=disk_dir, **cap)
             assert {s: reader.ids(s) for s in names} == held
+        elif o[0] == "drop":
+            reader.drop(sid)
+            names.remove(sid)
         check_refs(reader)
         for s in names:
             assert reader.check_exact(s)

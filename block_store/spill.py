@@ -1,0 +1,162 @@
+"""What memory forgets goes to the disk tier first (issue 16, item 6): a cached page
+(unreferenced, keyed) whose memory the block manager hands out again (pool.PagePool.allocate),
+and a loose GDN entry the table evicts (gdn_table.GdnTable.evict), are written by key
+(disk.DiskStore.write_page / write_entry) unless the disk holds them already, so a later
+prompt with that prefix, in any session or any process on the folder, resumes from disk
+through the one lookup (pages.find_resume).
+
+What must happen before the memory is reused happens in the caller's thread: a page's rows are
+copied off the device (kv_pool.pages_to_cpu: kv [num_attention, 2, G, Hkv, D] in the pool's
+dtype; 6.3 MB a page on the 0.8B), an entry's states (per GDN layer conv [conv_dim, W] and
+recurrent [HV, K, V] fp32, never changed once stored; the evicted entry is referenced by
+nothing else) are copied to the CPU (no copy when they are there already). The file is written
+by one background thread; at most `max_pending` writes are queued (a caller past it waits for
+the oldest), so the host memory held is bounded. A page's content is a pure function of its
+key, so a write raced by another writer of the same key (a park, another process) leaves the
+same bits (files.atomic_save renames whole files). A failed write is logged and counted
+(`counters.write_errors`), never raised into a read. Without a disk there is no Spill: nothing
+is copied or written.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .disk import DiskStore
+from .gdn_table import GdnEntry
+from .kv_pool import KvPool, pages_to_cpu
+from .pool import Page
+
+log = logging.getLogger(__name__)
+MAX_PENDING = 16      # writes queued at most (about 100 MB of pages on the 0.8B)
+
+
+@dataclass
+class SpillCounters:
+    """Since start: pages and GDN entries written on eviction (files that existed already are
+    not counted), writes that failed."""
+
+    pages: int = 0
+    entries: int = 0
+    write_errors: int = 0
+
+
+class Spill:
+    """Args: disk (the disk tier); pool (the KV pool whose pages are evicted); max_pending (>= 1,
+    writes queued at most). Hooked into the block manager (PagePool.on_reuse) and the GDN table
+    (GdnTable.on_evict) by pages.PageStore. Not thread-safe: called under the reader's lock."""
+
+    def __init__(self, disk: DiskStore, pool: KvPool, max_pending: int = MAX_PENDING):
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.disk, self.pool, self.max_pending = disk, pool, max_pending
+        self.counters = SpillCounters()
+        self.wrote = False                   # something written since the owner last looked
+        self._pages: dict[bytes, Future] = {}
+        self._entries: dict[bytes, Future] = {}
+        self._queue: deque[tuple[dict, bytes, Future]] = deque()
+        self._threads: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()        # the counters, shared with the writer thread
+
+    # -- what memory forgets --------------------------------------------------------------------
+    def page(self, page: Page) -> None:
+        """Before `page`'s memory is reused: its content, when keyed, queued for writing under
+        its key with its ids, unless its file exists (its time is renewed then) or its write is
+        queued. Never raises."""
+        key = page.key
+        if key is None or self._queued(self._pages, key):
+            return
+        try:
+            if self.disk.keep_page(key):
+                return
+            rows = pages_to_cpu(self.pool, [page.index])[0]
+        except Exception as e:             # a folder gone, a device error: the read goes on
+            self._failed("page", key, e)
+            return
+        self._submit(self._pages, key, self.disk.write_page, key, page.ids, rows)
+
+    def entry(self, entry: GdnEntry) -> None:
+        """Before `entry` leaves the GDN table: its states, line and kind queued for writing
+        under its key, unless the disk's index holds it or its write is queued. Never raises."""
+        key = entry.key
+        if self._queued(self._entries, key):
+            return
+        try:
+            if self.disk.has_entry(key):
+                return
+            states = [(c.to("cpu"), r.to("cpu")) for c, r in entry.states]
+        except Exception as e:
+            self._failed("GDN entry", key, e)
+            return
+        self._submit(self._entries, key, self.disk.write_entry, key, entry.line, states,
+                     entry.kind)
+
+    # -- waiting --------------------------------------------------------------------------------
+    def wait_page(self, key: bytes) -> None:
+        """Return once page `key`'s queued write (if any) is done (a lookup by file)."""
+        fut = self._pages.get(key)
+        if fut is not None:
+            fut.result()
+
+    def wait_entry(self, key: bytes) -> None:
+        """Return once entry `key`'s queued write (if any) is done."""
+        fut = self._entries.get(key)
+        if fut is not None:
+            fut.result()
+
+    def flush(self) -> None:
+        """Return once every queued write is done (a planned stop; tests)."""
+        while self._queue:
+            self._pop()
+
+    def close(self) -> None:
+        """flush, then stop the writer thread (a later write starts another)."""
+        self.flush()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+
+    # -- inside ---------------------------------------------------------------------------------
+    @staticmethod
+    def _queued(pending: dict[bytes, Future], key: bytes) -> bool:
+        fut = pending.get(key)
+        return fut is not None and not fut.done()
+
+    def _pop(self) -> None:
+        pending, key, fut = self._queue.popleft()
+        fut.result()                         # _write never raises
+        if pending.get(key) is fut:
+            del pending[key]
+
+    def _submit(self, pending: dict, key: bytes, fn, *args) -> None:
+        while self._queue and (self._queue[0][2].done() or
+                               len(self._queue) >= self.max_pending):
+            self._pop()
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(1, thread_name_prefix="shadow-spill")
+        fut = self._threads.submit(self._write, pending is self._pages, key, fn, args)
+        pending[key] = fut
+        self._queue.append((pending, key, fut))
+
+    def _write(self, is_page: bool, key: bytes, fn, args) -> None:
+        try:
+            wrote = fn(*args)
+        except Exception as e:
+            self._failed("page" if is_page else "GDN entry", key, e)
+            return
+        with self._lock:
+            if wrote:
+                self.wrote = True
+                if is_page:
+                    self.counters.pages += 1
+                else:
+                    self.counters.entries += 1
+
+    def _failed(self, what: str, key: bytes, e: Exception) -> None:
+        log.warning("could not write evicted %s %s to disk (%s: %s)", what, key.hex()[:16],
+                    type(e).__name__, e)
+        with self._lock:
+            self.counters.write_errors += 1
