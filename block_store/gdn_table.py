@@ -56,13 +56,15 @@ class GdnTable:
             self.entries.move_to_end(key)
         return entry
 
-    def put(self, key: bytes, line: int, states: GdnState, kind: str = "checkpoint") -> GdnEntry:
+    def put(self, key: bytes, line: int, states: GdnState, kind: str = "checkpoint",
+            owned: bool = False) -> GdnEntry:
         """The entry for `key`, stored now as a copy of `states` (marked `kind`) unless held
         already (the states at one key are the same bits whoever computed them), with one
-        more reference."""
+        more reference. `owned`: `states` are handed over, stored without a copy (the caller
+        gives them up: nothing may change them in place afterwards)."""
         entry = self.get(key)
         if entry is None:
-            entry = GdnEntry(key, line, clone_gdn(states), kind=kind)
+            entry = GdnEntry(key, line, states if owned else clone_gdn(states), kind=kind)
             self.entries[key] = entry
         entry.refs += 1
         return entry

@@ -8,7 +8,7 @@ tier (disk.DiskStore, by key: what is on disk already is not written again) and 
 manifest (disk_io.save_session); without a disk, or when the write fails, it is dropped (its
 ids stay). Either way its pages and entries go back to the page store, cached and findable by
 key until reused (with a disk, written first: spill.Spill), and its states at C stay there as an
-unreferenced entry, so a restore soon after finds them in memory. A
+unreferenced entry (handed over, not copied), so a restore soon after finds them in memory. A
 restore resumes the session's ids through the one lookup (checkpoints.resume: memory, then
 disk), so it lands at the deepest line still held. The disk keeps its TTL and byte cap
 (DiskStore.sweep); a refused file is set aside under disk_dir/refused/, counted and logged.
@@ -172,9 +172,9 @@ class Residency:
             self.upkeep(keep={path})
         else:
             self.counters.drops += 1
-        if st.committed:                 # findable while memory allows (a restore soon after)
+        if st.committed:                 # findable while memory allows; handed over, not copied
             gdn = self.store.gdn
-            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state"))
+            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True))
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
                                   dict(st.pending_lines), st.shared_line, st.stale,

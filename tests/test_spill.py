@@ -1,7 +1,8 @@
 """What memory forgets goes to disk first (issue 16, item 6; block_store/spill.py): a cached page
 whose memory is reused and a loose GDN entry evicted are written by key, so a later prompt
 with that prefix (another reader on the folder too) resumes from disk, exact; nothing is
-written without a disk; a failed write is counted and the read goes on."""
+written without a disk; a failed write is counted and the read goes on; a park hands its
+states over to the GDN table instead of copying them."""
 import random
 import time
 
@@ -147,3 +148,26 @@ def test_the_write_behind_is_bounded(tiny, tmp_path, monkeypatch):
     r.close()                                    # a planned stop waits for the writes
     assert seen and max(seen) <= 2
     assert all(r.table.store.disk.has_page(k) for k in keys)
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_park_hands_its_states_over_without_a_copy(tiny, tmp_path, disk):
+    """The states at C of a parked session become the GDN table's entry as they are (the
+    same tensors; nothing changes them: reads return new states); the restore resumes from a
+    copy of them, exact."""
+    rng = random.Random(6)
+    r = _reader(tiny, tmp_path if disk else None)
+    r.feed("a", _rand(6 * G + 5, rng), "prompt")
+    r.read("a", max_chunks=2)                    # C = 2 G: no checkpoint or tip entry there
+    st = r.table.resident["a"]
+    key, gdn = st.keys[-1], list(st.gdn)
+    assert key not in r.table.store.gdn.entries
+    r.table.residency.park(r.table.resident, "a")
+    entry = r.table.store.gdn.entries[key]
+    assert entry.kind == "state" and entry.line == 2 * G and entry.refs == 0
+    assert all(a is c and b is d for (a, b), (c, d) in zip(entry.states, gdn))
+    assert r.committed("a") == 2 * G             # restored: memory's pages and entry
+    back = r.table.resident["a"]
+    assert all(a is not c for (a, _), (c, _) in zip(back.gdn, entry.states))
+    r.read("a")
+    assert r.check_exact("a")
