@@ -32,7 +32,7 @@ import xxhash
 from safetensors import safe_open
 
 from . import disk_upkeep as upkeep
-from .files import FileIdentity, RefusedFile, atomic_save, checksum
+from .files import FileIdentity, RefusedFile, atomic_save, checksum, difference
 from .keys import identity_key
 from .layout import GdnState
 from .manifest import Manifest, from_meta, to_meta
@@ -201,7 +201,7 @@ class DiskStore:
                                         f"expected {FORMAT!r} {kind!r}", path)
         for name, want in self.ident.as_meta().items():
             if meta.get(name) != want:
-                raise RefusedFile(name, f"the file's {name} differs from this reader's", path)
+                raise RefusedFile(name, difference(name, meta.get(name), want), path)
         try:
             sums, want = json.loads(meta["checksums"]), json.loads(meta["layout"])
         except (KeyError, ValueError) as e:

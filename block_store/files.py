@@ -5,6 +5,7 @@ manifests) are disk.DiskStore's.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -74,3 +75,19 @@ def atomic_save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, st
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def difference(name: str, theirs: str | None, ours: str) -> str:
+    """Why a file's identity field `name` is not this reader's: for a JSON object (the model
+    config) the keys that differ with both values, else both values (each cut at 80
+    characters)."""
+    try:
+        a, b = json.loads(theirs), json.loads(ours)
+    except (TypeError, ValueError):
+        a = b = None
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        shown = "; ".join(f"{k}: {a.get(k)!r} here {b.get(k)!r}" for k in keys[:5])
+        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        return f"the file's {name} differs from this reader's in {shown}{more}"
+    return f"the file's {name} is {str(theirs)[:80]!r}, this reader's {str(ours)[:80]!r}"

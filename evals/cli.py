@@ -193,11 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--scheme", choices=["causal", "conditional"], default="causal",
                     help="tensor names of Qwen3_5ForCausalLM or ...ForConditionalGeneration")
     ep.set_defaults(func=_export)
-    sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)")
+    from shadow_plugin.settings import help_text
+    sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)", epilog=help_text(),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
     sp.add_argument("--device", choices=["cpu", "cuda"])
-    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; "
+                    "another without a key gets a warning)")
+    sp.add_argument("--port", type=_port, default=8765, help="1-65535 (default 8765)")
+    sp.add_argument("--threads", type=int, help="SHADOW_THREADS: torch's CPU threads")
     sp.add_argument("--api-key", help="require this bearer key on every route but /healthz "
                     "and the dashboard's page (SHADOW_API_KEY keeps it out of ps)")
     sp.add_argument("--grid", type=int)
@@ -211,18 +215,41 @@ def _export(args) -> int:
     return 0
 
 
+def _threads() -> int:
+    """SHADOW_THREADS, else config.default_threads() (half the cores). ValueError for a value
+    that is not a positive number."""
+    from shadow_plugin.config import default_threads
+    raw = os.environ.get("SHADOW_THREADS")
+    if raw is None:
+        return default_threads()
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"SHADOW_THREADS={raw!r}: a number of threads, 1 or more")
+    return int(raw)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port {text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port {port}: must be within 1-65535")
+    return port
+
+
 def _serve(args) -> int:
     import uvicorn
 
     from shadow_plugin.config import ServiceConfig
     from shadow_plugin.server.app import create_app
+    from shadow_plugin.server.startup import bind_check, startup_line
     cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
                                                   api_key=args.api_key, grid=args.grid,
-                                                  bind_host=args.host)
-    app = create_app(cfg)
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"shadow-reader: dashboard at http://{shown}:{args.port}/v1/shadow/dashboard",
-          file=sys.stderr, flush=True)
+                                                  bind_host=args.host, threads=args.threads)
+    app = create_app(cfg)                   # every setting checked: ValueError -> exit 2
+    bind_check(args.host, args.port)        # the port taken or not ours: exit 2, no traceback
+    for line in startup_line(cfg, args.host, args.port):
+        print(f"shadow-reader: {line}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
@@ -287,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     try:
+        torch.set_num_threads(_threads())      # torch would take every core (SHADOW_THREADS)
         if argv[:1] == ["prefix-hits"]:        # its own options: evals/prefix_share.py
             from .prefix_share import main as prefix_hits
             return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")

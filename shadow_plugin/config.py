@@ -4,7 +4,10 @@ SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW
 and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK
 ("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
 SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTORY_S (the
-dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size); the scheduler's
+dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
+SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
+most ids a question reads first), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), SHADOW_THREADS
+(torch's CPU threads); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
 kernel configs, read where fla is loaded: model.kernels, model.autotune). Every
@@ -37,6 +40,25 @@ def _num(env, key: str, default, kind=float):
         raise ValueError(f"SHADOW_{key}={raw!r} is not a number") from None
 
 
+def _catchup(env) -> int | None:
+    """SHADOW_ASK_MAX_CATCHUP_TOKENS: ids, or "none" for no bound (default 131,072)."""
+    raw = _get(env, "ASK_MAX_CATCHUP_TOKENS")
+    if raw is not None and raw.strip().lower() == "none":
+        return None
+    return _num(env, "ASK_MAX_CATCHUP_TOKENS", 131_072, int)
+
+
+def default_threads() -> int:
+    """torch's CPU threads when none are set: half the cores this process may use (at least
+    1): torch takes every core by default, which a busy machine pays for many times over (the
+    README's replay took 91.6 s against 11.7 s with one thread on a loaded 2-core machine)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                 # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
@@ -45,7 +67,11 @@ class ServiceConfig:
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
     served; on a loopback address the Host header must name the loopback); history_every_s,
     history_samples: the dashboard's history (server.history.History: one sample every
-    history_every_s s, the last history_samples kept)."""
+    history_every_s s, the last history_samples kept); ask_workers, ask_queue: questions run at
+    once and waiting for a worker (server.ask_pool.AskPool); ask_max_catchup_tokens: the most
+    ids a question may read before its forward (None: no bound); max_positions_policy:
+    "refuse" a prompt past the model's positions, or "cap" it (the session holds the first
+    max positions); threads: torch's CPU threads (default_threads())."""
 
     model: str = ""
     device: str = ""
@@ -62,6 +88,11 @@ class ServiceConfig:
     bind_host: str = "127.0.0.1"
     history_every_s: float = 1.0
     history_samples: int = 3600
+    ask_workers: int = 2
+    ask_queue: int = 32
+    ask_max_catchup_tokens: int | None = 131_072
+    max_positions_policy: str = "refuse"
+    threads: int | None = None
 
     @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":
@@ -80,6 +111,11 @@ class ServiceConfig:
                    profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,
                    history_every_s=_num(env, "HISTORY_S", 1.0),
                    history_samples=int(_num(env, "HISTORY_SAMPLES", 3600, int)),
+                   ask_workers=_num(env, "ASK_WORKERS", 2, int),
+                   ask_queue=_num(env, "ASK_QUEUE", 32, int),
+                   ask_max_catchup_tokens=_catchup(env),
+                   max_positions_policy=(_get(env, "MAX_POSITIONS_POLICY") or "refuse").strip(),
+                   threads=_num(env, "THREADS", None, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 
     def with_overrides(self, **kw) -> "ServiceConfig":

@@ -13,6 +13,7 @@ from shadow_plugin.config import ServiceConfig
 from shadow_plugin.embedded import EmbeddedShadow, StepInfo
 from shadow_plugin.follow import FINISH, OUTPUT, START, Follower, RequestEvent, RequestTracker
 from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.server.ask_pool import AskPool
 from shadow_plugin.server.remote import RemoteService
 from shadow_plugin.server.routes import question_router
 
@@ -47,14 +48,17 @@ class _Door:
     def __init__(self, reader):
         self.reader, self.calls = reader, []
 
-    def turn(self, session, ids, profile, label):
+    def turn(self, session, ids, profile, label, require_durable=True):
+        assert not require_durable                    # an engine's events: no host retries
         self.calls.append(("turn", session))
         self.reader.feed(session, ids, "prompt")
 
-    def output(self, session, ids):
+    def output(self, session, ids, require_durable=True):
+        assert not require_durable
         self.reader.feed(session, ids, "output")
 
-    def end(self, session):
+    def end(self, session, require_durable=True):
+        assert not require_durable
         self.calls.append(("end", session))
 
 
@@ -181,7 +185,7 @@ def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embe
     t.finish("r", [5])
     _step(emb, t.take(), (), False)
     app = FastAPI()
-    app.include_router(question_router(RemoteService(emb.call)))
+    app.include_router(question_router(RemoteService(emb.call), AskPool(2, 4)))
     with TestClient(app) as c:
         r = c.post("/v1/shadow/ask", json={"session": "q", "question": "Code?",
                                            "choices": ["yes", "no"], "wait": True,

@@ -267,8 +267,9 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     finally:
         svc.host.lock = lock
     assert r.status_code == 200, r.text
-    # C at each hold: the ids check, then one chunk a hold, then the ask with nothing to read
-    assert holds[:5] == [0, 0, G, 2 * G, 3 * G] and set(holds[5:]) == {3 * G}
+    # C at each hold: the ids check, the catch-up's size (within its bound), then one chunk a
+    # hold, then the ask with nothing to read
+    assert holds[:6] == [0, 0, 0, G, 2 * G, 3 * G] and set(holds[6:]) == {3 * G}
     assert r.json()["num_forwarded_tokens"] < 2 * G                      # the tail + question
     assert svc.reader.committed("cu") == 3 * G
     # below C: the scratch re-read from 0 to the line, one chunk a hold, then the ask
@@ -289,7 +290,7 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     finally:
         svc.host.lock = lock
     assert r.status_code == 200, r.text
-    assert holds[:5] == [None, None, G, 2 * G, 2 * G], holds
+    assert holds[:6] == [None, None, None, G, 2 * G, 2 * G], holds
     with lock:
         want = svc.reader.ask("cu", "q", ["a", "b"], at=2 * G + 5)      # all under one hold
     assert r.json()["probs"] == list(want.probs) and "cu" not in svc.reader._scratch

@@ -22,6 +22,7 @@ from ..config import ServiceConfig
 from ..conflicts import Conflict
 from ..renderer import Renderer
 from . import errors, schemas
+from .ask_pool import AskPool
 from .dashboard import PAGE_PATHS, dashboard_router
 from .docs import add_docs
 from .errors import NotDurable, NotReady, WaitTimeout
@@ -40,6 +41,7 @@ ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad s
           403: {"description": "a cross-origin request, or a Host other than the loopback's on "
                             "a loopback bind"},
           413: {"description": "body or id list over the limit"},
+          429: {"description": "the question pool and its queue are full (Retry-After)"},
           415: {"description": "a body not declared application/json"},
           503: {"description": "the model is loading, or the disk refused the session's "
                             "manifest (Retry-After)"},
@@ -55,6 +57,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     async def lifespan(app):
         svc.start()
         yield
+        app.state.ask_pool.close()
         svc.close()
 
     # The Guard enforces the key; the scheme documents it (and gives /docs its Authorize button).
@@ -73,10 +76,13 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
-        """422 naming each field, without echoing the (possibly huge) input back."""
+        """422 naming each field, without echoing the (possibly huge) input back: `detail` a
+        line as for every other error, `errors` the fields one by one."""
         found = [{"loc": e.get("loc"), "msg": str(e.get("msg"))[:200], "type": e.get("type")}
                   for e in exc.errors()[:20]]
-        return JSONResponse({"detail": found}, 422)
+        line = "; ".join(f"{'.'.join(str(x) for x in f['loc'] or ())}: {f['msg']}"
+                         for f in found)
+        return JSONResponse({"detail": line, "errors": found}, 422)
 
     @app.exception_handler(NotReady)
     @app.exception_handler(NotDurable)
@@ -113,7 +119,8 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.post("/v1/shadow/sessions/{sid}/output", response_model=schemas.FeedOut)
     def output(body: schemas.OutputIn, sid: str = Depends(session_id)):
-        return feed_out(svc.require().output(sid, check_ids(body.ids, "ids"), body.position))
+        fed = svc.require().output(sid, check_ids(body.ids, "ids"), body.position)
+        return schemas.FeedOut(followed=False) if fed is None else feed_out(fed)
 
     @app.post("/v1/shadow/sessions/{sid}/round", response_model=schemas.SliceOut)
     def between_rounds(sid: str = Depends(session_id)):
@@ -123,8 +130,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     @app.post("/v1/shadow/sessions/{sid}/end")
     def end(sid: str = Depends(session_id)):
-        svc.require().end(sid)
-        return {"ended": sid}
+        return {"ended": sid, "followed": svc.require().end(sid)}
 
     @app.delete("/v1/shadow/sessions/{sid}")
     def delete(sid: str = Depends(session_id)):
@@ -136,7 +142,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         svc.busy = body.busy
         return {"busy": svc.busy}
 
-    app.include_router(question_router(svc))   # ask, summarize, chat, status, sessions, ...
+    pool = AskPool(cfg.ask_workers, cfg.ask_queue)
+    app.state.ask_pool = pool
+    app.include_router(question_router(svc, pool))   # ask, summarize, chat, status, ...
     app.include_router(dashboard_router(svc.history))   # the page (no key) and its history
 
     @app.get("/metrics")
@@ -144,7 +152,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
         return PlainTextResponse(generate_latest(svc.registry).decode())
 
     @app.get("/healthz")
-    def healthz():
+    async def healthz():                     # in the event loop: no worker thread needed
         body = {"ok": svc.state != "failed", "state": svc.state, "stage": svc.stage}
         if svc.state == "failed":                # a load that failed is not a live service
             return JSONResponse({**body, "error": svc.error}, 503)

@@ -51,10 +51,11 @@ def dashboard_router(history: History) -> APIRouter:
                                            "X-Content-Type-Options": "nosniff"})
 
     for path in PAGE_PATHS:
-        r.add_api_route(path, page, methods=["GET", "HEAD"], response_class=HTMLResponse,
+        r.add_api_route(path, page, methods=["GET"], response_class=HTMLResponse,
                         include_in_schema=path == PAGE_PATHS[0],
                         summary="The live dashboard (a page; its data comes from the JSON "
                                 "routes)")
+        r.add_api_route(path, page, methods=["HEAD"], include_in_schema=False)
 
     @r.get("/v1/shadow/history")
     def history_route(since: float = Query(0.0, ge=0.0, description="unix time (s): only the "

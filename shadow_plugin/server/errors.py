@@ -4,7 +4,8 @@ handler for KeyError or ValueError would change vLLM's own routes): KeyError -> 
 session), ValueError -> 400 (a bad value), WaitTimeout -> 504 with the backlog, NotReady -> 503
 (Retry-After while the model loads, none after a failed load), NotDurable -> 503 (Retry-After:
 the disk refused a manifest), conflicts.Conflict -> 409 (a stale session, outputs at another
-position)."""
+position), CatchUpTooLong -> 409 with the backlog, Busy -> 429 with Retry-After, ClientGone ->
+499 (nobody reads it: the client left)."""
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
@@ -43,6 +44,28 @@ class NotDurable(Exception):
                     f"disk (SHADOW_DISK full or gone; see the log and write_errors): retry")
 
 
+class CatchUpTooLong(Exception):
+    """A question that would first read `need` ids, past the bound (SHADOW_ASK_MAX_CATCHUP_TOKENS):
+    refused before any reading (409 with the backlog), never answered from a partial read."""
+
+    def __init__(self, session: str, need: int, bound: int, backlog: int, committed: int):
+        super().__init__(session, need, bound, backlog, committed)
+        self.session, self.need, self.bound = session, need, bound
+        self.backlog, self.committed = backlog, committed
+
+
+class Busy(Exception):
+    """The question pool and its queue are full (429 with Retry-After, in s)."""
+
+    def __init__(self, why: str, retry_after_s: int = 1):
+        super().__init__(why, retry_after_s)
+        self.why, self.retry_after_s = why, retry_after_s
+
+
+class ClientGone(Exception):
+    """The client of a waiting or reading question disconnected: its work stops (499)."""
+
+
 def answer(exc: Exception) -> JSONResponse | None:
     """The HTTP answer to one of the shadow's errors, or None for any other exception."""
     if isinstance(exc, NotReady):
@@ -50,6 +73,17 @@ def answer(exc: Exception) -> JSONResponse | None:
             return JSONResponse({"detail": exc.why}, 503)
         return JSONResponse({"detail": f"model not ready: {exc}"}, 503,
                             headers={"Retry-After": "5"})
+    if isinstance(exc, CatchUpTooLong):
+        return JSONResponse({"detail": f"session {exc.session!r}: the question would first read "
+                             f"{exc.need} ids, over the bound of {exc.bound} "
+                             f"(SHADOW_ASK_MAX_CATCHUP_TOKENS): ask with `wait` once the reader "
+                             f"caught up, or ask at an earlier `at`", "backlog": exc.backlog,
+                             "committed": exc.committed, "need": exc.need}, 409)
+    if isinstance(exc, Busy):
+        return JSONResponse({"detail": exc.why}, 429,
+                            headers={"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, ClientGone):
+        return JSONResponse({"detail": "the client disconnected"}, 499)
     if isinstance(exc, NotDurable):
         return JSONResponse({"detail": exc.why}, 503, headers={"Retry-After": "5"})
     if isinstance(exc, Conflict):

@@ -2,48 +2,24 @@
 host interface's, which the idle loop takes for each chunk it reads), so no route touches the
 reader beside the idle thread. Existence checks look at a session's position (Reader.position)
 and restore nothing; a route that reads takes the lock one chunk at a time where it can
-(`catch_up`, `wait_for`), so a host's call waits at most one chunk.
+(`catch_up`), so a host's call waits at most one chunk. The question calls are in
+facade_questions.py; waiting asks wait in the event loop (waits.py), holding nothing.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-import xxhash
-
-from block_store import ExactnessError
-
+from .. import validate
 from ..conflicts import PositionMismatch, StaleSession
 from ..host import Host
 from ..reader import FeedResult
-from .errors import NotDurable, WaitTimeout
+from .errors import NotDurable
+from .facade_questions import QuestionCalls, ids_digest  # noqa: F401 (ids_digest: re-exported)
 from .narrator import Narrator
 from .router_journal import Profile, RouterJournal, insertion_point
 
-WAIT_POLL_S = 0.05          # how often a waiting ask looks at C
 ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
-
-
-def ids_digest(ids) -> str:
-    """xxh3-64 hex of the ids as int64 little-endian bytes."""
-    return xxhash.xxh3_64(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()
-
-
-def wait_for_line(position, why, grid: int, at: int | None, timeout_s: float) -> None:
-    """Block until C reaches the grid line at or below `at` (default: all the session's ids;
-    the idle window reads meanwhile), looking every WAIT_POLL_S: `position()` gives (ids held,
-    C), `why()` the reason for a 504. Raises WaitTimeout with the backlog when timeout_s passes
-    first, KeyError when the session goes away."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        n, c = position()
-        if c >= (n if at is None else at) // grid * grid:
-            return
-        if time.monotonic() > deadline:
-            raise WaitTimeout(n - c, c, why())
-        time.sleep(WAIT_POLL_S)
 
 
 def narration_status(narrator: Narrator, journal: RouterJournal) -> dict:
@@ -63,16 +39,23 @@ class Fed:
     committed: int
 
 
-class Shadow:
+class Shadow(QuestionCalls):
     """Args: host (the in-process host interface over the reader: its lock is the one lock);
-    journal, narrator: the service's router journal and narrator; profiles: name -> Profile."""
+    journal, narrator: the service's router journal and narrator; profiles: name -> Profile;
+    max_catchup_tokens: the most ids a question may read before its forward (None: no bound;
+    CatchUpTooLong past it); positions_policy: past the model's positions, "refuse" a turn or
+    output (ValueError) or "cap" it (the session holds the first ids that fit)."""
 
     def __init__(self, host: Host, journal: RouterJournal, narrator: Narrator,
-                 profiles: dict[str, Profile]):
+                 profiles: dict[str, Profile], max_catchup_tokens: int | None = None,
+                 positions_policy: str = "refuse"):
         self.host, self.reader = host, host.reader
+        self.max_catchup_tokens, self.positions_policy = max_catchup_tokens, positions_policy
+        self.max_positions = self.reader.adapter.max_positions
         self.journal, self.narrator, self.profiles = journal, narrator, profiles
         self.grid = self.reader.config.grid
         self.session_profiles: dict[str, Profile] = {}
+        self.unfollowed: set[str] = set()               # turned with a profile that is off
         self.turn_starts = {"true": 0, "false": 0}      # turns begun fresh (backlog < G) or not
         self.answers: deque = deque(maxlen=20)          # the last answers, for status
         self.last_answer: dict[str, dict] = {}          # each session's last answer
@@ -93,12 +76,24 @@ class Shadow:
         """(ids held, C) without restoring; KeyError (404) for an unknown session."""
         return self.reader.position(session)
 
+    def _fit(self, session: str, ids: list[int], start: int) -> list[int]:
+        """`ids` after `start` ids held, within the model's positions: all, or (policy "cap")
+        the first that fit. ValueError past them with the policy "refuse"."""
+        room = self.max_positions - start
+        if len(ids) <= room:
+            return ids
+        if self.positions_policy == "cap":
+            return ids[:max(room, 0)]
+        raise ValueError(f"session {session!r}: {start + len(ids)} ids would pass the model's "
+                         f"{self.max_positions} positions (SHADOW_MAX_POSITIONS_POLICY=refuse; "
+                         f"cap holds the first {self.max_positions})")
+
     def _fed(self, session: str, result: FeedResult) -> Fed:
         return Fed(result, *self._position(session))
 
     # -- host events ----------------------------------------------------------------------------
     def turn(self, session: str, ids: list[int], profile: str | None,
-             router_label: str | None) -> Fed | None:
+             router_label: str | None, require_durable: bool = True) -> Fed | None:
         """A new turn under its profile: None when the profile's mode is off (not followed);
         registers the router question at the insertion point when the profile asks for it.
         Raises ValueError for an unknown profile or bad ids (nothing changes), NotDurable when
@@ -107,7 +102,11 @@ class Shadow:
         if profile is not None and profile not in self.profiles:
             raise ValueError(f"unknown profile {profile!r}")
         prof = self.profiles.get(profile, Profile())
+        validate.token_ids(ids, self.reader.adapter.vocab_size, "prompt_ids")
         if not prof.mode:
+            with self.lock:
+                if not self.reader.knows(session):
+                    self.unfollowed.add(session)
             return None
         with self.lock:
             try:
@@ -115,32 +114,40 @@ class Shadow:
                 backlog = n - c
             except KeyError:
                 backlog = 0
+            ids = self._fit(session, ids, 0)
             result = self.host.turn_started(session, ids, profile, router_label)
             fresh = "true" if backlog < self.grid else "false"    # caught up when it began
             self.turn_starts[fresh] += 1
             self.session_profiles[session] = prof
+            self.unfollowed.discard(session)
             self.narrator.turn_started(session)
             if prof.router and len(ids) >= prof.router_min_tokens:
                 at = insertion_point(ids)
                 self.journal.expect(session, at, router_label, backlog)
                 self.host.question_at(session, at)
-            if result.durable is False:
+            if result.durable is False and require_durable:
                 raise NotDurable(session, "the turn is held in memory")
             return self._fed(session, result)
 
-    def output(self, session: str, ids: list[int], position: int | None = None) -> Fed:
+    def output(self, session: str, ids: list[int], position: int | None = None,
+               require_durable: bool = True) -> Fed | None:
         """Ids the host produced (after `position` ids, when given); queues a narration at each
         </think> when the profile asks. Raises PositionMismatch when the session holds another
         number of ids, StaleSession when it came back stale from a restart, NotDurable when
-        the manifest marking outputs could not be written (nothing is appended then)."""
+        the manifest marking outputs could not be written (nothing is appended then; not with
+        require_durable False: an engine's own events, which no host retries)."""
+        validate.token_ids(ids, self.reader.adapter.vocab_size, "ids")
         with self.lock:
+            if session in self.unfollowed and not self.reader.knows(session):
+                return None                  # its turn's profile has the shadow off
             start = self._position(session)[0]
             if position is not None and position != start:
                 raise PositionMismatch(session, position, start)
             if self.reader.stale(session):
                 raise StaleSession(session, start)
-            if self.reader.mark_outputs(session) is False:
+            if self.reader.mark_outputs(session) is False and require_durable:
                 raise NotDurable(session, "the outputs were not appended")
+            ids = self._fit(session, ids, start)
             result = self.host.output(session, ids)
             if self.session_profiles.get(session, Profile()).narrator:
                 self.narrator.on_output(session, start, list(ids))
@@ -159,24 +166,30 @@ class Shadow:
                 self.narrator.run_one(self.reader, session)
             return sl
 
-    def end(self, session: str) -> None:
-        """The turn ended (the session stays). Raises NotDurable when the reader has a disk
-        and the manifest holding all the session's ids could not be written."""
+    def end(self, session: str, require_durable: bool = True) -> bool:
+        """The turn ended (the session stays); False for a session not followed (its turn's
+        profile has the shadow off). Raises NotDurable when the reader has a disk and the
+        manifest holding all the session's ids could not be written."""
         with self.lock:
+            if session in self.unfollowed and not self.reader.knows(session):
+                return False
             self._position(session)
-            if not self.host.turn_finished(session) and self.reader.table.store.disk:
+            saved = self.host.turn_finished(session)
+            if not saved and self.reader.table.store.disk and require_durable:
                 raise NotDurable(session, "the turn's end is held in memory")
+            return True
 
     def delete(self, session: str) -> None:
         """Forget the session in the reader and the scheduler, its file included."""
         with self.lock:
             try:
                 self._position(session)
-            except KeyError:                 # listed as refused at start-up: unlisted
-                if self.reader.refused(session) is None:
+            except KeyError:                 # listed as refused at start-up, or not followed
+                if self.reader.refused(session) is None and session not in self.unfollowed:
                     raise
             self.host.forget(session)
             self.last_answer.pop(session, None)
+            self.unfollowed.discard(session)
 
     def narration(self, session: str) -> dict:
         with self.lock:
@@ -184,105 +197,6 @@ class Shadow:
             return {"session": session,
                     "narrations": list(self.narrator.narrations.get(session, [])),
                     "pending": sum(1 for s, _ in self.narrator.jobs if s == session)}
-
-    # -- questions ------------------------------------------------------------------------------
-    def fork_position(self, session: str, at: int | None) -> int:
-        """The position a question or summary forks at: `at`, or all the session's ids. KeyError
-        (404) for an unknown session, ValueError (400) for an `at` past its ids."""
-        with self.lock:
-            n = self._position(session)[0]
-        if at is not None and at > n:
-            raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
-        return n if at is None else at
-
-    def position(self, session: str) -> tuple[int, int]:
-        """(ids held, C) under the lock, restoring nothing; KeyError for an unknown session."""
-        with self.lock:
-            return self._position(session)
-
-    def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
-        """Block until the session's C reaches the grid line at or below `at` (wait_for_line,
-        taking the lock for each look)."""
-        wait_for_line(lambda: self.position(session), self.not_reading_why, self.grid, at,
-                      timeout_s)
-
-    def not_reading_why(self) -> str:
-        with self.lock:
-            return self._not_reading_why()
-
-    def _not_reading_why(self) -> str:
-        """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
-        turns = sorted(self.host.scheduler.turns)
-        if turns:
-            more = f" and {len(turns) - 5} more" if len(turns) > 5 else ""
-            return (f"the idle window waits for open turns to end (POST .../end): "
-                    f"{', '.join(turns[:5])}{more}")
-        if self.host.scheduler.host_busy():
-            return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
-        return "the reader is reading other sessions or the backlog is large"
-
-    def catch_up(self, session: str, at: int) -> int:
-        """Read the chunks a question or fork at `at` needs one at a time, taking the lock for
-        each, so a host's call waits at most one chunk (the ask itself would read them all
-        under one hold): at or above C, commit up to the grid line at or below `at`; below C,
-        re-read in scratch from the newest checkpoint (Reader.prepare_fork). Returns the
-        chunks read."""
-        line, done = at // self.grid * self.grid, 0
-        for _ in range(2 * line // self.grid + 2):   # bounded: another call may restart it
-            with self.gate():
-                r = self.reader
-                try:
-                    n, c = self._position(session)
-                except KeyError:
-                    return done
-                if at < c:
-                    k = r.prepare_fork(session, at, 1)
-                elif c < line and n - c >= self.grid:
-                    k = r.read(session, max_chunks=1).num_chunks
-                else:
-                    k = 0
-                if k == 0:
-                    return done
-                done += k
-        return done
-
-    def ask(self, session: str, question, choices, at: int | None, fork_at: int):
-        """Reader.ask under the lock, after catch_up read toward `fork_at` (fork_position's
-        answer) chunk by chunk; the answer is kept for status and the latency histogram."""
-        self.catch_up(session, fork_at)
-        with self.gate():
-            ans = self.reader.ask(session, question, choices, at)
-            self.ask_ms.append(ans.ms)
-            line = {"session": session, "label": ans.label, "p": max(ans.probs),
-                    "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
-            self.answers.append(line)
-            self.last_answer[session] = line
-            return ans
-
-    def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None):
-        """Reader.summarize under the lock, held for the whole decode (after catch_up)."""
-        self.catch_up(session, self.fork_position(session, at))
-        with self.gate():
-            return self.reader.summarize(session, instruction, max_tokens, at)
-
-    def check_exact(self, session: str) -> bool:
-        """Reader.check_exact under the lock (raises ExactnessError naming what differs)."""
-        with self.lock:
-            return self.reader.check_exact(session)
-
-    def check(self, session: str) -> dict:
-        """check_exact as a report: {session, num_ids, committed, exact, error, ids_xxh3 (the
-        xxh3-64 hex of the ids as int64 little-endian bytes, for a host to compare with what
-        it served)}. KeyError for an unknown session."""
-        with self.gate():
-            n, c = self._position(session)
-            digest = ids_digest(self.reader.ids(session))
-            try:
-                exact, error = self.reader.check_exact(session), None
-            except ExactnessError as e:
-                exact, error = False, str(e)
-            return {"session": session, "num_ids": n, "committed": c, "exact": exact,
-                    "error": error, "ids_xxh3": digest}
 
     def sessions(self) -> dict:
         """Every session held: ids, C, backlog, residency, bytes (Reader.stats's), restoring

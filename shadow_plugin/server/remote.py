@@ -14,11 +14,10 @@ from typing import Any, Callable
 from ..fork import Generation
 from ..questions import Answer
 from .errors import NotReady
-from .facade import wait_for_line
 
 # The facade's methods a remote door may call, with the status (no model needed).
-CALLS = ("status", "fork_position", "position", "not_reading_why", "ask", "summarize",
-         "narration", "sessions", "check", "metrics")
+CALLS = ("status", "fork_position", "position", "positions", "not_reading_why", "ask",
+         "summarize", "narration", "sessions", "check", "metrics")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady}
 TICKET_POLL_S = 0.02        # how often a question's result is looked for
 
@@ -100,21 +99,29 @@ class RemoteShadow:
     def _run(self, name: str, **kwargs):
         return run(self._call, name, kwargs)
 
+    @property
+    def grid(self) -> int:
+        return self._grid()                    # a status call the first time only
+
     def fork_position(self, session: str, at: int | None) -> int:
         return self._run("fork_position", session=session, at=at)
 
-    def wait_for(self, session: str, at: int | None, timeout_s: float) -> None:
-        grid = self._grid()                    # a status call the first time only
-        wait_for_line(lambda: tuple(self._run("position", session=session)),
-                      lambda: self._run("not_reading_why"), grid, at, timeout_s)
+    def positions(self, sessions: list[str]) -> dict:
+        return self._run("positions", sessions=list(sessions))
 
-    def ask(self, session: str, question, choices, at: int | None, fork_at: int) -> Answer:
+    def not_reading_why(self) -> str:
+        return self._run("not_reading_why")
+
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int,
+            cancelled=None) -> Answer:
+        """The worker's answer (a client that leaves stops the wait for it here; the question
+        itself, once in the worker, runs to its end)."""
         d = self._run("ask", session=session, question=question, choices=choices, at=at,
                       fork_at=fork_at)
         return Answer(**{**d, "probs": tuple(d["probs"])})
 
     def summarize(self, session: str, instruction: str, max_tokens: int,
-                  at: int | None) -> tuple[str, Generation]:
+                  at: int | None, cancelled=None) -> tuple[str, Generation]:
         text, g = self._run("summarize", session=session, instruction=instruction,
                             max_tokens=max_tokens, at=at)
         return text, Generation(**{**g, "ids": tuple(g["ids"])})

@@ -41,9 +41,19 @@ def load_profiles(path: str | Path | None) -> dict[str, Profile]:
     if not path:
         return {}
     import yaml
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ValueError(f"SHADOW_PROFILES={str(path)!r}: not a readable YAML file{at}: "
+                         f"{getattr(e, 'problem', None) or e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"SHADOW_PROFILES={str(path)!r}: expected a mapping of profile names")
     out = {}
     for name, body in raw.items():
+        if body is not None and not isinstance(body, dict):
+            raise ValueError(f"profile {name!r}: expected a mapping with a 'shadow' entry")
         block = (body or {}).get("shadow") or {}
         if not isinstance(block, dict):
             raise ValueError(f"profile {name!r}: 'shadow' must be a mapping")

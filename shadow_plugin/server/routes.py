@@ -6,6 +6,10 @@ They reach the shadow through a door: an object with `status()` (works while the
 and `require()` (the facade, or errors.NotReady): server.service.Service in the service's own
 process, server.remote.RemoteService where the shadow lives in an engine's worker. Errors become
 HTTP answers here (errors.answer), so the routes need no app-wide handlers.
+
+The question routes run in the event loop: a waiting ask waits there (waits.Waits: no thread,
+no lock), then the question runs in the bounded pool (ask_pool.AskPool: 429 past it), and a
+client that disconnects stops both. Short calls (positions, status) run in worker threads.
 """
 from __future__ import annotations
 
@@ -15,12 +19,18 @@ import time
 import uuid
 from typing import Callable
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
+from ..conflicts import Conflict
 from ..validate import HTTP_SESSION_RE
 from . import errors, schemas
+from .ask_pool import AskPool
+from .waits import Waits
 
 SESSION_RE = HTTP_SESSION_RE
+ANSWERED = (KeyError, ValueError, Conflict, errors.NotReady, errors.WaitTimeout, errors.Busy,
+            errors.ClientGone, errors.CatchUpTooLong)
 
 
 def session_id(sid: str) -> str:
@@ -42,7 +52,18 @@ def answered(fn: Callable) -> Callable:
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (KeyError, ValueError, errors.NotReady, errors.WaitTimeout) as e:
+        except ANSWERED as e:
+            return errors.answer(e)
+    return run
+
+
+def answered_async(fn: Callable) -> Callable:
+    """answered for a coroutine route."""
+    @functools.wraps(fn)
+    async def run(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except ANSWERED as e:
             return errors.answer(e)
     return run
 
@@ -54,71 +75,87 @@ def ask_out(ans) -> schemas.AskOut:
                           stale=ans.stale)
 
 
-def ask(door, session: str, question: str, choices: list[str], at: int | None,
-        wait: bool = False, timeout_s: float = 10.0):
-    """The position checked (404 / 400 before any wait), the optional wait, then the answer."""
-    shadow = door.require()
-    body_session(session)
-    fork_at = shadow.fork_position(session, at)
-    if wait:
-        shadow.wait_for(session, at, timeout_s)
-    return shadow.ask(session, question, choices, at, fork_at)
+class Questions:
+    """What the question routes share: the door, its waits and its pool."""
+
+    def __init__(self, door, pool: AskPool):
+        self.door, self.pool, self.waits = door, pool, Waits(door)
+
+    async def ask(self, request: Request | None, session: str, question: str,
+                  choices: list[str], at: int | None, wait: bool = False,
+                  timeout_s: float = 10.0):
+        """The position checked (404 / 400 before any wait), the optional wait (in the event
+        loop), then the answer (in the pool)."""
+        shadow = self.door.require()
+        body_session(session)
+        fork_at = await run_in_threadpool(shadow.fork_position, session, at)
+        gone = request.is_disconnected if request is not None else None
+        if wait:
+            await self.waits.wait(session, at, timeout_s, gone)
+        return await self.pool.run(shadow.ask, session, question, choices, at, fork_at,
+                                   disconnected=gone)
+
+    async def summarize(self, request: Request | None, session: str, instruction: str,
+                        max_tokens: int, at: int | None):
+        shadow = self.door.require()
+        body_session(session)
+        gone = request.is_disconnected if request is not None else None
+        return await self.pool.run(shadow.summarize, session, instruction, max_tokens, at,
+                                   disconnected=gone)
+
+    async def chat_completion(self, request: Request, body: schemas.ChatIn) -> dict:
+        """A chat.completion: with choices, the label as the message and the letters'
+        logprobs; without, a summary decoded with the question as its instruction."""
+        status = await run_in_threadpool(self.door.status)
+        created, model = int(time.time()), f"shadow:{status.get('model', '')}"
+        out = {"id": f"shadowcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+               "created": created, "model": model}
+        if body.choices:
+            ans = await self.ask(request, body.session, body.question(), body.choices, body.at)
+            lps = [{"token": chr(65 + i), "logprob": math.log(max(p, 1e-45))}
+                   for i, p in enumerate(ans.probs)]
+            best = next(x for x in lps if x["token"] == ans.letter)
+            choice = {"index": 0, "message": {"role": "assistant", "content": ans.label},
+                      "finish_reason": "stop",
+                      "logprobs": {"content": [{**best, "top_logprobs": lps}]}}
+            usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
+            out["shadow"] = ask_out(ans).model_dump()
+        else:
+            text, gen = await self.summarize(request, body.session, body.question(),
+                                             body.max_tokens, body.at)
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
+                      "logprobs": None}
+            usage = {"prompt_tokens": max(gen.num_forwarded_tokens - (len(gen.ids) - 1), 0),
+                     "completion_tokens": len(gen.ids)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {**out, "choices": [choice], "usage": usage}
 
 
-def chat_completion(door, body: schemas.ChatIn) -> dict:
-    """A chat.completion: with choices, the label as the message and the letters' logprobs;
-    without, a summary decoded with the question as its instruction."""
-    created, model = int(time.time()), f"shadow:{door.status().get('model', '')}"
-    out = {"id": f"shadowcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-           "created": created, "model": model}
-    if body.choices:
-        ans = ask(door, body.session, body.question(), body.choices, body.at)
-        lps = [{"token": chr(65 + i), "logprob": math.log(max(p, 1e-45))}
-               for i, p in enumerate(ans.probs)]
-        best = next(x for x in lps if x["token"] == ans.letter)
-        choice = {"index": 0, "message": {"role": "assistant", "content": ans.label},
-                  "finish_reason": "stop",
-                  "logprobs": {"content": [{**best, "top_logprobs": lps}]}}
-        usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
-        out["shadow"] = ask_out(ans).model_dump()
-    else:
-        shadow = door.require()
-        body_session(body.session)
-        text, gen = shadow.summarize(body.session, body.question(), body.max_tokens, body.at)
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
-                  "logprobs": None}
-        usage = {"prompt_tokens": max(gen.num_forwarded_tokens - (len(gen.ids) - 1), 0),
-                 "completion_tokens": len(gen.ids)}
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return {**out, "choices": [choice], "usage": usage}
-
-
-def question_router(door) -> APIRouter:
-    """The shared routes over `door` (module doc)."""
-    r = APIRouter()
+def question_router(door, pool: AskPool) -> APIRouter:
+    """The shared routes over `door` (module doc), questions through `pool`."""
+    r, q = APIRouter(), Questions(door, pool)
 
     @r.post("/v1/shadow/ask", response_model=schemas.AskOut)
     @r.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
-    @answered
-    def ask_route(body: schemas.AskIn):
-        ans = ask(door, body.session, body.question, body.choices, body.at, body.wait,
-                  body.timeout_s)
+    @answered_async
+    async def ask_route(body: schemas.AskIn, request: Request):
+        ans = await q.ask(request, body.session, body.question, body.choices, body.at,
+                          body.wait, body.timeout_s)
         return ask_out(ans)
 
     @r.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)
-    @answered
-    def summarize(body: schemas.SummarizeIn):
-        shadow = door.require()
-        body_session(body.session)
-        text, gen = shadow.summarize(body.session, body.instruction, body.max_tokens, body.at)
+    @answered_async
+    async def summarize(body: schemas.SummarizeIn, request: Request):
+        text, gen = await q.summarize(request, body.session, body.instruction, body.max_tokens,
+                                      body.at)
         return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,
                                     prefill_ms=gen.prefill_ms)
 
     @r.post("/v1/shadow/chat/completions")
-    @answered
-    def chat(body: schemas.ChatIn):
-        return chat_completion(door, body)
+    @answered_async
+    async def chat(body: schemas.ChatIn, request: Request):
+        return await q.chat_completion(request, body)
 
     @r.get("/v1/shadow/status")
     @r.get("/v1/conductor/shadow/status", include_in_schema=False)
@@ -137,10 +174,12 @@ def question_router(door) -> APIRouter:
         return door.require().narration(sid)
 
     @r.get("/v1/shadow/sessions/{sid}/check")
-    @answered
-    def check(sid: str = Depends(session_id)):
+    @answered_async
+    async def check(request: Request, sid: str = Depends(session_id)):
         """The session's committed state against a fresh prefill of its ids (a diagnostic: it
-        reads the session again from 0, holding the shadow meanwhile)."""
-        return door.require().check(sid)
+        reads the session again from 0, holding the shadow meanwhile; in the question pool)."""
+        shadow = door.require()
+        return await pool.run(lambda s, cancelled: shadow.check(s), sid,
+                              disconnected=request.is_disconnected)
 
     return r

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from adapters import PRESETS, load_model
 
-from ..config import ServiceConfig
+from ..config import ServiceConfig, default_threads
 from ..host import Host
 from ..reader import Reader
 from ..step import ReaderConfig
@@ -25,6 +25,7 @@ from .history import EVERY_S_RANGE, MAX_SAMPLES, History, Sampler
 from .metrics import Collector
 from .narrator import Narrator
 from .router_journal import RouterJournal, load_profiles
+from .startup import check_paths
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,25 @@ def check_config(cfg: ServiceConfig) -> None:
     if not 1 <= cfg.history_samples <= MAX_SAMPLES:
         raise ValueError(f"SHADOW_HISTORY_SAMPLES={cfg.history_samples}: keep 1 to "
                          f"{MAX_SAMPLES} samples")
+    check_limits(cfg)
+    check_paths(cfg)
+
+
+def check_limits(cfg: ServiceConfig) -> None:
+    """The question pool, the catch-up bound, the positions policy and the threads (ValueError
+    naming the variable)."""
+    if cfg.ask_workers < 1:
+        raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: at least 1 question must run")
+    if cfg.ask_queue < 0:
+        raise ValueError(f"SHADOW_ASK_QUEUE={cfg.ask_queue}: must be 0 or more")
+    if cfg.ask_max_catchup_tokens is not None and cfg.ask_max_catchup_tokens < 1:
+        raise ValueError(f"SHADOW_ASK_MAX_CATCHUP_TOKENS={cfg.ask_max_catchup_tokens}: must be "
+                         "at least 1 (or none for no bound)")
+    if cfg.max_positions_policy not in ("refuse", "cap"):
+        raise ValueError(f"SHADOW_MAX_POSITIONS_POLICY={cfg.max_positions_policy!r}: refuse "
+                         "or cap")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"SHADOW_THREADS / --threads={cfg.threads}: at least 1")
 
 
 class Service:
@@ -64,7 +84,7 @@ class Service:
     def __init__(self, cfg: ServiceConfig):
         check_config(cfg)
         self.cfg = cfg
-        self.profiles = load_profiles(cfg.profiles_path)
+        self.profiles = load_profiles(cfg.profiles_path)      # ValueError naming the file
         self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
         self.narrator = Narrator()
         self.state, self.error, self.loaded_s = "loading", None, None
@@ -94,6 +114,7 @@ class Service:
         try:
             cfg = self.cfg
             device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            torch.set_num_threads(cfg.threads or default_threads())
             model = load_model(cfg.model, device=device)
             self.tokenizer = load_tokenizer(None if cfg.model.startswith("random:") else cfg.model)
             disk_bytes = int(cfg.disk_gb * 2**30) if cfg.disk_gb else None
@@ -106,7 +127,8 @@ class Service:
             self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
                              on_question=lambda s, at: self.journal.answer(self.reader, s, at),
                              idle_hook=lambda: self.narrator.run_one(self.reader))
-            self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles)
+            self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles,
+                                 cfg.ask_max_catchup_tokens, cfg.max_positions_policy)
             self.host.start_idle_loop()
             self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
         except Exception as e:                # reported by /healthz and status, not raised

@@ -22,6 +22,8 @@ import threading
 import anyio.from_thread
 from prometheus_client import REGISTRY
 
+from ..config import ServiceConfig
+from ..server.ask_pool import AskPool
 from ..server.dashboard import dashboard_router
 from ..server.history import History, flatten
 from ..server.metrics import Collector
@@ -69,7 +71,9 @@ class ShadowEndpoint:
 
     # -- vLLM's hooks ---------------------------------------------------------------------------
     def attach_router(self, app) -> None:
-        app.include_router(question_router(RemoteService(self.call)))
+        cfg = ServiceConfig.from_env()
+        app.include_router(question_router(RemoteService(self.call),
+                                           AskPool(cfg.ask_workers, cfg.ask_queue)))
         app.include_router(dashboard_router(self.history))
 
     async def init_state(self, engine_client, state, args) -> None:

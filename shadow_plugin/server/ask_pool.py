@@ -1,0 +1,69 @@
+"""The questions' pool: at most `workers` questions (asks, summaries, checks) run at once, each
+in a worker thread, and at most `queue` more wait for one; past that a question is refused at
+once (Busy: 429 with Retry-After). So the memory questions take is bounded by the pool's size
+times one question's scratch, whatever the number of clients. Waiting for the reader
+(waits.Waits) happens before a question enters the pool and does not count against it.
+
+While a question runs, its client is looked at every DISCONNECT_POLL_S: once it has gone, the
+question's `cancelled` event is set, and the facade stops its catch-up reading at the next
+chunk (facade_questions.QuestionCalls.catch_up) and skips its forward.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Awaitable, Callable
+
+from .errors import Busy, ClientGone
+
+DISCONNECT_POLL_S = 0.25
+
+
+class AskPool:
+    """Args: workers (>= 1): questions run at once; queue (>= 0): questions that may wait for a
+    worker. Its counters (running + queued) are touched from the event loop only."""
+
+    def __init__(self, workers: int, queue: int):
+        if workers < 1 or queue < 0:
+            raise ValueError(f"the question pool needs workers >= 1 and queue >= 0, got "
+                             f"{workers} and {queue}")
+        self.workers, self.queue = workers, queue
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
+        self.num_in = 0                   # questions running or queued
+        self.num_refused = 0
+
+    async def run(self, fn: Callable, *args,
+                  disconnected: Callable[[], Awaitable[bool]] | None = None, **kwargs):
+        """fn(*args, cancelled=event, **kwargs) in a worker; Busy when workers + queue are
+        taken; ClientGone once `disconnected()` says the client left (the event is set, so
+        fn stops at its next check; what it read stays)."""
+        if self.num_in >= self.workers + self.queue:
+            self.num_refused += 1
+            raise Busy(f"{self.num_in} questions are running or queued (SHADOW_ASK_WORKERS="
+                       f"{self.workers}, SHADOW_ASK_QUEUE={self.queue}): try again shortly")
+        cancelled = threading.Event()
+        self.num_in += 1
+        try:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, "shadow-ask")
+            job = self._executor.submit(fn, *args, cancelled=cancelled, **kwargs)
+            fut = asyncio.wrap_future(job)
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return fut.result()
+                if disconnected is not None and await disconnected():
+                    cancelled.set()
+                    job.cancel()              # not started yet: never runs
+                    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+                    raise ClientGone()
+        finally:
+            self.num_in -= 1
+
+    def close(self) -> None:
+        """Stop the workers (queued questions are dropped); a later question starts new ones
+        (an app's lifespan may run again, as in tests)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

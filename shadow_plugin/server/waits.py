@@ -1,0 +1,101 @@
+"""Questions that wait for the reader (`"wait": true`), in the event loop: a waiting ask holds no
+thread, no worker slot and no lock. One poller task looks at the positions of every waited
+session every poll_s in a single call (one worker thread, one hold of the service's lock, or
+one call to an engine's worker) and wakes the asks whose line C has reached; each ask ends at
+its timeout (WaitTimeout, 504 with the backlog) or when its client disconnects (ClientGone).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from starlette.concurrency import run_in_threadpool
+
+from .errors import ClientGone, WaitTimeout
+
+POLL_S = 0.05               # how often the poller looks at the waited sessions' C
+DISCONNECT_POLL_S = 0.25    # how often a waiting ask looks whether its client left
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One waiting ask: its session, `at` (None: all its ids), the future the poller sets, the
+    last (ids held, C) seen."""
+
+    session: str
+    at: int | None
+    done: asyncio.Future
+    seen: list[int] = field(default_factory=lambda: [0, 0])
+
+
+class Waits:
+    """Args: door (server.routes' door: `require()` gives the shadow, whose `positions(sessions)`
+    answers {session: [ids held, C] or None} and `not_reading_why()` the reason for a 504, and
+    whose `grid` is G); poll_s."""
+
+    def __init__(self, door, poll_s: float = POLL_S):
+        self.door, self.poll_s = door, poll_s
+        self._waiters: set[Waiter] = set()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, session: str, at: int | None, timeout_s: float,
+                   disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """Return once the session's C reaches the grid line at or below `at`. Raises
+        WaitTimeout after timeout_s (with the backlog and why the reader is not reading),
+        KeyError when the session goes away, ClientGone when `disconnected()` says so."""
+        loop = asyncio.get_running_loop()
+        w = Waiter(session, at, loop.create_future())
+        self._waiters.add(w)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._poll())
+        deadline = loop.time() + timeout_s
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    n, c = w.seen
+                    why = await run_in_threadpool(self.door.require().not_reading_why)
+                    raise WaitTimeout(n - c, c, why)
+                try:
+                    await asyncio.wait_for(asyncio.shield(w.done), min(left, DISCONNECT_POLL_S))
+                    return w.done.result()
+                except asyncio.TimeoutError:
+                    if disconnected is not None and await disconnected():
+                        raise ClientGone() from None
+        finally:
+            self._waiters.discard(w)
+            if w.done.done() and not w.done.cancelled():
+                w.done.exception()                    # seen: no "never retrieved" warning
+
+    async def _poll(self) -> None:
+        """While asks wait: one look at all their sessions, then wake those that are done."""
+        while self._waiters:
+            waiting = [w for w in self._waiters if not w.done.done()]
+            sessions = sorted({w.session for w in waiting})
+            try:
+                shadow = self.door.require()
+                seen = await run_in_threadpool(shadow.positions, sessions) if sessions else {}
+                grid = shadow.grid
+            except Exception as e:                    # the shadow went away: every wait ends
+                for w in waiting:
+                    if not w.done.done():
+                        w.done.set_exception(e)
+                await asyncio.sleep(self.poll_s)
+                continue
+            for w in waiting:
+                pos = seen.get(w.session)
+                if w.done.done():
+                    continue
+                if pos is None:
+                    w.done.set_exception(KeyError(f"unknown session {w.session!r}"))
+                    continue
+                w.seen = list(pos)
+                n, c = pos
+                if c >= (n if w.at is None else w.at) // grid * grid:
+                    w.done.set_result(None)
+            await asyncio.sleep(self.poll_s)

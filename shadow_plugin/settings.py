@@ -1,0 +1,44 @@
+"""Every setting of the service, for `serve --help` and the README: (variable, flag, default,
+what it sets). The values are read in config.ServiceConfig.from_env and
+sched_types.SchedulerConfig.from_env; every name also works with the prefix QWEN38_."""
+from __future__ import annotations
+
+SETTINGS: tuple[tuple[str, str, str, str], ...] = (
+    ("SHADOW_MODEL", "--model", "(required)", "a Qwen3.5 model directory or random:NAME"),
+    ("SHADOW_DEVICE", "--device", "cuda if present", "cpu or cuda"),
+    ("SHADOW_GRID", "--grid", "512", "ids a chunk and a page (a multiple of 64)"),
+    ("SHADOW_GB", "", "4", "resident cap in GiB: KV pages, GDN entries and states"),
+    ("SHADOW_DISK", "", "off", "off, auto (~/.cache/shadow-reader) or a folder: sessions past "
+     "the cap and at a stop are written there; off: dropped, and a restart remembers nothing"),
+    ("SHADOW_DISK_GB", "", "no cap", "cap on the disk folder's bytes"),
+    ("SHADOW_DIR", "", "~/.shadow-reader", "the router journal (shadow.jsonl)"),
+    ("SHADOW_API_KEY", "--api-key", "none", "bearer key on every route but /healthz and the "
+     "dashboard's page (prefer the variable: a flag shows in ps)"),
+    ("SHADOW_MAX_BODY_MB", "", "64", "largest request body"),
+    ("SHADOW_PROFILES", "", "none", "a YAML file of profiles (mode, narrator, router)"),
+    ("SHADOW_HISTORY_S", "", "1", "the dashboard's sampling interval, 0.1-3600 s"),
+    ("SHADOW_HISTORY_SAMPLES", "", "3600", "samples the dashboard's history keeps"),
+    ("SHADOW_ASK_WORKERS", "", "2", "questions that run at once"),
+    ("SHADOW_ASK_QUEUE", "", "32", "questions that wait for a worker; past it 429"),
+    ("SHADOW_ASK_MAX_CATCHUP_TOKENS", "", "131072", "the most ids a question reads before "
+     "its forward (none: no bound); past it 409"),
+    ("SHADOW_MAX_POSITIONS_POLICY", "", "refuse", "refuse or cap a session past the model's "
+     "positions"),
+    ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),
+    ("SHADOW_POLL_S", "", "0.2", "the idle loop's poll"),
+    ("SHADOW_IDLE_BURST_S", "", "2", "the idle loop's longest burst"),
+    ("SHADOW_SHARE", "", "0.02", "the in-turn ration, a share of the host's decode time"),
+    ("SHADOW_SLICE_MS", "", "150", "the longest ration slice"),
+    ("SHADOW_TURN_TIMEOUT_S", "", "600", "a turn left open longer is closed"),
+    ("SHADOW_IDLE_TRUST", "", "0.5", "how much of the backlog the ration leaves to idle gaps"),
+    ("SHADOW_IDLE_AT_FINISH", "", "1", "open the idle window when a turn finishes"),
+    ("SHADOW_AUTOTUNE_DIR", "", "~/.cache/shadow-reader/autotune", "fla's and FA4's kernel "
+     "caches (off: none)"),
+)
+
+
+def help_text() -> str:
+    """The settings as `serve --help` lists them."""
+    rows = [f"  {var:<31} {flag or '':<10} {default:<18} {what}"
+            for var, flag, default, what in SETTINGS]
+    return "settings (environment variable, flag, default):\n" + "\n".join(rows)
