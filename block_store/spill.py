@@ -6,12 +6,14 @@ prompt with that prefix, in any session or any process on the folder, resumes fr
 through the one lookup (pages.find_resume).
 
 What must happen before the memory is reused happens in the caller's thread: a page's rows are
-copied off the device (kv_pool.pages_to_cpu: kv [num_attention, 2, G, Hkv, D] in the pool's
-dtype; 6.3 MB a page on the 0.8B), an entry's states (per GDN layer conv [conv_dim, W] and
+copied off the device (`page_rows`: kv [num_attention, 2, G, Hkv, D] in the pool's dtype; 6 MiB
+a page on the 0.8B), an entry's states (per GDN layer conv [conv_dim, W] and
 recurrent [HV, K, V] fp32, never changed once stored; the evicted entry is referenced by
 nothing else) are copied to the CPU (no copy when they are there already). The file is written
-by one background thread; at most `max_pending` writes are queued (a caller past it waits for
-the oldest), so the host memory held is bounded. A page's content is a pure function of its
+by WRITERS background threads; at most `max_pending` writes are queued (a caller past it waits
+for the oldest), so the host memory held is bounded and evictions back to back go at the disk's
+pace (evals/spill_probe.py, 0.8B pages on the H200 host: 1.4-1.5 ms median a page on the
+caller's side, about 3 ms a page on average over 64 in a row; one writer: 4.6-5.2 ms median). A page's content is a pure function of its
 key, so a write raced by another writer of the same key (a park, another process) leaves the
 same bits (files.atomic_save renames whole files). A failed write is logged and counted
 (`counters.write_errors`), never raised into a read. Without a disk there is no Spill: nothing
@@ -20,18 +22,30 @@ is copied or written.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from .disk import DiskStore
 from .gdn_table import GdnEntry
-from .kv_pool import KvPool, pages_to_cpu
+from .kv_pool import KvPool
 from .pool import Page
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 16      # writes queued at most (about 100 MB of pages on the 0.8B)
+WRITERS = min(4, os.cpu_count() or 1)      # threads writing files (safetensors frees the GIL)
+
+
+def page_rows(pool: KvPool, index: int) -> torch.Tensor:
+    """A copy of page `index`'s rows on the CPU, kv [num_attention, 2, G, Hkv, D] (what a page
+    file holds), in one copy (kv_pool.pages_to_cpu gathers then copies: twice the time for one
+    page on the CPU)."""
+    view = pool.block[:, :, index]
+    return torch.empty(view.shape, dtype=view.dtype).copy_(view)
 
 
 @dataclass
@@ -59,7 +73,7 @@ class Spill:
         self._entries: dict[bytes, Future] = {}
         self._queue: deque[tuple[dict, bytes, Future]] = deque()
         self._threads: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()        # the counters, shared with the writer thread
+        self._lock = threading.Lock()        # the counters, shared with the writer threads
 
     # -- what memory forgets --------------------------------------------------------------------
     def page(self, page: Page) -> None:
@@ -72,7 +86,7 @@ class Spill:
         try:
             if self.disk.keep_page(key):
                 return
-            rows = pages_to_cpu(self.pool, [page.index])[0]
+            rows = page_rows(self.pool, page.index)
         except Exception as e:             # a folder gone, a device error: the read goes on
             self._failed("page", key, e)
             return
@@ -113,7 +127,7 @@ class Spill:
             self._pop()
 
     def close(self) -> None:
-        """flush, then stop the writer thread (a later write starts another)."""
+        """flush, then stop the writer threads (a later write starts others)."""
         self.flush()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
@@ -136,7 +150,7 @@ class Spill:
                                len(self._queue) >= self.max_pending):
             self._pop()
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(1, thread_name_prefix="shadow-spill")
+            self._threads = ThreadPoolExecutor(WRITERS, thread_name_prefix="shadow-spill")
         fut = self._threads.submit(self._write, pending is self._pages, key, fn, args)
         pending[key] = fut
         self._queue.append((pending, key, fut))

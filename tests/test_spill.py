@@ -96,7 +96,7 @@ def test_nothing_is_copied_or_written_without_a_disk(tiny, monkeypatch):
     calls = []
     for name in ("write_page", "write_entry", "keep_page", "has_entry"):
         monkeypatch.setattr(DiskStore, name, lambda *a, n=name, **k: calls.append(n))
-    monkeypatch.setattr(spill_mod, "pages_to_cpu", lambda *a, **k: calls.append("copy"))
+    monkeypatch.setattr(spill_mod, "page_rows", lambda *a, **k: calls.append("copy"))
     r = _reader(tiny, None, resident_bytes=CAP)
     store = r.table.store
     assert store.spill is None and store.manager.on_reuse is None and store.gdn.on_evict is None
@@ -113,7 +113,7 @@ def test_a_failing_write_is_counted_and_the_read_goes_on(tiny, tmp_path, monkeyp
         monkeypatch.setattr(DiskStore, "write_page", broken)
         monkeypatch.setattr(DiskStore, "write_entry", broken)
     else:                                        # the copy off the device fails
-        monkeypatch.setattr(spill_mod, "pages_to_cpu", broken)
+        monkeypatch.setattr(spill_mod, "page_rows", broken)
     r = _reader(tiny, tmp_path, resident_bytes=CAP)
     ids, keys, entries = _forgotten_prefix(r, random.Random(4))
     r.table.store.spill.flush()
