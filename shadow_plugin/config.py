@@ -63,7 +63,7 @@ def default_threads() -> int:
 class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
-    disk_gb (None: no cap); api_key (None: no key); max_body_bytes; max_ids (per request);
+    disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours); api_key (None: no key); max_body_bytes; max_ids (per request);
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
     served; on a loopback address the Host header must name the loopback); history_every_s,
     history_samples: the dashboard's history (server.history.History: one sample every
@@ -80,6 +80,7 @@ class ServiceConfig:
     grid: int = 512
     disk_dir: Path | None = None
     disk_gb: float | None = None
+    disk_ttl_h: float = 48.0
     api_key: str | None = None
     max_body_bytes: int = 64 * 2**20
     max_ids: int = 4 * 2**20
@@ -106,6 +107,7 @@ class ServiceConfig:
         return cls(model=_get(env, "MODEL") or "", device=_get(env, "DEVICE") or "",
                    state_dir=state_dir, resident_gb=_num(env, "GB", 4.0),
                    grid=grid, disk_dir=disk_dir, disk_gb=_num(env, "DISK_GB", None),
+                   disk_ttl_h=_num(env, "DISK_TTL_H", 48.0),
                    api_key=_get(env, "API_KEY"),
                    max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
                    profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,

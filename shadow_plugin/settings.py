@@ -11,6 +11,7 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     ("SHADOW_DISK", "", "off", "off, auto (~/.cache/shadow-reader) or a folder: sessions past "
      "the cap and at a stop are written there; off: dropped, and a restart remembers nothing"),
     ("SHADOW_DISK_GB", "", "no cap", "cap on the disk folder's bytes"),
+    ("SHADOW_DISK_TTL_H", "", "48", "files older than this (hours) are deleted"),
     ("SHADOW_DIR", "", "~/.shadow-reader", "the router journal (shadow.jsonl)"),
     ("SHADOW_API_KEY", "--api-key", "none", "bearer key on every route but /healthz and the "
      "dashboard's page (prefer the variable: a flag shows in ps)"),

@@ -28,6 +28,7 @@ def _serve(env: dict, *args: str, timeout: int = 60):
     ({"SHADOW_GB": "-1"}, (), "SHADOW_GB=-1"),
     ({"SHADOW_DISK": "/proc/nope"}, (), "SHADOW_DISK='/proc/nope'"),
     ({"SHADOW_DISK_GB": "0"}, (), "SHADOW_DISK_GB=0"),
+    ({"SHADOW_DISK_TTL_H": "-2"}, (), "SHADOW_DISK_TTL_H=-2"),
     ({"SHADOW_ASK_WORKERS": "0"}, (), "SHADOW_ASK_WORKERS=0"),
     ({"SHADOW_ASK_QUEUE": "-3"}, (), "SHADOW_ASK_QUEUE=-3"),
     ({"SHADOW_MAX_POSITIONS_POLICY": "truncate"}, (), "SHADOW_MAX_POSITIONS_POLICY='truncate'"),
@@ -71,7 +72,8 @@ def test_serve_help_lists_every_setting():
     config = (ROOT / "shadow_plugin" / "config.py").read_text()
     sched = (ROOT / "shadow_plugin" / "sched_types.py").read_text()
     named = {v for v, *_ in SETTINGS}
-    for key in ("GB", "DISK", "DISK_GB", "ASK_WORKERS", "THREADS", "POLL_S", "IDLE_TRUST"):
+    for key in ("GB", "DISK", "DISK_GB", "DISK_TTL_H", "ASK_WORKERS", "THREADS", "POLL_S",
+                "IDLE_TRUST"):
         assert f"SHADOW_{key}" in named and (f'"{key}"' in config or key in sched), key
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -120,7 +121,8 @@ class Service:
             disk_bytes = int(cfg.disk_gb * 2**30) if cfg.disk_gb else None
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
-                                 disk_dir=cfg.disk_dir, disk_bytes=disk_bytes)
+                                 disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
+                                 disk_ttl_s=cfg.disk_ttl_h * 3600)
             self.reader.adapter.bind_thread()
             self.stage = "compiling and capturing CUDA graphs"    # not inside a host's round
             self.warm_up_s = self.reader.warm_up()
@@ -160,7 +162,13 @@ class Service:
         if self.host is not None:
             self.host.stop_idle_loop()
             with self.host.lock:
+                resident = len(self.reader.table.resident)
                 self.reader.close()
+            where = (f"written to {self.cfg.disk_dir}" if self.cfg.disk_dir else
+                     "dropped (SHADOW_DISK is off: a restart will not know them)")
+            print(f"shadow-reader: stopped: {resident} resident sessions {where}; "
+                  f"{self.reader.stats()['write_errors']} write errors", file=sys.stderr,
+                  flush=True)
 
     def status(self) -> dict:
         """The service's state and settings; once ready, the reader's stats, totals, open turns,

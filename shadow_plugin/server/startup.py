@@ -36,6 +36,9 @@ def check_paths(cfg: ServiceConfig) -> None:
     if cfg.disk_gb is not None and not cfg.disk_gb > 0:
         raise ValueError(f"SHADOW_DISK_GB={cfg.disk_gb}: the disk cap must be a positive "
                          "number of GiB")
+    if not cfg.disk_ttl_h > 0:
+        raise ValueError(f"SHADOW_DISK_TTL_H={cfg.disk_ttl_h}: files must live a positive "
+                         "number of hours")
     if cfg.disk_dir is not None:
         check_folder(cfg.disk_dir, "SHADOW_DISK")
     check_folder(cfg.state_dir, "SHADOW_DIR")
