@@ -11,12 +11,9 @@ chunk (facade_questions.QuestionCalls.catch_up) and skips its forward.
 from __future__ import annotations
 
 import asyncio
-import functools
+import concurrent.futures
 import threading
 from typing import Awaitable, Callable
-
-import anyio
-import anyio.to_thread
 
 from .errors import Busy, ClientGone
 
@@ -24,17 +21,17 @@ DISCONNECT_POLL_S = 0.25
 
 
 class AskPool:
-    """Args: workers (>= 1): questions run at once; queue (>= 0): questions that may wait for a
-    worker. Its counters (running + queued) are touched from the event loop only. Questions
-    run in AnyIO's worker threads (under a limiter of `workers`), so a door that calls back
-    into the event loop (vLLM's, anyio.from_thread) works from them."""
+    """Args: workers (>= 1): questions run at once, in as many threads of the pool's own (so
+    few threads touch the allocator: AnyIO's shared pool, up to 40 threads, let the process's
+    memory creep by their allocator arenas); queue (>= 0): questions that may wait for a
+    worker. Its counters are touched from the event loop only."""
 
     def __init__(self, workers: int, queue: int):
         if workers < 1 or queue < 0:
             raise ValueError(f"the question pool needs workers >= 1 and queue >= 0, got "
                              f"{workers} and {queue}")
         self.workers, self.queue = workers, queue
-        self._limiter: anyio.CapacityLimiter | None = None    # made in the event loop
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
         self.num_in = 0                   # questions running or queued
         self.num_refused = 0
 
@@ -47,24 +44,28 @@ class AskPool:
             self.num_refused += 1
             raise Busy(f"{self.num_in} questions are running or queued (SHADOW_ASK_WORKERS="
                        f"{self.workers}, SHADOW_ASK_QUEUE={self.queue}): try again shortly")
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.workers)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, "shadow-ask")
         cancelled = threading.Event()
         self.num_in += 1
         try:
-            job = functools.partial(fn, *args, cancelled=cancelled, **kwargs)
-            task = asyncio.ensure_future(anyio.to_thread.run_sync(job, limiter=self._limiter))
+            job = self._executor.submit(fn, *args, cancelled=cancelled, **kwargs)
+            fut = asyncio.wrap_future(job)
             while True:
-                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
                 if done:
-                    return task.result()
+                    return fut.result()
                 if disconnected is not None and await disconnected():
                     cancelled.set()
-                    task.cancel()             # waiting for a worker: never starts
-                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                    job.cancel()              # waiting for a worker: never starts
+                    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
                     raise ClientGone()
         finally:
             self.num_in -= 1
 
     def close(self) -> None:
-        """Nothing to stop: the workers are AnyIO's (kept for the app's lifespan)."""
+        """Stop the workers (queued questions are dropped); a later question starts new ones
+        (an app's lifespan may run again, as in tests)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -16,6 +16,7 @@ from .errors import ClientGone, WaitTimeout
 
 POLL_S = 0.05               # how often the poller looks at the waited sessions' C
 DISCONNECT_POLL_S = 0.25    # how often a waiting ask looks whether its client left
+WHY_FRESH_S = 1.0           # asks timing out together share one look at why (one lock hold)
 
 
 @dataclass(eq=False)
@@ -38,6 +39,8 @@ class Waits:
         self.door, self.poll_s = door, poll_s
         self._waiters: set[Waiter] = set()
         self._task: asyncio.Task | None = None
+        self._why: tuple[float, str] | None = None       # (loop time, text)
+        self._why_lock: asyncio.Lock | None = None
 
     @property
     def num_waiting(self) -> int:
@@ -59,8 +62,7 @@ class Waits:
                 left = deadline - loop.time()
                 if left <= 0:
                     n, c = w.seen
-                    why = await run_in_threadpool(self.door.require().not_reading_why)
-                    raise WaitTimeout(n - c, c, why)
+                    raise WaitTimeout(n - c, c, await self._not_reading_why())
                 try:
                     await asyncio.wait_for(asyncio.shield(w.done), min(left, DISCONNECT_POLL_S))
                     return w.done.result()
@@ -71,6 +73,18 @@ class Waits:
             self._waiters.discard(w)
             if w.done.done() and not w.done.cancelled():
                 w.done.exception()                    # seen: no "never retrieved" warning
+
+    async def _not_reading_why(self) -> str:
+        """Why the reader is not reading, looked at once for the asks that time out within
+        WHY_FRESH_S of each other."""
+        loop = asyncio.get_running_loop()
+        if self._why_lock is None:
+            self._why_lock = asyncio.Lock()
+        async with self._why_lock:
+            if self._why is None or loop.time() - self._why[0] > WHY_FRESH_S:
+                text = await run_in_threadpool(self.door.require().not_reading_why)
+                self._why = (loop.time(), text)
+            return self._why[1]
 
     async def _poll(self) -> None:
         """While asks wait: one look at all their sessions, then wake those that are done."""

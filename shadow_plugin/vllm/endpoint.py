@@ -15,11 +15,9 @@ one look a call, never in the engine.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 
-import anyio.from_thread
 from prometheus_client import REGISTRY
 
 from ..config import ServiceConfig
@@ -52,6 +50,7 @@ class ShadowEndpoint:
         self.collector = Collector(lambda: self.metrics)
         self.history = History(METRICS_EVERY_S, HISTORY_SAMPLES)
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None    # the server's, at init_state
 
     # -- the door's call, from a route's worker thread ------------------------------------------
     async def call_async(self, name: str, kwargs: dict):
@@ -67,7 +66,11 @@ class ShadowEndpoint:
         return reply if reply is not None else ("error", "NotReady", (NOT_RUNNING, True))
 
     def call(self, name: str, kwargs: dict):
-        return anyio.from_thread.run(functools.partial(self.call_async, name, kwargs))
+        """call_async from a worker thread (a route's, or the question pool's: any thread but
+        the event loop's), run in the event loop vLLM's server runs."""
+        if self._loop is None:
+            return ("error", "NotReady", ("vLLM's engine is not up", False))
+        return asyncio.run_coroutine_threadsafe(self.call_async(name, kwargs), self._loop).result()
 
     # -- vLLM's hooks ---------------------------------------------------------------------------
     def attach_router(self, app) -> None:
@@ -78,6 +81,7 @@ class ShadowEndpoint:
 
     async def init_state(self, engine_client, state, args) -> None:
         self.engine_client = engine_client
+        self._loop = asyncio.get_running_loop()
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
         try:
