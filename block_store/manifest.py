@@ -80,10 +80,11 @@ def hex_key(text: str) -> str:
 def peek_session(path: Path) -> str | None:
     """The session id a manifest file names in its header, read without any check (to name a
     session whose manifest was refused); None when even that does not read."""
-    try:
-        from safetensors import safe_open
-        with safe_open(str(path), "pt") as f:
-            session = json.loads((f.metadata() or {})["session"])
+    try:                                   # the header alone: a damaged body does not matter
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(min(size, 100 * 2**20)))
+        session = json.loads(header["__metadata__"]["session"])
         return session if isinstance(session, str) else None
-    except Exception:                      # a damaged file: nothing to name
+    except Exception:                      # a damaged header: nothing to name
         return None

@@ -113,7 +113,8 @@ class Residency:
                 log.warning("refused manifest %s: %s", path.name, e)
                 self.disk.set_aside(e.path or path, e.reason)
             else:                        # listed (status) until its session is deleted
-                self.unusable[path] = (peek_session(path), f"{e.reason}: {e}")
+                why = str(e) if str(e).startswith(e.reason) else f"{e.reason}: {e}"
+                self.unusable[path] = (peek_session(path), why)
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
                                   m.committed, stale=m.stale)
@@ -125,8 +126,9 @@ class Residency:
         this reader could use. Restores nothing."""
         rec = self.parked.get(sid)
         if rec is None and self.disk is not None:
-            path = self.disk.manifest_path(sid)
-            rec = self._adopt(path, refuse=True) if path.is_file() else None
+            path = self.disk.manifest_path(sid)     # a listed one stays, listed, where it is
+            rec = self._adopt(path, refuse=path not in self.unusable) if path.is_file() \
+                else None
         return rec
 
     # -- parking --------------------------------------------------------------------------------

@@ -145,7 +145,9 @@ class SessionTable:
         st = self.resident.get(sid)
         if st is None:
             rec = self.residency.parked.get(sid)
-            return rec is not None and rec.manifest is not None
+            if rec is None or rec.manifest is not None:
+                return rec is not None
+            st = self.get(sid)           # dropped (its park's write failed): written now
         return self.residency.save_manifest(sid, st, stale)
 
     def close(self) -> None:

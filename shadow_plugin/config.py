@@ -102,7 +102,7 @@ class ServiceConfig:
         state_dir = Path(_get(env, "DIR") or Path.home() / ".shadow-reader").expanduser()
         disk = (_get(env, "DISK") or "off").strip()
         disk_dir = {"off": None, "auto": Path.home() / ".cache" / "shadow-reader"}.get(
-            disk, Path(disk).expanduser())
+            disk.lower(), Path(disk).expanduser().absolute())
         grid = int(_num(env, "GRID", 512, int))
         return cls(model=_get(env, "MODEL") or "", device=_get(env, "DEVICE") or "",
                    state_dir=state_dir, resident_gb=_num(env, "GB", 4.0),

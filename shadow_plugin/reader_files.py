@@ -17,9 +17,12 @@ class FileCalls:
         it. Returns True when the disk's manifest says so (now or already), False when the
         write failed (logged, counted), None without a disk. Raises KeyError when unknown."""
         st = self._get(session)
-        if self.table.store.disk is None:
+        disk = self.table.store.disk
+        if disk is None:
             return None
-        return st.unsaved_outputs or self.table.save(session, stale=True)
+        if st.unsaved_outputs and disk.manifest_path(session).is_file():   # one stat: the
+            return True                   # TTL may have swept an idle session's manifest
+        return self.table.save(session, stale=True)
 
     def stale(self, session: str) -> bool:
         """Whether the session came back from a restart holding a prefix of what the host sent

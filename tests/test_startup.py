@@ -26,6 +26,10 @@ def _serve(env: dict, *args: str, timeout: int = 60):
 
 @pytest.mark.parametrize("env, args, named", [
     ({"SHADOW_GB": "-1"}, (), "SHADOW_GB=-1"),
+    ({"SHADOW_GB": "1e-12"}, (), "SHADOW_GB=1e-12"),
+    ({"SHADOW_DEVICE": "tpu"}, (), "SHADOW_DEVICE / --device 'tpu'"),
+    ({"SHADOW_MAX_BODY_MB": "0"}, (), "SHADOW_MAX_BODY_MB=0"),
+    ({"SHADOW_ASK_WORKERS": "100000"}, (), "SHADOW_ASK_WORKERS=100000"),
     ({"SHADOW_DISK": "/proc/nope"}, (), "SHADOW_DISK='/proc/nope'"),
     ({"SHADOW_DISK_GB": "0"}, (), "SHADOW_DISK_GB=0"),
     ({"SHADOW_DISK_TTL_H": "-2"}, (), "SHADOW_DISK_TTL_H=-2"),

@@ -47,21 +47,23 @@ class AskPool:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(self.workers, "shadow-ask")
         cancelled = threading.Event()
-        self.num_in += 1
-        try:
-            job = self._executor.submit(fn, *args, cancelled=cancelled, **kwargs)
-            fut = asyncio.wrap_future(job)
-            while True:
-                done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
-                if done:
-                    return fut.result()
-                if disconnected is not None and await disconnected():
-                    cancelled.set()
-                    job.cancel()              # waiting for a worker: never starts
-                    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-                    raise ClientGone()
-        finally:
-            self.num_in -= 1
+        self.num_in += 1                  # until the job ends, even if its client left
+        job = self._executor.submit(fn, *args, cancelled=cancelled, **kwargs)
+        fut = asyncio.wrap_future(job)
+        fut.add_done_callback(self._done)
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return fut.result()
+            if disconnected is not None and await disconnected():
+                cancelled.set()
+                job.cancel()                  # waiting for a worker: never starts
+                raise ClientGone()
+
+    def _done(self, fut: asyncio.Future) -> None:
+        self.num_in -= 1
+        if not fut.cancelled():
+            fut.exception()                   # seen: no "never retrieved" warning
 
     def close(self) -> None:
         """Stop the workers (queued questions are dropped); a later question starts new ones

@@ -103,10 +103,12 @@ class Shadow(QuestionCalls):
             raise ValueError(f"unknown profile {profile!r}")
         prof = self.profiles.get(profile, Profile())
         validate.token_ids(ids, self.reader.adapter.vocab_size, "prompt_ids")
-        if not prof.mode:
+        if not prof.mode:                    # not followed: what was held no longer holds
             with self.lock:
-                if not self.reader.knows(session):
-                    self.unfollowed.add(session)
+                if self.reader.knows(session):
+                    self.host.forget(session)
+                    self.last_answer.pop(session, None)
+                self.unfollowed.add(session)
             return None
         with self.lock:
             try:
@@ -141,13 +143,14 @@ class Shadow(QuestionCalls):
             if session in self.unfollowed and not self.reader.knows(session):
                 return None                  # its turn's profile has the shadow off
             start = self._position(session)[0]
-            if position is not None and position != start:
-                raise PositionMismatch(session, position, start)
             if self.reader.stale(session):
                 raise StaleSession(session, start)
-            if self.reader.mark_outputs(session) is False and require_durable:
-                raise NotDurable(session, "the outputs were not appended")
+            capped = self.positions_policy == "cap" and start >= self.max_positions
+            if position is not None and position != start and not (capped and position > start):
+                raise PositionMismatch(session, position, start)
             ids = self._fit(session, ids, start)
+            if ids and self.reader.mark_outputs(session) is False and require_durable:
+                raise NotDurable(session, "the outputs were not appended")
             result = self.host.output(session, ids)
             if self.session_profiles.get(session, Profile()).narrator:
                 self.narrator.on_output(session, start, list(ids))

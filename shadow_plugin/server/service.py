@@ -64,10 +64,10 @@ def check_config(cfg: ServiceConfig) -> None:
 def check_limits(cfg: ServiceConfig) -> None:
     """The question pool, the catch-up bound, the positions policy and the threads (ValueError
     naming the variable)."""
-    if cfg.ask_workers < 1:
-        raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: at least 1 question must run")
-    if cfg.ask_queue < 0:
-        raise ValueError(f"SHADOW_ASK_QUEUE={cfg.ask_queue}: must be 0 or more")
+    if not 1 <= cfg.ask_workers <= 256:
+        raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: 1 to 256 questions at once")
+    if not 0 <= cfg.ask_queue <= 100_000:
+        raise ValueError(f"SHADOW_ASK_QUEUE={cfg.ask_queue}: 0 to 100,000")
     if cfg.ask_max_catchup_tokens is not None and cfg.ask_max_catchup_tokens < 1:
         raise ValueError(f"SHADOW_ASK_MAX_CATCHUP_TOKENS={cfg.ask_max_catchup_tokens}: must be "
                          "at least 1 (or none for no bound)")

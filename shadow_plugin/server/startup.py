@@ -14,6 +14,7 @@ import torch
 from ..config import ServiceConfig, default_threads
 from .limits import LOOPBACK
 
+MIN_CAP_GB = 2**-10         # 1 MiB: below it not even one page of the tiny model fits
 
 def check_folder(path: Path, variable: str) -> None:
     """The folder exists or can be made, and a file can be written in it (ValueError naming
@@ -30,9 +31,15 @@ def check_folder(path: Path, variable: str) -> None:
 def check_paths(cfg: ServiceConfig) -> None:
     """SHADOW_DISK (when set) and SHADOW_DIR are writable folders; SHADOW_GB and SHADOW_DISK_GB
     are positive (ValueError naming the variable)."""
-    if not cfg.resident_gb > 0 or cfg.resident_gb == float("inf"):
-        raise ValueError(f"SHADOW_GB={cfg.resident_gb}: the resident cap must be a positive "
-                         "number of GiB")
+    if not MIN_CAP_GB <= cfg.resident_gb < float("inf"):
+        raise ValueError(f"SHADOW_GB={cfg.resident_gb}: the resident cap must be at least "
+                         f"{MIN_CAP_GB} GiB")
+    if cfg.device not in ("", "cpu", "cuda"):
+        raise ValueError(f"SHADOW_DEVICE / --device {cfg.device!r}: cpu or cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("SHADOW_DEVICE / --device 'cuda': no CUDA device is available here")
+    if not cfg.max_body_bytes > 0:
+        raise ValueError(f"SHADOW_MAX_BODY_MB={cfg.max_body_bytes / 2**20}: must be positive")
     if cfg.disk_gb is not None and not cfg.disk_gb > 0:
         raise ValueError(f"SHADOW_DISK_GB={cfg.disk_gb}: the disk cap must be a positive "
                          "number of GiB")

@@ -93,8 +93,10 @@ class Waits:
             sessions = sorted({w.session for w in waiting})
             try:
                 shadow = self.door.require()
-                seen = await run_in_threadpool(shadow.positions, sessions) if sessions else {}
-                grid = shadow.grid
+                # both in a worker thread: a remote door's first look at G is a call that
+                # must not run on the event loop's own thread
+                seen, grid = await run_in_threadpool(
+                    lambda: (shadow.positions(sessions) if sessions else {}, shadow.grid))
             except Exception as e:                    # the shadow went away: every wait ends
                 for w in waiting:
                     if not w.done.done():

@@ -51,6 +51,7 @@ class ShadowEndpoint:
         self.history = History(METRICS_EVERY_S, HISTORY_SAMPLES)
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None    # the server's, at init_state
+        self._loop_thread: int | None = None
 
     # -- the door's call, from a route's worker thread ------------------------------------------
     async def call_async(self, name: str, kwargs: dict):
@@ -70,6 +71,9 @@ class ShadowEndpoint:
         the event loop's), run in the event loop vLLM's server runs."""
         if self._loop is None:
             return ("error", "NotReady", ("vLLM's engine is not up", False))
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("ShadowEndpoint.call on the event loop's own thread would wait "
+                               "for itself: call it from a worker thread (or call_async)")
         return asyncio.run_coroutine_threadsafe(self.call_async(name, kwargs), self._loop).result()
 
     # -- vLLM's hooks ---------------------------------------------------------------------------
@@ -81,7 +85,7 @@ class ShadowEndpoint:
 
     async def init_state(self, engine_client, state, args) -> None:
         self.engine_client = engine_client
-        self._loop = asyncio.get_running_loop()
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
         try:

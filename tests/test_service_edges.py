@@ -1,0 +1,143 @@
+"""Edges a review of issue 19 found: a waiting ask through a remote door (vLLM's) never calls the
+door on the event loop's thread; a turn whose profile is off drops what the session held; an
+end after a park whose write failed writes the manifest; a question whose client left still
+counts in the pool until it ends; a manifest with a damaged body is listed under its session's
+name, across restarts, even once touched; a capped session takes the host's positions."""
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi import FastAPI  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from shadow_plugin.reader import Reader  # noqa: E402
+from shadow_plugin.server import errors  # noqa: E402
+from shadow_plugin.server.ask_pool import AskPool  # noqa: E402
+from shadow_plugin.server.remote import RemoteService  # noqa: E402
+from shadow_plugin.server.routes import question_router  # noqa: E402
+
+G = 64
+
+
+def test_a_waiting_ask_never_calls_a_remote_door_on_the_event_loop():
+    calls = []
+
+    def call(name, kwargs):
+        try:                                  # the event loop's thread: vLLM's would hang
+            asyncio.get_running_loop()
+            raise AssertionError(f"{name} called on the event loop's thread")
+        except RuntimeError:
+            pass
+        calls.append(name)
+        answers = {"status": {"grid": G, "model": "m"}, "fork_position": 300,
+                   "positions": {"s": [300, 0]}, "not_reading_why": "open turns"}
+        return ("ok", answers[name])
+
+    app = FastAPI()
+    app.include_router(question_router(RemoteService(call), AskPool(1, 1)))
+    with TestClient(app) as c:
+        r = c.post("/v1/shadow/ask", json={"session": "s", "question": "q",
+                                           "choices": ["a", "b"], "wait": True,
+                                           "timeout_s": 0.5})
+    assert r.status_code == 504 and r.json()["backlog"] == 300, r.text
+    assert "status" in calls and "positions" in calls
+
+
+def test_a_question_whose_client_left_counts_until_it_ends():
+    pool, release = AskPool(1, 0), threading.Event()
+
+    def slow(cancelled):
+        release.wait(10)
+        return "done"
+
+    async def run():
+        gone = asyncio.Event()
+
+        async def disconnected():
+            return gone.is_set()
+
+        first = asyncio.create_task(pool.run(slow, disconnected=disconnected))
+        await asyncio.sleep(0.05)
+        gone.set()
+        with pytest.raises(errors.ClientGone):
+            await first
+        assert pool.num_in == 1                    # still running in its worker
+        with pytest.raises(errors.Busy):
+            await pool.run(slow)
+        release.set()
+        for _ in range(100):
+            if pool.num_in == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert pool.num_in == 0
+        assert await pool.run(lambda cancelled: "next") == "next"
+
+    asyncio.run(run())
+
+
+def test_an_end_after_a_failed_park_writes_the_manifest(tiny, tmp_path, monkeypatch):
+    import block_store.residency as residency
+    r = Reader(tiny, grid=G, disk_dir=tmp_path)
+    r.feed("s", list(range(1000, 1000 + 2 * G + 3)), "prompt")
+    r.table.store.disk.manifest_path("s").unlink()
+    real = residency.save_session
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(residency, "save_session", full)
+    r.table.residency.park(r.table.resident, "s")
+    assert r.stats()["sessions"]["s"]["residency"] == "dropped"
+    monkeypatch.setattr(residency, "save_session", real)
+    assert r.save("s") is True                     # the disk is back: written now
+    assert Reader(tiny, grid=G, disk_dir=tmp_path).ids("s") == list(range(1000, 1000 + 2 * G + 3))
+
+
+def test_a_damaged_body_is_listed_by_name_across_restarts(tiny, tmp_path):
+    a = Reader(tiny, grid=G, disk_dir=tmp_path)
+    a.feed("x", list(range(2000, 2000 + G + 5)), "prompt")
+    path = a.table.store.disk.manifest_path("x")
+    path.write_bytes(path.read_bytes()[:-40])      # a truncated body, its header intact
+    for _ in range(2):
+        b = Reader(tiny, grid=G, disk_dir=tmp_path)
+        (listed,) = b.stats()["refused_sessions"]
+        assert listed["session"] == "x" and not listed["reason"].count("unreadable: unread")
+        with pytest.raises(KeyError, match="refused at start-up"):
+            b.position("x")                        # touched: still listed, still there
+        assert path.is_file()
+
+
+def test_off_profiles_and_capped_sessions_over_http(tmp_path):
+    from shadow_plugin.config import ServiceConfig
+    from shadow_plugin.scheduler import SchedulerConfig
+    from shadow_plugin.server.app import create_app
+    profiles = tmp_path / "p.yaml"
+    profiles.write_text("quiet:\n  shadow:\n    mode: off\n")
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        profiles_path=profiles, max_positions_policy="cap",
+                        max_ids=300_000, max_body_bytes=8 * 2**20,
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    with TestClient(create_app(cfg), base_url="http://127.0.0.1") as c:
+        deadline = time.monotonic() + 60
+        while c.get("/healthz").json()["state"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        base = "/v1/shadow/sessions"
+        assert c.post(f"{base}/k/turn", json={"prompt_ids": list(range(1000, 1100))}).json()[
+            "num_ids"] == 100
+        r = c.post(f"{base}/k/turn", json={"prompt_ids": [5, 6], "profile": "quiet"})
+        assert r.json()["followed"] is False
+        r = c.post(f"{base}/k/output", json={"ids": [7, 8]})   # not onto the old prompt
+        assert r.status_code == 200 and r.json()["followed"] is False
+        assert c.get(f"{base}/k/narration").status_code == 404
+        n = 262_144 + 10
+        ids = [random.Random(0).randrange(1000, 9000) for _ in range(n)]
+        r = c.post(f"{base}/big/turn", json={"prompt_ids": ids})
+        assert r.status_code == 200 and r.json()["num_ids"] == 262_144
+        r = c.post(f"{base}/big/output", json={"ids": [5], "position": n})
+        assert r.status_code == 200 and r.json()["num_ids"] == 262_144
+        r = c.post(f"{base}/big/output", json={"ids": [5], "position": 3})
+        assert r.status_code == 409
