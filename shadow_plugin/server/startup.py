@@ -14,7 +14,7 @@ import torch
 from ..config import ServiceConfig, default_threads
 from .limits import LOOPBACK
 
-MIN_CAP_GB = 2**-10         # 1 MiB: below it not even one page of the tiny model fits
+MIN_CAP_GB = 2**-14         # 64 KiB: a cap under one page of the tiny model is a mistake
 
 def check_folder(path: Path, variable: str) -> None:
     """The folder exists or can be made, and a file can be written in it (ValueError naming
