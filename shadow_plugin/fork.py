@@ -137,13 +137,15 @@ class Generation:
     """ids: the greedy continuation (ending with a stop id when one came); prefill_ms: the fork's
     first forward (tail and prompt, after any chunks it had to read); ms_per_token: mean wall
     time of the one-token decode steps (those the decode loop ran past a stop id it saw late
-    included); num_forwarded_tokens: as Answer's; at: the position."""
+    included); num_forwarded_tokens: as Answer's; at: the position; stale: as Answer's (the
+    session holds a prefix of what the host sent, Reader.stale)."""
 
     ids: tuple[int, ...]
     prefill_ms: float
     ms_per_token: float
     num_forwarded_tokens: int
     at: int
+    stale: bool = False
 
 
 def generate(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,

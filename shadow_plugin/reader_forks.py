@@ -103,7 +103,7 @@ class ForkCalls:
         out = fork.generate(self.adapter, self.config, self.table.store, st, p_ids, at,
                             max_new_tokens, set(stop_ids), self._take_scratch(session, st, at))
         self._settle(session)
-        return out
+        return dataclasses.replace(out, stale=st.stale) if st.stale else out
 
     def summarize(self, session: str, instruction: str = "Summarize this session in a few "
                   "sentences.", max_tokens: int = 128, at: int | None = None) -> tuple[str, fork.Generation]:

@@ -38,6 +38,7 @@ def test_outputs_after_the_turn_come_back_stale_until_the_next_prompt(tiny, tmp_
     assert b.ids("s") == prompt                   # nothing appended, nothing lost
     ans = b.ask("s", "Code?", ["yes", "no"])
     assert ans.stale and ans.at == len(prompt)
+    assert b.generate("s", "Summarize.", 2).stale            # every answer says so
     nxt = prompt + out + _rand(30, rng)           # the host's next prompt re-synchronises
     assert b.feed("s", nxt, "prompt").durable is True and not b.stale("s")
     b.read("s")

@@ -126,6 +126,7 @@ class Questions:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
                       "logprobs": None}
+            out["shadow"] = {"stale": gen.stale, "at": gen.at}
             usage = {"prompt_tokens": max(gen.num_forwarded_tokens - (len(gen.ids) - 1), 0),
                      "completion_tokens": len(gen.ids)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -150,7 +151,7 @@ def question_router(door, pool: AskPool) -> APIRouter:
         text, gen = await q.summarize(request, body.session, body.instruction, body.max_tokens,
                                       body.at)
         return schemas.SummarizeOut(text=text, ids=list(gen.ids), ms_per_token=gen.ms_per_token,
-                                    prefill_ms=gen.prefill_ms)
+                                    prefill_ms=gen.prefill_ms, stale=gen.stale)
 
     @r.post("/v1/shadow/chat/completions")
     @answered_async

@@ -123,6 +123,8 @@ class SummarizeOut(BaseModel):
     ids: list[int]
     ms_per_token: float
     prefill_ms: float
+    stale: bool = Field(default=False, description="as an ask's: the session holds a prefix of "
+                        "what the host sent until its next turn")
 
 
 class ChatIn(BaseModel):
