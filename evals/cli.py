@@ -242,13 +242,13 @@ def _serve(args) -> int:
 
     from shadow_plugin.config import ServiceConfig
     from shadow_plugin.server.app import create_app
-    from shadow_plugin.server.startup import bind_check, startup_line
+    from shadow_plugin.server.startup import bind_check, startup_lines
     cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
                                                   api_key=args.api_key, grid=args.grid,
                                                   bind_host=args.host, threads=args.threads)
     app = create_app(cfg)                   # every setting checked: ValueError -> exit 2
     bind_check(args.host, args.port)        # the port taken or not ours: exit 2, no traceback
-    for line in startup_line(cfg, args.host, args.port):
+    for line in startup_lines(cfg, args.host, args.port):
         print(f"shadow-reader: {line}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

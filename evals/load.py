@@ -89,6 +89,7 @@ def fill(url: str, args) -> list[str]:
 
 
 def percentiles(ms: list[float]) -> dict:
+    """p50, p90, p99 and max of latencies `ms` (ms, rounded to 0.1); {} for none."""
     if not ms:
         return {}
     q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
@@ -97,12 +98,14 @@ def percentiles(ms: list[float]) -> dict:
 
 
 async def _timed(c: httpx.AsyncClient, method: str, path: str, **kw) -> tuple[int, float]:
+    """(status code, ms from the client's send to the answer)."""
     t0 = time.perf_counter()
     r = await c.request(method, path, **kw)
     return r.status_code, (time.perf_counter() - t0) * 1e3
 
 
 async def ask_round(url: str, names: list[str], n: int, seed: int) -> list[tuple[int, float]]:
+    """n asks at once on sessions drawn from `names`: [(status code, ms)]."""
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=600,
                                  limits=httpx.Limits(max_connections=n + 10)) as c:
@@ -134,6 +137,7 @@ async def wait_round(url: str, n: int, timeout_s: float) -> dict:
 
 
 def run(args) -> dict:
+    """The whole measurement (module doc); the service is stopped at the end."""
     tmp = tempfile.mkdtemp(prefix="shadow-load-")
     proc, url = start(args, tmp)
     try:

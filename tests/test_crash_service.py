@@ -6,12 +6,8 @@ call in flight, what it sent before or after that call; every session is exact; 
 re-synchronises stale sessions by sending their turn again. Outputs at the wrong position get
 409; a manifest damaged while the service was down is listed in status with its reason until
 the session is deleted."""
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,6 +16,8 @@ import pytest
 import xxhash
 
 httpx = pytest.importorskip("httpx")
+from serving import free_port, start  # noqa: E402
+
 G = 64
 NUM_KILLS = 20
 SESSIONS = ("a", "b", "c")
@@ -29,36 +27,17 @@ def _digest(ids) -> str:
     return xxhash.xxh3_64(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Service:
     """The service in a subprocess on one folder, started again after each kill."""
 
     def __init__(self, tmp):
-        self.tmp, self.port = tmp, _free_port()
+        self.tmp, self.port = tmp, free_port()
         self.url, self.proc = f"http://127.0.0.1:{self.port}", None
 
     def start(self) -> None:
-        env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
-               "SHADOW_GRID": str(G), "SHADOW_DISK": str(self.tmp / "disk"),
-               "SHADOW_GB": "0.002", "SHADOW_DIR": str(self.tmp), "SHADOW_POLL_S": "0.02",
-               "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port",
-                                      str(self.port)], env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz").json()["state"] == "ready":
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("the service did not start")
+        self.proc, _ = start({"SHADOW_GRID": str(G), "SHADOW_DISK": str(self.tmp / "disk"),
+                              "SHADOW_GB": "0.002", "SHADOW_DIR": str(self.tmp),
+                              "OMP_NUM_THREADS": "1"}, self.port)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -8,10 +8,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +16,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 from browser import chromium, missing  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from serving import free_port, start, stop  # noqa: E402
 
 from evals.data import data_dir  # noqa: E402
 from shadow_plugin.server.history import sample_key  # noqa: E402
@@ -30,40 +27,15 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 PREFIX = data_dir() / "prefixes" / "opencode_qwen.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
-    port = _free_port()
-    env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
-           "SHADOW_GRID": str(G), "SHADOW_DIR": str(tmp), "SHADOW_POLL_S": "0.02",
-           "SHADOW_API_KEY": KEY, "SHADOW_HISTORY_S": "0.25", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start({"SHADOW_GRID": str(G), "SHADOW_DIR": str(tmp), "SHADOW_API_KEY": KEY,
+                       "SHADOW_HISTORY_S": "0.25", "OMP_NUM_THREADS": "1"}, free_port())
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz").json()["state"] == "ready":
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the service did not become ready in 120 s")
         yield url, tmp
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _metrics(url) -> dict[str, float]:

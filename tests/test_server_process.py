@@ -1,43 +1,20 @@
 """The real server in a subprocess on a loopback port: SIGTERM writes the sessions to disk, and
 a restarted server continues them from there."""
-import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
+from serving import free_port, start  # noqa: E402
+
 G = 64
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(tmp_path, port):
-    env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
-           "SHADOW_GRID": str(G), "SHADOW_DISK": str(tmp_path / "disk"),
-           "SHADOW_DIR": str(tmp_path), "SHADOW_POLL_S": "0.02"}
-    proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port",
-                             str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz").json()["state"] == "ready":
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the server did not become ready")
+    return start({"SHADOW_GRID": str(G), "SHADOW_DISK": str(tmp_path / "disk"),
+                  "SHADOW_DIR": str(tmp_path)}, port, timeout_s=90)
 
 
 def _wait_committed(url, sid, n):
@@ -53,7 +30,7 @@ def _wait_committed(url, sid, n):
 def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
     rng = random.Random(0)
     prompt = [rng.randrange(1000, 240000) for _ in range(5 * G + 7)]
-    port = _free_port()
+    port = free_port()
     proc, url = _start(tmp_path, port)
     try:
         httpx.post(f"{url}/v1/shadow/sessions/s/turn", json={"prompt_ids": prompt})

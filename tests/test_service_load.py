@@ -5,26 +5,17 @@ Retry-After past it) and leave the memory flat; a catch-up past its bound is ref
 reading; a prompt past the model's positions is refused, naming the policy. Loops are bounded
 in count and time; no latency bound is asserted, only orders."""
 import asyncio
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
+from serving import free_port, start, stop  # noqa: E402
+
 G = 64
 BOUND = 50_000
 ASK = {"question": "Code?", "choices": ["yes", "no"]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rand(n, seed):
@@ -34,25 +25,11 @@ def _rand(n, seed):
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
-    tmp, port = tmp_path_factory.mktemp("load"), _free_port()
-    env = {**os.environ, "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu",
-           "SHADOW_GRID": str(G), "SHADOW_DIR": str(tmp), "SHADOW_POLL_S": "0.02",
-           "SHADOW_ASK_WORKERS": "2", "SHADOW_ASK_QUEUE": "16",
-           "SHADOW_ASK_MAX_CATCHUP_TOKENS": str(BOUND), "SHADOW_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    tmp = tmp_path_factory.mktemp("load")
+    proc, url = start({"SHADOW_GRID": str(G), "SHADOW_DIR": str(tmp), "SHADOW_ASK_WORKERS": "2",
+                       "SHADOW_ASK_QUEUE": "16", "SHADOW_ASK_MAX_CATCHUP_TOKENS": str(BOUND),
+                       "SHADOW_THREADS": "1"}, free_port())
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz").json()["state"] == "ready":
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the service did not start")
         # "open" keeps a turn open: the idle window reads nothing, so waits wait
         assert httpx.post(f"{url}/v1/shadow/sessions/open/turn",
                           json={"prompt_ids": _rand(3 * G, 0)}).status_code == 200
@@ -60,11 +37,7 @@ def svc(tmp_path_factory):
                           json={"prompt_ids": _rand(2 * G + 5, 1)}).status_code == 200
         yield url, proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _read_tokens(url) -> float:

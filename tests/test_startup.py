@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shadow_plugin.config import ServiceConfig
-from shadow_plugin.server.startup import startup_line
+from shadow_plugin.server.startup import startup_lines
 from shadow_plugin.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,17 +83,17 @@ def test_serve_help_lists_every_setting():
 
 def test_the_startup_lines_name_what_is_in_use(tmp_path):
     cfg = ServiceConfig(model="random:tiny", device="cpu", state_dir=tmp_path, threads=3)
-    first, dashboard = startup_line(cfg, "127.0.0.1", 8765)
+    first, dashboard = startup_lines(cfg, "127.0.0.1", 8765)
     for part in ("random:tiny (seeded random weights) on cpu", "grid 512", "cap 4.0 GiB",
                  "disk off (SHADOW_DISK: a restart remembers nothing)",
                  str(tmp_path / "shadow.jsonl"), "threads 3", "questions 2 at once + 32"):
         assert part in first, part
     assert dashboard == "dashboard at http://127.0.0.1:8765/v1/shadow/dashboard"
-    lines = startup_line(cfg, "0.0.0.0", 8765)
+    lines = startup_lines(cfg, "0.0.0.0", 8765)
     assert lines[-1].startswith("WARNING: bound to 0.0.0.0 without an API key")
     keyed = ServiceConfig(model="random:tiny", api_key="k", disk_dir=tmp_path / "d")
-    assert len(startup_line(keyed, "0.0.0.0", 1)) == 2
-    assert f"disk {tmp_path / 'd'}" in startup_line(keyed, "0.0.0.0", 1)[0]
+    assert len(startup_lines(keyed, "0.0.0.0", 1)) == 2
+    assert f"disk {tmp_path / 'd'}" in startup_lines(keyed, "0.0.0.0", 1)[0]
 
 
 def test_small_points_over_http(tmp_path):

@@ -33,7 +33,6 @@ class AskPool:
         self.workers, self.queue = workers, queue
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
         self.num_in = 0                   # questions running or queued
-        self.num_refused = 0
 
     async def run(self, fn: Callable, *args,
                   disconnected: Callable[[], Awaitable[bool]] | None = None, **kwargs):
@@ -41,7 +40,6 @@ class AskPool:
         taken; ClientGone once `disconnected()` says the client left (the event is set, so
         fn stops at its next check; what it read stays; one not started yet never starts)."""
         if self.num_in >= self.workers + self.queue:
-            self.num_refused += 1
             raise Busy(f"{self.num_in} questions are running or queued (SHADOW_ASK_WORKERS="
                        f"{self.workers}, SHADOW_ASK_QUEUE={self.queue}): try again shortly")
         if self._executor is None:

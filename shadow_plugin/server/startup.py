@@ -63,7 +63,7 @@ def bind_check(host: str, port: int) -> None:
                          ) from None
 
 
-def startup_line(cfg: ServiceConfig, host: str, port: int) -> list[str]:
+def startup_lines(cfg: ServiceConfig, host: str, port: int) -> list[str]:
     """The lines `serve` prints before it binds."""
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     weights = "seeded random weights" if cfg.model.startswith("random:") else "real weights"

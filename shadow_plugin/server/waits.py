@@ -42,10 +42,6 @@ class Waits:
         self._why: tuple[float, str] | None = None       # (loop time, text)
         self._why_lock: asyncio.Lock | None = None
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiters)
-
     async def wait(self, session: str, at: int | None, timeout_s: float,
                    disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
         """Return once the session's C reaches the grid line at or below `at`. Raises
