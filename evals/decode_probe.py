@@ -56,12 +56,51 @@ TILINGS = {"decode": at.DECODE,
            "pages_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
                                            num_warps=2, page_splits=True),
            "pages_s256_st3": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
-                                            num_warps=4, num_stages=3, page_splits=True)}
+                                            num_warps=4, num_stages=3, page_splits=True),
+           # FlashAttention-2's own decode tiling, near: 64-key blocks, about 57 splits
+           "bn64_s64_st3": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512,
+                                          num_warps=4, num_stages=3),
+           "bn64_s64_w8": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512,
+                                         num_warps=8),
+           "bn128_s64_w8": at.SplitConfig(block_m=16, block_n=128, s_max=64, min_split=512,
+                                          num_warps=8),
+           "bn32_s64": at.SplitConfig(block_m=16, block_n=32, s_max=64, min_split=512,
+                                      num_warps=4),
+           "bn64_s32": at.SplitConfig(block_m=16, block_n=64, s_max=32, min_split=512,
+                                      num_warps=4),
+           # today's DECODE with the splits combined in order (before vector_combine)
+           "decode_in_order": at.SplitConfig(block_m=16, s_max=128, min_split=512,
+                                             num_warps=4)}
 
 
 def timed(fn) -> float:
-    """attn_kernel.timed over 50 calls, rounded."""
+    """attn_kernel.timed over 50 calls, rounded (each call's host time before its first kernel
+    counts: about 0.05 ms a call here, more than the kernels' differences; see graph_timed)."""
     return round(attn_kernel.timed(fn, repeats=50), 4)
+
+
+def graph_timed(fn, calls: int = 20, replays: int = 10) -> float:
+    """GPU ms a call with no host time in it: `calls` calls captured in one CUDA graph, the
+    median of `replays` replays (CUDA events) over calls, after a warm-up replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()                                  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    out = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / calls)
+    return round(statistics.median(out), 4)
 
 
 def pools(rows, seed, spare=8):
@@ -79,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="timings taken in turns, every call once a round; medians of rounds")
     ap.add_argument("--contexts", default="25600,51200,102400")
+    ap.add_argument("--graph", action="store_true",
+                    help="time calls captured in a CUDA graph (no host time; graph_timed)")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     tilings = {k: v for k, v in TILINGS.items() if not only or k in only}
@@ -121,13 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         times = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, fn in calls.items():
-                times[name].append(timed(fn))
+                times[name].append(graph_timed(fn) if args.graph else timed(fn))
         row.update({name: round(statistics.median(t), 4) for name, t in times.items()})
         if args.rounds > 1:
             row["rounds"] = {name: t for name, t in times.items()}
         res[f"{ctx // 1024}k"] = row
         print(ctx, row, flush=True)
-    print(json.dumps({"probe": "decode", "dtype": "bfloat16", "gpu": torch.cuda.get_device_name(),
+    print(json.dumps({"probe": "decode", "dtype": "bfloat16", "graph": args.graph, "gpu": torch.cuda.get_device_name(),
                       **versions(), "rounds": args.rounds, "results": res}))
     return 0
 

@@ -49,6 +49,57 @@ def _timer(device: str):
     return wall
 
 
+def _kernel_profile():
+    """evals/kernel_profile.py of this file's tree (the worker's `evals` package is its own
+    tree's, which may not have it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "kernel_profile", Path(__file__).resolve().with_name("kernel_profile.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _host_chunk(reader, n: int) -> dict:
+    """Host time of n one-chunk reads: to the first CUDA graph replay (the GPU idles until
+    then: it counts in a chunk's time), and in all; then a cProfile of n more reads, the 20
+    functions of largest cumulative time (ms a read)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+    first, lead, total = [], [], []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def noted(graph):
+        first.append(time.perf_counter())
+        return replay(graph)
+    torch.cuda.CUDAGraph.replay = noted
+    try:
+        for _ in range(n):
+            first.clear()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            reader.read("s", max_chunks=1)
+            total.append((time.perf_counter() - t0) * 1e3)
+            lead.append((first[0] - t0) * 1e3 if first else -1.0)
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        reader.read("s", max_chunks=1)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((v[3] * 1e3 / n, f"{k[0].split('/')[-2:]}:{k[2]}") for k, v in stats.items()),
+                  reverse=True)[:20]
+    return {"lead_ms": statistics.median(lead), "host_ms": statistics.median(total),
+            "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
+
+
 def worker(model_name: str, device: str, grid: int) -> None:
     """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
     from shadow_plugin import Reader, load_model
@@ -77,6 +128,15 @@ def worker(model_name: str, device: str, grid: int) -> None:
         elif op == "decode":
             gen = reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"], stop_ids=())
             ans = {"ms_per_token": gen.ms_per_token}
+        elif op == "profile_chunk":
+            kernel_table = _kernel_profile().kernel_table
+            ans = kernel_table(lambda: reader.read("s", max_chunks=1), calls=cmd["n"])
+        elif op == "profile_decode":
+            kernel_table = _kernel_profile().kernel_table
+            ans = kernel_table(lambda: reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"],
+                                                       stop_ids=()), calls=1)
+        elif op == "host_chunk":
+            ans = _host_chunk(reader, cmd["n"])
         elif op == "exact":
             ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
         print(json.dumps(ans), file=out, flush=True)
@@ -134,6 +194,13 @@ def drive(args) -> dict:
                 tb.append(b(op="chunk")["ms"])
             res[f"chunk_{point // 1024}k"] = _summary(ta, tb)
             print(f"chunk at {point}: {res[f'chunk_{point // 1024}k']}", flush=True)
+            if args.profile:
+                _profile(a, b, res, f"profile_chunk_{point // 1024}k", op="profile_chunk", n=2)
+                for name, tree in (("a", a), ("b", b)):
+                    res[f"host_{point // 1024}k_{name}"] = h = tree(op="host_chunk", n=4)
+                    print(f"host, chunk at {point}, {name}: lead {h['lead_ms']:.3f} ms, all "
+                          f"{h['host_ms']:.3f} ms\n" + "\n".join(
+                              f"  {ms:8.3f}  {fn}" for ms, fn in h["cumulative_ms"]), flush=True)
         for at in args.ask_at:
             for tree in (a, b):
                 tree(op="read_to", at=at // args.grid * args.grid)
@@ -146,12 +213,22 @@ def drive(args) -> dict:
         res["decode"] = _summary(*_alternate(a, b, args.repeats, "ms_per_token", op="decode",
                                              n=args.decode))
         print(f"decode: {res['decode']}", flush=True)
+        if args.profile:
+            _profile(a, b, res, "profile_decode", op="profile_decode", n=args.decode)
         res["exact"] = {"a": a(op="exact"), "b": b(op="exact")}
         print(f"exact: {res['exact']}", flush=True)
     finally:
         a.close()
         b.close()
     return res
+
+
+def _profile(a: Tree, b: Tree, res: dict, key: str, **cmd) -> None:
+    """Kernel by kernel, A beside B (evals/kernel_profile.py), printed and kept in res."""
+    from evals.kernel_profile import side_by_side
+    pa, pb = a(**cmd), b(**cmd)
+    res[key] = {"a": pa, "b": pb}
+    print(f"{key} (per call):\n{side_by_side(pa, pb)}", flush=True)
 
 
 def _summary(ta: list[float], tb: list[float]) -> dict:
@@ -172,10 +249,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-context", type=int, default=102400)
     ap.add_argument("--points", type=lambda s: [int(x) for x in s.split(",")],
                     default=[16384, 98304])
-    ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",")],
+    ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",") if x],
                     default=[32768, 100352])
     ap.add_argument("--chunks", type=int, default=6, help="chunks timed a point, each tree")
     ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile a chunk at each point and a decode, kernel by kernel")
     ap.add_argument("--decode", type=int, default=32, help="tokens a decode")
     args = ap.parse_args(argv)
     if args.worker:

@@ -129,6 +129,29 @@ def test_page_splits_past_min_split_ignore_where_pages_lie_and_match_the_twin():
     assert err < 4e-3, err
 
 
+# the decode combine: every split at once, against the combine in split order (other sums,
+# so not the same bits) and the twin
+VECTOR = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=16, num_warps=4,
+                        vector_combine=True)
+IN_ORDER = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=16, num_warps=4)
+
+
+@pytest.mark.parametrize("t,pos", [(1, 0), (1, 15), (1, 40), (1, 150), (3, 27), (1, 999)])
+def test_vector_combine_matches_the_combine_in_order_and_the_twin(t, pos):
+    q, k_buf, v_buf = _case(t, pos, d=128)
+    got = _run(q, k_buf, v_buf, pos, VECTOR)
+    near = (got.float() - _run(q, k_buf, v_buf, pos, IN_ORDER).float()).abs().max().item()
+    assert near < 2e-2, near                   # one bf16 rounding of the output apart at most
+    err = (got.float() - attend_ref(q, k_buf, v_buf, pos).float()).abs().max().item()
+    assert err < 4e-3, err
+    assert torch.equal(got, _run(q, k_buf, v_buf, pos, VECTOR, seed=7))   # pages elsewhere
+
+
+def test_split_config_refuses_a_vector_combine_it_cannot_take():
+    with pytest.raises(ValueError, match="vector_combine"):
+        at.SplitConfig(s_max=3, vector_combine=True)
+
+
 def test_page_splits_refuse_a_min_split_that_is_not_whole_pages():
     q, k_buf, v_buf = _case(1, 40)
     with pytest.raises(ValueError, match="min_split a multiple"):

@@ -149,7 +149,7 @@ def test_a_gdn_entry_evicted_while_its_pages_stay_resumes_at_the_deepest_line_wi
     r.table.residency.park(r.table.resident, "a")          # its entries unreferenced
     tip = [e for e in store.gdn.entries.values() if e.line in (5 * G, 6 * G)]
     for e in tip:
-        del store.gdn.entries[e.key]                       # the tip's states are gone
+        store.gdn.drop(e)                                  # the tip's states are gone
     r.feed("b", ids + [9], "prompt")
     assert r.committed("b") == 3 * G                       # not 6G: no state there
     r.read("b")

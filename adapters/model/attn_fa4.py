@@ -134,6 +134,12 @@ class Plan:
     tail: torch.Tensor
 
 
+def plan_size(end: int, page_rows: int) -> int:
+    """int32 entries `FA4Attention.plan_into` may write for rows [0, end): every sub-page,
+    and 4 of alignment."""
+    return -(-end // page_rows) * (page_rows // SUB_PAGE) + 4
+
+
 def sub_pages(pages, page_rows: int, start: int, end: int) -> np.ndarray:
     """int32 sub-page indices (pools read as [num_pages * page_rows / SUB_PAGE, SUB_PAGE, ...])
     of sequence rows [start, end), both multiples of SUB_PAGE."""
@@ -214,23 +220,38 @@ class FA4Attention:
 
     def plan(self, pos: int, t: int, pages, page_rows: int, device: torch.device) -> Plan:
         """The page tables of a run at `pos` of t rows over `pages` (page indices in row order,
-        pools of page_rows rows), for every layer's `attend`. Raises ValueError when pos + t
-        is not a multiple of SUB_PAGE (what the sub-page tables cover)."""
+        pools of page_rows rows), for every layer's `attend`, in a tensor of their own (runners
+        stage them with their other inputs instead: `plan_into`). Raises ValueError when pos
+        or pos + t is not a multiple of SUB_PAGE (what the sub-page tables cover)."""
+        host = np.empty(plan_size(pos + t, page_rows), dtype=np.int32)
+        dev = torch.empty(host.shape, dtype=torch.int32, device=device)
+        out, used = self.plan_into(pos, t, np.asarray(pages, dtype=np.int64), page_rows, host,
+                                   dev)
+        dev[:used].copy_(torch.from_numpy(host[:used]))
+        return out
+
+    def plan_into(self, pos: int, t: int, pages: np.ndarray, page_rows: int, host: np.ndarray,
+                  dev: torch.Tensor) -> tuple[Plan, int]:
+        """`plan`'s tables written into host (int32, at least plan_size(pos + t, page_rows)
+        long), returned as views of dev (int32 on the device, the same length: the caller
+        copies host[:used] there before the first `attend`, in one copy with its other
+        inputs). pages: int64 [>= (pos + t) / page_rows]. Returns (plan, used): the tail's
+        table at [0, tail), the splits' at the next multiple of 4 (16-byte aligned when host
+        and dev are). Raises ValueError as `plan`."""
         end = pos + t
         if end % SUB_PAGE or pos % SUB_PAGE:
             raise ValueError(f"FA4 over pages reads rows in sub-pages of {SUB_PAGE}: "
                              f"pos {pos} and pos + t {end} must be multiples")
-        s, ls = split_plan(pos, t, *self._heads, _num_sms(device.index or 0))
-        sub = all_sub_pages(pages, page_rows)
-        cut, n = s * ls // SUB_PAGE, end // SUB_PAGE
-        host = np.concatenate([sub[cut:n], sub[:cut]])         # tail, then the splits
-        tail = n - cut
-        # pinned through torch's caching host allocator; a pinned buffer kept between runs
-        # with an event measured slower on the H200 (chunk at 16k 4.32 against 4.13 ms)
-        dev = torch.from_numpy(host).pin_memory().to(device, non_blocking=True) \
-            if device.type == "cuda" else torch.from_numpy(host)
-        return Plan(pos, t, (s, ls), dev[tail:].view(s, -1) if s else None,
+        s, ls = split_plan(pos, t, *self._heads, _num_sms(dev.device.index or 0))
+        per, n = page_rows // SUB_PAGE, end // SUB_PAGE
+        cut = s * ls // SUB_PAGE
+        tail, at = n - cut, -(-(n - cut) // 4) * 4
+        sub = (pages[:-(-end // page_rows), None] * per + np.arange(per)).ravel()
+        host[:tail] = sub[cut:n]
+        host[at:at + cut] = sub[:cut]
+        plan = Plan(pos, t, (s, ls), dev[at:at + cut].view(s, -1) if s else None,
                     dev[:tail].view(1, -1))
+        return plan, at + cut
 
     def attend(self, q: torch.Tensor, pos: int, k_pool: torch.Tensor, v_pool: torch.Tensor,
                plan: Plan, out: torch.Tensor) -> None:

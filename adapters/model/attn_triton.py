@@ -33,6 +33,10 @@ class SplitConfig:
     block_n: keys per inner step; s_max: most splits of the keys; min_split: fewest keys a split
     holds; page_splits: splits of whole pages (their length a multiple of the page's rows, not
     of block_n), each page's place loaded once and its blocks read without the page table.
+    vector_combine: the
+    splits combined by (row, 64 columns) programs, every split at once (s_max a power of two;
+    the sums in another order, so other bits: for decode, whose bits no state keeps; the
+    combine took 0.018 ms a layer at 100k in one program a row, 128 splits in turn).
     Chunk reads use READ (fixed: the committed state depends on it)."""
 
     block_m: int = 128       # the fastest of 7 tilings on the H200 at 8k-98k (BENCHMARKS.md)
@@ -42,16 +46,19 @@ class SplitConfig:
     num_warps: int = 8
     num_stages: int = 2
     page_splits: bool = False
+    vector_combine: bool = False
 
     def __post_init__(self):
         pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
         if not (pow2(self.block_m) and pow2(self.block_n) and self.block_m >= 16
                 and self.block_n >= 16 and pow2(self.num_warps) and self.num_warps <= 16
                 and self.num_stages >= 1 and self.s_max >= 1
-                and self.min_split % self.block_n == 0 and self.min_split > 0):
+                and self.min_split % self.block_n == 0 and self.min_split > 0
+                and not (self.vector_combine and not pow2(self.s_max))):
             raise ValueError(f"{self}: block_m and block_n powers of two >= 16, num_warps a "
                              f"power of two <= 16, num_stages and s_max >= 1, min_split a "
-                             f"positive multiple of block_n")
+                             f"positive multiple of block_n, s_max a power of two with "
+                             f"vector_combine")
 
 
     @classmethod
@@ -71,7 +78,7 @@ READ = SplitConfig()
 # 50k-100k on the H200 (evals/decode_probe.py, docs/decode-probe-pages-2026-12-01-b.log: 0.142
 # ms a layer at 100k against 0.190 with 64 splits; FlashAttention-2 on contiguous rows 0.126)
 # (page splits were measured slower at 100k, +9-28 %, docs/decode-probe-pages-2026-12-01-d.log)
-DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4)
+DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4, vector_combine=True)
 
 
 @triton.jit
@@ -195,6 +202,7 @@ def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
             for start in range(lo, full_end, BLOCK_N):
                 m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
                                        scale_log2, HKV, D, BLOCK_N, PAGE, False)
+        if not PAGE_SPLITS:
             for start in range(full_end, hi, BLOCK_N):
                 m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
                                        scale_log2, HKV, D, BLOCK_N, PAGE, True)
@@ -225,6 +233,25 @@ def _attn_combine_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.con
         acc += w * tl.load(O_PART + (s * T * H + r) * D + d)
         den += w
     tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def _attn_combine_vec_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl.constexpr,
+                             ALIGN: tl.constexpr, S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    """Program (row t*H + h, columns c*BLOCK_D..): `_attn_combine_kernel` with every split
+    loaded at once ([S_MAX] log-sum-exps, [S_MAX, BLOCK_D] outputs) and summed as a vector."""
+    r, c = tl.program_id(0), tl.program_id(1)
+    pos = tl.load(POS)
+    split = _split_len(pos + T, S_MAX, MIN_SPLIT, ALIGN)
+    s = tl.arange(0, S_MAX)
+    ok = s < (pos + r // H) // split + 1
+    lse = tl.load(L_PART + s * T * H + r, mask=ok, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))                 # split 0 is always there: a finite max
+    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
+    o = tl.load(O_PART + (s * T * H + r)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    acc = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    tl.store(OUT + r * D + d, acc.to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -297,9 +324,15 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv
                              S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split, PAGE=page_rows,
                              PAGE_SPLITS=cfg.page_splits, num_warps=cfg.num_warps,
                              num_stages=cfg.num_stages)
-    _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d,
-                                   ALIGN=page_rows if cfg.page_splits else cfg.block_n,
-                                   S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split)
+    align = page_rows if cfg.page_splits else cfg.block_n
+    if cfg.vector_combine:
+        block_d = min(64, d)
+        _attn_combine_vec_kernel[(t * h, d // block_d)](
+            o_part, l_part, out, pos, t, H=h, D=d, ALIGN=align, S_MAX=cfg.s_max,
+            MIN_SPLIT=cfg.min_split, BLOCK_D=block_d)
+    else:
+        _attn_combine_kernel[(t * h,)](o_part, l_part, out, pos, t, H=h, D=d, ALIGN=align,
+                                       S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split)
     return out
 
 

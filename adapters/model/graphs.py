@@ -35,6 +35,7 @@ rewrites in place; `run` copies them out.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import attn_fa4, autotune, ops
@@ -102,7 +103,10 @@ class ChunkGraphs:
         self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
         self.num_full = len(self.full_layers)
         self.table_at = t + 1 + 2 * self.num_full           # meta's page table starts here
-        self.meta = z(self.table_at + MAX_TABLE_PAGES, dtype=torch.long)
+        # FA4's page tables of sub-pages (int32) follow the page table in the same copy
+        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * self.page_rows, self.page_rows)
+                      // 2) + 2 if attention == "fa4" else 0
+        self.meta = z(self.table_at + MAX_TABLE_PAGES + fa4_slots, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
             if self.use_graphs else torch.zeros_like(self.meta)
         self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
@@ -222,11 +226,10 @@ class ChunkGraphs:
         from .config import spec_for
         kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, self.t)
         kv.pool.block.zero_()
-        self._stage([0] * self.t, 0, kv)
-        self._pos, self._kv = 0, kv
         if self.attention == "fa4":                     # FA4 compiles at its first calls
             self._between.warm_up(self.t, cfg.head_dim, self.page_rows, dev, dt)
-            self._plan = self._between.plan(0, self.t, kv.pages, self.page_rows, dev)
+        self._stage([0] * self.t, 0, kv)
+        self._pos, self._kv = 0, kv
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -275,8 +278,14 @@ class ChunkGraphs:
         host[t + 1:at] = kv.pool.pointers
         n = len(kv.pages)
         host[at:at + n] = kv.pages
-        self._num_pages = n
-        self.meta[:at + n].copy_(self.meta_host[:at + n], non_blocking=True)
+        self._num_pages, end = n, at + n
+        if self.attention == "fa4":       # its tables after the pages, 16-byte aligned
+            fa4 = end + end % 2
+            self._plan, used = self._between.plan_into(
+                pos, self.t, host[at:at + n], self.page_rows, host[fa4:].view(np.int32),
+                self.meta[fa4:].view(torch.int32))
+            end = fa4 + -(-used // 2)
+        self.meta[:end].copy_(self.meta_host[:end], non_blocking=True)
         if self.meta_copied is not None:
             self.meta_copied.record()
 
@@ -312,10 +321,7 @@ class ChunkGraphs:
                              f"rows, at most {MAX_TABLE_PAGES} a sequence, 16-byte aligned "
                              f"pools; pool at {kv.pool.block.data_ptr():#x})")
         self.prepare()
-        self._stage(ids, pos, kv)
-        if self.attention == "fa4":
-            self._plan = self._between.plan(pos, self.t, kv.pages, self.page_rows,
-                                            self.meta.device)
+        self._stage(ids, pos, kv)                      # with FA4's plan (its page tables)
         self.slots.feed(gdn)
         self._pos, self._kv = pos, kv
         try:
