@@ -40,6 +40,7 @@ class PagePool:
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_pages))
         self.by_key: dict[bytes, int] = {}
         self.on_reuse: Callable[[Page], None] | None = None
+        self.num_reused = 0              # cached pages whose content was forgotten, since start
 
     def grow(self, num_pages: int) -> None:
         """Hold `num_pages` pages: the new ones join the free queue's least recent end (used
@@ -79,6 +80,7 @@ class PagePool:
                 self.on_reuse(page)
             if self.by_key.get(page.key) == index:
                 del self.by_key[page.key]
+            self.num_reused += 1
         page.key, page.ids, page.refs = None, None, 1
         return page
 
@@ -135,6 +137,7 @@ class PagePool:
                 if self.by_key.get(page.key) == i:
                     del self.by_key[page.key]
                 page.key, page.ids, n = None, None, n + 1
+        self.num_reused += n
         return n
 
     # -- counts ---------------------------------------------------------------------------------

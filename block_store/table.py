@@ -162,7 +162,8 @@ class SessionTable:
         (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids; totals
         against the cap (resident_bytes counts a shared page once); pages by state, GDN
         entries, the page store's counters; counts of spills, drops, restores, refusals and
-        deleted files."""
+        deleted files; what memory forgot and what the disk got of it first
+        (`_eviction_counts`)."""
         page_bytes = self.store.pool.page_bytes
         per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
                      "committed": st.committed,
@@ -194,5 +195,19 @@ class SessionTable:
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
                 "deleted_files": c.deleted_files, "write_errors": c.write_errors + (
                     self.store.spill.counters.write_errors if self.store.spill else 0),
+                **_eviction_counts(self.store),
                 "refused_sessions": [{"session": s, "file": p.name, "reason": why}
                                      for p, (s, why) in self.residency.unusable.items()]}
+
+
+def _eviction_counts(store) -> dict:
+    """Since start: GDN entries the table evicted (`gdn_entries_evicted`), cached pages whose
+    memory the block manager handed out again (`pages_reused`), and of those the pages and
+    entries written to disk first by key (`evicted_written`, spill.Spill; a file that existed
+    already is not counted; zeros without a disk)."""
+    spill = store.spill.counters if store.spill is not None else None
+    return {"gdn_entries_evicted": store.gdn.num_evicted,
+            "pages_reused": store.manager.num_reused,
+            "evicted_written": {"page": spill.pages if spill else 0,
+                                "gdn_entry": spill.entries if spill else 0}}
+

@@ -75,8 +75,12 @@ def test_a_scripted_session(client):
     assert st["pages"]["pinned"] >= 5
     assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
     assert f"shadow_disk_bytes {float(st['disk_bytes'])}" in metrics
-    for key in ("spills", "restores", "drops", "refusals", "deleted_files", "write_errors"):
+    for key in ("spills", "restores", "drops", "refusals", "deleted_files", "write_errors",
+                "gdn_entries_evicted", "pages_reused"):
         assert f"shadow_{key}_total {float(st[key])}" in metrics
+    for kind in ("page", "gdn_entry"):
+        assert (f'shadow_evicted_written_total{{kind="{kind}"}} '
+                f'{float(st["evicted_written"][kind])}') in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith(("shadow_ration_ms", "shadow_host_"))}

@@ -55,6 +55,10 @@ def test_reused_pages_and_evicted_entries_go_to_disk_and_a_new_reader_resumes(ti
     assert spill.counters.pages == 4 and spill.counters.write_errors == 0
     assert all(disk.has_page(k) for k in keys)
     assert all(disk.has_entry(k, look=True) for k in entries)
+    st = r.stats()          # the same counts in stats() (and /metrics: tests/test_server.py)
+    assert st["evicted_written"] == {"page": 4, "gdn_entry": spill.counters.entries}
+    assert spill.counters.entries >= len(entries) > 0
+    assert st["pages_reused"] >= 4 and st["gdn_entries_evicted"] >= len(entries)
     assert r.check_exact("b")
     # this reader finds them again: pages and the state at 4 G from disk
     r.feed("c", ids[:4 * G] + [5] * 9, "prompt")
@@ -102,6 +106,9 @@ def test_nothing_is_copied_or_written_without_a_disk(tiny, monkeypatch):
     assert store.spill is None and store.manager.on_reuse is None and store.gdn.on_evict is None
     _forgotten_prefix(r, random.Random(3))
     assert calls == [] and store.gdn.num_evicted > 0
+    st = r.stats()
+    assert st["evicted_written"] == {"page": 0, "gdn_entry": 0}
+    assert st["pages_reused"] >= 4 and st["gdn_entries_evicted"] == store.gdn.num_evicted
     assert r.check_exact("b")
 
 

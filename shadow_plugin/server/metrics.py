@@ -81,3 +81,11 @@ def _page_metrics(stats: dict):
                     "state", stats["gdn_entries"])
     yield GaugeMetricFamily("shadow_gdn_entry_bytes", "bytes of the GDN table's entries",
                             stats["gdn_entry_bytes"])
+    yield CounterMetricFamily("shadow_gdn_entries_evicted", "GDN entries the table evicted "
+                              "(least recently used first, past its budget or the cap)",
+                              stats["gdn_entries_evicted"])
+    yield CounterMetricFamily("shadow_pages_reused", "cached pages whose memory was handed out "
+                              "again (their content forgotten by memory)", stats["pages_reused"])
+    yield _labelled(CounterMetricFamily, "shadow_evicted_written", "evicted pages and GDN "
+                    "entries written to disk by key first (files already there not counted)",
+                    "kind", stats["evicted_written"])
