@@ -85,7 +85,7 @@ class GdnTable:
         if entry.refs < 1:
             raise ValueError(f"GDN entry at {entry.line} has no reference to release")
         entry.refs -= 1
-        if entry.refs == 0 and self.entries.get(entry.key) is entry:
+        if entry.refs == 0:          # a referenced entry is never evicted or dropped: held
             self._loose_bytes += entry.nbytes
 
     def evict(self, budget_bytes: int | None = None) -> int:

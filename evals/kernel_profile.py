@@ -21,11 +21,11 @@ def short_name(name: str, width: int = 70) -> str:
     return name[:width]
 
 
-def kernel_table(fn, calls: int = 2, top: int = 24) -> dict:
+def kernel_table(fn, calls: int = 2) -> dict:
     """Run fn `calls` times under the profiler (after one untraced call) and return, per call:
     event_ms (CUDA events around all calls, so idle gaps count), busy_ms (the kernels' summed
-    device time), num_kernels, and kernels: {short name: [ms, count]} for the `top` kernels
-    by device time. CUDA only; the profiler adds host time, so event_ms here is not a timing."""
+    device time), num_kernels, and kernels: {short name: [ms, count]} for every kernel, largest
+    device time first (all of them: side_by_side compares two tables by name). CUDA only; the profiler adds host time, so event_ms here is not a timing."""
     fn()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -44,14 +44,15 @@ def kernel_table(fn, calls: int = 2, top: int = 24) -> dict:
     return {"event_ms": round(a.elapsed_time(b) / calls, 3),
             "busy_ms": round(sum(ms.values()), 3),
             "num_kernels": sum(count.values()) // calls,
-            "kernels": {k: [round(v, 4), count[k] // calls] for k, v in ms.most_common(top)}}
+            "kernels": {k: [round(v, 4), count[k] // calls] for k, v in ms.most_common()}}
 
 
-def side_by_side(a: dict, b: dict, width: int = 70) -> str:
-    """Two kernel_table results as text lines: name, A ms, B ms, B - A, largest |B - A| first."""
+def side_by_side(a: dict, b: dict, width: int = 70, top: int = 24) -> str:
+    """Two kernel_table results as text lines: name, A ms, B ms, B - A, for the `top` kernels
+    of largest |B - A| over the union of both tables' names (a kernel one side lacks: 0)."""
     names = set(a["kernels"]) | set(b["kernels"])
     rows = sorted(names, key=lambda n: -abs(b["kernels"].get(n, [0])[0]
-                                           - a["kernels"].get(n, [0])[0]))
+                                           - a["kernels"].get(n, [0])[0]))[:top]
     lines = [f"{'kernel':<{width}} {'A ms':>8} {'B ms':>8} {'B-A':>8}",
              f"{'(all kernels) busy / event':<{width}} {a['busy_ms']:>8.3f} {b['busy_ms']:>8.3f} "
              f"{b['busy_ms'] - a['busy_ms']:>8.3f}  event {a['event_ms']} / {b['event_ms']}, "

@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():               # the combine kernel through Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from adapters.model import attn_fa4, attn_flash  # noqa: E402
+from adapters.model import attn_fa4, attn_flash, fa4_plan  # noqa: E402
 from adapters.model.graphs import ATTENTIONS, default_attention  # noqa: E402
 from adapters.model.ref import attend_ref  # noqa: E402
 from shadow_plugin.reader import Reader  # noqa: E402
@@ -92,7 +92,7 @@ def _fake_package(monkeypatch):
         monkeypatch.setitem(__import__("sys").modules, name, mod)
     monkeypatch.setattr(attn_fa4, "_forward", lambda: fwd)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
-    monkeypatch.setattr(attn_fa4, "MIN_SPLIT_KEYS", 256)
+    monkeypatch.setattr(fa4_plan, "MIN_SPLIT_KEYS", 256)        # split_plan reads it there
     monkeypatch.setattr(attn_fa4, "package_version", lambda: "4.0.0b36 cute-dsl 4.8.1")
     return fwd
 
@@ -210,7 +210,7 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
 def test_combine_kernel_matches_its_twin():
     pytest.importorskip("triton")
-    from adapters.model.attn_triton import combine_lse
+    from adapters.model.attn_combine import combine_lse
     g = torch.Generator().manual_seed(3)
     o_part = torch.randn(5, 7, 4, 32, generator=g).half()
     lse = torch.randn(5, 4, 7, generator=g) * 4

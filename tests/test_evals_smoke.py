@@ -93,3 +93,18 @@ def test_prefix_hits_shares_an_agents_prefix_and_plots_it(tmp_path):
     assert res["target_met"] and res["prefix_held_once"] and b["shared_whole_pages"] > 0
     assert b["read_together"] < b["read_alone"] and b["exact"] is True
     assert 0 < res["prefix_cache_hit_rate"] <= 1 and png.stat().st_size > 1000
+
+
+def test_kernel_profiles_compare_by_name_over_both_tables():
+    """evals.kernel_profile.side_by_side: the union of both sides' kernels (one a side lacks
+    counts 0), largest |B - A| first, at most `top` rows."""
+    from evals.kernel_profile import short_name, side_by_side
+    a = {"busy_ms": 1.0, "event_ms": 1.2, "num_kernels": 3,
+         "kernels": {"gemm": [0.5, 2], "attn": [0.4, 1], "only_a": [0.1, 1]}}
+    b = {"busy_ms": 1.3, "event_ms": 1.5, "num_kernels": 3,
+         "kernels": {"gemm": [0.5, 2], "attn": [0.7, 1], "only_b": [0.2, 1]}}
+    lines = side_by_side(a, b, width=10, top=3).splitlines()
+    assert [line.split()[0] for line in lines[2:]] == ["attn", "only_b", "only_a"]
+    assert lines[2].split()[1:4] == ["0.4000", "0.7000", "0.3000"]
+    assert lines[4].split()[1:4] == ["0.1000", "0.0000", "-0.1000"]
+    assert short_name("void k<int, 3>(float*, int)") == "void k<>"

@@ -33,18 +33,26 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-MIN_SPLIT_KEYS = 1024     # fewest keys a prefix split holds
-SUB_PAGE = 64             # rows of a sub-page as FA4 reads the pools (= its key tile)
-TILE_MN = (128, SUB_PAGE)
-MAX_SPLITS = 64
-# rows of one FA4 SM90 tile for head_dim > 96 (its _tile_size_fwd_sm90; 192 below): Qwen3.5's
-# attention heads are 256 wide
-TILE_M = 128
+from . import fa4_plan
+from .attn_combine import combine_ref  # noqa: F401  (the combine's twin, named here before)
+from .fa4_plan import (  # noqa: F401
+    MAX_SPLITS,
+    MIN_SPLIT_KEYS,
+    SUB_PAGE,
+    TILE_M,
+    TILE_MN,
+    Plan,
+    all_sub_pages,
+    plan_into,
+    plan_size,
+    split_plan,
+    sub_pages,
+)
+
 # the package versions whose SM90 call pattern `_record` was checked against (interface.py's
 # _flash_attn_fwd: the tensors, then constants that do not depend on the shapes); others stay
 # on the package's path (slower, same bits)
@@ -96,62 +104,6 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     if arch and arch != f"{major}{minor}":
         return False
     return _forward() is not None
-
-
-def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
-               num_sms: int) -> tuple[int, int]:
-    """(S, Ls): S prefix splits of Ls keys each over keys [0, S * Ls) <= pos, enough for the
-    tiles of all splits to fill the GPU once (S * tiles <= num_sms); (0, 0), one causal call,
-    when fewer than 2 splits of MIN_SPLIT_KEYS fit before pos or the tiles of one call already
-    take half the SMs or more. Ls is a multiple of 128."""
-    tiles = -(-t * (num_heads // num_kv_heads) // TILE_M) * num_kv_heads
-    s = min(num_sms // tiles, pos // MIN_SPLIT_KEYS, MAX_SPLITS)
-    if s < 2:
-        return 0, 0
-    return s, pos // s // 128 * 128
-
-
-def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
-    """Twin of attn_triton.combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised
-    output),
-    lse_part [S1, H, T] fp32 (natural log-sum-exp of its scaled scores) -> [T, H * D] in
-    o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the max over s."""
-    s1, t, h, d = o_part.shape
-    w = torch.softmax(lse_part.float(), dim=0).permute(0, 2, 1)[..., None]   # [S1, T, H, 1]
-    return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One run's FA4 inputs, shared by its layers: pos, t, the splits (S, Ls) and the page
-    tables of sub-pages (int32 on the device): split [S, Ls / SUB_PAGE] (None for S = 0) and
-    tail [1, (pos + t - S Ls) / SUB_PAGE]."""
-
-    pos: int
-    t: int
-    splits: tuple[int, int]
-    split: torch.Tensor | None
-    tail: torch.Tensor
-
-
-def plan_size(end: int, page_rows: int) -> int:
-    """int32 entries `FA4Attention.plan_into` may write for rows [0, end): every sub-page,
-    and 4 of alignment."""
-    return -(-end // page_rows) * (page_rows // SUB_PAGE) + 4
-
-
-def sub_pages(pages, page_rows: int, start: int, end: int) -> np.ndarray:
-    """int32 sub-page indices (pools read as [num_pages * page_rows / SUB_PAGE, SUB_PAGE, ...])
-    of sequence rows [start, end), both multiples of SUB_PAGE."""
-    return all_sub_pages(pages, page_rows)[start // SUB_PAGE:end // SUB_PAGE]
-
-
-def all_sub_pages(pages, page_rows: int) -> np.ndarray:
-    """int32 [len(pages) * page_rows / SUB_PAGE]: the sub-pages of every row of the pages, in
-    row order (one vectorised expression: the host builds it for every chunk)."""
-    per = page_rows // SUB_PAGE
-    return (np.asarray(pages, dtype=np.int32)[:, None] * per
-            + np.arange(per, dtype=np.int32)[None, :]).ravel()
 
 
 def _check(q, pos: int, k_pool, v_pool, plan: Plan, out) -> None:
@@ -206,7 +158,7 @@ class FA4Attention:
         real chunk (a kernel's first compile takes seconds): at pos 0 (one causal call) and,
         where t rows are split, at pos 2 * MIN_SPLIT_KEYS (the splits and the causal tail),
         over pools of pages of page_rows rows in reverse order."""
-        pos = 2 * MIN_SPLIT_KEYS
+        pos = 2 * fa4_plan.MIN_SPLIT_KEYS        # read at call time (tests lower it)
         n = -(-(pos + t) // page_rows)
         g = torch.Generator(device=device).manual_seed(0)
         num_heads, num_kv_heads = self._heads
@@ -232,26 +184,10 @@ class FA4Attention:
 
     def plan_into(self, pos: int, t: int, pages: np.ndarray, page_rows: int, host: np.ndarray,
                   dev: torch.Tensor) -> tuple[Plan, int]:
-        """`plan`'s tables written into host (int32, at least plan_size(pos + t, page_rows)
-        long), returned as views of dev (int32 on the device, the same length: the caller
-        copies host[:used] there before the first `attend`, in one copy with its other
-        inputs). pages: int64 [>= (pos + t) / page_rows]. Returns (plan, used): the tail's
-        table at [0, tail), the splits' at the next multiple of 4 (16-byte aligned when host
-        and dev are). Raises ValueError as `plan`."""
-        end = pos + t
-        if end % SUB_PAGE or pos % SUB_PAGE:
-            raise ValueError(f"FA4 over pages reads rows in sub-pages of {SUB_PAGE}: "
-                             f"pos {pos} and pos + t {end} must be multiples")
-        s, ls = split_plan(pos, t, *self._heads, _num_sms(dev.device.index or 0))
-        per, n = page_rows // SUB_PAGE, end // SUB_PAGE
-        cut = s * ls // SUB_PAGE
-        tail, at = n - cut, -(-(n - cut) // 4) * 4
-        sub = (pages[:-(-end // page_rows), None] * per + np.arange(per)).ravel()
-        host[:tail] = sub[cut:n]
-        host[at:at + cut] = sub[:cut]
-        plan = Plan(pos, t, (s, ls), dev[at:at + cut].view(s, -1) if s else None,
-                    dev[:tail].view(1, -1))
-        return plan, at + cut
+        """fa4_plan.plan_into for this object's heads and the device's SM count."""
+        fa4_plan.check_rows(pos, t)             # before the device is asked anything
+        return plan_into(pos, t, self._heads, _num_sms(dev.device.index or 0), pages, page_rows,
+                         host, dev)
 
     def attend(self, q: torch.Tensor, pos: int, k_pool: torch.Tensor, v_pool: torch.Tensor,
                plan: Plan, out: torch.Tensor) -> None:
@@ -278,7 +214,7 @@ class FA4Attention:
         self._fwd(q[None].expand(s, t, h, d).contiguous(), k, v, plan.split, False,
                   o_part[:s], lse_part[:s])
         self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
-        from .attn_triton import combine_lse
+        from .attn_combine import combine_lse
         combine_lse(o_part, lse_part, out)
 
     def _fwd(self, q, k, v, page_table, causal: bool, out, lse) -> None:

@@ -104,8 +104,9 @@ class ChunkGraphs:
         self.num_full = len(self.full_layers)
         self.table_at = t + 1 + 2 * self.num_full           # meta's page table starts here
         # FA4's page tables of sub-pages (int32) follow the page table in the same copy
+        # (int64 slots: half the int32 entries, rounded up, and one for the 16-byte alignment)
         fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * self.page_rows, self.page_rows)
-                      // 2) + 2 if attention == "fa4" else 0
+                      // 2) + 1 if attention == "fa4" else 0
         self.meta = z(self.table_at + MAX_TABLE_PAGES + fa4_slots, dtype=torch.long)
         self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
             if self.use_graphs else torch.zeros_like(self.meta)
@@ -264,8 +265,9 @@ class ChunkGraphs:
 
     def _stage(self, ids, pos: int, kv) -> None:
         """ids (a list of T ints, or a [T] int64 tensor), pos, the pools' addresses and the
-        page table (kv: a block_store.PagedKv) into meta: one copy from pinned memory on CUDA
-        of the part in use (a list goes in through numpy's view of that memory, without
+        page table (kv: a block_store.PagedKv) into meta, and with FA4 its plan's page tables
+        of sub-pages behind them (int32, attn_fa4.FA4Attention.plan_into, kept as self._plan):
+        one copy from pinned memory on CUDA of the part in use (a list goes in through numpy's view of that memory, without
         building a tensor from it first)."""
         if self.meta_copied is not None:
             self.meta_copied.synchronize()          # the last copy has read meta_host

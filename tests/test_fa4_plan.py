@@ -1,0 +1,64 @@
+"""FA4's page tables as a runner stages them (fa4_plan.plan_into, written behind the page table
+in the runner's one staging buffer, model.graphs.ChunkGraphs._stage) against their slow twin:
+every sub-page of the sequence's pages in row order (attn_fa4.all_sub_pages), the splits'
+[0, S Ls) as S rows, the tail [S Ls, pos + T) as one; both 16-byte aligned; the page table
+left as it was. On the CPU, with FA4 declared available (no kernel runs)."""
+import random
+import types
+
+import pytest
+import torch
+
+from adapters.model import attn_fa4, fa4_plan, graphs
+
+
+def _twin(pos, t, pages, page_rows):
+    s, ls = fa4_plan.split_plan(pos, t, 8, 2, 132)
+    sub = torch.from_numpy(attn_fa4.all_sub_pages(pages, page_rows))
+    cut, n = s * ls // fa4_plan.SUB_PAGE, (pos + t) // fa4_plan.SUB_PAGE
+    return (s, ls), (sub[:cut].view(s, -1) if s else None), sub[cut:n].view(1, -1)
+
+
+@pytest.mark.parametrize("page_rows,t", [(64, 64), (128, 512), (192, 128), (512, 512)])
+def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch, page_rows, t):
+    monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=page_rows)
+    runner._between._heads = (8, 2)              # the 0.8B's heads: splits happen at these t
+    rng = random.Random(page_rows + t)
+    pointers = [0] * (runner.table_at - t - 1)
+    sizes = [rng.randrange(1, 60) for _ in range(25)] + [graphs.MAX_TABLE_PAGES] * 2
+    num_split = 0
+    for n in sizes:
+        if n * page_rows < t:
+            continue
+        pages = rng.sample(range(5 * n), n)
+        pos = 64 * rng.randrange(0, (n * page_rows - t) // 64 + 1)
+        runner.meta.fill_(-1)
+        runner._stage([0] * t, pos, types.SimpleNamespace(
+            pages=pages, pool=types.SimpleNamespace(pointers=pointers)))
+        plan = runner._plan
+        splits, split, tail = _twin(pos, t, pages, page_rows)
+        assert plan.splits == splits and torch.equal(plan.tail.long(), tail)
+        assert (plan.split is None) == (split is None)
+        assert plan.split is None or torch.equal(plan.split.long(), split)
+        num_split += plan.split is not None
+        assert plan.tail.data_ptr() % 16 == 0
+        assert plan.split is None or plan.split.data_ptr() % 16 == 0
+        at = runner.table_at
+        assert runner.meta[at:at + n].tolist() == pages
+    assert num_split > 5                          # the splits' tables were checked too
+
+
+def test_the_plan_and_the_staged_plan_agree(monkeypatch):
+    """FA4Attention.plan (a tensor of its own) gives the staged tables' contents."""
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    attn = attn_fa4.FA4Attention(8, 2)
+    pages = list(range(40))[::-1]
+    for pos, t in ((0, 512), (16384, 512), (19968, 64), (4096, 256)):
+        plan = attn.plan(pos, t, pages, 512, torch.device("cpu"))
+        splits, split, tail = _twin(pos, t, pages, 512)
+        assert plan.splits == splits and torch.equal(plan.tail.long(), tail)
+        assert plan.split is None or torch.equal(plan.split.long(), split)
+    with pytest.raises(ValueError, match="sub-pages of 64"):
+        attn.plan(64, 37, pages, 512, torch.device("cpu"))
