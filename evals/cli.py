@@ -21,26 +21,9 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 
-from evals.data import data_dir
+from evals.data import data_dir, default_model
 
 RUN_OF_RECORD = Path(__file__).with_name("read_costs_h200.json")   # fresh's default costs
-
-HF_NAME = "models--Qwen--Qwen3.5-0.8B"
-
-
-def find_local_model() -> str | None:
-    """A real Qwen3.5-0.8B in the Hugging Face cache ($HF_HOME or ~/.cache/huggingface), if any."""
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    for snap in sorted((home / "hub" / HF_NAME / "snapshots").glob("*")):
-        if (snap / "config.json").is_file():
-            return str(snap)
-    return None
-
-
-def default_model(device: str) -> str:
-    """A local real 0.8B, else random:qwen3.5-0.8b on CUDA and random:tiny on the CPU."""
-    return find_local_model() or ("random:qwen3.5-0.8b" if device == "cuda" else "random:tiny")
-
 
 def _session_names(paths: list[str]) -> list[str]:
     """A session name a file: its stem, with -2, -3, ... after a stem seen before (two files

@@ -46,7 +46,7 @@ from shadow_plugin.server.router_journal import insertion_point
 from shadow_plugin.step import ReaderConfig
 from shadow_plugin.tokenizer import load_tokenizer
 
-from .cli import default_model
+from .data import default_model
 from .replay import load_prefix, load_session, with_prefix
 
 
