@@ -174,4 +174,4 @@ def _advance(store: PageStore, st: SessionState, page: Page, key: bytes, gdn: Gd
     if len(st.ids) - st.committed < TIP_LINES * g:       # near the end of the ids
         st.tip.append(store.gdn.put(key, st.committed, gdn, "tip"))
         while len(st.tip) > TIP_LINES:
-            store.gdn.release(st.tip.pop(0))
+            store.gdn.rotated_out(st.tip.pop(0))

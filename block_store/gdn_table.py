@@ -21,7 +21,9 @@ from .layout import GdnState, clone_gdn
 class GdnEntry:
     """key: the key of the page ending at `line`; states: the GDN states after ids[:line];
     refs: sessions keeping it; kind: why it was stored first ('checkpoint', 'shared', 'tip',
-    'junction'); hits: prompts that resumed from it (what the entry earned)."""
+    'junction'); hits: prompts that resumed from it (what the entry earned); spill: written to
+    disk when evicted (False for a tip that rotated out of its session's ring unreferenced and
+    unused: `rotated_out`; a new reference sets it again)."""
 
     key: bytes
     line: int
@@ -29,6 +31,7 @@ class GdnEntry:
     refs: int = 0
     kind: str = "checkpoint"
     hits: int = 0
+    spill: bool = True
     # the states' bytes, counted once: they never change (the table's totals depend on it)
     nbytes: int = field(init=False)
 
@@ -77,6 +80,7 @@ class GdnTable:
         if entry.refs == 0:
             self._loose_bytes -= entry.nbytes
         entry.refs += 1
+        entry.spill = True
         return entry
 
     def release(self, entry: GdnEntry) -> None:
@@ -106,6 +110,16 @@ class GdnTable:
             freed += e.nbytes
             self.num_evicted += 1
         return freed
+
+    def rotated_out(self, entry: GdnEntry) -> None:
+        """`release` for a tip entry leaving its session's ring (the session read on past it):
+        when nothing references it then and no prompt resumed from it, it stays findable in
+        memory but is not written to disk when evicted (spill.Spill.entry). Such tips were
+        most of what eviction wrote (a GDN entry is about 19 MB on the 0.8B), and a later
+        rewrite finds the session's checkpoints and its other entries as before."""
+        self.release(entry)
+        if entry.refs == 0 and entry.hits == 0:
+            entry.spill = False
 
     def drop(self, entry: GdnEntry) -> None:
         """Forget an unreferenced entry now (what `evict` does to the least recently used),

@@ -1,6 +1,7 @@
 """What memory forgets goes to the disk tier first (issue 16, item 6): a cached page
 (unreferenced, keyed) whose memory the block manager hands out again (pool.PagePool.allocate),
-and a loose GDN entry the table evicts (gdn_table.GdnTable.evict), are written by key
+and a loose GDN entry the table evicts (gdn_table.GdnTable.evict; not a tip that rotated out
+of its session's ring unused, GdnTable.rotated_out), are written by key
 (disk.DiskStore.write_page / write_entry) unless the disk holds them already, so a later
 prompt with that prefix, in any session or any process on the folder, resumes from disk
 through the one lookup (pages.find_resume).
@@ -51,10 +52,12 @@ def page_rows(pool: KvPool, index: int) -> torch.Tensor:
 @dataclass
 class SpillCounters:
     """Since start: pages and GDN entries written on eviction (files that existed already are
-    not counted), writes that failed."""
+    not counted), evicted entries not written (tips that rotated out unused), writes that
+    failed."""
 
     pages: int = 0
     entries: int = 0
+    entries_not_written: int = 0
     write_errors: int = 0
 
 
@@ -94,8 +97,14 @@ class Spill:
 
     def entry(self, entry: GdnEntry) -> None:
         """Before `entry` leaves the GDN table: its states, line and kind queued for writing
-        under its key, unless the disk's index holds it or its write is queued. Never raises."""
+        under its key, unless the disk's index holds it, its write is queued, or it is a tip
+        that rotated out of its session's ring unused (GdnEntry.spill False, no hits: counted
+        in `entries_not_written`, nothing copied). Never raises."""
         key = entry.key
+        if not entry.spill and entry.hits == 0:      # a tip rotated out unused: not worth it
+            with self._lock:
+                self.counters.entries_not_written += 1
+            return
         if self._queued(self._entries, key):
             return
         try:

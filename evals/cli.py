@@ -50,6 +50,10 @@ def _replay(args) -> int:
     from .replay import load_prefix, load_session, replay_file, replay_many, with_prefix
 
     ReaderConfig(args.grid)                          # bad flags and files fail before the model
+    if args.resident_mb is not None and not args.resident_mb >= 0:
+        raise ValueError(f"--resident-mb must be >= 0, got {args.resident_mb}")
+    if args.disk is not None and args.disk.exists() and not args.disk.is_dir():
+        raise ValueError(f"--disk {args.disk}: not a folder")
     loaded = [load_session(path) for path in args.session]
     prefix = load_prefix(args.prefix) if args.prefix else None
     if prefix:
@@ -66,7 +70,8 @@ def _replay(args) -> int:
     spec = args.model or default_model(device)
     model = load_model(spec, device=device)
     tokenizer = load_tokenizer(None if spec.startswith("random:") else spec)
-    reader = Reader(model, grid=args.grid, tokenizer=tokenizer)
+    store = {} if args.resident_mb is None else {"resident_bytes": int(args.resident_mb * 2**20)}
+    reader = Reader(model, grid=args.grid, tokenizer=tokenizer, disk_dir=args.disk, **store)
     print(f"model {model.info.name} ({'random' if model.info.is_random else 'real'} weights, "
           f"fingerprint {model.info.fingerprint[:12]}), device {device}, grid {args.grid}, "
           f"kernels {model.kernels.name}", file=sys.stderr)
@@ -84,8 +89,18 @@ def _replay(args) -> int:
     except ExactnessError as e:
         print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(result))
+    print(json.dumps({**result, "store": _store_counts(reader)}))
     return 0
+
+
+def _store_counts(reader) -> dict:
+    """What the replay left in memory and on disk, and what memory forgot (reader.stats()):
+    resident bytes, GDN entries held and their bytes, evictions and what of them was written."""
+    s = reader.stats()
+    keys = ("resident_bytes", "resident_cap_bytes", "gdn_entries", "gdn_entry_bytes",
+            "gdn_entries_evicted", "pages_reused", "evicted_written", "gdn_entries_not_written",
+            "disk_bytes", "spills")
+    return {k: s[k] for k in keys}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host's chat template (default: qwen3.5-27b, thinking on)")
     rp.add_argument("--template-dir", help="a model directory whose chat template the host uses")
     rp.add_argument("--no-thinking", action="store_true", help="the host runs with thinking off")
+    rp.add_argument("--disk", type=Path, help="a folder for the disk tier (default: none)")
+    rp.add_argument("--resident-mb", type=float, help="the resident cap in MiB (default: the "
+                    "reader's, 4 GiB)")
     rp.set_defaults(func=_replay)
     bp = sub.add_parser("bench", help="the read benchmark (read rate, chunk and question "
                         "latency, decode, the transformers peer, the GEMM floor)",

@@ -62,3 +62,21 @@ def test_drop_refuses_a_referenced_entry_and_keeps_it():
     with pytest.raises(ValueError, match="unreferenced"):
         table.drop(e)
     assert table.get(b"a") is e and table.nbytes == e.nbytes
+
+
+def test_a_tip_rotated_out_unused_is_not_marked_for_disk_until_used_again():
+    table = GdnTable(budget_bytes=10**9)
+    tip = table.put(b"t", 512, _states(1, 2), kind="tip")
+    table.rotated_out(tip)
+    assert tip.refs == 0 and tip.spill is False and table.loose_bytes == tip.nbytes
+    assert table.put(b"t", 512, _states(1, 2)) is tip and tip.spill is True   # used again
+    table.rotated_out(tip)
+    assert tip.spill is False
+    shared = table.put(b"s", 1024, _states(1, 2), kind="tip")
+    table.put(b"s", 1024, _states(1, 2))                    # another session holds it too
+    table.rotated_out(shared)
+    assert shared.refs == 1 and shared.spill is True
+    earned = table.put(b"e", 1536, _states(1, 2), kind="tip")
+    earned.hits += 1                                         # a prompt resumed from it
+    table.rotated_out(earned)
+    assert earned.spill is True

@@ -83,6 +83,27 @@ def test_cli_replay(tmp_path, capsys):
                  "--grid", "64", "--check-exact"]) == 0
     totals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert totals["exact"] is True and totals["turns"] == 7
+    assert totals["store"]["disk_bytes"] == 0 and totals["store"]["evicted_written"] == {
+        "page": 0, "gdn_entry": 0}
+
+
+def test_cli_replay_with_a_disk_and_a_small_cap(tmp_path, capsys):
+    """--disk and --resident-mb reach the reader: what it evicted and wrote is in `store`."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"messages": _session(), "tools": []}))
+    assert main(["replay", str(path), "--model", "random:tiny", "--device", "cpu",
+                 "--grid", "64", "--check-exact", "--disk", str(tmp_path / "d"),
+                 "--resident-mb", "0.2"]) == 0
+    totals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    store = totals["store"]
+    assert totals["exact"] is True and store["resident_cap_bytes"] == int(0.2 * 2**20)
+    assert store["gdn_entries_evicted"] > 0 and store["disk_bytes"] > 0
+    assert store["evicted_written"]["gdn_entry"] + store["gdn_entries_not_written"] <= \
+        store["gdn_entries_evicted"]
+    assert main(["replay", str(path), "--resident-mb", "-1"]) == 2
+    assert main(["replay", str(path), "--disk", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--resident-mb must be >= 0" in err and "not a folder" in err
 
 
 @pytest.mark.parametrize("content,message", [
