@@ -58,6 +58,10 @@ def test_the_page_needs_no_key_and_loads_nothing_from_elsewhere(client):
         # no script, style or image from a URL: everything is inline (users may be offline)
         assert not re.search(r"<(script|link|img)[^>]*(src|href)=", page)
         assert "/v1/shadow/history" in page and "/v1/shadow/status" in page
+        slash = client.get(path + "/", follow_redirects=False)     # typed with a slash
+        assert slash.status_code in (307, 308) and slash.headers["location"].endswith(path)
+        assert client.get(path + "/").text == page
+    assert client.get("/v1/shadow/history/").status_code == 401     # only the page is open
     assert client.get("/v1/shadow/history").status_code == 401      # the data needs the key
     assert client.get("/v1/shadow/status").status_code == 401
 

@@ -72,7 +72,9 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
     loopback = cfg.bind_host in LOOPBACK
     app.add_middleware(Guard, max_body_bytes=cfg.max_body_bytes, api_key=cfg.api_key,
                        allowed_hosts=LOOPBACK if loopback else None,
-                       open_paths=frozenset(("/healthz", *PAGE_PATHS)))
+                       # the page's paths with a trailing slash too: the router redirects them
+                       open_paths=frozenset(("/healthz", *PAGE_PATHS,
+                                             *(p + "/" for p in PAGE_PATHS))))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc):
