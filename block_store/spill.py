@@ -27,7 +27,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,13 +52,15 @@ def page_rows(pool: KvPool, index: int) -> torch.Tensor:
 @dataclass
 class SpillCounters:
     """Since start: pages and GDN entries written on eviction (files that existed already are
-    not counted), evicted entries not written (tips that rotated out unused), writes that
-    failed."""
+    not counted: `on_disk` counts those), evicted entries not written (tips that rotated out
+    unused), writes that failed."""
 
     pages: int = 0
     entries: int = 0
     entries_not_written: int = 0
     write_errors: int = 0
+    # evicted with their file on disk already, or its write queued: {"pages", "entries"}
+    on_disk: dict = field(default_factory=lambda: {"pages": 0, "entries": 0})
 
 
 class Spill:
@@ -84,10 +86,14 @@ class Spill:
         its key with its ids, unless its file exists (its time is renewed then) or its write is
         queued. Never raises."""
         key = page.key
-        if key is None or self._queued(self._pages, key):
+        if key is None:
+            return
+        if self._queued(self._pages, key):
+            self._on_disk("pages")
             return
         try:
             if self.disk.keep_page(key):
+                self._on_disk("pages")
                 return
             rows = page_rows(self.pool, page.index)
         except Exception as e:             # a folder gone, a device error: the read goes on
@@ -106,9 +112,11 @@ class Spill:
                 self.counters.entries_not_written += 1
             return
         if self._queued(self._entries, key):
+            self._on_disk("entries")
             return
         try:
             if self.disk.has_entry(key):
+                self._on_disk("entries")
                 return
             states = [(c.to("cpu"), r.to("cpu")) for c, r in entry.states]
         except Exception as e:
@@ -177,6 +185,11 @@ class Spill:
                     self.counters.pages += 1
                 else:
                     self.counters.entries += 1
+
+    def _on_disk(self, what: str) -> None:
+        """Count an evicted page or entry the disk holds already (or is being written)."""
+        with self._lock:
+            self.counters.on_disk[what] += 1
 
     def _failed(self, what: str, key: bytes, e: Exception) -> None:
         log.warning("could not write evicted %s %s to disk (%s: %s)", what, key.hex()[:16],

@@ -204,12 +204,15 @@ def _eviction_counts(store) -> dict:
     """Since start: GDN entries the table evicted (`gdn_entries_evicted`), cached pages whose
     memory the block manager handed out again (`pages_reused`), and of those the pages and
     entries written to disk first by key (`evicted_written`, spill.Spill; a file that existed
-    already is not counted; zeros without a disk), and the evicted entries not written
+    already is not counted but in `evicted_already_on_disk`, with those whose write was
+    queued; zeros without a disk), and the evicted entries not written
     (`gdn_entries_not_written`: tips that rotated out of their session's ring unused)."""
     spill = store.spill.counters if store.spill is not None else None
     return {"gdn_entries_evicted": store.gdn.num_evicted,
             "pages_reused": store.manager.num_reused,
             "evicted_written": {"page": spill.pages if spill else 0,
                                 "gdn_entry": spill.entries if spill else 0},
-            "gdn_entries_not_written": spill.entries_not_written if spill else 0}
+            "gdn_entries_not_written": spill.entries_not_written if spill else 0,
+            "evicted_already_on_disk": {"page": spill.on_disk["pages"] if spill else 0,
+                                        "gdn_entry": spill.on_disk["entries"] if spill else 0}}
 

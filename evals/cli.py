@@ -21,87 +21,10 @@ from pathlib import Path
 import torch
 from jinja2 import TemplateError
 
-from evals.data import data_dir, default_model
+from evals.data import data_dir
+from evals.replay_cmd import replay_command
 
 RUN_OF_RECORD = Path(__file__).with_name("read_costs_h200.json")   # fresh's default costs
-
-def _session_names(paths: list[str]) -> list[str]:
-    """A session name a file: its stem, with -2, -3, ... after a stem seen before (two files
-    of one name in different folders, or one file given twice)."""
-    names: list[str] = []
-    for p in paths:
-        stem, n = Path(p).stem, 1
-        while (f"{stem}-{n}" if n > 1 else stem) in names:
-            n += 1
-        names.append(f"{stem}-{n}" if n > 1 else stem)
-    return names
-
-
-def _replay(args) -> int:
-    from adapters.model import load_model
-    from shadow_plugin.exact import ExactnessError
-    from shadow_plugin.host_view import host_turns
-    from shadow_plugin.reader import Reader
-    from shadow_plugin.renderer import Renderer
-    from shadow_plugin.router import load_question
-    from shadow_plugin.step import ReaderConfig
-    from shadow_plugin.tokenizer import load_tokenizer
-
-    from .replay import load_prefix, load_session, replay_file, replay_many, with_prefix
-
-    ReaderConfig(args.grid)                          # bad flags and files fail before the model
-    if args.resident_mb is not None and not args.resident_mb >= 0:
-        raise ValueError(f"--resident-mb must be >= 0, got {args.resident_mb}")
-    if args.disk is not None and args.disk.exists() and not args.disk.is_dir():
-        raise ValueError(f"--disk {args.disk}: not a folder")
-    loaded = [load_session(path) for path in args.session]
-    prefix = load_prefix(args.prefix) if args.prefix else None
-    if prefix:
-        loaded = [with_prefix(messages, prefix) for messages, _ in loaded]
-    stems = _session_names(args.session)
-    question = load_question(args.question)
-    renderer = Renderer.from_model_dir(args.template_dir, template=args.template)
-    if args.template_dir and not renderer.uses_model_template:
-        print(f"note: {args.template_dir} has no chat template; using {args.template}",
-              file=sys.stderr)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    spec = args.model or default_model(device)
-    model = load_model(spec, device=device)
-    tokenizer = load_tokenizer(None if spec.startswith("random:") else spec)
-    store = {} if args.resident_mb is None else {"resident_bytes": int(args.resident_mb * 2**20)}
-    reader = Reader(model, grid=args.grid, tokenizer=tokenizer, disk_dir=args.disk, **store)
-    print(f"model {model.info.name} ({'random' if model.info.is_random else 'real'} weights, "
-          f"fingerprint {model.info.fingerprint[:12]}), device {device}, grid {args.grid}, "
-          f"kernels {model.kernels.name}", file=sys.stderr)
-    thinking = False if args.no_thinking else None
-    try:
-        if len(args.session) == 1:
-            (messages, tools), = loaded
-            result = replay_file(reader, args.session[0], renderer, tokenizer, question,
-                                 args.check_exact, thinking, out=sys.stdout,
-                                 messages=messages, tools=tools).as_dict()
-        else:
-            sessions = [(stem, host_turns(m, t or None, renderer, tokenizer, thinking))
-                        for stem, (m, t) in zip(stems, loaded)]
-            result = replay_many(reader, sessions, question, args.check_exact, out=sys.stdout)
-    except ExactnessError as e:
-        print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps({**result, "store": _store_counts(reader)}))
-    return 0
-
-
-def _store_counts(reader) -> dict:
-    """What the replay left in memory and on disk, and what memory forgot (reader.stats()):
-    resident bytes, GDN entries held and their bytes, evictions and what of them was written."""
-    s = reader.stats()
-    keys = ("resident_bytes", "resident_cap_bytes", "gdn_entries", "gdn_entry_bytes",
-            "gdn_entries_evicted", "pages_reused", "evicted_written", "gdn_entries_not_written",
-            "disk_bytes", "spills")
-    return {k: s[k] for k in keys}
-
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__,
@@ -141,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--disk", type=Path, help="a folder for the disk tier (default: none)")
     rp.add_argument("--resident-mb", type=float, help="the resident cap in MiB (default: the "
                     "reader's, 4 GiB)")
-    rp.set_defaults(func=_replay)
+    rp.set_defaults(func=replay_command)
     bp = sub.add_parser("bench", help="the read benchmark (read rate, chunk and question "
                         "latency, decode, the transformers peer, the GEMM floor)",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

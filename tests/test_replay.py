@@ -94,16 +94,29 @@ def test_cli_replay_with_a_disk_and_a_small_cap(tmp_path, capsys):
     assert main(["replay", str(path), "--model", "random:tiny", "--device", "cpu",
                  "--grid", "64", "--check-exact", "--disk", str(tmp_path / "d"),
                  "--resident-mb", "0.2"]) == 0
-    totals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    store = totals["store"]
-    assert totals["exact"] is True and store["resident_cap_bytes"] == int(0.2 * 2**20)
-    assert store["gdn_entries_evicted"] > 0 and store["disk_bytes"] > 0
-    assert store["evicted_written"]["gdn_entry"] + store["gdn_entries_not_written"] <= \
-        store["gdn_entries_evicted"]
-    assert main(["replay", str(path), "--resident-mb", "-1"]) == 2
-    assert main(["replay", str(path), "--disk", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "--resident-mb must be >= 0" in err and "not a folder" in err
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    store = first["store"]
+    assert first["exact"] is True and store["resident_cap_bytes"] == int(0.2 * 2**20)
+    assert store["gdn_entries_evicted"] > 0 and store["spills"] == 1       # the planned stop
+    assert store["disk_bytes"] == sum(f.stat().st_size for f in (tmp_path / "d").rglob("*")
+                                      if f.is_file())
+    evicted = (store["evicted_written"]["gdn_entry"] + store["gdn_entries_not_written"]
+               + store["evicted_already_on_disk"]["gdn_entry"])
+    assert evicted == store["gdn_entries_evicted"]          # every eviction in one count
+    # again on the same folder: the session starts afresh (said), its pages found by key
+    assert main(["replay", str(path), "--model", "random:tiny", "--device", "cpu",
+                 "--grid", "64", "--check-exact", "--disk", str(tmp_path / "d"),
+                 "--resident-mb", "0.2"]) == 0
+    out = capsys.readouterr()
+    again = json.loads(out.out.strip().splitlines()[-1])
+    assert "session s of an earlier run" in out.err and again["exact"] is True
+    assert again["rewrites_template"] == first["rewrites_template"]
+    assert again["store"]["prefix_cache_hit_tokens"]["disk"] > 0
+    for flags, message in ((["--resident-mb", "-1"], "--resident-mb must be a finite number"),
+                           (["--resident-mb", "inf"], "--resident-mb must be a finite number"),
+                           (["--disk", str(path)], "not a folder")):
+        assert main(["replay", str(path), *flags]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content,message", [

@@ -79,8 +79,10 @@ def test_a_scripted_session(client):
                 "gdn_entries_evicted", "pages_reused"):
         assert f"shadow_{key}_total {float(st[key])}" in metrics
     for kind in ("page", "gdn_entry"):
-        assert (f'shadow_evicted_written_total{{kind="{kind}"}} '
-                f'{float(st["evicted_written"][kind])}') in metrics
+        for key in ("evicted_written", "evicted_already_on_disk"):
+            assert f'shadow_{key}_total{{kind="{kind}"}} {float(st[key][kind])}' in metrics
+    assert f"shadow_gdn_entries_not_written_total {float(st['gdn_entries_not_written'])}" \
+        in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith(("shadow_ration_ms", "shadow_host_"))}

@@ -89,6 +89,9 @@ def _page_metrics(stats: dict):
     yield _labelled(CounterMetricFamily, "shadow_evicted_written", "evicted pages and GDN "
                     "entries written to disk by key first (files already there not counted)",
                     "kind", stats["evicted_written"])
+    yield _labelled(CounterMetricFamily, "shadow_evicted_already_on_disk", "evicted pages "
+                    "and GDN entries whose file the disk held already (or was writing)",
+                    "kind", stats["evicted_already_on_disk"])
     yield CounterMetricFamily("shadow_gdn_entries_not_written", "evicted GDN entries not "
                               "written to disk: tips that rotated out of their session's "
                               "ring unused", stats["gdn_entries_not_written"])
