@@ -44,6 +44,30 @@ def timed(fn, repeats=20) -> float:
     return statistics.median(out)
 
 
+def graph_timed(fn, calls: int = 20, replays: int = 10) -> float:
+    """GPU ms a call with no host time in it: `calls` calls captured in one CUDA graph, the
+    median of `replays` replays (CUDA events) over calls, after a warm-up replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()                                  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    out = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / calls)
+    return round(statistics.median(out), 4)
+
+
 def case(t, pos, h, hkv, d, cap=None, seed=0):
     g = torch.Generator(device=DEV).manual_seed(seed)
     cap = cap or pos + t

@@ -27,80 +27,44 @@ from evals import attn_kernel
 from evals.bench import versions
 
 DEV, DT, PAGE = torch.device("cuda"), torch.bfloat16, 512
+
+
+def _tiling(**kw) -> at.SplitConfig:
+    """A decode tiling: DECODE's block_m, min_split and warps unless given."""
+    return at.SplitConfig(**{"block_m": 16, "min_split": 512, "num_warps": 4, **kw})
+
+
 TILINGS = {"decode": at.DECODE,
-           "bn64": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512, num_warps=4),
-           "bn64_s128": at.SplitConfig(block_m=16, block_n=64, s_max=128, min_split=512,
-                                       num_warps=4),
-           "bn128_w8": at.SplitConfig(block_m=16, block_n=128, s_max=128, min_split=512,
-                                      num_warps=8),
-           "bn64_st3": at.SplitConfig(block_m=16, block_n=64, s_max=128, min_split=512,
-                                      num_warps=4, num_stages=3),
-           "bn32_s128": at.SplitConfig(block_m=16, block_n=32, s_max=128, min_split=512,
-                                       num_warps=4),
-           "bn32_s256": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=256,
-                                       num_warps=4),
-           "bn64_s256": at.SplitConfig(block_m=16, block_n=64, s_max=256, min_split=256,
-                                       num_warps=4),
-           "bn32_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=256,
-                                          num_warps=2),
-           "bn32_s512": at.SplitConfig(block_m=16, block_n=32, s_max=512, min_split=128,
-                                       num_warps=4),
+           "bn64": _tiling(block_n=64, s_max=64),
+           "bn64_s128": _tiling(block_n=64, s_max=128),
+           "bn128_w8": _tiling(block_n=128, s_max=128, num_warps=8),
+           "bn64_st3": _tiling(block_n=64, s_max=128, num_stages=3),
+           "bn32_s128": _tiling(block_n=32, s_max=128),
+           "bn32_s256": _tiling(block_n=32, s_max=256, min_split=256),
+           "bn64_s256": _tiling(block_n=64, s_max=256, min_split=256),
+           "bn32_s256_w2": _tiling(block_n=32, s_max=256, min_split=256, num_warps=2),
+           "bn32_s512": _tiling(block_n=32, s_max=512, min_split=128),
            # page splits (whole 512-row pages a split, one table load a page): s256 is one
            # page a split at 100k (200 splits), s128 two
-           "pages_s256": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
-                                        num_warps=4, page_splits=True),
-           "pages_s128": at.SplitConfig(block_m=16, block_n=32, s_max=128, min_split=512,
-                                        num_warps=4, page_splits=True),
-           "pages_s256_bn64": at.SplitConfig(block_m=16, block_n=64, s_max=256, min_split=512,
-                                             num_warps=4, page_splits=True),
-           "pages_s256_w2": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
-                                           num_warps=2, page_splits=True),
-           "pages_s256_st3": at.SplitConfig(block_m=16, block_n=32, s_max=256, min_split=512,
-                                            num_warps=4, num_stages=3, page_splits=True),
+           "pages_s256": _tiling(block_n=32, s_max=256, page_splits=True),
+           "pages_s128": _tiling(block_n=32, s_max=128, page_splits=True),
+           "pages_s256_bn64": _tiling(block_n=64, s_max=256, page_splits=True),
+           "pages_s256_w2": _tiling(block_n=32, s_max=256, num_warps=2, page_splits=True),
+           "pages_s256_st3": _tiling(block_n=32, s_max=256, num_stages=3, page_splits=True),
            # FlashAttention-2's own decode tiling, near: 64-key blocks, about 57 splits
-           "bn64_s64_st3": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512,
-                                          num_warps=4, num_stages=3),
-           "bn64_s64_w8": at.SplitConfig(block_m=16, block_n=64, s_max=64, min_split=512,
-                                         num_warps=8),
-           "bn128_s64_w8": at.SplitConfig(block_m=16, block_n=128, s_max=64, min_split=512,
-                                          num_warps=8),
-           "bn32_s64": at.SplitConfig(block_m=16, block_n=32, s_max=64, min_split=512,
-                                      num_warps=4),
-           "bn64_s32": at.SplitConfig(block_m=16, block_n=64, s_max=32, min_split=512,
-                                      num_warps=4),
+           "bn64_s64_st3": _tiling(block_n=64, s_max=64, num_stages=3),
+           "bn64_s64_w8": _tiling(block_n=64, s_max=64, num_warps=8),
+           "bn128_s64_w8": _tiling(block_n=128, s_max=64, num_warps=8),
+           "bn32_s64": _tiling(block_n=32, s_max=64),
+           "bn64_s32": _tiling(block_n=64, s_max=32),
            # today's DECODE with the splits combined in order (before vector_combine)
-           "decode_in_order": at.SplitConfig(block_m=16, s_max=128, min_split=512,
-                                             num_warps=4)}
+           "decode_in_order": _tiling(s_max=128)}
 
 
 def timed(fn) -> float:
     """attn_kernel.timed over 50 calls, rounded (each call's host time before its first kernel
-    counts: about 0.05 ms a call here, more than the kernels' differences; see graph_timed)."""
+    counts: about 0.05 ms a call here, more than the kernels' differences; see attn_kernel.graph_timed)."""
     return round(attn_kernel.timed(fn, repeats=50), 4)
-
-
-def graph_timed(fn, calls: int = 20, replays: int = 10) -> float:
-    """GPU ms a call with no host time in it: `calls` calls captured in one CUDA graph, the
-    median of `replays` replays (CUDA events) over calls, after a warm-up replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()                                  # compile and warm outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    out = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / calls)
-    return round(statistics.median(out), 4)
 
 
 def pools(rows, seed, spare=8):
@@ -119,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="timings taken in turns, every call once a round; medians of rounds")
     ap.add_argument("--contexts", default="25600,51200,102400")
     ap.add_argument("--graph", action="store_true",
-                    help="time calls captured in a CUDA graph (no host time; graph_timed)")
+                    help="time calls captured in a CUDA graph (no host time; attn_kernel.graph_timed)")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     tilings = {k: v for k, v in TILINGS.items() if not only or k in only}
@@ -162,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         times = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, fn in calls.items():
-                times[name].append(graph_timed(fn) if args.graph else timed(fn))
+                times[name].append(attn_kernel.graph_timed(fn) if args.graph else timed(fn))
         row.update({name: round(statistics.median(t), 4) for name, t in times.items()})
         if args.rounds > 1:
             row["rounds"] = {name: t for name, t in times.items()}

@@ -8,7 +8,7 @@ Hkv 2, D 256), bf16, one query row at 50k and 100k context, the rows in shuffled
 Per context: FlashAttention-2 on the rows contiguous; over the pages by `block_table`
 (cu_seqlens [0, 1] and [0, L], max_seqlen_k L, or a larger bucket: the graph must fix it on
 the host); with `seqused_k`; with `num_splits` where this torch takes it; today's DECODE.
-GPU ms a call (evals.decode_probe.graph_timed, calls in a CUDA graph), the largest difference
+GPU ms a call (evals.attn_kernel.graph_timed, calls in a CUDA graph), the largest difference
 from the contiguous call and whether the bits depend on where pages lie. Last line: JSON.
 """
 from __future__ import annotations
@@ -19,8 +19,9 @@ import torch
 
 from adapters.model import attn_flash
 from adapters.model import attn_triton as at
+from evals.attn_kernel import graph_timed
 from evals.bench import versions
-from evals.decode_probe import DEV, DT, PAGE, graph_timed, pools
+from evals.decode_probe import DEV, DT, PAGE, pools
 
 OP = torch.ops.aten._flash_attention_forward.default
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.model import gemv
+from evals import attn_kernel
 from evals.bench import versions
 
 SHAPES = {"gdn in (fused)": (8224, 1024), "gdn out": (1024, 2048), "mlp gate_up": (7168, 1024),
@@ -23,23 +24,8 @@ TILES = [(bn, bk, 4) for bn, bk in itertools.product((1, 2, 4, 8, 16), (512, 102
 
 
 def per_call_us(fn, reps: int = 50) -> float:
-    """Median over 5 replays of a graph of `reps` calls, in us a call."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(times)[2]
+    """us a call: attn_kernel.graph_timed over a graph of `reps` calls, median of 5 replays."""
+    return attn_kernel.graph_timed(fn, calls=reps, replays=5) * 1e3
 
 
 def main() -> None:

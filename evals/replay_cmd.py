@@ -82,7 +82,10 @@ def replay_command(args) -> int:
     except ExactnessError as e:
         print(f"shadow-reader: NOT EXACT: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({**result, "store": _store_counts(reader, args.disk)}))
+    held = _held(reader)
+    if args.disk is not None:
+        reader.close()                  # a planned stop: every session written, writes done
+    print(json.dumps({**result, "store": {**held, **_store_counts(reader, args.disk)}}))
     return 0
 
 
@@ -103,19 +106,20 @@ def _check_store_flags(args) -> None:
         raise ValueError(f"--disk {args.disk}: cannot write there ({e.strerror or e})") from None
 
 
-def _store_counts(reader, disk: Path | None) -> dict:
-    """What the replay left in memory and on disk, and what memory forgot (reader.stats()):
-    resident bytes and GDN entries at the end of the replay; then, with a disk, after a
-    planned stop (every session written, every write finished): evictions, what of them was
-    written, restores, the ids resumed by tier, and the folder's bytes (`disk_bytes`, its
-    files summed now: the reader's own count lists the folder at most every 10 s)."""
+def _held(reader) -> dict:
+    """Resident bytes (and the cap) and the GDN entries held, from reader.stats()."""
     s = reader.stats()
-    held = {k: s[k] for k in ("resident_bytes", "resident_cap_bytes", "gdn_entries",
+    return {k: s[k] for k in ("resident_bytes", "resident_cap_bytes", "gdn_entries",
                               "gdn_entry_bytes")}
-    if disk is not None:
-        reader.close()
-        s = reader.stats()
+
+
+def _store_counts(reader, disk: Path | None) -> dict:
+    """What memory forgot and where it went (reader.stats()): evictions, what of them was
+    written, restores, the ids resumed by tier, and the disk folder's bytes (`disk_bytes`, its
+    files summed now: the reader's own count lists the folder at most every 10 s; 0 without
+    a disk)."""
+    s = reader.stats()
     keys = ("gdn_entries_evicted", "pages_reused", "evicted_written", "gdn_entries_not_written",
             "evicted_already_on_disk", "spills", "restores", "prefix_cache_hit_tokens")
     on_disk = sum(f.stat().st_size for f in disk.rglob("*") if f.is_file()) if disk else 0
-    return {**held, **{k: s[k] for k in keys}, "disk_bytes": on_disk}
+    return {**{k: s[k] for k in keys}, "disk_bytes": on_disk}

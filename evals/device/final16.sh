@@ -6,12 +6,7 @@
 # the contiguous tree (.old2) and this one with kernel and host profiles (evals/pages_ab.py).
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
 #   bash evals/device/final16.sh (carry .fa4b .whl .devdata .old2)
-source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-source "$(dirname "$0")/fa4_env.sh" || exit 1
+source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_attn_fa4.py \
     tests/test_attn_triton.py tests/test_decode.py tests/test_adapters.py tests/test_pages.py \
     tests/test_gdn_table.py 2>&1 | tee "$out/gpu-tests.log" | tail -n 3

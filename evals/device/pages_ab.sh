@@ -3,11 +3,6 @@
 # archive e98a38a adapters block_store shadow_plugin evals`) and this one as two workers taking
 # turns, FA4 (after fa4_stash.sh in the call before, within 30 s).
 #   bash evals/device/pages_ab.sh      (carry .fa4b .whl .devdata .old2)
-source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-source "$(dirname "$0")/fa4_env.sh" || exit 1
+source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 timeout 540 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" 2>&1 | grep -v '^!!' | tee "$out/pages-ab.log" \
     | tail -n 8 | cut -c1-600

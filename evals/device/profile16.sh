@@ -7,12 +7,7 @@
 # decode in each (evals/pages_ab.py --profile; evals/kernel_profile.py).
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
 #   bash evals/device/profile16.sh (carry .fa4b .whl .devdata .old2)
-source "$(dirname "$0")/env.sh"          # strict shell, $out, ${ids[@]}, caches
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-source "$(dirname "$0")/fa4_env.sh" || exit 1
+source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 [ "${1:-}" = "--ab-only" ] || timeout 200 python3 -m evals.decode_probe --graph --only \
     decode,tg4,tg4_st3,bn64,bn64_s64_st3,bn64_s64_w8,bn128_s64_w8,bn32_s64,bn64_s32,bn64_s128,bn32_s256 \
     --rounds 5 --contexts 51200,102400 2>&1 | grep -v '^!!' | tee "$out/decode-probe-tg.log" \
