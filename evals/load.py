@@ -19,7 +19,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +28,9 @@ import time
 import httpx
 import torch
 
+from evals.serve_proc import free_port, start_service
+
 ASK = {"question": "Is this about code?", "choices": ["yes", "no"]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _proc(pid: int) -> dict:
@@ -56,22 +51,13 @@ def _held(url: str) -> dict:
 
 def start(args, tmp: str) -> tuple[subprocess.Popen, str]:
     """The service, ready; raises RuntimeError when it does not start in 300 s."""
-    port = _free_port()
     env = {**os.environ, "SHADOW_MODEL": args.model, "SHADOW_DEVICE": args.device,
            "SHADOW_GRID": str(args.grid), "SHADOW_DIR": tmp, "SHADOW_GB": str(args.gb),
            "SHADOW_ASK_WORKERS": str(args.workers), "SHADOW_ASK_QUEUE": str(args.queue)}
-    proc = subprocess.Popen([sys.executable, "-m", "evals.cli", "serve", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz").json()["state"] == "ready":
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the service did not start")
+    try:
+        return start_service(env, free_port(), timeout_s=300, poll_s=0.2)
+    except TimeoutError:
+        raise RuntimeError("the service did not start") from None
 
 
 def fill(url: str, args) -> list[str]:
