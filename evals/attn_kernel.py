@@ -70,7 +70,7 @@ def graph_timed(fn, calls: int = 20, replays: int = 10) -> float:
 
 def case(t, pos, h, hkv, d, cap=None, seed=0):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    cap = cap or pos + t
+    cap = -(-(cap or pos + t) // 512) * 512             # whole pages of 512 rows (as_pages)
     kb = torch.randn(cap, hkv, d, device=DEV, generator=g).bfloat16()
     vb = torch.randn(cap, hkv, d, device=DEV, generator=g).bfloat16()
     q = torch.randn(t, h, d, device=DEV, generator=g).bfloat16()
@@ -97,13 +97,22 @@ def probe_cases(question_rows: int, measure_case) -> dict:
     return out
 
 
+def as_pages(kb, vb, page_rows: int = 512):
+    """Contiguous rows kb, vb [cap, Hkv, D] (cap a multiple of page_rows) as the table
+    attention takes them: (base, places, pages): pages 0, 1, ... in order."""
+    base = torch.empty(8, device=DEV, dtype=kb.dtype)
+    places = torch.tensor(at.pool_places(base, (kb, vb)), device=DEV)
+    return base, places, torch.arange(kb.shape[0] // page_rows, device=DEV)
+
+
 def run_table(q, kb, vb, pos, cfg):
     t, h, d = q.shape
-    table = torch.tensor([kb.data_ptr(), vb.data_ptr()], device=DEV)
+    base, places, pages = as_pages(kb, vb)
     posd = torch.tensor([pos], device=DEV)
     o_part, l_part = at.scratch(t, h, d, cfg, DEV)
     out = torch.empty(t, h * d, device=DEV, dtype=q.dtype)
-    fn = lambda: at.attend_table(q, table, posd, kb.shape[1], o_part, l_part, out, cfg)  # noqa
+    fn = lambda: at.attend_table(q, base, places, posd, kb.shape[1], o_part, l_part, out,  # noqa
+                                 cfg, pages, 512)
     return fn, out
 
 
@@ -129,12 +138,12 @@ def checks(h, hkv, d) -> dict:
         key = f"T{t}_pos{pos}"
         out[key] = {"rel_rms_vs_fp32": rel_rms(a, ref), "sdpa_rel_rms_vs_fp32":
                     rel_rms(sdpa(q, kb, vb, pos), ref), "deterministic": bool(torch.equal(a, o))}
-    q, kb, vb = case(512, 20000, h, hkv, d, cap=20512)
+    q, kb, vb = case(512, 20000, h, hkv, d, cap=20992)
     fn, o = run_table(q, kb, vb, 20000, at.READ)
     fn()
-    big_k = torch.full((40000, hkv, d), 7.0, device=DEV, dtype=kb.dtype)
-    big_v = torch.full((40000, hkv, d), -7.0, device=DEV, dtype=kb.dtype)
-    big_k[:20512], big_v[:20512] = kb, vb
+    big_k = torch.full((40448, hkv, d), 7.0, device=DEV, dtype=kb.dtype)
+    big_v = torch.full((40448, hkv, d), -7.0, device=DEV, dtype=kb.dtype)
+    big_k[:20992], big_v[:20992] = kb, vb
     fn2, o2 = run_table(q, big_k, big_v, 20000, at.READ)
     fn2()
     out["capacity_independent"] = bool(torch.equal(o, o2))
@@ -146,11 +155,12 @@ def graph_check(h, hkv, d) -> bool:
     """Capture once at one position, replay at others (pos in device memory): equal to a
     direct call at each."""
     q, kb, vb = case(512, 30000, h, hkv, d)
-    table = torch.tensor([kb.data_ptr(), vb.data_ptr()], device=DEV)
+    base, places, pages = as_pages(kb, vb)
     posd = torch.tensor([0], device=DEV)
     o_part, l_part = at.scratch(512, h, d, at.READ, DEV)
     out = torch.empty(512, h * d, device=DEV, dtype=q.dtype)
-    call = lambda: at.attend_table(q, table, posd, hkv, o_part, l_part, out, at.READ)  # noqa
+    call = lambda: at.attend_table(q, base, places, posd, hkv, o_part, l_part, out,  # noqa
+                                   at.READ, pages, 512)
     call()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

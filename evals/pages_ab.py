@@ -3,8 +3,10 @@ against the contiguous buffers of an earlier commit): one worker process per tre
 its own model and reader on the same ids, driven in turns by this process, so both see the
 same GPU state and drift (one run of each after the other moved the earlier tree's own
 figures by up to 16 %). Per point, chunks are read alternately (one chunk A, one chunk B, at
-the same contexts), then the 9-class question and decode, alternately; GPU ms by CUDA events
-(wall ms on the CPU) in each worker; exactness checked in both at the end.
+the same contexts; with --burst also in bursts of chunks back to back), then the 9-class
+question and decode, alternately; GPU ms by CUDA events (wall ms on the CPU) in each worker;
+exactness checked in both at the end. With --pairs N, all of it N times with fresh workers
+(the workers' own processes differ: evals/ab_worker.py), and the ratios' medians.
 
     python -m evals.pages_ab --a .old2 --b . --ids X.npz Y.npz --points 16384,98304 \\
         --ask-at 32768,100352 [--model random:qwen3.5-0.8b] [--device cuda]
@@ -23,138 +25,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-QUESTION = ("Which kind of turn is this?", ["chat", "code_edit", "debug", "design_ui", "explain",
-                                            "plan", "refactor", "review", "test"])
 
-
-# -- the worker (runs inside one tree) ------------------------------------------------------------
-def _timer(device: str):
-    import time
-
-    import torch
-    if device == "cuda":
-        def run(fn):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            return a.elapsed_time(b)
-        return run
-
-    def wall(fn):
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    return wall
-
-
-def _kernel_profile():
-    """evals/kernel_profile.py of this file's tree (the worker's `evals` package is its own
-    tree's, which may not have it)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "kernel_profile", Path(__file__).resolve().with_name("kernel_profile.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _host_chunk(reader, n: int) -> dict:
-    """Host time of n one-chunk reads: to the first CUDA graph replay (the GPU idles until
-    then: it counts in a chunk's time), and in all; then a cProfile of n more reads, the 20
-    functions of largest cumulative time (ms a read)."""
-    import cProfile
-    import pstats
-    import time
-
-    import torch
-    first, lead, total = [], [], []
-    replay = torch.cuda.CUDAGraph.replay
-
-    def noted(graph):
-        first.append(time.perf_counter())
-        return replay(graph)
-    torch.cuda.CUDAGraph.replay = noted
-    try:
-        for _ in range(n):
-            first.clear()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            reader.read("s", max_chunks=1)
-            total.append((time.perf_counter() - t0) * 1e3)
-            lead.append((first[0] - t0) * 1e3 if first else -1.0)
-            torch.cuda.synchronize()
-    finally:
-        torch.cuda.CUDAGraph.replay = replay
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(n):
-        reader.read("s", max_chunks=1)
-    prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof).stats
-    rows = sorted(((v[3] * 1e3 / n, f"{k[0].split('/')[-2:]}:{k[2]}") for k, v in stats.items()),
-                  reverse=True)[:20]
-    return {"lead_ms": statistics.median(lead), "host_ms": statistics.median(total),
-            "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
-
-
-def worker(model_name: str, device: str, grid: int) -> None:
-    """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
-    from shadow_plugin import Reader, load_model
-    reader = Reader(load_model(model_name, device=device), grid=grid)
-    timed, ids, out = _timer(device), [], sys.stdout
-    sys.stdout = sys.stderr                      # library prints stay off the answer channel
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        op, ans = cmd["op"], {}
-        if op == "ids":
-            ids = cmd["ids"]
-            reader.warm_up()
-            warm = [(ids[0] + 7) % 240000] + ids[1:2 * grid]      # other keys: nothing shared
-            reader.feed("warm", warm, "prompt")
-            reader.read("warm")
-            reader.drop("warm")
-            reader.feed("s", ids, "prompt")
-        elif op == "read_to":
-            while reader.committed("s") < cmd["at"]:
-                reader.read("s", max_chunks=1)
-        elif op == "chunk":
-            ans = {"at": reader.committed("s"),
-                   "ms": timed(lambda: reader.read("s", max_chunks=1))}
-        elif op == "ask":
-            ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}
-        elif op == "decode":
-            gen = reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"], stop_ids=())
-            ans = {"ms_per_token": gen.ms_per_token}
-        elif op in ("profile_chunk", "host_chunk") and \
-                len(ids) - reader.committed("s") < (2 * cmd["n"] + 1) * grid:
-            ans = {"error": f"{len(ids) - reader.committed('s')} ids left to read: fewer than "
-                            f"{op} needs (raise --max-context)"}
-        elif op == "profile_chunk":
-            kernel_table = _kernel_profile().kernel_table
-            ans = kernel_table(lambda: reader.read("s", max_chunks=1), calls=cmd["n"])
-        elif op == "profile_decode":
-            kernel_table = _kernel_profile().kernel_table
-            ans = kernel_table(lambda: reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"],
-                                                       stop_ids=()), calls=1)
-        elif op == "host_chunk":
-            ans = _host_chunk(reader, cmd["n"])
-        elif op == "exact":
-            ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
-        print(json.dumps(ans), file=out, flush=True)
-
-
-# -- the driver -----------------------------------------------------------------------------------
 class Tree:
     """A worker process in `root` (its code first on the path)."""
 
     def __init__(self, root: Path, args):
         env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
-             "--device", args.device, "--grid", str(args.grid)],
+            [sys.executable, str(Path(__file__).resolve().with_name("ab_worker.py")),
+             "--model", args.model, "--device", args.device, "--grid", str(args.grid)],
             cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def __call__(self, **cmd) -> dict:
@@ -182,8 +61,42 @@ def _alternate(a: Tree, b: Tree, rounds: int, field: str,
 
 
 def drive(args) -> dict:
+    """One pair of workers (the results), or with args.pairs > 1 that many fresh pairs, B's
+    chunk first in odd pairs: {"pairs": [results], "across_pairs": {measurement: {"b_over_a":
+    [a ratio a pair], "median": their median}}}. Two workers of one tree differed by 3 % in
+    one run on the H200 (docs/pages-ab-same-tree-2026-12-02.log), so a single pair cannot
+    resolve a 3 % target."""
     import numpy as np
     ids = np.concatenate([np.load(p)["ids"] for p in args.ids]).tolist()[:args.max_context]
+    if args.pairs == 1:
+        return drive_pair(args, ids, swap=False)
+    pairs = []
+    for i in range(args.pairs):
+        print(f"pair {i} ({'B' if i % 2 else 'A'}'s chunk first)", flush=True)
+        pairs.append(drive_pair(args, ids, swap=i % 2 == 1))
+    across = {}
+    for key, ratios in _ratios(pairs).items():
+        across[key] = {"b_over_a": ratios, "median": round(statistics.median(ratios), 4)}
+        print(f"across pairs, {key}: {across[key]}", flush=True)
+    return {"pairs": pairs, "across_pairs": across}
+
+
+def _ratios(pairs: list[dict]) -> dict[str, list[float]]:
+    """Every b_over_a of the pairs' results (nested ones named 'outer/inner'), a list each."""
+    out: dict[str, list[float]] = {}
+    for res in pairs:
+        for key, val in res.items():
+            if isinstance(val, dict) and "b_over_a" in val:
+                out.setdefault(key, []).append(val["b_over_a"])
+            elif isinstance(val, dict):
+                for inner, v in val.items():
+                    if isinstance(v, dict) and "b_over_a" in v:
+                        out.setdefault(f"{key}/{inner}", []).append(v["b_over_a"])
+    return out
+
+
+def drive_pair(args, ids: list[int], swap: bool) -> dict:
+    """The measurements of one pair of fresh workers (swap: B's chunk before A's)."""
     a, b = Tree(Path(args.a).resolve(), args), Tree(Path(args.b).resolve(), args)
     res = {}
     try:
@@ -193,13 +106,16 @@ def drive(args) -> dict:
             for tree in (a, b):
                 tree(op="read_to", at=point)
             ta, tb = [], []
-            for i in range(args.chunks):                # chunk i of A, then of B, same context
-                ta.append(a(op="chunk")["ms"])
-                tb.append(b(op="chunk")["ms"])
+            for i in range(args.chunks):                # chunk i of A and of B, same context
+                for tree in ((b, a) if swap else (a, b)):
+                    (ta if tree is a else tb).append(tree(op="chunk")["ms"])
             # the first chunk of each is a warm-up (the contiguous tree grows its buffers
             # there): kept in a_all / b_all, left out of the medians
             res[f"chunk_{point // 1024}k"] = _summary(ta, tb, skip=1)
             print(f"chunk at {point}: {res[f'chunk_{point // 1024}k']}", flush=True)
+            if args.burst:
+                res[f"burst_{point // 1024}k"] = _bursts(a, b, args.burst, args.chunks)
+                print(f"bursts at {point}: {res[f'burst_{point // 1024}k']}", flush=True)
             if args.profile:
                 _profile(a, b, res, f"profile_chunk_{point // 1024}k", op="profile_chunk", n=2)
                 for name, tree in (("a", a), ("b", b)):
@@ -232,6 +148,21 @@ def drive(args) -> dict:
     return res
 
 
+def _bursts(a: Tree, b: Tree, n: int, rounds: int) -> dict:
+    """`rounds` bursts of n chunks back to back in each tree, A's and B's in turns (B first in
+    odd rounds). A tree's worker waits between its turns, so the first chunk of a burst starts
+    on a cold host, as every chunk of the strict alternation does; the others follow a chunk
+    of the same process, as in a backlog or a turn of several chunks. Medians of each."""
+    runs = {"a": [], "b": []}
+    for i in range(rounds):
+        for name, tree in (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a)):
+            runs[name].append(tree(op="chunks", n=n)["ms"])
+    first = _summary([r[0] for r in runs["a"]], [r[0] for r in runs["b"]], skip=1)
+    rest = _summary([x for r in runs["a"] for x in r[1:]], [x for r in runs["b"] for x in r[1:]],
+                    skip=n - 1)
+    return {"first_of_burst": first, "rest_of_burst": rest, "burst": n}
+
+
 def _profile(a: Tree, b: Tree, res: dict, key: str, **cmd) -> None:
     """Kernel by kernel, A beside B (evals/kernel_profile.py), printed and kept in res."""
     from evals.kernel_profile import side_by_side
@@ -253,7 +184,6 @@ def _summary(ta: list[float], tb: list[float], skip: int = 0) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
     ap.add_argument("--b", default=".", help="tree B (default: this one)")
     ap.add_argument("--ids", nargs="+", help=".npz files of evals/session_ids.py")
@@ -266,16 +196,20 @@ def main(argv=None) -> int:
     ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",") if x],
                     default=[32768, 100352])
     ap.add_argument("--chunks", type=int, default=6, help="chunks timed a point, each tree")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="also time --chunks bursts of this many chunks back to back a tree")
     ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
     ap.add_argument("--profile", action="store_true",
                     help="also profile a chunk at each point and a decode, kernel by kernel")
     ap.add_argument("--decode", type=int, default=32, help="tokens a decode")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="fresh pairs of workers, each measuring everything (B first in odd "
+                         "pairs); the ratios' medians across pairs")
     args = ap.parse_args(argv)
-    if args.worker:
-        worker(args.model, args.device, args.grid)
-        return 0
     if not args.a or not args.ids:
         ap.error("--a and --ids are needed")
+    if args.pairs < 1:
+        ap.error(f"--pairs must be >= 1, got {args.pairs}")
     res = drive(args)
     print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b, "model": args.model,
                       "device": args.device, "grid": args.grid,

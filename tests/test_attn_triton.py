@@ -50,7 +50,9 @@ def _paged(k_buf, v_buf, seed=0, spare=2, page=PAGE):
 
 
 def _ptrs(k_pool, v_pool):
-    return torch.tensor([k_pool.data_ptr(), v_pool.data_ptr()], dtype=torch.int64)
+    """(base, places): the pools as the kernels take them, offsets from a tensor of theirs."""
+    base = torch.empty(8, dtype=k_pool.dtype)
+    return base, torch.tensor(at.pool_places(base, (k_pool, v_pool)), dtype=torch.int64)
 
 
 def _run(q, k_buf, v_buf, pos, cfg, seed=0, page=PAGE):
@@ -58,7 +60,7 @@ def _run(q, k_buf, v_buf, pos, cfg, seed=0, page=PAGE):
     k_pool, v_pool, pages = _paged(k_buf, v_buf, seed, page=page)
     o_part, l_part = at.scratch(t, h, d, cfg, q.device)
     out = torch.empty(t, h * d, dtype=q.dtype)
-    return at.attend_table(q, _ptrs(k_pool, v_pool), torch.tensor([pos]), k_buf.shape[1],
+    return at.attend_table(q, *_ptrs(k_pool, v_pool), torch.tensor([pos]), k_buf.shape[1],
                            o_part, l_part, out, cfg, pages, page)
 
 
@@ -173,7 +175,7 @@ def test_write_kv_writes_only_its_rows():
     k0, v0 = k_pool.clone(), v_pool.clone()
     k = torch.randn(6, 2, 32, generator=g).to(DT)
     v = torch.randn(6, 2, 32, generator=g).to(DT)
-    at.write_kv(k, v, _ptrs(k_pool, v_pool), torch.tensor([13]), pages, PAGE)
+    at.write_kv(k, v, *_ptrs(k_pool, v_pool), torch.tensor([13]), pages, PAGE)
     for pool, before, new in ((k_pool, k0, k), (v_pool, v0, v)):
         got, was = _rows(pool, pages), _rows(before, pages)
         assert torch.equal(got[13:19], new)
@@ -191,11 +193,11 @@ def test_write_kv_takes_rows_strided_as_a_fused_projection_leaves_them():
     wide = torch.randn(5, 3 * 64, generator=g).to(DT)
     k, v = wide[:, :64].view(5, 2, 32), wide[:, 128:].view(5, 2, 32)
     table = _ptrs(k_pool, v_pool)
-    at.write_kv(k, v, table, torch.tensor([3]), pages, PAGE)
+    at.write_kv(k, v, *table, torch.tensor([3]), pages, PAGE)
     assert torch.equal(k_pool[1, 3:8], k) and torch.equal(v_pool[1, 3:8], v)
     assert not k_pool[0].any() and not v_pool[1, 8:].any()
     with pytest.raises(ValueError, match="rows contiguous within"):
-        at.write_kv(k.transpose(1, 2), v, table, torch.tensor([3]), pages, PAGE)
+        at.write_kv(k.transpose(1, 2), v, *table, torch.tensor([3]), pages, PAGE)
 
 
 def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
@@ -326,3 +328,19 @@ def test_runners_prepare_sizes_and_decode(tiny):
     assert r.decode().t == 1 and sorted(r._sized) == [1] + [r.BUCKET * k for k in range(1, 5)]
     assert all(x.graph is None for x in r._sized.values())       # no graphs on the CPU
     assert all(x.ops is r.chunk.ops for x in r._sized.values())  # one (compiled) op set
+
+
+def test_pool_places_refuses_another_dtype_or_a_pool_off_16_bytes():
+    """Offsets are multiples of 16 bytes (the kernels' loads assume it) in the base's dtype;
+    rows of another dtype than the base are refused before a kernel runs."""
+    base = torch.empty(8, dtype=DT)
+    pool = torch.zeros(2, PAGE, 2, 32, dtype=DT)
+    assert at.pool_places(base, (pool,)) == [(pool.data_ptr() - base.data_ptr()) // 2]
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        at.pool_places(base, (pool.view(-1)[1:],))
+    with pytest.raises(ValueError, match="same dtype"):
+        at.pool_places(base, (pool.float(),))
+    k = torch.zeros(1, 2, 32, dtype=torch.float32)
+    with pytest.raises(ValueError, match="rows of torch.float32 with pools of torch.float16"):
+        at.write_kv(k, k, base, torch.zeros(2, dtype=torch.int64), torch.tensor([0]),
+                    torch.tensor([0]), PAGE)

@@ -42,10 +42,33 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     res = _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
                "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
                "1024", "--points", "256", "--ask-at", "700", "--chunks", "2", "--repeats", "2",
-               "--decode", "2")["results"]
+               "--decode", "2", "--burst", "2")["results"]
     assert len(res["chunk_0k"]["a_all"]) == len(res["chunk_0k"]["b_all"]) == 2
+    bursts = res["burst_0k"]                   # 2 bursts of 2 chunks a tree
+    assert bursts["burst"] == 2 and len(bursts["first_of_burst"]["b_all"]) == 2
+    assert len(bursts["rest_of_burst"]["a_all"]) == 2 and bursts["rest_of_burst"]["a_ms"] > 0
     assert len(res["ask_0k"]["a_all"]) == 2 and res["decode"]["a_ms"] > 0
     assert res["exact"]["a"] == res["exact"]["b"] == {"exact": True, "path": "eager"}
+
+
+def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
+    """--pairs 2: two fresh pairs of workers (B's chunk first in the second), each with its own
+    results, and per measurement the two ratios and their median."""
+    subprocess.run([sys.executable, "-m", "evals.session_ids", "examples/session.json", "-o",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    res = _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
+               "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
+               "1024", "--points", "256", "--ask-at", "", "--chunks", "2", "--repeats", "1",
+               "--decode", "2", "--burst", "2", "--pairs", "2")["results"]
+    assert len(res["pairs"]) == 2 and all(p["exact"]["b"]["exact"] for p in res["pairs"])
+    across = res["across_pairs"]
+    assert set(across) == {"chunk_0k", "burst_0k/first_of_burst", "burst_0k/rest_of_burst",
+                           "decode"}
+    for key, val in across.items():
+        ratios = [p[key.split("/")[0]] for p in res["pairs"]]
+        ratios = [r[key.split("/")[1]] if "/" in key else r for r in ratios]
+        assert val["b_over_a"] == [r["b_over_a"] for r in ratios]
+        assert min(val["b_over_a"]) <= val["median"] <= max(val["b_over_a"])
 
 
 def test_reread_checks_every_rewrite_against_its_bound():
@@ -108,3 +131,14 @@ def test_kernel_profiles_compare_by_name_over_both_tables():
     assert lines[2].split()[1:4] == ["0.4000", "0.7000", "0.3000"]
     assert lines[4].split()[1:4] == ["0.1000", "0.0000", "-0.1000"]
     assert short_name("void k<int, 3>(float*, int)") == "void k<>"
+
+
+def test_idle_gaps_sums_the_gpus_idle_time_by_the_kernel_after_it():
+    """Kernels at [0, 10), [12, 20), [15, 30) (overlapping the one before), [40, 41) us: idle
+    2 us before b (after a) and 10 us before the second a (after c, the latest end), none
+    before c; per call with 2 calls."""
+    from evals.kernel_profile import idle_gaps
+    got = idle_gaps([(40, 41, "a"), (0, 10, "a"), (12, 20, "b"), (15, 30, "c")], calls=2)
+    assert got["idle_ms"] == 0.006
+    assert got["idle_before"] == {"a": 0.005, "b": 0.001}
+    assert got["gaps_us"] == [[10, "c", "a"], [2, "a", "b"]]

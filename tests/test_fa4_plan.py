@@ -26,7 +26,9 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
     runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=page_rows)
     runner._between._heads = (8, 2)              # the 0.8B's heads: splits happen at these t
     rng = random.Random(page_rows + t)
-    pointers = [0] * (runner.table_at - t - 1)
+    base = runner.staged.pool_base                 # pools at the base itself: offsets 0
+    pool = types.SimpleNamespace(pointers=[base.data_ptr()] * (runner.staged.table_at - t - 1),
+                                 block=base)
     sizes = [rng.randrange(1, 60) for _ in range(25)] + [graphs.MAX_TABLE_PAGES] * 2
     num_split = 0
     for n in sizes:
@@ -35,8 +37,7 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
         pages = rng.sample(range(5 * n), n)
         pos = 64 * rng.randrange(0, (n * page_rows - t) // 64 + 1)
         runner.meta.fill_(-1)
-        runner._stage([0] * t, pos, types.SimpleNamespace(
-            pages=pages, pool=types.SimpleNamespace(pointers=pointers)))
+        runner._stage([0] * t, pos, types.SimpleNamespace(pages=pages, pool=pool))
         plan = runner._plan
         splits, split, tail = _twin(pos, t, pages, page_rows)
         assert plan.splits == splits and torch.equal(plan.tail.long(), tail)
@@ -45,8 +46,8 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
         num_split += plan.split is not None
         assert plan.tail.data_ptr() % 16 == 0
         assert plan.split is None or plan.split.data_ptr() % 16 == 0
-        at = runner.table_at
-        assert runner.meta[at:at + n].tolist() == pages
+        assert runner.staged.table(n).tolist() == pages
+        assert not runner.staged.places(0).any()
     assert num_split > 5                          # the splits' tables were checked too
 
 

@@ -4,11 +4,17 @@ TRITON_INTERPRET=1 for tests). The pure-torch twin is `ref.attend_ref`.
 
 Why our own kernel: SDPA's flash kernel takes the KV length and the buffer's address from the
 host and reads no page table, so a captured graph would be valid for one session at one length;
-here all come from device memory (`table`: per layer [k_ptr, v_ptr] of its page pools as int64;
-`pos`: [1] int64; `pages`: the sequence's page table, int64), read by the kernel at replay. Key
-blocks lie within one page (BLOCK_N divides the page's rows), so a page's place costs one load
-a block and changes no bits. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS
-and fla.
+here all come from device memory (`places`: per layer the k and v page pools' element offsets
+from `base`, a tensor of the pools' dtype that the caller keeps, as int64; `pos`: [1] int64;
+`pages`: the sequence's page table, int64), read by the kernel at replay. Key blocks lie within
+one page (BLOCK_N divides the page's rows), so a page's place costs one load a block and
+changes no bits. This is the only kernel of ours; GEMMs, GDN and conv stay cuBLAS and fla.
+
+Why offsets from a base and not addresses: a pointer made from a loaded int64 carries no
+alignment for Triton's analysis (a `multiple_of` on the integer did not reach the loads), so
+the K and V loads were not vectorised. Decode at 100k took 0.089 ms a layer that way and
+0.061 with the base and offsets (same bits; H200, evals/decode_variants.py,
+docs/decode-ptr-2026-12-02.log).
 
 Numerics (fixed, so bits depend only on pos, T and the values, never on a buffer's capacity or
 on which session ran before): scores q.k in fp32 from bf16 operands, scaled by D^-0.5 and taken
@@ -76,11 +82,15 @@ class SplitConfig:
 
 
 READ = SplitConfig()
-# one query row over paged keys: 128 splits of 32-key blocks, the fastest of 11 tilings at
-# 50k-100k on the H200 (evals/decode_probe.py, docs/decode-probe-pages-2026-12-01-b.log: 0.142
-# ms a layer at 100k against 0.190 with 64 splits; FlashAttention-2 on contiguous rows 0.126)
-# (page splits were measured slower at 100k, +9-28 %, docs/decode-probe-pages-2026-12-01-d.log)
-DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4, vector_combine=True)
+# one query row over paged keys: 128 splits of 32-key blocks, 4 warps, 3 stages. With the
+# loads vectorised (pools from a base) this kernel takes 0.061 ms a layer at 100k, split and
+# combine, against FlashAttention-2's 0.082 on contiguous rows (H200, evals/decode_probe.py
+# --graph, docs/decode-probe-base-2026-12-02.log). In the probe's copy (evals/decode_variants.py,
+# docs/decode-variants-2026-12-02.log) the same walk with 2 stages took 0.060-0.061 too; with
+# each page entry loaded a block ahead, 3 stages took 0.055-0.056 (not in this kernel yet);
+# 1 stage 0.072, 8 warps 0.069, 64-key blocks with 8 warps 0.058.
+DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4, num_stages=3,
+                     vector_combine=True)
 
 
 @triton.jit
@@ -90,14 +100,21 @@ def _pool_row(PT, r, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _kv_write_kernel(K, V, TAB, POS, PT, SK, SV, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                     PAGE: tl.constexpr):
+def _pools(BASE, PLACES, ALIGN: tl.constexpr):
+    """The k and v pools: BASE plus the element offsets PLACES[0], PLACES[1] (multiples of
+    ALIGN elements, 16 bytes: the loads can be vectorised)."""
+    return (BASE + tl.multiple_of(tl.load(PLACES), ALIGN),
+            BASE + tl.multiple_of(tl.load(PLACES + 1), ALIGN))
+
+
+@triton.jit
+def _kv_write_kernel(K, V, BASE, PLACES, POS, PT, SK, SV, ROW: tl.constexpr,
+                     BLOCK: tl.constexpr, PAGE: tl.constexpr, ALIGN: tl.constexpr):
     """One program per new position t: K[t], V[t] ([ROW] = Hkv * D values, rows SK and SV
     elements apart) to sequence row pos + t, in the page the table PT names."""
     t = tl.program_id(0)
     pos = tl.load(POS)
-    kp = tl.multiple_of(tl.load(TAB), 16).to(tl.pointer_type(K.dtype.element_ty))
-    vp = tl.multiple_of(tl.load(TAB + 1), 16).to(tl.pointer_type(V.dtype.element_ty))
+    kp, vp = _pools(BASE, PLACES, ALIGN)
     o = tl.arange(0, BLOCK)
     m = o < ROW
     dst = _pool_row(PT, pos + t, PAGE).to(tl.int64) * ROW + o
@@ -146,11 +163,11 @@ def _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i, l_i, acc, scale_log2
 
 
 @triton.jit
-def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
+def _attn_split_kernel(Q, BASE, PLACES, POS, PT, O_PART, L_PART, T, scale_log2,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, PAGE: tl.constexpr,
-                       PAGE_SPLITS: tl.constexpr):
+                       PAGE_SPLITS: tl.constexpr, ALIGN_E: tl.constexpr):
     """Program (m, kv head, split): rows m*BLOCK_M.. of (t, g), keys of one split.
     Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp).
     PAGE_SPLITS: splits of whole pages, walked a page at a time (one table load a page); the
@@ -164,10 +181,7 @@ def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
     lo = s * split
     hi = tl.minimum(lo + split, pos + last_t + 1)     # keys past hi are masked for every row
     if lo < hi:
-        # Addresses read from memory carry no alignment facts; the buffers are torch
-        # allocations (256-byte aligned), and saying so lets the loads be vectorised.
-        kp = tl.multiple_of(tl.load(TAB), 16).to(tl.pointer_type(Q.dtype.element_ty))
-        vp = tl.multiple_of(tl.load(TAB + 1), 16).to(tl.pointer_type(Q.dtype.element_ty))
+        kp, vp = _pools(BASE, PLACES, ALIGN_E)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         t = rows // G
         head = kvh * G + rows % G
@@ -208,34 +222,62 @@ def _attn_split_kernel(Q, TAB, POS, PT, O_PART, L_PART, T, scale_log2,
         tl.store(L_PART + out_row, m_i + tl.log2(l_safe), mask=row_ok)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, pos: torch.Tensor,
-             pages: torch.Tensor, page_rows: int) -> None:
+def pool_places(base: torch.Tensor, pools) -> list[int]:
+    """What `places` holds: each pool's element offset from `base` (pools: tensors of base's
+    dtype, e.g. a layer's k and v pools). Raises ValueError for another dtype or a pool whose
+    distance from base is not a multiple of 16 bytes (the kernels' loads assume it)."""
+    size, out = base.element_size(), []
+    for x in pools:
+        gap = x.data_ptr() - base.data_ptr()
+        if x.dtype != base.dtype or gap % 16:
+            raise ValueError(f"a pool of {x.dtype} at {x.data_ptr():#x}: the base is "
+                             f"{base.dtype} at {base.data_ptr():#x}; the same dtype and a "
+                             f"distance that is a multiple of 16 bytes are needed")
+        out.append(gap // size)
+    return out
+
+
+def _align(base: torch.Tensor, x: torch.Tensor) -> int:
+    """Elements in 16 bytes of base's dtype (offsets are multiples of it); ValueError when x,
+    whose rows go to or come from the pools, is of another dtype."""
+    if x.dtype != base.dtype:
+        raise ValueError(f"rows of {x.dtype} with pools of {base.dtype}")
+    return 16 // base.element_size()
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, places: torch.Tensor,
+             pos: torch.Tensor, pages: torch.Tensor, page_rows: int) -> None:
     """k, v [T, Hkv, D] (each row's Hkv * D values contiguous; rows may be strided, as the
-    slices of a fused projection are) -> sequence rows [pos, pos + T) of the pools whose
-    addresses are table [2] int64 (k and v pools: contiguous [num_pages, page_rows, Hkv, D] of
-    k's dtype), row r in page pages[r // page_rows] (pages: int64 page table); pos [1] int64.
-    Nothing checks the table: the caller ensures it covers pos + T. Raises ValueError for rows
-    that are not contiguous within."""
+    slices of a fused projection are) -> sequence rows [pos, pos + T) of the k and v pools
+    at element offsets places [2] int64 from base (`pool_places`; pools: contiguous
+    [num_pages, page_rows, Hkv, D] of k's dtype), row r in page pages[r // page_rows] (pages:
+    int64 page table); pos [1] int64. Nothing checks the table: the caller ensures it covers
+    pos + T. Raises ValueError for rows that are not contiguous within or of another dtype
+    than base."""
     t, hkv, d = k.shape
     for x in (k, v):
         if x.shape != (t, hkv, d) or x.stride(2) != 1 or x.stride(1) != d:
             raise ValueError(f"write_kv needs [T, Hkv, D] rows contiguous within, got shape "
                              f"{tuple(x.shape)} strides {x.stride()}")
     row = hkv * d
-    _kv_write_kernel[(t,)](k, v, table, pos, pages, k.stride(0), v.stride(0), ROW=row,
-                           BLOCK=triton.next_power_of_2(row), PAGE=page_rows)
+    _kv_write_kernel[(t,)](k, v, base, places, pos, pages, k.stride(0), v.stride(0), ROW=row,
+                           BLOCK=triton.next_power_of_2(row), PAGE=page_rows,
+                           ALIGN=_align(base, k))
 
 
-def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv_heads: int,
-                 o_part: torch.Tensor, l_part: torch.Tensor, out: torch.Tensor,
-                 cfg: SplitConfig, pages: torch.Tensor, page_rows: int) -> torch.Tensor:
+def attend_table(q: torch.Tensor, base: torch.Tensor, places: torch.Tensor, pos: torch.Tensor,
+                 num_kv_heads: int, o_part: torch.Tensor, l_part: torch.Tensor,
+                 out: torch.Tensor, cfg: SplitConfig, pages: torch.Tensor,
+                 page_rows: int) -> torch.Tensor:
     """Causal attention (bottom-right aligned) of q [T, H, D] at positions [pos, pos + T) over
-    sequence rows [0, pos + T) of the pools in table [2] int64 ([num_pages, page_rows, Hkv,
-    D]), row r in page pages[r // page_rows] (int64), written to out [T, H * D] (q's dtype).
+    sequence rows [0, pos + T) of the k and v pools at element offsets places [2] int64 from
+    base (`pool_places`; [num_pages, page_rows, Hkv, D] of q's dtype), row r in page
+    pages[r // page_rows] (int64), written to out [T, H * D] (q's dtype).
     Scratch: o_part [cfg.s_max, T * H, D] fp32, l_part [cfg.s_max, T * H] fp32. D must be a
     power of two, H a multiple of num_kv_heads and page_rows a multiple of cfg.block_n (a
     block of keys lies in one page); with cfg.page_splits, cfg.min_split a multiple of
-    page_rows. Raises ValueError for a page size the tiling does not divide."""
+    page_rows. Raises ValueError for a page size the tiling does not divide or q of another
+    dtype than base."""
     if page_rows % cfg.block_n:
         raise ValueError(f"pages of {page_rows} rows need a key block dividing them, got "
                          f"block_n {cfg.block_n}")
@@ -245,11 +287,11 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, pos: torch.Tensor, num_kv
     t, h, d = q.shape
     grid = (triton.cdiv(t * (h // num_kv_heads), cfg.block_m), num_kv_heads, cfg.s_max)
     scale_log2 = d ** -0.5 * 1.4426950408889634        # log2(e): softmax taken base 2
-    _attn_split_kernel[grid](q, table, pos, pages, o_part, l_part, t, scale_log2, H=h,
+    _attn_split_kernel[grid](q, base, places, pos, pages, o_part, l_part, t, scale_log2, H=h,
                              HKV=num_kv_heads, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                              S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split, PAGE=page_rows,
-                             PAGE_SPLITS=cfg.page_splits, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
+                             PAGE_SPLITS=cfg.page_splits, ALIGN_E=_align(base, q),
+                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     align = page_rows if cfg.page_splits else cfg.block_n
     if cfg.vector_combine:
         block_d = min(64, d)

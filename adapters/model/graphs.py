@@ -17,17 +17,17 @@ Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (
 `attention="table"` (Triton's interpreter in the tests); with ops.EAGER the segmented body gives
 Qwen35.forward's bits (tested).
 
-What varies between chunks reaches the graphs through device memory: the ids and the start
-position sit in one int64 buffer `meta` = [ids (T) | pos | k_ptr, v_ptr per full-attention
-layer], filled by one host-to-device copy from pinned memory (the new KV rows are written inside
-the graphs by attn_triton.write_kv, which reads pos and the addresses there); the GDN states are
+What varies between chunks reaches the graphs through device memory: the ids, the start
+position, the pools' places and the page table sit in one int64 buffer (model.meta.ChunkMeta),
+filled by one host-to-device copy from pinned memory (the new KV rows are written inside the
+graphs by attn_triton.write_kv, which reads pos, the places and the table there); the GDN states are
 copied into static inputs (model.slots: skipped for the states the last run returned, with
 keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
 idle time when chunks are read one at a time: evals/chunk_timeline.py measured the staging at
 0.33 ms of a 5.0 ms chunk at 16k on the H200's host before these changes, 0.12 after
 (docs/chunk-timeline-2026-11-29.log, docs/chunk-timeline-2026-11-29-final.log).
 
-Static buffers (the model's device): meta [T + 1 + 2 * num_full] int64, per GDN layer the input
+Static buffers (the model's device): meta (model.meta), per GDN layer the input
 states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
 output [T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
 (attn_triton.scratch). The output states are the body's own tensors, which a graph's replay
@@ -35,18 +35,17 @@ rewrites in place; `run` copies them out.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import attn_fa4, autotune, ops
 from .config import FULL
 from .layers import rope_cos_sin
+from .meta import MAX_TABLE_PAGES, ChunkMeta
 from .slots import StateSlots
 
 ATTENTIONS = ("fa4", "table", "sdpa")
 # the attentions called eagerly between a chunk's graphs, on the pages as they lie
 _BETWEEN = {"fa4": attn_fa4}     # their `available`
-MAX_TABLE_PAGES = 4096           # most pages a sequence's table holds in a runner's meta
 
 
 def default_attention(device: torch.device, dtype: torch.dtype) -> str:
@@ -102,16 +101,11 @@ class ChunkGraphs:
         self.full_layers = [i for i, x in enumerate(model.layers) if x.layer_type == FULL]
         self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
         self.num_full = len(self.full_layers)
-        self.table_at = t + 1 + 2 * self.num_full           # meta's page table starts here
-        # FA4's page tables of sub-pages (int32) follow the page table in the same copy
-        # (int64 slots: half the int32 entries, rounded up, and one for the 16-byte alignment)
-        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * self.page_rows, self.page_rows)
-                      // 2) + 1 if attention == "fa4" else 0
-        self.meta = z(self.table_at + MAX_TABLE_PAGES + fa4_slots, dtype=torch.long)
-        self.meta_host = torch.zeros_like(self.meta, device="cpu").pin_memory() \
-            if self.use_graphs else torch.zeros_like(self.meta)
-        self.meta_np = self.meta_host.numpy()         # the same memory, written without torch calls
-        self.meta_copied = torch.cuda.Event() if self.use_graphs else None
+        # the eager attention between graphs: FA4's, one per runner
+        self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
+            if attention == "fa4" else None
+        self.staged = ChunkMeta(t, self.num_full, self.page_rows, dev, dt, self._between)
+        self.meta = self.staged.meta                       # what the graphs read
         self.steps = torch.arange(t, device=dev)
         self.hidden = z(t, cfg.hidden_size)
         self.slots = StateSlots(cfg, dev, dt, keep_states)
@@ -124,10 +118,7 @@ class ChunkGraphs:
             self.split = split or self._at.READ
             self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
                                                self.split, dev)
-        # the eager attention between graphs: FA4's, one per runner
-        self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
-            if attention == "fa4" else None
-        self._num_pages, self._plan = 0, None              # the eager attentions' inputs
+        self._plan = None                                  # FA4's, for the staged chunk
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
@@ -140,28 +131,28 @@ class ChunkGraphs:
 
     def _write_kv(self, j: int, k, v) -> None:
         """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the
-        sequence's pages, the pools' addresses, pos and the page table read from meta (inside
+        sequence's pages, the pools' places, pos and the page table read from meta (inside
         a graph: no host call)."""
-        t = self.t
-        self._at.write_kv(_rows(k), _rows(v), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
-                          self.meta[t:t + 1], self.meta[self.table_at:], self.page_rows)
+        m = self.staged
+        self._at.write_kv(_rows(k), _rows(v), m.pool_base, m.places(j), m.pos, m.table(),
+                          self.page_rows)
 
     def _pages(self, j: int):
         """Layer j's LayerPages over the pools of this run, its table a view of meta."""
         from .paged import LayerPages
         k, v = self._kv.pool.layer(j)
-        return LayerPages(k, v, self.meta[self.table_at:self.table_at + self._num_pages])
+        return LayerPages(k, v, self.staged.table(self.staged.num_pages))
 
     def _attend(self, j: int) -> None:
         """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
         attentions also write its k, v here; flash had them written inside the graph)."""
         (q, k, v), out = self._qkv[j], self.attn_out[j]
         if self.table:
-            cfg, at, t = self.model.cfg, self._at, self.t
+            m = self.staged
             self._write_kv(j, k, v)
-            at.attend_table(q.contiguous(), self.meta[t + 1 + 2 * j:t + 3 + 2 * j],
-                            self.meta[t:t + 1], cfg.num_key_value_heads, *self.scratch, out,
-                            self.split, self.meta[self.table_at:], self.page_rows)
+            self._at.attend_table(q.contiguous(), m.pool_base, m.places(j), m.pos,
+                                  self.model.cfg.num_key_value_heads, *self.scratch, out,
+                                  self.split, m.table(), self.page_rows)
         elif self.attention in _BETWEEN:
             self._between.attend(q, self._pos, *self._kv.pool.layer(j), self._plan, out)
         else:
@@ -264,32 +255,9 @@ class ChunkGraphs:
                 autotune.export(pinned)
 
     def _stage(self, ids, pos: int, kv) -> None:
-        """ids (a list of T ints, or a [T] int64 tensor), pos, the pools' addresses and the
-        page table (kv: a block_store.PagedKv) into meta, and with FA4 its plan's page tables
-        of sub-pages behind them (int32, attn_fa4.FA4Attention.plan_into, kept as self._plan):
-        one copy from pinned memory on CUDA of the part in use (a list goes in through numpy's view of that memory, without
-        building a tensor from it first)."""
-        if self.meta_copied is not None:
-            self.meta_copied.synchronize()          # the last copy has read meta_host
-        t, host, at = self.t, self.meta_np, self.table_at
-        if isinstance(ids, list):
-            host[:t] = ids
-        else:
-            self.meta_host[:t].copy_(ids)
-        host[t] = pos
-        host[t + 1:at] = kv.pool.pointers
-        n = len(kv.pages)
-        host[at:at + n] = kv.pages
-        self._num_pages, end = n, at + n
-        if self.attention == "fa4":       # its tables after the pages, 16-byte aligned
-            fa4 = end + end % 2
-            self._plan, used = self._between.plan_into(
-                pos, self.t, host[at:at + n], self.page_rows, host[fa4:].view(np.int32),
-                self.meta[fa4:].view(torch.int32))
-            end = fa4 + -(-used // 2)
-        self.meta[:end].copy_(self.meta_host[:end], non_blocking=True)
-        if self.meta_copied is not None:
-            self.meta_copied.record()
+        """ChunkMeta.stage: ids, pos, the pools' places and kv's page table (and FA4's plan,
+        kept as self._plan) where the graphs read them."""
+        self._plan = self.staged.stage(ids, pos, kv)
 
     def _replay(self) -> None:
         """The captured graphs in order, the flash attention between them."""

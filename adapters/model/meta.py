@@ -1,0 +1,104 @@
+"""What varies between a runner's chunks, staged where its CUDA graphs read it (model.graphs).
+
+One int64 buffer `meta` on the model's device:
+    [ids (T) | pos | per full-attention layer j: the k and v pools' element offsets from
+     `pool_base` (2) | the sequence's page table (MAX_TABLE_PAGES) | with FA4: its plan's
+     page tables of 64-row sub-pages (int32, 16-byte aligned)]
+filled by one host-to-device copy from pinned memory (only the part in use), so a chunk's
+graphs run for any session, position and pool without being captured again.
+
+Why offsets from a base tensor and not the pools' addresses: Triton's kernels make a pointer of
+an int64 read from memory without alignment facts, and then do not vectorise their loads
+(attn_triton's decode took 0.089 ms a layer at 100k that way, 0.061 from a base; H200,
+docs/decode-ptr-2026-12-02.log). `pool_base` is a tensor of the pools' dtype kept for the
+runner's life, so the offsets, multiples of 16 bytes, stay valid for the captured graphs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import attn_fa4
+
+MAX_TABLE_PAGES = 4096           # most pages a sequence's table holds in a runner's meta
+
+
+class ChunkMeta:
+    """Args: t (ids a chunk), num_full (full-attention layers), page_rows (G), device, dtype
+    (the pools'), fa4: the runner's attn_fa4.FA4Attention when it attends with FA4 (its page
+    tables are staged too), else None."""
+
+    def __init__(self, t: int, num_full: int, page_rows: int, device: torch.device,
+                 dtype: torch.dtype, fa4=None):
+        self.t, self.page_rows, self.fa4 = t, page_rows, fa4
+        self.table_at = t + 1 + 2 * num_full              # the page table starts here
+        # FA4's sub-page tables (int32) after the page table: int64 slots for half the int32
+        # entries, rounded up, and one for the 16-byte alignment
+        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) + 1 \
+            if fa4 is not None else 0
+        self.meta = torch.zeros(self.table_at + MAX_TABLE_PAGES + fa4_slots, device=device,
+                                dtype=torch.long)
+        cuda = device.type == "cuda"
+        self.host = torch.zeros_like(self.meta, device="cpu")
+        self.host = self.host.pin_memory() if cuda else self.host
+        self.host_np = self.host.numpy()       # the same memory, written without torch calls
+        self.copied = torch.cuda.Event() if cuda else None
+        self.pool_base = torch.zeros(8, device=device, dtype=dtype)
+        self._places: tuple = (None, [])       # (a pool's pointers, their offsets)
+        self.num_pages = 0
+
+    @property
+    def pos(self) -> torch.Tensor:
+        """[1] int64: the chunk's first position."""
+        return self.meta[self.t:self.t + 1]
+
+    def places(self, j: int) -> torch.Tensor:
+        """[2] int64: full-attention layer j's k and v pools as element offsets from
+        pool_base."""
+        return self.meta[self.t + 1 + 2 * j:self.t + 3 + 2 * j]
+
+    def table(self, num_pages: int | None = None) -> torch.Tensor:
+        """[num_pages] int64 (default: every slot): the page table."""
+        end = self.table_at + (MAX_TABLE_PAGES if num_pages is None else num_pages)
+        return self.meta[self.table_at:end]
+
+    def stage(self, ids, pos: int, kv):
+        """ids (a list of T ints, or a [T] int64 tensor), pos, the pools' offsets and the page
+        table of kv (a block_store.PagedKv) into meta, and with FA4 its plan's tables: one
+        copy from pinned memory (after the last copy has read it). Returns FA4's plan
+        (attn_fa4.Plan) or None. Raises ValueError for a pool not 16-byte aligned or of
+        another dtype (`pool_places`)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        t, host, at = self.t, self.host_np, self.table_at
+        if isinstance(ids, list):
+            host[:t] = ids                     # through numpy: no tensor built from the list
+        else:
+            self.host[:t].copy_(ids)
+        host[t] = pos
+        host[t + 1:at] = self.pool_places(kv.pool)
+        n = len(kv.pages)
+        host[at:at + n] = kv.pages
+        self.num_pages, end, plan = n, at + n, None
+        if self.fa4 is not None:              # its tables after the pages, 16-byte aligned
+            fa4 = end + end % 2
+            plan, used = self.fa4.plan_into(pos, t, host[at:at + n], self.page_rows,
+                                            host[fa4:].view(np.int32),
+                                            self.meta[fa4:].view(torch.int32))
+            end = fa4 + -(-used // 2)
+        self.meta[:end].copy_(self.host[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        return plan
+
+    def pool_places(self, pool) -> list[int]:
+        """The pool's k and v element offsets from pool_base per attention layer (kept while
+        the pool's addresses stay: `pool.pointers` is replaced when it grows). Raises
+        ValueError for a pool not 16-byte aligned or of another dtype."""
+        if self._places[0] is not pool.pointers:
+            base, size = self.pool_base.data_ptr(), self.pool_base.element_size()
+            if (pool.block.data_ptr() - base) % 16 or pool.block.dtype != self.pool_base.dtype:
+                raise ValueError(f"pools of {pool.block.dtype} at {pool.block.data_ptr():#x}: "
+                                 f"the kernels need {self.pool_base.dtype}, 16-byte aligned")
+            self._places = (pool.pointers, [(p - base) // size for p in pool.pointers])
+        return self._places[1]

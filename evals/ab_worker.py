@@ -1,0 +1,145 @@
+"""The worker of evals/pages_ab.py: one reader in one tree of the code, driven by commands on
+stdin (one JSON object a line), answering one JSON object a line on stdout. Run as a script by
+its path (`python evals/ab_worker.py --model M --device D --grid G`, the tree's code first on
+PYTHONPATH), so the tree measured need not have this file; evals/kernel_profile.py is loaded
+from beside it for the same reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+QUESTION = ("Which kind of turn is this?", ["chat", "code_edit", "debug", "design_ui", "explain",
+                                            "plan", "refactor", "review", "test"])
+
+
+def _timer(device: str):
+    import time
+
+    import torch
+    if device == "cuda":
+        def run(fn):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b)
+        return run
+
+    def wall(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return wall
+
+
+def _kernel_profile():
+    """evals/kernel_profile.py of this file's tree (the worker's `evals` package is its own
+    tree's, which may not have it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "kernel_profile", Path(__file__).resolve().with_name("kernel_profile.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _host_chunk(reader, n: int) -> dict:
+    """Host time of n one-chunk reads: to the first CUDA graph replay (the GPU idles until
+    then: it counts in a chunk's time), and in all; then a cProfile of n more reads, the 20
+    functions of largest cumulative time (ms a read)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+    first, lead, total = [], [], []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def noted(graph):
+        first.append(time.perf_counter())
+        return replay(graph)
+    torch.cuda.CUDAGraph.replay = noted
+    try:
+        for _ in range(n):
+            first.clear()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            reader.read("s", max_chunks=1)
+            total.append((time.perf_counter() - t0) * 1e3)
+            lead.append((first[0] - t0) * 1e3 if first else -1.0)
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        reader.read("s", max_chunks=1)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(((v[3] * 1e3 / n, f"{k[0].split('/')[-2:]}:{k[2]}") for k, v in stats.items()),
+                  reverse=True)[:20]
+    return {"lead_ms": statistics.median(lead), "host_ms": statistics.median(total),
+            "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
+
+
+def worker(model_name: str, device: str, grid: int) -> None:
+    """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
+    from shadow_plugin import Reader, load_model
+    reader = Reader(load_model(model_name, device=device), grid=grid)
+    timed, ids, out = _timer(device), [], sys.stdout
+    sys.stdout = sys.stderr                      # library prints stay off the answer channel
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op, ans = cmd["op"], {}
+        if op == "ids":
+            ids = cmd["ids"]
+            reader.warm_up()
+            warm = [(ids[0] + 7) % 240000] + ids[1:2 * grid]      # other keys: nothing shared
+            reader.feed("warm", warm, "prompt")
+            reader.read("warm")
+            reader.drop("warm")
+            reader.feed("s", ids, "prompt")
+        elif op == "read_to":
+            while reader.committed("s") < cmd["at"]:
+                reader.read("s", max_chunks=1)
+        elif op == "chunk":
+            ans = {"at": reader.committed("s"),
+                   "ms": timed(lambda: reader.read("s", max_chunks=1))}
+        elif op == "chunks":             # n chunks back to back, each timed: the host stays warm
+            ans = {"ms": [timed(lambda: reader.read("s", max_chunks=1)) for _ in range(cmd["n"])]}
+        elif op == "ask":
+            ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}
+        elif op == "decode":
+            gen = reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"], stop_ids=())
+            ans = {"ms_per_token": gen.ms_per_token}
+        elif op in ("profile_chunk", "host_chunk") and \
+                len(ids) - reader.committed("s") < (2 * cmd["n"] + 1) * grid:
+            ans = {"error": f"{len(ids) - reader.committed('s')} ids left to read: fewer than "
+                            f"{op} needs (raise --max-context)"}
+        elif op == "profile_chunk":
+            kernel_table = _kernel_profile().kernel_table
+            ans = kernel_table(lambda: reader.read("s", max_chunks=1), calls=cmd["n"])
+        elif op == "profile_decode":
+            kernel_table = _kernel_profile().kernel_table
+            ans = kernel_table(lambda: reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"],
+                                                       stop_ids=()), calls=1)
+        elif op == "host_chunk":
+            ans = _host_chunk(reader, cmd["n"])
+        elif op == "exact":
+            ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
+        print(json.dumps(ans), file=out, flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", required=True)
+    ap.add_argument("--grid", type=int, required=True)
+    a = ap.parse_args()
+    worker(a.model, a.device, a.grid)

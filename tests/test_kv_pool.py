@@ -1,0 +1,58 @@
+"""The paged KV pool's memory (block_store.kv_pool) and the places a runner stages for it
+(adapters.model.meta): per-layer views, the addresses the CUDA kernels take and their offsets
+from the runner's base stay those of the current block when the pool grows; grown pages keep
+their bits."""
+import dataclasses
+
+import pytest
+import torch
+
+from block_store import KvPool
+from block_store.layout import ATTENTION, GDN, StateSpec
+
+SPEC = StateSpec((GDN, ATTENTION, GDN, ATTENTION), num_kv_heads=2, head_dim=8, conv_dim=4,
+                 conv_width=4, num_value_heads=1, key_head_dim=2, value_head_dim=2,
+                 dtype=torch.float16, device="cpu")
+
+
+def test_views_and_addresses_follow_the_block_when_it_grows():
+    pool = KvPool(SPEC, 64, 3)
+    pool.block.copy_(torch.randn(pool.block.shape))
+    before = pool.block.clone()
+    for size in (3, 7):
+        if size != pool.num_pages:
+            pool.grow(size)
+        assert pool.num_pages == size and pool.block.shape[2] == size
+        for j in range(SPEC.num_attention):
+            k, v = pool.layer(j)
+            assert k.data_ptr() == pool.block[j, 0].data_ptr()
+            assert v.data_ptr() == pool.block[j, 1].data_ptr()
+            assert k.shape == (size, 64, 2, 8) and v.shape == k.shape
+        assert pool.pointers == [x.data_ptr() for pair in pool.layers() for x in pair]
+        assert torch.equal(pool.block[:, :, :3], before)
+
+
+def test_staged_places_follow_the_pool_and_refuse_what_the_kernels_cannot_read():
+    """model.meta.ChunkMeta stages each layer's pools as element offsets from its base: they
+    point at the pools, follow the block when it grows, and a pool off 16 bytes or of another
+    dtype is refused with a ValueError before anything is staged."""
+    import types
+
+    from adapters.model.meta import ChunkMeta
+    from block_store import PagedKv
+    meta = ChunkMeta(4, SPEC.num_attention, 64, torch.device("cpu"), SPEC.dtype)
+    pool = KvPool(SPEC, 64, 2)
+    base, size = meta.pool_base.data_ptr(), meta.pool_base.element_size()
+    for grow in (False, True):
+        if grow:
+            pool.grow(9)
+        meta.stage([1, 2, 3, 4], 60, PagedKv(pool, [1, 0]))
+        for j, (k, v) in enumerate(pool.layers()):
+            assert [base + x * size for x in meta.places(j).tolist()] == \
+                [k.data_ptr(), v.data_ptr()]
+        assert meta.pos.item() == 60 and meta.table(2).tolist() == [1, 0]
+        assert meta.meta[:4].tolist() == [1, 2, 3, 4] and meta.num_pages == 2
+    odd = types.SimpleNamespace(block=pool.block.view(-1)[1:], pointers=[0])
+    for bad in (odd, KvPool(dataclasses.replace(SPEC, dtype=torch.float32), 64, 1)):
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            meta.stage([1, 2, 3, 4], 0, PagedKv(bad, [0]))
