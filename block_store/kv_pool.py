@@ -64,7 +64,8 @@ class KvPool:
 
     def _set_block(self, block: torch.Tensor) -> None:
         """block, its per-layer views and their addresses (k, v of every layer in layer
-        order: what the CUDA kernels take)."""
+        order; a runner stages them as offsets from its base, adapters.model.meta, and keeps
+        those while this list stays the same object)."""
         self.block = block
         self._layers = [(block[j, 0], block[j, 1]) for j in range(self.spec.num_attention)]
         self.pointers = [x.data_ptr() for pair in self._layers for x in pair]

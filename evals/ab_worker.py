@@ -108,6 +108,10 @@ def worker(model_name: str, device: str, grid: int) -> None:
         elif op == "read_to":
             while reader.committed("s") < cmd["at"]:
                 reader.read("s", max_chunks=1)
+        elif op in ("chunk", "chunks") and len(ids) - reader.committed("s") < \
+                cmd.get("n", 1) * grid:
+            ans = {"error": f"{len(ids) - reader.committed('s')} ids left to read: fewer than "
+                            f"{cmd.get('n', 1)} chunks (raise --max-context)"}
         elif op == "chunk":
             ans = {"at": reader.committed("s"),
                    "ms": timed(lambda: reader.read("s", max_chunks=1))}

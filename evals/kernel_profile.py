@@ -54,10 +54,11 @@ def kernel_table(fn, calls: int = 2) -> dict:
 def idle_gaps(spans: list[tuple[float, float, str]], calls: int, top: int = 12) -> dict:
     """Where the GPU idles between kernels: spans (start_us, end_us, name) of the traced
     kernels -> idle_ms (time between one kernel's end, or the latest end so far, and the next
-    kernel's start, summed, a call; the gap before each call's first kernel is not seen),
-    idle_before (that time by the kernel after the gap, ms a call, the 10 largest) and
-    gaps_us (the `top` largest gaps: [us, kernel before, kernel after]; the gaps between
-    calls are among them)."""
+    kernel's start, summed over all spans, divided by `calls`: the gaps between calls, the
+    host's time from one call's last kernel to the next one's first, count; the gap before
+    the first call's first kernel is not seen), idle_before (that time by the kernel after
+    the gap, ms a call, the 10 largest) and gaps_us (the `top` largest gaps: [us, kernel
+    before, kernel after]; the gaps between calls are among them)."""
     spans = sorted(spans)
     gaps, by_next = [], collections.Counter()
     end, prev = None, ""

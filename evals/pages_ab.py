@@ -108,7 +108,7 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
             ta, tb = [], []
             for i in range(args.chunks):                # chunk i of A and of B, same context
                 for tree in ((b, a) if swap else (a, b)):
-                    (ta if tree is a else tb).append(tree(op="chunk")["ms"])
+                    (ta if tree is a else tb).append(_answer(tree(op="chunk"))["ms"])
             # the first chunk of each is a warm-up (the contiguous tree grows its buffers
             # there): kept in a_all / b_all, left out of the medians
             res[f"chunk_{point // 1024}k"] = _summary(ta, tb, skip=1)
@@ -156,11 +156,18 @@ def _bursts(a: Tree, b: Tree, n: int, rounds: int) -> dict:
     runs = {"a": [], "b": []}
     for i in range(rounds):
         for name, tree in (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a)):
-            runs[name].append(tree(op="chunks", n=n)["ms"])
+            runs[name].append(_answer(tree(op="chunks", n=n))["ms"])
     first = _summary([r[0] for r in runs["a"]], [r[0] for r in runs["b"]], skip=1)
     rest = _summary([x for r in runs["a"] for x in r[1:]], [x for r in runs["b"] for x in r[1:]],
                     skip=n - 1)
     return {"first_of_burst": first, "rest_of_burst": rest, "burst": n}
+
+
+def _answer(ans: dict) -> dict:
+    """A worker's answer; RuntimeError with its reason when it is an error."""
+    if "error" in ans:
+        raise RuntimeError(ans["error"])
+    return ans
 
 
 def _profile(a: Tree, b: Tree, res: dict, key: str, **cmd) -> None:
@@ -208,8 +215,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.a or not args.ids:
         ap.error("--a and --ids are needed")
-    if args.pairs < 1:
-        ap.error(f"--pairs must be >= 1, got {args.pairs}")
+    if args.pairs < 1 or args.chunks < 2 or args.burst == 1 or args.burst < 0:
+        ap.error(f"--pairs >= 1, --chunks >= 2 (the first is a warm-up) and --burst 0 or >= 2 "
+                 f"needed, got {args.pairs}, {args.chunks}, {args.burst}")
+    need = max(args.points, default=0) + args.grid * args.chunks * (1 + args.burst)
+    if args.points and need > args.max_context:
+        ap.error(f"the chunks timed at {max(args.points)} read to {need} ids: raise "
+                 f"--max-context ({args.max_context}) or lower --chunks or --burst")
     res = drive(args)
     print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b, "model": args.model,
                       "device": args.device, "grid": args.grid,

@@ -344,3 +344,6 @@ def test_pool_places_refuses_another_dtype_or_a_pool_off_16_bytes():
     with pytest.raises(ValueError, match="rows of torch.float32 with pools of torch.float16"):
         at.write_kv(k, k, base, torch.zeros(2, dtype=torch.int64), torch.tensor([0]),
                     torch.tensor([0]), PAGE)
+    with pytest.raises(ValueError, match="rows of torch.float32 with pools of torch.float16"):
+        at.write_kv(k.half(), k, base, torch.zeros(2, dtype=torch.int64), torch.tensor([0]),
+                    torch.tensor([0]), PAGE)

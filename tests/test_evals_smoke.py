@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,6 +71,20 @@ def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
         ratios = [r[key.split("/")[1]] if "/" in key else r for r in ratios]
         assert val["b_over_a"] == [r["b_over_a"] for r in ratios]
         assert min(val["b_over_a"]) <= val["median"] <= max(val["b_over_a"])
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--burst", "1"], "--burst 0 or >= 2"), (["--chunks", "1"], "--chunks >= 2"),
+    (["--pairs", "0"], "--pairs >= 1"),
+    (["--points", "1024", "--burst", "3"], "read to 5120 ids: raise --max-context")])
+def test_pages_ab_refuses_settings_it_cannot_measure(args, why, capsys):
+    """Before any worker starts: a burst of one chunk (no chunk after the first), one chunk
+    (only the warm-up), no pair, and chunks past the ids."""
+    from evals.pages_ab import main
+    with pytest.raises(SystemExit):
+        main(["--a", ".", "--ids", "x.npz", "--max-context", "4096", "--grid", "512",
+              "--chunks", "2", *args])
+    assert why in capsys.readouterr().err
 
 
 def test_reread_checks_every_rewrite_against_its_bound():

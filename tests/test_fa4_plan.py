@@ -26,9 +26,11 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
     runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=page_rows)
     runner._between._heads = (8, 2)              # the 0.8B's heads: splits happen at these t
     rng = random.Random(page_rows + t)
-    base = runner.staged.pool_base                 # pools at the base itself: offsets 0
-    pool = types.SimpleNamespace(pointers=[base.data_ptr()] * (runner.staged.table_at - t - 1),
+    base = runner.staged.pool_base                 # layer i's pools 16 * i bytes past it
+    num = runner.staged.table_at - t - 1
+    pool = types.SimpleNamespace(pointers=[base.data_ptr() + 16 * i for i in range(num)],
                                  block=base)
+    step = 16 // base.element_size()
     sizes = [rng.randrange(1, 60) for _ in range(25)] + [graphs.MAX_TABLE_PAGES] * 2
     num_split = 0
     for n in sizes:
@@ -47,7 +49,8 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
         assert plan.tail.data_ptr() % 16 == 0
         assert plan.split is None or plan.split.data_ptr() % 16 == 0
         assert runner.staged.table(n).tolist() == pages
-        assert not runner.staged.places(0).any()
+        assert [runner.staged.places(j).tolist() for j in range(num // 2)] == \
+            [[2 * j * step, (2 * j + 1) * step] for j in range(num // 2)]
     assert num_split > 5                          # the splits' tables were checked too
 
 

@@ -52,7 +52,20 @@ def test_staged_places_follow_the_pool_and_refuse_what_the_kernels_cannot_read()
                 [k.data_ptr(), v.data_ptr()]
         assert meta.pos.item() == 60 and meta.table(2).tolist() == [1, 0]
         assert meta.meta[:4].tolist() == [1, 2, 3, 4] and meta.num_pages == 2
-    odd = types.SimpleNamespace(block=pool.block.view(-1)[1:], pointers=[0])
+    shifted = pool.block.view(-1)[1:]                  # 2 bytes past a pool
+    odd = types.SimpleNamespace(block=shifted, pointers=[shifted.data_ptr()])
     for bad in (odd, KvPool(dataclasses.replace(SPEC, dtype=torch.float32), 64, 1)):
         with pytest.raises(ValueError, match="16-byte aligned"):
             meta.stage([1, 2, 3, 4], 0, PagedKv(bad, [0]))
+
+
+def test_a_layer_off_16_bytes_is_refused_by_name():
+    """Every layer's pools are checked, not only the block's start."""
+    import types
+
+    from adapters.model.meta import ChunkMeta
+    meta = ChunkMeta(4, 2, 64, torch.device("cpu"), SPEC.dtype)
+    base = meta.pool_base.data_ptr()
+    pool = types.SimpleNamespace(block=meta.pool_base, pointers=[base, base + 16, base + 34, 0])
+    with pytest.raises(ValueError, match=f"a layer at {base + 34:#x}"):
+        meta.pool_places(pool)

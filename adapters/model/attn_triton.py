@@ -262,7 +262,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, places: torch
     row = hkv * d
     _kv_write_kernel[(t,)](k, v, base, places, pos, pages, k.stride(0), v.stride(0), ROW=row,
                            BLOCK=triton.next_power_of_2(row), PAGE=page_rows,
-                           ALIGN=_align(base, k))
+                           ALIGN=max(_align(base, k), _align(base, v)))
 
 
 def attend_table(q: torch.Tensor, base: torch.Tensor, places: torch.Tensor, pos: torch.Tensor,

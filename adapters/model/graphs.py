@@ -12,7 +12,8 @@ Attentions:
   at every context length) called eagerly on the session's own KV rows (the host knows pos and
   the buffers' addresses when it launches them);
 - "table": the whole chunk as one graph, attention by attn_triton's table-addressed kernel,
-  which reads the position and the KV addresses from device memory at replay.
+  which reads the position, the pools' places and the page table from device memory at
+  replay.
 Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (SDPA) unless
 `attention="table"` (Triton's interpreter in the tests); with ops.EAGER the segmented body gives
 Qwen35.forward's bits (tested).
@@ -276,7 +277,7 @@ class ChunkGraphs:
 
         Raises ValueError for a chunk of another length, a negative pos, or pages that are too
         few, of another size, more than the runner's table holds, or a pool that is not
-        16-byte aligned (the kernels address rows by pointer, unchecked)."""
+        16-byte aligned (the kernels' vectorised loads assume it; model.meta)."""
         if isinstance(ids, tuple):
             ids = list(ids)
         shape = (len(ids),) if isinstance(ids, list) else tuple(ids.shape)

@@ -67,7 +67,8 @@ class ChunkMeta:
         table of kv (a block_store.PagedKv) into meta, and with FA4 its plan's tables: one
         copy from pinned memory (after the last copy has read it). Returns FA4's plan
         (attn_fa4.Plan) or None. Raises ValueError for a pool not 16-byte aligned or of
-        another dtype (`pool_places`)."""
+        another dtype (`pool_places`), before anything is written."""
+        places = self.pool_places(kv.pool)
         if self.copied is not None:
             self.copied.synchronize()
         t, host, at = self.t, self.host_np, self.table_at
@@ -76,7 +77,7 @@ class ChunkMeta:
         else:
             self.host[:t].copy_(ids)
         host[t] = pos
-        host[t + 1:at] = self.pool_places(kv.pool)
+        host[t + 1:at] = places
         n = len(kv.pages)
         host[at:at + n] = kv.pages
         self.num_pages, end, plan = n, at + n, None
@@ -97,8 +98,10 @@ class ChunkMeta:
         ValueError for a pool not 16-byte aligned or of another dtype."""
         if self._places[0] is not pool.pointers:
             base, size = self.pool_base.data_ptr(), self.pool_base.element_size()
-            if (pool.block.data_ptr() - base) % 16 or pool.block.dtype != self.pool_base.dtype:
-                raise ValueError(f"pools of {pool.block.dtype} at {pool.block.data_ptr():#x}: "
-                                 f"the kernels need {self.pool_base.dtype}, 16-byte aligned")
+            odd = [p for p in pool.pointers if (p - base) % 16]
+            if odd or pool.block.dtype != self.pool_base.dtype:
+                raise ValueError(f"pools of {pool.block.dtype} at {pool.block.data_ptr():#x}"
+                                 f"{f' (a layer at {odd[0]:#x})' if odd else ''}: the kernels "
+                                 f"need {self.pool_base.dtype}, 16-byte aligned")
             self._places = (pool.pointers, [(p - base) // size for p in pool.pointers])
         return self._places[1]
