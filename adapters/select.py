@@ -29,7 +29,7 @@ def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
                          f"fused_ops={fused_ops!r} choose how the CUDA-graph runners work; "
                          f"with cuda_graphs off the reader reads through Qwen35.forward "
                          f"(SDPA): leave them unset")
-    from .model.attn_triton import SplitConfig  # imports triton
+    from .model.attn_tiling import SplitConfig
     if attn_split is not None and not isinstance(attn_split, SplitConfig):
         raise ValueError(f"attn_split must be an attn_triton.SplitConfig (SplitConfig.parse"
                          f"('128x32x8x2')), got {type(attn_split).__name__}")

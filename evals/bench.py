@@ -222,7 +222,7 @@ def attn_split(args):
     """--attn-tiling BMxBNxWARPSxSTAGES as an attn_triton.SplitConfig (None: the default)."""
     if not getattr(args, "attn_tiling", None):
         return None
-    from adapters.model.attn_triton import SplitConfig
+    from adapters.model.attn_tiling import SplitConfig
     return SplitConfig.parse(args.attn_tiling)
 
 

@@ -15,6 +15,7 @@ each figure is the median of its R rounds (all kept under "rounds").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 
@@ -58,12 +59,15 @@ TILINGS = {"decode": at.DECODE,
            "bn32_s64": _tiling(block_n=32, s_max=64),
            "bn64_s32": _tiling(block_n=64, s_max=32),
            # today's DECODE with the splits combined in order (before vector_combine)
-           "decode_in_order": _tiling(s_max=128)}
+           "decode_in_order": _tiling(s_max=128),
+           # today's DECODE with each page entry loaded a block ahead (SplitConfig.ahead)
+           "decode_ahead": dataclasses.replace(at.DECODE, ahead=True)}
 
 
 def timed(fn) -> float:
     """attn_kernel.timed over 50 calls, rounded (each call's host time before its first kernel
-    counts: about 0.05 ms a call here, more than the kernels' differences; see attn_kernel.graph_timed)."""
+    counts: about 0.05 ms a call here, more than the kernels' differences; see
+    attn_kernel.graph_timed)."""
     return round(attn_kernel.timed(fn, repeats=50), 4)
 
 
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="timings taken in turns, every call once a round; medians of rounds")
     ap.add_argument("--contexts", default="25600,51200,102400")
     ap.add_argument("--graph", action="store_true",
-                    help="time calls captured in a CUDA graph (no host time; attn_kernel.graph_timed)")
+                    help="time calls captured in a CUDA graph (no host time; "
+                         "attn_kernel.graph_timed)")
     args = ap.parse_args(argv)
     only = [x for x in args.only.split(",") if x]
     tilings = {k: v for k, v in TILINGS.items() if not only or k in only}
@@ -132,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             row["rounds"] = {name: t for name, t in times.items()}
         res[f"{ctx // 1024}k"] = row
         print(ctx, row, flush=True)
-    print(json.dumps({"probe": "decode", "dtype": "bfloat16", "graph": args.graph, "gpu": torch.cuda.get_device_name(),
-                      **versions(), "rounds": args.rounds, "results": res}))
+    print(json.dumps({"probe": "decode", "dtype": "bfloat16", "graph": args.graph,
+                      "gpu": torch.cuda.get_device_name(), **versions(), "rounds": args.rounds,
+                      "results": res}))
     return 0
 
 

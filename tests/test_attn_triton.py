@@ -6,6 +6,7 @@ their raw 16-bit patterns (numpy has no bfloat16), so these tests run in float16
 check (evals/read.py --parts attn) covers bfloat16 on the GPU."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -147,6 +148,24 @@ def test_vector_combine_matches_the_combine_in_order_and_the_twin(t, pos):
     err = (got.float() - attend_ref(q, k_buf, v_buf, pos).float()).abs().max().item()
     assert err < 4e-3, err
     assert torch.equal(got, _run(q, k_buf, v_buf, pos, VECTOR, seed=7))   # pages elsewhere
+
+
+@pytest.mark.parametrize("t,pos", [(1, 0), (1, 40), (1, 150), (5, 27), (16, 40), (23, 137)])
+def test_page_entries_loaded_a_block_ahead_give_the_same_bits(t, pos):
+    """SplitConfig.ahead changes when a block's page entry is loaded, not what is summed: the
+    same bits as the walk without it, at splits that cross pages and at the last page, for
+    chunk and decode tilings, wherever the pages lie."""
+    q, k_buf, v_buf = _case(t, pos)
+    for cfg in (SMALL, VECTOR):
+        ahead = dataclasses.replace(cfg, ahead=True)
+        want = _run(q, k_buf, v_buf, pos, cfg)
+        assert torch.equal(_run(q, k_buf, v_buf, pos, ahead), want)
+        assert torch.equal(_run(q, k_buf, v_buf, pos, ahead, seed=5), want)
+
+
+def test_split_config_refuses_ahead_with_page_splits():
+    with pytest.raises(ValueError, match="ahead not with page_splits"):
+        at.SplitConfig(min_split=512, page_splits=True, ahead=True)
 
 
 def test_split_config_refuses_a_vector_combine_it_cannot_take():

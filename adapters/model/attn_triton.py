@@ -26,71 +26,12 @@ KV group) pairs, so the G = H / Hkv query heads that share a KV head load it onc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from .attn_combine import _attn_combine_kernel, _attn_combine_vec_kernel, _split_len
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    """Tiling of one attention call. block_m: rows (position x group head) per program;
-    block_n: keys per inner step; s_max: most splits of the keys; min_split: fewest keys a split
-    holds; page_splits: splits of whole pages (their length a multiple of the page's rows, not
-    of block_n), each page's place loaded once and its blocks read without the page table.
-    vector_combine: the
-    splits combined by (row, 64 columns) programs, every split at once (s_max a power of two;
-    the sums in another order, so other bits: for decode, whose bits no state keeps; the
-    combine took 0.018 ms a layer at 100k in one program a row, 128 splits in turn).
-    Chunk reads use READ (fixed: the committed state depends on it)."""
-
-    block_m: int = 128       # the fastest of 7 tilings on the H200 at 8k-98k (BENCHMARKS.md)
-    block_n: int = 32
-    s_max: int = 16
-    min_split: int = 2048
-    num_warps: int = 8
-    num_stages: int = 2
-    page_splits: bool = False
-    vector_combine: bool = False
-
-    def __post_init__(self):
-        pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
-        if not (pow2(self.block_m) and pow2(self.block_n) and self.block_m >= 16
-                and self.block_n >= 16 and pow2(self.num_warps) and self.num_warps <= 16
-                and self.num_stages >= 1 and self.s_max >= 1
-                and self.min_split % self.block_n == 0 and self.min_split > 0
-                and not (self.vector_combine and not pow2(self.s_max))):
-            raise ValueError(f"{self}: block_m and block_n powers of two >= 16, num_warps a "
-                             f"power of two <= 16, num_stages and s_max >= 1, min_split a "
-                             f"positive multiple of block_n, s_max a power of two with "
-                             f"vector_combine")
-
-
-    @classmethod
-    def parse(cls, text: str) -> "SplitConfig":
-        """'BMxBNxWARPSxSTAGES' (e.g. '128x32x8x2'), the other fields default; ValueError
-        naming the text when it has not four integers."""
-        try:
-            bm, bn, w, st = (int(x) for x in text.split("x"))
-        except ValueError:
-            raise ValueError(f"tiling {text!r}: expected BMxBNxWARPSxSTAGES, e.g. 128x32x8x2") \
-                from None
-        return cls(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
-
-
-READ = SplitConfig()
-# one query row over paged keys: 128 splits of 32-key blocks, 4 warps, 3 stages. With the
-# loads vectorised (pools from a base) this kernel takes 0.061 ms a layer at 100k, split and
-# combine, against FlashAttention-2's 0.082 on contiguous rows (H200, evals/decode_probe.py
-# --graph, docs/decode-probe-base-2026-12-02.log). In the probe's copy (evals/decode_variants.py,
-# docs/decode-variants-2026-12-02.log) the same walk with 2 stages took 0.060-0.061 too; with
-# each page entry loaded a block ahead, 3 stages took 0.055-0.056 (not in this kernel yet);
-# 1 stage 0.072, 8 warps 0.069, 64-key blocks with 8 warps 0.058.
-DECODE = SplitConfig(block_m=16, s_max=128, min_split=512, num_warps=4, num_stages=3,
-                     vector_combine=True)
+from .attn_tiling import DECODE, READ, SplitConfig  # noqa: F401  (named here by callers)
 
 
 @triton.jit
@@ -167,7 +108,7 @@ def _attn_split_kernel(Q, BASE, PLACES, POS, PT, O_PART, L_PART, T, scale_log2,
                        H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        S_MAX: tl.constexpr, MIN_SPLIT: tl.constexpr, PAGE: tl.constexpr,
-                       PAGE_SPLITS: tl.constexpr, ALIGN_E: tl.constexpr):
+                       PAGE_SPLITS: tl.constexpr, ALIGN_E: tl.constexpr, AHEAD: tl.constexpr):
     """Program (m, kv head, split): rows m*BLOCK_M.. of (t, g), keys of one split.
     Writes O_PART[s, t*H + h, :] (normalised, fp32) and L_PART[s, t*H + h] (log2-sum-exp).
     PAGE_SPLITS: splits of whole pages, walked a page at a time (one table load a page); the
@@ -207,6 +148,15 @@ def _attn_split_kernel(Q, BASE, PLACES, POS, PT, O_PART, L_PART, T, scale_log2,
                 for start in range(p_full, tl.minimum(p0 + PAGE, hi), BLOCK_N):
                     m_i, l_i, acc = _block_at(q, kp, vp, base, start, hi, pos, t, kvh, m_i,
                                               l_i, acc, scale_log2, HKV, D, BLOCK_N, True)
+        elif AHEAD:          # the next block's page entry loaded while this block is read
+            pg = tl.load(PT + lo // PAGE).to(tl.int64)
+            for start in range(lo, full_end, BLOCK_N):
+                nxt = tl.load(PT + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < hi,
+                              other=0).to(tl.int64)
+                m_i, l_i, acc = _block_at(q, kp, vp, pg * PAGE - start // PAGE * PAGE, start,
+                                          hi, pos, t, kvh, m_i, l_i, acc, scale_log2, HKV, D,
+                                          BLOCK_N, False)
+                pg = nxt
         else:
             for start in range(lo, full_end, BLOCK_N):
                 m_i, l_i, acc = _block(q, kp, vp, PT, start, hi, pos, t, kvh, m_i, l_i, acc,
@@ -291,6 +241,7 @@ def attend_table(q: torch.Tensor, base: torch.Tensor, places: torch.Tensor, pos:
                              HKV=num_kv_heads, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                              S_MAX=cfg.s_max, MIN_SPLIT=cfg.min_split, PAGE=page_rows,
                              PAGE_SPLITS=cfg.page_splits, ALIGN_E=_align(base, q),
+                             AHEAD=cfg.ahead,
                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     align = page_rows if cfg.page_splits else cfg.block_n
     if cfg.vector_combine:

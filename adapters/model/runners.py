@@ -93,7 +93,7 @@ class Runners:
         FlashAttention-2 reads no page table; its projections through model.gemv,
         ops.decode_ops)."""
         if 1 not in self._sized:
-            from .attn_triton import DECODE
+            from .attn_tiling import DECODE
             options = dict(self.options)
             if self.chunk.use_graphs and self.chunk.ops is not ops.EAGER:
                 options["op_set"] = ops.decode_ops(self.chunk.ops)
