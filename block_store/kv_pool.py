@@ -56,7 +56,8 @@ class KvPool:
 
     def layer(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention layer j's (k, v) pools, each [num_pages, G, Hkv, D] (views, kept: building
-        them costs the host about 9 us a layer on this machine's CPU, each chunk)."""
+        them cost the host about 9 us a layer on the 2-core development machine's CPU, timeit,
+        2026-12-02, and the FA4 path asks for them every layer of every chunk)."""
         return self._layers[j]
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -35,6 +35,7 @@ from adapters.model.attn_triton import _block_at
 from adapters.model.ref import attend_ref
 from evals import attn_kernel
 from evals.bench import versions
+from evals.decode_probe import DEV, DT, PAGE, pools
 
 WALKS = {"table": 1, "none": 0, "ahead": 2, "hoist": 3}
 
@@ -110,7 +111,8 @@ def attend(q, k, v, pages, pos_t, pos, out, scratch, cfg: at.SplitConfig, walk: 
     'none': the rows in order, [ctx, Hkv, D]) through page table `pages` (int64) -> out
     [1, H * D] (scratch: at.scratch's pair for cfg); splits combined by attn_combine's vector
     kernel. ValueError when a split may span more than nps pages under walk 'hoist'. ptr, tab:
-    _decode_kernel's PTR and TAB (ptr 2: k is the anchor, tab the offsets from it)."""
+    _decode_kernel's PTR and TAB (ptr 2: k is the anchor, tab the offsets from it);
+    num_kv_heads: Hkv (given, since an anchor has no head dimension)."""
     _, h, d = q.shape
     hkv = num_kv_heads
     per_split = -(-(pos + 1) // cfg.s_max)                   # _split_len's rounding
@@ -159,16 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     if set(only) - set(VARIANTS):
         raise SystemExit(f"--only names variants of {sorted(VARIANTS)}")
     variants = {k: v for k, v in VARIANTS.items() if not only or k in only}
-    dev, dt, page = torch.device("cuda"), torch.bfloat16, 512
+    dev, dt, page = DEV, DT, PAGE
     res = {}
     for ctx in (int(x) for x in args.contexts.split(",")):
         pos, n = ctx - 1, -(-ctx // page)
-        gen = torch.Generator(device=dev).manual_seed(1)
-        k = torch.randn(n + 8, page, 2, 256, device=dev, generator=gen).to(dt)
-        v = torch.randn(n + 8, page, 2, 256, device=dev, generator=gen).to(dt)
-        order = torch.randperm(n + 8, generator=torch.Generator().manual_seed(1))[:n].to(dev)
+        k, v, order = pools(ctx, 1)                 # n pages in shuffled places among n + 8
         rows_k, rows_v = k[order].flatten(0, 1)[:ctx].contiguous(), \
             v[order].flatten(0, 1)[:ctx].contiguous()
+        gen = torch.Generator(device=dev).manual_seed(2)
         q = torch.randn(1, 8, 256, device=dev, generator=gen).to(dt)
         pos_t = torch.tensor([pos], device=dev)
         ptrs = torch.tensor([k.data_ptr(), v.data_ptr()], device=dev)

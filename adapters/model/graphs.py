@@ -286,11 +286,10 @@ class ChunkGraphs:
         if pos < 0:                 # write_kv would write below the buffers, unchecked
             raise ValueError(f"pos must be >= 0, got {pos}")
         if kv.num_rows < pos + self.t or kv.page_rows != self.page_rows or \
-                len(kv.pages) > MAX_TABLE_PAGES or kv.pool.block.data_ptr() % 16:
+                len(kv.pages) > MAX_TABLE_PAGES:       # the pools' alignment: ChunkMeta.stage
             raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take rows "
                              f"up to {pos + self.t} (this runner: pages of {self.page_rows} "
-                             f"rows, at most {MAX_TABLE_PAGES} a sequence, 16-byte aligned "
-                             f"pools; pool at {kv.pool.block.data_ptr():#x})")
+                             f"rows, at most {MAX_TABLE_PAGES} a sequence)")
         self.prepare()
         self._stage(ids, pos, kv)                      # with FA4's plan (its page tables)
         self.slots.feed(gdn)

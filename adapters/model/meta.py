@@ -9,9 +9,10 @@ graphs run for any session, position and pool without being captured again.
 
 Why offsets from a base tensor and not the pools' addresses: Triton's kernels make a pointer of
 an int64 read from memory without alignment facts, and then do not vectorise their loads
-(attn_triton's decode took 0.089 ms a layer at 100k that way, 0.061 from a base; H200,
-docs/decode-ptr-2026-12-02.log). `pool_base` is a tensor of the pools' dtype kept for the
-runner's life, so the offsets, multiples of 16 bytes, stay valid for the captured graphs.
+(a probe copy of attn_triton's decode kernel took 0.089 ms a layer at 100k that way, 0.061
+from a base; H200, evals/decode_variants.py, docs/decode-ptr-2026-12-02.log). `pool_base`
+is a tensor of the pools' dtype kept for the runner's life, so the offsets, multiples of 16
+bytes, stay valid for the captured graphs.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ class ChunkMeta:
         self.meta = torch.zeros(self.table_at + MAX_TABLE_PAGES + fa4_slots, device=device,
                                 dtype=torch.long)
         cuda = device.type == "cuda"
-        self.host = torch.zeros_like(self.meta, device="cpu")
-        self.host = self.host.pin_memory() if cuda else self.host
+        host = torch.zeros_like(self.meta, device="cpu")
+        self.host = host.pin_memory() if cuda else host
         self.host_np = self.host.numpy()       # the same memory, written without torch calls
         self.copied = torch.cuda.Event() if cuda else None
         self.pool_base = torch.zeros(8, device=device, dtype=dtype)
