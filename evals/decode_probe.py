@@ -60,8 +60,8 @@ TILINGS = {"decode": at.DECODE,
            "bn64_s32": _tiling(block_n=64, s_max=32),
            # today's DECODE with the splits combined in order (before vector_combine)
            "decode_in_order": _tiling(s_max=128),
-           # today's DECODE with each page entry loaded a block ahead (SplitConfig.ahead)
-           "decode_ahead": dataclasses.replace(at.DECODE, ahead=True)}
+           # today's DECODE with each page entry loaded in its own block (before ahead)
+           "decode_in_block": dataclasses.replace(at.DECODE, ahead=False)}
 
 
 def timed(fn) -> float:

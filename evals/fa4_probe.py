@@ -1,7 +1,9 @@
 """FlashAttention-4's Hopper forward (model.attn_fa4) against FlashAttention-2 as torch ships it
 (model.attn_flash), as the reader calls them (`fa4`: attn_fa4.FA4Attention, its recorded kernels
 called directly; `fa4_package`: the same splits through the package's Python each call;
-`fa4_one_call`: FA4 as one causal call, without the key splits): shapes of random:qwen3.5-0.8b (H 8, Hkv 2, D 256),
+`fa4_one_call`: FA4 as one causal call on contiguous rows, without the key splits; the first
+two over the rows as 512-row pages in order, as the reader's pools hold them): shapes of
+random:qwen3.5-0.8b (H 8, Hkv 2, D 256),
 bf16, one 512-id chunk at 8k-100k context, a 768-row question bucket at 32k and one decode
 token at 100k. For each: median GPU ms (CUDA events, warmed up), the host's ms per call (calls
 issued behind a long GPU sleep, so the host never waits), relative RMS against the fp32 twin
@@ -32,12 +34,27 @@ def fa4_one_call(q, pos, k_buf, v_buf, out):
 class ThroughThePackage(attn_fa4.FA4Attention):
     """attn_fa4's splits with every FA4 call through the package's Python (no direct calls)."""
 
-    def _fwd(self, q, k, v, causal, out, lse):
-        attn_fa4._forward()(q, k, v, causal=causal, out=out, lse=lse)
+    def _fwd(self, q, k, v, page_table, causal, out, lse):
+        attn_fa4._forward()(q, k, v, page_table=page_table, causal=causal,
+                            tile_mn=attn_fa4.TILE_MN, out=out, lse=lse)
 
 
-IMPLS = {"fa2": attn_flash.attend, "fa4": attn_fa4.FA4Attention().attend,
-         "fa4_package": ThroughThePackage().attend, "fa4_one_call": fa4_one_call}
+def over_pages(attn: attn_fa4.FA4Attention):
+    """attn.attend over contiguous rows k_buf, v_buf [cap, Hkv, D] read as 512-row pages in
+    order (rows past cap padded with zeros to a whole page: a copy), its plan built at each
+    call (the runner stages it instead: the host's ms here include it). FA4 over pages reads
+    64-row sub-pages, so a position off them (one decode token) fails with the reason."""
+    def attend(q, pos, k_buf, v_buf, out):
+        n = -(-k_buf.shape[0] // 512)
+        k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, n * 512 - x.shape[0]))
+                .view(n, 512, *x.shape[1:]) for x in (k_buf, v_buf))
+        attn.attend(q, pos, k, v, attn.plan(pos, q.shape[0], list(range(n)), 512, q.device),
+                    out)
+    return attend
+
+
+IMPLS = {"fa2": attn_flash.attend, "fa4": over_pages(attn_fa4.FA4Attention(8, 2)),
+         "fa4_package": over_pages(ThroughThePackage(8, 2)), "fa4_one_call": fa4_one_call}
 
 
 def host_ms(call, n: int = 50) -> float:

@@ -251,6 +251,11 @@ def test_fa4_over_pages_matches_the_twin_and_ignores_where_pages_lie(t, pos):
     fresh = attn_fa4.FA4Attention(8, 2)
     fresh.attend(q, pos, k_pool, v_pool, fresh.plan(pos, t, pages, PAGE, dev), slow)
     assert torch.equal(out, slow)                       # direct calls: the package's bits
+    serial = attn_fa4.FA4Attention(8, 2, overlap=False)  # the splits and the tail on one stream
+    alone = torch.empty_like(out)
+    serial.attend(q, pos, k_pool, v_pool, serial.plan(pos, t, pages, PAGE, dev), alone)
+    assert torch.equal(out, alone)
+    assert attn.overlap and attn._streams                # the overlapped path was the one run
 
 
 def test_the_pin_folder_keeps_fa4s_compiled_kernels(tmp_path):

@@ -1,5 +1,6 @@
 """FA4's page tables as a runner stages them (fa4_plan.plan_into, written behind the page table
-in the runner's one staging buffer, model.graphs.ChunkGraphs._stage) against their slow twin:
+in the runner's staging buffer by model.meta.ChunkMeta.stage_plan, which the runner calls after
+launching its first graph) against their slow twin:
 every sub-page of the sequence's pages in row order (attn_fa4.all_sub_pages), the splits'
 [0, S Ls) as S rows, the tail [S Ls, pos + T) as one; both 16-byte aligned; the page table
 left as it was. On the CPU, with FA4 declared available (no kernel runs)."""
@@ -40,7 +41,9 @@ def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch
         pos = 64 * rng.randrange(0, (n * page_rows - t) // 64 + 1)
         runner.meta.fill_(-1)
         runner._stage([0] * t, pos, types.SimpleNamespace(pages=pages, pool=pool))
-        plan = runner._plan
+        assert runner._plan is None                # staged at the first attention
+        assert runner.staged.table(n).tolist() == pages
+        plan = runner.staged.stage_plan()
         splits, split, tail = _twin(pos, t, pages, page_rows)
         assert plan.splits == splits and torch.equal(plan.tail.long(), tail)
         assert (plan.split is None) == (split is None)
@@ -66,3 +69,16 @@ def test_the_plan_and_the_staged_plan_agree(monkeypatch):
         assert plan.split is None or torch.equal(plan.split.long(), split)
     with pytest.raises(ValueError, match="sub-pages of 64"):
         attn.plan(64, 37, pages, 512, torch.device("cpu"))
+
+
+def test_a_position_off_the_sub_pages_is_refused_before_anything_is_staged(tiny, monkeypatch):
+    monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
+    runner = graphs.ChunkGraphs(tiny, 64, attention="fa4", fused=False, page_rows=128)
+    base = runner.staged.pool_base
+    num = runner.staged.table_at - 64 - 1
+    pool = types.SimpleNamespace(pointers=[base.data_ptr() + 16 * i for i in range(num)],
+                                 block=base)
+    runner.meta.fill_(-1)
+    with pytest.raises(ValueError, match="sub-pages of 64"):
+        runner._stage([0] * 64, 32, types.SimpleNamespace(pages=[3, 1], pool=pool))
+    assert (runner.meta == -1).all() and (runner.staged.host == 0).all()

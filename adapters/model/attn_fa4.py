@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 
 import numpy as np
 import torch
@@ -52,12 +51,12 @@ from .fa4_plan import (  # noqa: F401
     split_plan,
     sub_pages,
 )
+from .fa4_record import record as _record
 
-# the package versions whose SM90 call pattern `_record` was checked against (interface.py's
+# the package versions whose SM90 call pattern `fa4_record.record` was checked against (interface.py's
 # _flash_attn_fwd: the tensors, then constants that do not depend on the shapes); others stay
 # on the package's path (slower, same bits)
 DIRECT_VERSIONS = ("4.0.0b36",)
-_RECORD_LOCK = threading.Lock()   # the package's compile cache is swapped while recording
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +132,7 @@ class FA4Attention:
     host about 0.1 ms a call on the H200's host (evals/fa4_probe.py, `fa4_one_call` host_ms),
     two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
     through `_flash_attn_fwd`; while it runs, its compile cache is
-    watched and the one compiled kernel it calls, with its arguments, is kept (`_record`).
+    watched and the one compiled kernel it calls, with its arguments, is kept (`fa4_record.record`).
     Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
     where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
     calls equal the package's own). A call that does not fit that pattern (no kernel seen, or
@@ -144,13 +143,20 @@ class FA4Attention:
     attention (model.runners; FA4 wastes a 128-row tile on one row: 3x slower at 100k,
     evals/fa4_probe.py).
 
-    Args: num_heads (H), num_kv_heads (Hkv): the heads every call has (the splits depend on
-    them)."""
+    On CUDA the splits' call runs on a stream of the highest priority while the causal tail
+    runs on the caller's (`overlap`): the splits take S * tiles <= the SM count (`split_plan`,
+    one tile an SM), so the tail's tiles fill the SMs left and those the splits free, instead
+    of running after them. The same kernels on the same inputs: the same bits.
 
-    def __init__(self, num_heads: int, num_kv_heads: int):
+    Args: num_heads (H), num_kv_heads (Hkv): the heads every call has (the splits depend on
+    them); overlap: the splits and the tail on two streams (CUDA only; default on)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, overlap: bool = True):
         self._heads = (num_heads, num_kv_heads)
         self._direct: dict = {}          # kind (see _fwd) -> (kernel, args, slots) or None
         self.num_direct_calls = 0
+        self.overlap = overlap
+        self._streams: dict = {}         # device index -> (stream, event before, event after)
 
     def warm_up(self, t: int, head_dim: int, page_rows: int, device: torch.device,
                 dtype: torch.dtype) -> None:
@@ -211,11 +217,34 @@ class FA4Attention:
             return
         o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
         lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
-        self._fwd(q[None].expand(s, t, h, d).contiguous(), k, v, plan.split, False,
-                  o_part[:s], lse_part[:s])
-        self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
+        qs = q[None].expand(s, t, h, d).contiguous()
+        split = lambda: self._fwd(qs, k, v, plan.split, False, o_part[:s], lse_part[:s])  # noqa
+        if self.overlap and q.is_cuda:
+            # the caller's stream waits for the splits before the combine, and the tensors
+            # the splits read or write are freed after that wait: no later work reuses them
+            side, before, after = self._side(q.device)
+            before.record()
+            side.wait_event(before)
+            with torch.cuda.stream(side):
+                split()
+                after.record()
+            self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
+            torch.cuda.current_stream(q.device).wait_event(after)
+        else:
+            split()
+            self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
         from .attn_combine import combine_lse
         combine_lse(o_part, lse_part, out)
+
+    def _side(self, device: torch.device) -> tuple:
+        """(stream of the highest priority, an event for the caller's stream, one for it) on
+        `device`, made at its first use there."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._streams:
+            with torch.cuda.device(index):
+                self._streams[index] = (torch.cuda.Stream(priority=-100), torch.cuda.Event(),
+                                        torch.cuda.Event())
+        return self._streams[index]
 
     def _fwd(self, q, k, v, page_table, causal: bool, out, lse) -> None:
         """One FA4 forward over pages, q [B, T, H, D], k, v [num_sub_pages, SUB_PAGE, Hkv, D],
@@ -243,52 +272,3 @@ class FA4Attention:
             self._direct[key] = None
             return
         self._direct[key] = _record(call, q, k, v, page_table, out, lse)
-
-
-def _record(call, q, k, v, page_table, out, lse):
-    """Run call(q, k, v) once, watching the package's compile cache: (kernel, args with our
-    tensors' places empty, slots) when exactly one compiled kernel ran and q, k, v,
-    page_table, out, lse (by address, shape and strides) are its only tensor arguments, at
-    `slots`; else None."""
-    try:
-        import flash_attn.cute.interface as fi
-    except Exception:                         # another layout of the package: never direct
-        call(q, k, v)
-        return None
-    seen = []
-
-    class Watch:
-        def __contains__(self, key):
-            return key in cache
-
-        def __setitem__(self, key, value):
-            cache[key] = value
-
-        def __getitem__(self, key):
-            kernel = cache[key]
-            return lambda *args: (seen.append((kernel, list(args))), kernel(*args))[1]
-
-    with _RECORD_LOCK:                        # one swap at a time, always undone
-        cache = fi._flash_attn_fwd.compile_cache
-        fi._flash_attn_fwd.compile_cache = Watch()
-        try:
-            call(q, k, v)
-        finally:
-            fi._flash_attn_fwd.compile_cache = cache
-    if len(seen) != 1:
-        return None
-    kernel, args = seen[0]
-    ours = [x for x in (q, k, v, page_table, out, lse) if x is not None]
-    slots = []
-    for x in ours:
-        hits = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                and a.data_ptr() == x.data_ptr() and a.shape == x.shape
-                and a.stride() == x.stride()]
-        if len(hits) != 1:
-            return None
-        slots.append(hits[0])
-    if sum(isinstance(a, torch.Tensor) for a in args) != len(ours):
-        return None
-    for i in slots:                           # the template holds no tensor of this call
-        args[i] = None
-    return kernel, args, slots

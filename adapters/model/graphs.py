@@ -155,6 +155,8 @@ class ChunkGraphs:
                                   self.model.cfg.num_key_value_heads, *self.scratch, out,
                                   self.split, m.table(), self.page_rows)
         elif self.attention in _BETWEEN:
+            if self._plan is None:      # after the first graph's launch: ChunkMeta.stage_plan
+                self._plan = self.staged.stage_plan()
             self._between.attend(q, self._pos, *self._kv.pool.layer(j), self._plan, out)
         else:
             attn = self.model.layers[self.full_layers[j]].self_attn
@@ -256,9 +258,10 @@ class ChunkGraphs:
                 autotune.export(pinned)
 
     def _stage(self, ids, pos: int, kv) -> None:
-        """ChunkMeta.stage: ids, pos, the pools' places and kv's page table (and FA4's plan,
-        kept as self._plan) where the graphs read them."""
-        self._plan = self.staged.stage(ids, pos, kv)
+        """ChunkMeta.stage: ids, pos, the pools' places and kv's page table where the graphs
+        read them; FA4's plan (self._plan) is staged at the first attention."""
+        self.staged.stage(ids, pos, kv)
+        self._plan = None
 
     def _replay(self) -> None:
         """The captured graphs in order, the flash attention between them."""
@@ -291,7 +294,7 @@ class ChunkGraphs:
                              f"up to {pos + self.t} (this runner: pages of {self.page_rows} "
                              f"rows, at most {MAX_TABLE_PAGES} a sequence)")
         self.prepare()
-        self._stage(ids, pos, kv)                      # with FA4's plan (its page tables)
+        self._stage(ids, pos, kv)                      # FA4's plan at the first attention
         self.slots.feed(gdn)
         self._pos, self._kv = pos, kv
         try:

@@ -16,12 +16,21 @@ bytes, stay valid for the captured graphs.
 """
 from __future__ import annotations
 
+import functools
+import struct
+
 import numpy as np
 import torch
 
 from . import attn_fa4
 
 MAX_TABLE_PAGES = 4096           # most pages a sequence's table holds in a runner's meta
+
+
+@functools.lru_cache(maxsize=None)
+def _pack(n: int) -> struct.Struct:
+    """n native int64s (meta's host memory is a numpy int64 array of the machine's order)."""
+    return struct.Struct(f"={n}q")
 
 
 class ChunkMeta:
@@ -43,10 +52,11 @@ class ChunkMeta:
         host = torch.zeros_like(self.meta, device="cpu")
         self.host = host.pin_memory() if cuda else host
         self.host_np = self.host.numpy()       # the same memory, written without torch calls
+        self.host_bytes = memoryview(self.host_np).cast("B")
         self.copied = torch.cuda.Event() if cuda else None
         self.pool_base = torch.zeros(8, device=device, dtype=dtype)
         self._places: tuple = (None, [])       # (a pool's pointers, their offsets)
-        self.num_pages = 0
+        self.num_pages, self.staged_pos = 0, 0
 
     @property
     def pos(self) -> torch.Tensor:
@@ -63,32 +73,44 @@ class ChunkMeta:
         end = self.table_at + (MAX_TABLE_PAGES if num_pages is None else num_pages)
         return self.meta[self.table_at:end]
 
-    def stage(self, ids, pos: int, kv):
+    def stage(self, ids, pos: int, kv) -> None:
         """ids (a list of T ints, or a [T] int64 tensor), pos, the pools' offsets and the page
-        table of kv (a block_store.PagedKv) into meta, and with FA4 its plan's tables: one
-        copy from pinned memory (after the last copy has read it). Returns FA4's plan
-        (attn_fa4.Plan) or None. Raises ValueError for a pool not 16-byte aligned or of
-        another dtype (`pool_places`), before anything is written."""
+        table of kv (a block_store.PagedKv) into meta: one copy from pinned memory (after the
+        last copy has read it). FA4's plan comes after (`stage_plan`). Raises ValueError for
+        a pool not 16-byte aligned or of another dtype (`pool_places`), or, with FA4, a pos
+        off its 64-row sub-pages, before anything is written."""
         places = self.pool_places(kv.pool)
+        if self.fa4 is not None:
+            attn_fa4.fa4_plan.check_rows(pos, self.t)
         if self.copied is not None:
             self.copied.synchronize()
         t, host, at = self.t, self.host_np, self.table_at
         if isinstance(ids, list):
-            host[:t] = ids                     # through numpy: no tensor built from the list
+            _pack(t).pack_into(self.host_bytes, 0, *ids)   # 3x numpy's list conversion
         else:
             self.host[:t].copy_(ids)
         host[t] = pos
         host[t + 1:at] = places
         n = len(kv.pages)
-        host[at:at + n] = kv.pages
-        self.num_pages, end, plan = n, at + n, None
-        if self.fa4 is not None:              # its tables after the pages, 16-byte aligned
-            fa4 = end + end % 2
-            plan, used = self.fa4.plan_into(pos, t, host[at:at + n], self.page_rows,
-                                            host[fa4:].view(np.int32),
-                                            self.meta[fa4:].view(torch.int32))
-            end = fa4 + -(-used // 2)
-        self.meta[:end].copy_(self.host[:end], non_blocking=True)
+        _pack(n).pack_into(self.host_bytes, at * 8, *kv.pages)
+        self.num_pages, self.staged_pos = n, pos
+        self.meta[:at + n].copy_(self.host[:at + n], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+    def stage_plan(self):
+        """FA4's plan (attn_fa4.Plan) of the chunk `stage` staged: its page tables into meta
+        behind the page table (16-byte aligned), in a copy of their own on the current
+        stream. The runner calls it after launching its first graph, which does not read
+        them, so the host builds them while the GPU runs (at 96k about 40 us of the host's
+        time before a chunk's first kernel, timeit on the development CPU)."""
+        at, n, host = self.table_at, self.num_pages, self.host_np
+        fa4 = at + n + (at + n) % 2
+        plan, used = self.fa4.plan_into(self.staged_pos, self.t, host[at:at + n],
+                                        self.page_rows, host[fa4:].view(np.int32),
+                                        self.meta[fa4:].view(torch.int32))
+        end = fa4 + -(-used // 2)
+        self.meta[fa4:end].copy_(self.host[fa4:end], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
         return plan
