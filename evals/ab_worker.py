@@ -88,6 +88,24 @@ def _host_chunk(reader, n: int) -> dict:
             "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
 
 
+def _band(reader, ids: list[int], start: int, end: int, timed, grid: int) -> dict:
+    """The read rate over ids [start, end) read as a backlog (one read call, the host ahead of
+    the GPU), in a session of its own whose first id differs from the timed session's (no page
+    is shared with it), read untimed to `start` first, then dropped: {"ms", "ms_per_1k"}."""
+    if start % grid or end % grid or not 0 <= start < end <= len(ids):
+        return {"error": f"band [{start}, {end}) must be whole chunks within the "
+                         f"{len(ids)} ids (raise --max-context)"}
+    name = f"band_{start}"
+    reader.feed(name, [(ids[0] + 11) % 240000] + ids[1:end], "prompt")
+    try:
+        if start:
+            reader.read(name, max_chunks=start // grid)
+        ms = timed(lambda: reader.read(name, max_chunks=(end - start) // grid))
+    finally:
+        reader.drop(name)
+    return {"ms": ms, "ms_per_1k": ms * 1000 / (end - start)}
+
+
 def worker(model_name: str, device: str, grid: int) -> None:
     """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
     from shadow_plugin import Reader, load_model
@@ -117,6 +135,8 @@ def worker(model_name: str, device: str, grid: int) -> None:
                    "ms": timed(lambda: reader.read("s", max_chunks=1))}
         elif op == "chunks":             # n chunks back to back, each timed: the host stays warm
             ans = {"ms": [timed(lambda: reader.read("s", max_chunks=1)) for _ in range(cmd["n"])]}
+        elif op == "band":
+            ans = _band(reader, ids, cmd["start"], cmd["end"], timed, grid)
         elif op == "ask":
             ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}
         elif op == "decode":

@@ -28,14 +28,19 @@ H, HKV, D, T, PAGE = 8, 2, 256, 512, 512
 
 
 def pools(rows: int, seed: int, spare: int = 8):
-    """K and V pools [n + spare, PAGE, HKV, D] holding `rows` rows in shuffled pages: (k, v,
-    pages)."""
+    """K and V pools [n + spare, PAGE, HKV, D] holding the same `rows` rows for a seed (values
+    from `seed`) in pages shuffled by `spare`, among pages of noise: (k, v, pages)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     n = -(-rows // PAGE)
-    k, v = (torch.randn(n + spare, PAGE, HKV, D, device=DEV, generator=g).bfloat16()
-            for _ in "kv")
+    k_rows, v_rows = (torch.randn(n, PAGE, HKV, D, device=DEV, generator=g).bfloat16()
+                      for _ in "kv")
     pages = torch.randperm(n + spare, generator=torch.Generator().manual_seed(spare))[:n]
-    return k, v, pages.tolist()
+    out = []
+    for x in (k_rows, v_rows):
+        pool = torch.randn(n + spare, PAGE, HKV, D, device=DEV).bfloat16()
+        pool[pages.to(DEV)] = x
+        out.append(pool)
+    return out[0], out[1], pages.tolist()
 
 
 def gpu_ms(fn, calls: int) -> float:
@@ -63,11 +68,13 @@ def measure(ctx: int, rounds: int, calls: int) -> dict:
     o_part = torch.empty(s + 1, T, H, D, device=DEV, dtype=torch.bfloat16)
     l_part = torch.empty(s + 1, H, T, device=DEV, dtype=torch.float32)
     qs = q[None].expand(max(s, 1), T, H, D).contiguous()
+    ks, vs = (x.view(-1, attn_fa4.SUB_PAGE, HKV, D) for x in (k, v))   # as attend reads them
     variants = {
         "overlap": lambda: on.attend(q, pos, k, v, plan, outs["a"]),
         "one_stream": lambda: off.attend(q, pos, k, v, plan, outs["b"]),
-        "splits_alone": lambda: off._fwd(qs, k, v, plan.split, False, o_part[:s], l_part[:s]),
-        "tail_alone": lambda: off._fwd(q[None], k, v, plan.tail, True, o_part[s:], l_part[s:]),
+        "splits_alone": lambda: off._fwd(qs, ks, vs, plan.split, False, o_part[:s], l_part[:s]),
+        "tail_alone": lambda: off._fwd(q[None], ks, vs, plan.tail, True, o_part[s:],
+                                       l_part[s:]),
     }
     if not s:
         variants.pop("splits_alone")

@@ -2,8 +2,10 @@
 against the contiguous buffers of an earlier commit): one worker process per tree, each with
 its own model and reader on the same ids, driven in turns by this process, so both see the
 same GPU state and drift (one run of each after the other moved the earlier tree's own
-figures by up to 16 %). Per point, chunks are read alternately (one chunk A, one chunk B, at
-the same contexts; with --burst also in bursts of chunks back to back), then the 9-class
+figures by up to 16 %). With --bands, first the read rate over id ranges read as a backlog
+(one read call each, a session of its own), alternately. Per point, chunks are read
+alternately (one chunk A, one chunk B, at the same contexts; with --burst also in bursts of
+chunks back to back), then the 9-class
 question and decode, alternately; GPU ms by CUDA events (wall ms on the CPU) in each worker;
 exactness checked in both at the end. With --pairs N, all of it N times with fresh workers
 (the workers' own processes differ: evals/ab_worker.py), and the ratios' medians.
@@ -11,7 +13,7 @@ exactness checked in both at the end. With --pairs N, all of it N times with fre
     python -m evals.pages_ab --a .old2 --b . --ids X.npz Y.npz --points 16384,98304 \\
         --ask-at 32768,100352 [--model random:qwen3.5-0.8b] [--device cuda]
 
-Only the public Reader API is used (feed, read, ask, generate, committed, check_exact), which
+Only the public Reader API is used (feed, read, ask, generate, committed, check_exact, drop), which
 both trees have. Prints a line per measurement and, last, one JSON object.
 """
 from __future__ import annotations
@@ -102,6 +104,13 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
     try:
         for tree in (a, b):
             tree(op="ids", ids=ids)
+        for start, end in args.bands:
+            for tree in (a, b):                           # untimed: the kernels' first calls
+                _answer(tree(op="band", start=start, end=min(end, start + 4 * args.grid)))
+            key = f"band_{start}_{end}"
+            res[key] = _summary(*_alternate(a, b, args.repeats, "ms_per_1k", op="band",
+                                            start=start, end=end))
+            print(f"read rate over [{start}, {end}), ms per 1,000 ids: {res[key]}", flush=True)
         for point in args.points:
             for tree in (a, b):
                 tree(op="read_to", at=point)
@@ -189,6 +198,17 @@ def _summary(ta: list[float], tb: list[float], skip: int = 0) -> dict:
             "a_all": [round(x, 3) for x in ta], "b_all": [round(x, 3) for x in tb]}
 
 
+def _bands(text: str) -> list[tuple[int, int]]:
+    """'0:32768,65536:102400' -> [(0, 32768), (65536, 102400)]."""
+    try:
+        bands = [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part]
+    except ValueError:
+        bands = [()]
+    if any(len(b) != 2 for b in bands):
+        raise argparse.ArgumentTypeError(f"bands {text!r}: expected START:END,...")
+    return bands
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
@@ -202,6 +222,9 @@ def main(argv=None) -> int:
                     default=[16384, 98304])
     ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",") if x],
                     default=[32768, 100352])
+    ap.add_argument("--bands", type=_bands, default=[],
+                    help="read rates over these id ranges read as a backlog, each in a "
+                         "session of its own, e.g. 0:32768,65536:102400")
     ap.add_argument("--chunks", type=int, default=6, help="chunks timed a point, each tree")
     ap.add_argument("--burst", type=int, default=0,
                     help="also time --chunks bursts of this many chunks back to back a tree")
@@ -218,6 +241,11 @@ def main(argv=None) -> int:
     if args.pairs < 1 or args.chunks < 2 or args.burst == 1 or args.burst < 0:
         ap.error(f"--pairs >= 1, --chunks >= 2 (the first is a warm-up) and --burst 0 or >= 2 "
                  f"needed, got {args.pairs}, {args.chunks}, {args.burst}")
+    bad = [f"{a}:{b}" for a, b in args.bands if a % args.grid or b % args.grid or not
+           0 <= a < b <= args.max_context]
+    if bad:
+        ap.error(f"bands {', '.join(bad)}: whole chunks of {args.grid} within --max-context "
+                 f"({args.max_context}) needed")
     need = max(args.points, default=0) + args.grid * args.chunks * (1 + args.burst)
     if args.points and need > args.max_context:
         ap.error(f"the chunks timed at {max(args.points)} read to {need} ids: raise "

@@ -255,7 +255,19 @@ def test_fa4_over_pages_matches_the_twin_and_ignores_where_pages_lie(t, pos):
     alone = torch.empty_like(out)
     serial.attend(q, pos, k_pool, v_pool, serial.plan(pos, t, pages, PAGE, dev), alone)
     assert torch.equal(out, alone)
-    assert attn.overlap and attn._streams                # the overlapped path was the one run
+    # the overlapped calls wait for the caller's stream: q written there late, behind a sleep,
+    # and the caller's next allocations filled at once, give the same bits
+    plan, late, busy = attn.plan(pos, t, pages, PAGE, dev), torch.empty_like(q), []
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    late.copy_(q)
+    attn.attend(late, pos, k_pool, v_pool, plan, again)
+    for _ in range(4):
+        busy.append(torch.full((4 * t, 8, 256), 7.0, device=dev, dtype=torch.bfloat16))
+    assert torch.equal(out, again)
+    # the overlapped path was the one run where there are splits (none at pos 0)
+    assert bool(attn._streams) == (attn.overlap and attn_fa4.split_plan(
+        pos, t, 8, 2, attn_fa4._num_sms(0))[0] > 0)
 
 
 def test_the_pin_folder_keeps_fa4s_compiled_kernels(tmp_path):

@@ -44,7 +44,10 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     res = _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
                "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
                "1024", "--points", "256", "--ask-at", "700", "--chunks", "2", "--repeats", "2",
-               "--decode", "2", "--burst", "2")["results"]
+               "--decode", "2", "--burst", "2", "--bands", "0:128,256:448")["results"]
+    for band in ("band_0_128", "band_256_448"):        # read rates: 2 rounds a tree
+        assert len(res[band]["a_all"]) == len(res[band]["b_all"]) == 2
+        assert res[band]["a_ms"] > 0 and res[band]["b_ms"] > 0
     assert len(res["chunk_0k"]["a_all"]) == len(res["chunk_0k"]["b_all"]) == 2
     bursts = res["burst_0k"]                   # 2 bursts of 2 chunks a tree
     assert bursts["burst"] == 2 and len(bursts["first_of_burst"]["b_all"]) == 2
@@ -76,7 +79,9 @@ def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
 @pytest.mark.parametrize("args,why", [
     (["--burst", "1"], "--burst 0 or >= 2"), (["--chunks", "1"], "--chunks >= 2"),
     (["--pairs", "0"], "--pairs >= 1"),
-    (["--points", "1024", "--burst", "3"], "read to 5120 ids: raise --max-context")])
+    (["--points", "1024", "--burst", "3"], "read to 5120 ids: raise --max-context"),
+    (["--bands", "0:100"], "bands 0:100: whole chunks of 512"),
+    (["--bands", "0:204800"], "within --max-context"), (["--bands", "7"], "START:END")])
 def test_pages_ab_refuses_settings_it_cannot_measure(args, why, capsys):
     """Before any worker starts: a burst of one chunk (no chunk after the first), one chunk
     (only the warm-up), no pair, and chunks past the ids."""

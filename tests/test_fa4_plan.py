@@ -82,3 +82,42 @@ def test_a_position_off_the_sub_pages_is_refused_before_anything_is_staged(tiny,
     with pytest.raises(ValueError, match="sub-pages of 64"):
         runner._stage([0] * 64, 32, types.SimpleNamespace(pages=[3, 1], pool=pool))
     assert (runner.meta == -1).all() and (runner.staged.host == 0).all()
+
+
+def test_the_runner_stages_its_plan_once_a_chunk_and_keeps_its_bits(tiny, monkeypatch):
+    """A FA4 runner through its eager body (FA4 replaced by the fp32 fake of test_attn_fa4):
+    the plan staged once a chunk, at the first attention; the same bits with the pages
+    elsewhere; near SDPA's attention."""
+    from paged import paged_kv
+    from test_attn_fa4 import _fake_package
+
+    from adapters import spec_for
+    from block_store.layout import zero_gdn
+    monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    _fake_package(monkeypatch)
+    t, num_chunks = 64, 12
+    ids = torch.randint(0, 248000, (num_chunks * t,), generator=torch.Generator().manual_seed(3))
+
+    def run(attention, seed):
+        runner = graphs.ChunkGraphs(tiny, t, attention=attention, fused=False, page_rows=64)
+        calls = []
+        if attention == "fa4":
+            stage_plan = runner.staged.stage_plan
+            monkeypatch.setattr(runner.staged, "stage_plan",
+                                lambda: (calls.append(runner._plan), stage_plan())[1])
+        spec = spec_for(tiny.cfg, "cpu", torch.float32)
+        kv, gdn = paged_kv(spec, 64, num_chunks * t, seed=seed), zero_gdn(spec)
+        for pos in range(0, num_chunks * t, t):
+            hidden, gdn = runner.run(ids[pos:pos + t].tolist(), pos, kv, gdn)
+        return hidden, calls
+
+    hidden, calls = run("fa4", 0)
+    assert calls == [None] * num_chunks                 # once a chunk, none staged before
+    assert attn_fa4.split_plan(num_chunks * t - t, t, *tiny_heads(tiny), 132)[0] > 0
+    assert torch.equal(hidden, run("fa4", 5)[0])       # pages elsewhere: the same bits
+    assert (hidden - run("sdpa", 0)[0]).abs().max().item() < 1e-3
+
+
+def tiny_heads(model) -> tuple[int, int]:
+    return model.cfg.num_attention_heads, model.cfg.num_key_value_heads

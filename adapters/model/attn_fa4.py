@@ -53,9 +53,9 @@ from .fa4_plan import (  # noqa: F401
 )
 from .fa4_record import record as _record
 
-# the package versions whose SM90 call pattern `fa4_record.record` was checked against (interface.py's
-# _flash_attn_fwd: the tensors, then constants that do not depend on the shapes); others stay
-# on the package's path (slower, same bits)
+# the package versions whose SM90 call pattern fa4_record.record was checked against
+# (interface.py's _flash_attn_fwd: the tensors, then constants that do not depend on the
+# shapes); others stay on the package's path (slower, same bits)
 DIRECT_VERSIONS = ("4.0.0b36",)
 
 
@@ -220,16 +220,20 @@ class FA4Attention:
         qs = q[None].expand(s, t, h, d).contiguous()
         split = lambda: self._fwd(qs, k, v, plan.split, False, o_part[:s], lse_part[:s])  # noqa
         if self.overlap and q.is_cuda:
-            # the caller's stream waits for the splits before the combine, and the tensors
-            # the splits read or write are freed after that wait: no later work reuses them
+            # the caller's stream waits for the splits before the combine, also when the tail
+            # raises, and the tensors the splits read or write are freed after that wait: no
+            # work on the caller's stream reuses them before the splits are done
             side, before, after = self._side(q.device)
-            before.record()
+            caller = torch.cuda.current_stream(q.device)
+            before.record(caller)
             side.wait_event(before)
             with torch.cuda.stream(side):
                 split()
-                after.record()
-            self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
-            torch.cuda.current_stream(q.device).wait_event(after)
+                after.record(side)
+            try:
+                self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
+            finally:
+                caller.wait_event(after)
         else:
             split()
             self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])

@@ -4,8 +4,9 @@ One int64 buffer `meta` on the model's device:
     [ids (T) | pos | per full-attention layer j: the k and v pools' element offsets from
      `pool_base` (2) | the sequence's page table (MAX_TABLE_PAGES) | with FA4: its plan's
      page tables of 64-row sub-pages (int32, 16-byte aligned)]
-filled by one host-to-device copy from pinned memory (only the part in use), so a chunk's
-graphs run for any session, position and pool without being captured again.
+filled from pinned memory (only the parts in use) by one copy before the chunk's first graph
+(`stage`) and, with FA4, one after that graph's launch (`stage_plan`), so a chunk's graphs
+run for any session, position and pool without being captured again.
 
 Why offsets from a base tensor and not the pools' addresses: Triton's kernels make a pointer of
 an int64 read from memory without alignment facts, and then do not vectorise their loads
@@ -42,6 +43,10 @@ class ChunkMeta:
                  dtype: torch.dtype, fa4=None):
         self.t, self.page_rows, self.fa4 = t, page_rows, fa4
         self.table_at = t + 1 + 2 * num_full              # the page table starts here
+        # FA4's tables after the page table's every slot (16-byte aligned): `stage` and
+        # `stage_plan` write and copy parts of the pinned buffer that never overlap
+        self.plan_at = self.table_at + MAX_TABLE_PAGES
+        self.plan_at += self.plan_at % 2
         # FA4's sub-page tables (int32) after the page table: int64 slots for half the int32
         # entries, rounded up, and one for the 16-byte alignment
         fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) + 1 \
@@ -53,7 +58,9 @@ class ChunkMeta:
         self.host = host.pin_memory() if cuda else host
         self.host_np = self.host.numpy()       # the same memory, written without torch calls
         self.host_bytes = memoryview(self.host_np).cast("B")
+        # the last copy out of each part of the pinned buffer: stage's, and stage_plan's
         self.copied = torch.cuda.Event() if cuda else None
+        self.plan_copied = torch.cuda.Event() if cuda else None
         self.pool_base = torch.zeros(8, device=device, dtype=dtype)
         self._places: tuple = (None, [])       # (a pool's pointers, their offsets)
         self.num_pages, self.staged_pos = 0, 0
@@ -85,14 +92,17 @@ class ChunkMeta:
         if self.copied is not None:
             self.copied.synchronize()
         t, host, at = self.t, self.host_np, self.table_at
-        if isinstance(ids, list):
-            _pack(t).pack_into(self.host_bytes, 0, *ids)   # 3x numpy's list conversion
-        else:
-            self.host[:t].copy_(ids)
+        n = len(kv.pages)
+        try:
+            if isinstance(ids, list):
+                _pack(t).pack_into(self.host_bytes, 0, *ids)   # 3x numpy's list conversion
+            else:
+                self.host[:t].copy_(ids)
+            _pack(n).pack_into(self.host_bytes, at * 8, *kv.pages)
+        except struct.error as e:             # nothing copied yet: the device holds the last
+            raise ValueError(f"ids and page indices must be int64 integers: {e}") from None
         host[t] = pos
         host[t + 1:at] = places
-        n = len(kv.pages)
-        _pack(n).pack_into(self.host_bytes, at * 8, *kv.pages)
         self.num_pages, self.staged_pos = n, pos
         self.meta[:at + n].copy_(self.host[:at + n], non_blocking=True)
         if self.copied is not None:
@@ -100,19 +110,20 @@ class ChunkMeta:
 
     def stage_plan(self):
         """FA4's plan (attn_fa4.Plan) of the chunk `stage` staged: its page tables into meta
-        behind the page table (16-byte aligned), in a copy of their own on the current
+        after the page table's slots (16-byte aligned), in a copy of their own on the current
         stream. The runner calls it after launching its first graph, which does not read
         them, so the host builds them while the GPU runs (at 96k about 40 us of the host's
         time before a chunk's first kernel, timeit on the development CPU)."""
-        at, n, host = self.table_at, self.num_pages, self.host_np
-        fa4 = at + n + (at + n) % 2
+        at, n, host, fa4 = self.table_at, self.num_pages, self.host_np, self.plan_at
+        if self.plan_copied is not None:
+            self.plan_copied.synchronize()   # the last chunk's plan copy has read its part
         plan, used = self.fa4.plan_into(self.staged_pos, self.t, host[at:at + n],
                                         self.page_rows, host[fa4:].view(np.int32),
                                         self.meta[fa4:].view(torch.int32))
         end = fa4 + -(-used // 2)
         self.meta[fa4:end].copy_(self.host[fa4:end], non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
+        if self.plan_copied is not None:
+            self.plan_copied.record()
         return plan
 
     def pool_places(self, pool) -> list[int]:
