@@ -104,9 +104,10 @@ def main() -> None:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = build_model(cfg, tensors, info, args.device, dtype)
     result = {"preset": args.preset, "fingerprint": info.fingerprint, "grid": args.grid,
-              "dtype": str(dtype).removeprefix("torch."), "kernels": model.kernels.name, "num_ids": len(ids),
-              "load_s": round(time.perf_counter() - t0, 1), **versions()}
+              "dtype": str(dtype).removeprefix("torch."), "kernels": model.kernels.name,
+              "num_ids": len(ids), "load_s": round(time.perf_counter() - t0, 1), **versions()}
     reader = Reader(model, grid=args.grid)
+    result["path"] = reader.path                 # the attention and runners the bits come from
     rng = random.Random(0)
     stats = replay(reader, ids, plan, rng, args.rewrite_every)
     result.update(stats)
@@ -118,7 +119,8 @@ def main() -> None:
     below = reader.ask("s", QUESTION, CHOICES, at=at)
     fresh = Reader(model, grid=args.grid)
     fresh.feed("f", reader.ids("s")[:at], "prompt")
-    result["ask_below_c_equals_fresh"] = fresh.ask("f", QUESTION, CHOICES, at=at).probs == below.probs
+    result["ask_below_c_equals_fresh"] = \
+        fresh.ask("f", QUESTION, CHOICES, at=at).probs == below.probs
     del reader, fresh
     if args.device == "cuda":
         torch.cuda.empty_cache()
