@@ -146,7 +146,11 @@ class FA4Attention:
     On CUDA the splits' call runs on a stream of the highest priority while the causal tail
     runs on the caller's (`overlap`): the splits take S * tiles <= the SM count (`split_plan`,
     one tile an SM), so the tail's tiles fill the SMs left and those the splits free, instead
-    of running after them. The same kernels on the same inputs: the same bits.
+    of running after them. The same kernels on the same inputs: the same bits. The priority
+    ranks the splits above this process's other streams only: inside a serving engine's
+    process the shadow's chunks run between the engine's steps, or in the per-step slot with
+    the device synchronised before and after (shadow_plugin.turnstile, shadow_plugin.host);
+    another process's kernels time-share the GPU with ours (without MPS).
 
     Args: num_heads (H), num_kv_heads (Hkv): the heads every call has (the splits depend on
     them); overlap: the splits and the tail on two streams (CUDA only; default on)."""
