@@ -97,11 +97,18 @@ def probe_cases(question_rows: int, measure_case) -> dict:
     return out
 
 
+def pool_args(k, v, base=None):
+    """(base, places) for the table attention over the pools k, v: `base` (default a new [8]
+    tensor of their dtype on their device) and their element offsets from it, [2] int64
+    (attn_triton.pool_places: ValueError for another dtype or a pool off 16 bytes)."""
+    base = torch.empty(8, device=k.device, dtype=k.dtype) if base is None else base
+    return base, torch.tensor(at.pool_places(base, (k, v)), device=k.device)
+
+
 def as_pages(kb, vb, page_rows: int = 512):
     """Contiguous rows kb, vb [cap, Hkv, D] (cap a multiple of page_rows) as the table
     attention takes them: (base, places, pages): pages 0, 1, ... in order."""
-    base = torch.empty(8, device=DEV, dtype=kb.dtype)
-    places = torch.tensor(at.pool_places(base, (kb, vb)), device=DEV)
+    base, places = pool_args(kb, vb)
     return base, places, torch.arange(kb.shape[0] // page_rows, device=DEV)
 
 

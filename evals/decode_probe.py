@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         want = attend_ref(q, rows_k, rows_v, pos)
         calls = {"fa2_contiguous": lambda: attn_flash.attend(q, pos, rows_k, rows_v, out)}
         row = {}
-        base = torch.empty(8, dtype=DT, device=DEV)
-        ptrs = torch.tensor(at.pool_places(base, (k, v)), device=DEV)
+        base, ptrs = attn_kernel.pool_args(k, v)
         pos_t = torch.tensor([pos], dtype=torch.long, device=DEV)
         for name, cfg in tilings.items():
             o_part, l_part = at.scratch(1, 8, 256, cfg, DEV)
@@ -119,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
             row[name + "_rel_rms"] = round(attn_kernel.rel_rms(got, want), 5)
             k2, v2, order2 = pools(ctx, 3, spare=3)      # the same rows in other places
             k2[order2], v2[order2] = k[order], v[order]
-            ptrs2 = torch.tensor(at.pool_places(base, (k2, v2)), device=DEV)
+            ptrs2 = attn_kernel.pool_args(k2, v2, base)[1]
             call(order2, ptrs2)
             row[name + "_same_bits_other_pages"] = torch.equal(out, got)
             del k2, v2
             calls[name] = call
             if name == "decode" and ctx % PAGE == 0:
-                ptrs_c = torch.tensor(at.pool_places(base, (rows_k, rows_v)), device=DEV)
+                ptrs_c = attn_kernel.pool_args(rows_k, rows_v, base)[1]
                 in_order = torch.arange(order.numel(), device=DEV)
                 calls["decode_pages_in_order"] = lambda c=call, p=in_order, kp=ptrs_c: c(p, kp)
         times = {name: [] for name in calls}

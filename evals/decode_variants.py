@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_out = torch.empty(1, 8 * 256, device=dev, dtype=dt)
         fa2_out = torch.empty_like(ref_out)
         op, lp = at.scratch(1, 8, 256, at.DECODE, dev)
-        anchor = torch.empty(64, device=dev, dtype=dt)
-        offsets = torch.tensor(at.pool_places(anchor, (k, v)), device=dev)
+        anchor, offsets = attn_kernel.pool_args(k, v)
         calls = {"fa2_contiguous": lambda: attn_flash.attend(q, pos, rows_k, rows_v, fa2_out),
                  "DECODE": lambda: at.attend_table(q, anchor, offsets, pos_t, 2, op, lp,
                                                    ref_out, at.DECODE, order, page)}

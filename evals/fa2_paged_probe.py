@@ -19,7 +19,7 @@ import torch
 
 from adapters.model import attn_flash
 from adapters.model import attn_triton as at
-from evals.attn_kernel import graph_timed
+from evals.attn_kernel import graph_timed, pool_args
 from evals.bench import versions
 from evals.decode_probe import DEV, DT, PAGE, pools
 
@@ -77,8 +77,7 @@ def main() -> int:
             row[name + "_same_bits_other_pages"] = torch.equal(out, got)
             del k2, v2
             calls[name] = call
-        base = torch.empty(8, dtype=k.dtype, device=DEV)
-        places = torch.tensor(at.pool_places(base, (k, v)), device=DEV)
+        base, places = pool_args(k, v)
         pos_t = torch.tensor([ctx - 1], dtype=torch.long, device=DEV)
         o_part, l_part = at.scratch(1, 8, 256, at.DECODE, DEV)
         calls["decode"] = lambda: at.attend_table(q, base, places, pos_t, 2, o_part, l_part,
@@ -90,8 +89,8 @@ def main() -> int:
             row[name] = sorted(row[name])[1]
         res[f"{ctx // 1024}k"] = row
         print(ctx, row, flush=True)
-    print(json.dumps({"probe": "fa2_paged", "dtype": "bfloat16", "gpu": torch.cuda.get_device_name(),
-                      **versions(), "results": res}))
+    print(json.dumps({"probe": "fa2_paged", "dtype": "bfloat16",
+                      "gpu": torch.cuda.get_device_name(), **versions(), "results": res}))
     return 0
 
 

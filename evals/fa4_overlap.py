@@ -57,6 +57,10 @@ def gpu_ms(fn, calls: int) -> float:
 
 
 def measure(ctx: int, rounds: int, calls: int) -> dict:
+    """A 512-id chunk at context `ctx` (ids): GPU ms a call of each variant (medians of
+    `rounds` rounds of `calls` calls, every round's kept under "rounds"), the splits (S, Ls),
+    and whether the two streams' output equals one stream's and the same rows placed
+    elsewhere give it again."""
     pos = ctx - T
     k, v, pages = pools(ctx, ctx)
     q = torch.randn(T, H, D, device=DEV, generator=torch.Generator(device=DEV).manual_seed(1)

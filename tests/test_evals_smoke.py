@@ -36,15 +36,21 @@ def test_store_bench_spills_restores_and_a_second_process_reads_on(tmp_path):
     assert res["second_process_new_session_exact"] is True
 
 
+def _pages_ab(tmp_path, *args) -> dict:
+    """evals.pages_ab's results, the same tree twice on the example session's ids (random:tiny,
+    grid 64, chunks at 256, bursts of 2), with `args` added."""
+    subprocess.run([sys.executable, "-m", "evals.session_ids", "examples/session.json", "-o",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    return _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
+                "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
+                "1024", "--points", "256", "--chunks", "2", "--decode", "2", "--burst", "2",
+                *args)["results"]
+
+
 def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     """The interleaved A/B (here the same tree twice): every measurement taken from both
     workers in turns, both exact, the same path."""
-    subprocess.run([sys.executable, "-m", "evals.session_ids", "examples/session.json", "-o",
-                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
-    res = _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
-               "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
-               "1024", "--points", "256", "--ask-at", "700", "--chunks", "2", "--repeats", "2",
-               "--decode", "2", "--burst", "2", "--bands", "0:128,256:448")["results"]
+    res = _pages_ab(tmp_path, "--ask-at", "700", "--repeats", "2", "--bands", "0:128,256:448")
     for band in ("band_0_128", "band_256_448"):        # read rates: 2 rounds a tree
         assert len(res[band]["a_all"]) == len(res[band]["b_all"]) == 2
         assert res[band]["a_ms"] > 0 and res[band]["b_ms"] > 0
@@ -59,12 +65,7 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
 def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
     """--pairs 2: two fresh pairs of workers (B's chunk first in the second), each with its own
     results, and per measurement the two ratios and their median."""
-    subprocess.run([sys.executable, "-m", "evals.session_ids", "examples/session.json", "-o",
-                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True, timeout=300)
-    res = _run("evals.pages_ab", "--a", ".", "--b", ".", "--ids", str(tmp_path / "session.npz"),
-               "--model", "random:tiny", "--device", "cpu", "--grid", "64", "--max-context",
-               "1024", "--points", "256", "--ask-at", "", "--chunks", "2", "--repeats", "1",
-               "--decode", "2", "--burst", "2", "--pairs", "2")["results"]
+    res = _pages_ab(tmp_path, "--ask-at", "", "--repeats", "1", "--pairs", "2")
     assert len(res["pairs"]) == 2 and all(p["exact"]["b"]["exact"] for p in res["pairs"])
     across = res["across_pairs"]
     assert set(across) == {"chunk_0k", "burst_0k/first_of_burst", "burst_0k/rest_of_burst",

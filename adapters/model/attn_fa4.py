@@ -223,6 +223,7 @@ class FA4Attention:
         lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
         qs = q[None].expand(s, t, h, d).contiguous()
         split = lambda: self._fwd(qs, k, v, plan.split, False, o_part[:s], lse_part[:s])  # noqa
+        tail = lambda: self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])  # noqa
         if self.overlap and q.is_cuda:
             # the caller's stream waits for the splits before the combine, also when the tail
             # raises, and the tensors the splits read or write are freed after that wait: no
@@ -235,12 +236,12 @@ class FA4Attention:
                 split()
                 after.record(side)
             try:
-                self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
+                tail()
             finally:
                 caller.wait_event(after)
         else:
             split()
-            self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])
+            tail()
         from .attn_combine import combine_lse
         combine_lse(o_part, lse_part, out)
 

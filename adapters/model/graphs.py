@@ -20,13 +20,14 @@ Qwen35.forward's bits (tested).
 
 What varies between chunks reaches the graphs through device memory: the ids, the start
 position, the pools' places and the page table sit in one int64 buffer (model.meta.ChunkMeta),
-filled by one host-to-device copy from pinned memory (the new KV rows are written inside the
-graphs by attn_triton.write_kv, which reads pos, the places and the table there); the GDN states are
-copied into static inputs (model.slots: skipped for the states the last run returned, with
-keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
-idle time when chunks are read one at a time: evals/chunk_timeline.py measured the staging at
-0.33 ms of a 5.0 ms chunk at 16k on the H200's host before these changes, 0.12 after
-(docs/chunk-timeline-2026-11-29.log, docs/chunk-timeline-2026-11-29-final.log).
+filled from pinned memory before the first graph (FA4's page tables after its launch); the new
+KV rows are written inside the graphs by attn_triton.write_kv, which reads pos, the places and
+the table there; the GDN states are copied into static inputs (model.slots: skipped for the
+states the last run returned, with keep_states, the reader's chunk runner). The host's time
+before the first kernel is the GPU's idle time when chunks are read one at a time:
+evals/chunk_timeline.py measured the staging at 0.33 ms of a 5.0 ms chunk at 16k on the H200's
+host before these changes, 0.12 after (docs/chunk-timeline-2026-11-29.log,
+docs/chunk-timeline-2026-11-29-final.log).
 
 Static buffers (the model's device): meta (model.meta), per GDN layer the input
 states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention

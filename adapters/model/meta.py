@@ -47,12 +47,10 @@ class ChunkMeta:
         # `stage_plan` write and copy parts of the pinned buffer that never overlap
         self.plan_at = self.table_at + MAX_TABLE_PAGES
         self.plan_at += self.plan_at % 2
-        # FA4's sub-page tables (int32) after the page table: int64 slots for half the int32
-        # entries, rounded up, and one for the 16-byte alignment
-        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) + 1 \
+        # FA4's sub-page tables (int32): int64 slots for half the int32 entries, rounded up
+        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) \
             if fa4 is not None else 0
-        self.meta = torch.zeros(self.table_at + MAX_TABLE_PAGES + fa4_slots, device=device,
-                                dtype=torch.long)
+        self.meta = torch.zeros(self.plan_at + fa4_slots, device=device, dtype=torch.long)
         cuda = device.type == "cuda"
         host = torch.zeros_like(self.meta, device="cpu")
         self.host = host.pin_memory() if cuda else host
