@@ -88,21 +88,29 @@ def _host_chunk(reader, n: int) -> dict:
             "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
 
 
-def _band(reader, ids: list[int], start: int, end: int, timed, grid: int) -> dict:
+def _band(reader, ids: list[int], start: int, end: int, timed, grid: int, k: int) -> dict:
     """The read rate over ids [start, end) read as a backlog (one read call, the host ahead of
-    the GPU), in a session of its own whose first id differs from the timed session's (no page
-    is shared with it), read untimed to `start` first, then dropped: {"ms", "ms_per_1k"}."""
+    the GPU), in a session of its own, read untimed to `start` first, then dropped:
+    {"ms", "ms_per_1k"}. Its first id is the timed session's plus 11 + k (k: this call's
+    number), so it shares no page with that session nor with an earlier band: a paged tree
+    would otherwise resume a repeat from the pages and states an earlier call left cached,
+    and time nothing (as it did on 2026-12-02). Refuses ({"error"}) a band not read in full."""
     if start % grid or end % grid or not 0 <= start < end <= len(ids):
         return {"error": f"band [{start}, {end}) must be whole chunks within the "
                          f"{len(ids)} ids (raise --max-context)"}
     name = f"band_{start}"
-    reader.feed(name, [(ids[0] + 11) % 240000] + ids[1:end], "prompt")
+    reader.feed(name, [(ids[0] + 11 + k) % 240000] + ids[1:end], "prompt")
     try:
         if start:
             reader.read(name, max_chunks=start // grid)
+        at = reader.committed(name)
         ms = timed(lambda: reader.read(name, max_chunks=(end - start) // grid))
+        done = reader.committed(name)
     finally:
         reader.drop(name)
+    if (at, done) != (start, end):
+        return {"error": f"band [{start}, {end}) timed the read of [{at}, {done}) (a resume "
+                         "from cached pages?)"}
     return {"ms": ms, "ms_per_1k": ms * 1000 / (end - start)}
 
 
@@ -110,7 +118,7 @@ def worker(model_name: str, device: str, grid: int) -> None:
     """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
     from shadow_plugin import Reader, load_model
     reader = Reader(load_model(model_name, device=device), grid=grid)
-    timed, ids, out = _timer(device), [], sys.stdout
+    timed, ids, out, num_bands = _timer(device), [], sys.stdout, 0
     sys.stdout = sys.stderr                      # library prints stay off the answer channel
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -136,7 +144,8 @@ def worker(model_name: str, device: str, grid: int) -> None:
         elif op == "chunks":             # n chunks back to back, each timed: the host stays warm
             ans = {"ms": [timed(lambda: reader.read("s", max_chunks=1)) for _ in range(cmd["n"])]}
         elif op == "band":
-            ans = _band(reader, ids, cmd["start"], cmd["end"], timed, grid)
+            ans = _band(reader, ids, cmd["start"], cmd["end"], timed, grid, num_bands)
+            num_bands += 1
         elif op == "ask":
             ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}
         elif op == "decode":

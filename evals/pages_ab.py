@@ -58,7 +58,7 @@ def _alternate(a: Tree, b: Tree, rounds: int, field: str,
     ta, tb = [], []
     for i in range(rounds):
         for tree in ((a, b) if i % 2 == 0 else (b, a)):
-            (ta if tree is a else tb).append(tree(**cmd)[field])
+            (ta if tree is a else tb).append(_answer(tree(**cmd))[field])
     return ta, tb
 
 
