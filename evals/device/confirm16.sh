@@ -8,6 +8,8 @@
 #   --tests: the Hopper tests of FA4 over pages (tests/test_attn_fa4.py: the overlapped
 #     splits against one stream bit for bit; the other test files run the tiny model on the
 #     CPU, as in CI).
+#   Other arguments go on to pages_ab after the defaults (the last of an option wins), e.g.
+#   `--burst 0 --profile`: no bursts, a kernel-by-kernel profile of each pair's chunks instead.
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
 #   bash evals/device/confirm16.sh [--exact | --tests] (carry .fa4b .whl .devdata .old2)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
@@ -22,6 +24,6 @@ case "${1:-}" in
 *)
     timeout 560 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" \
         --max-context 112640 --bands 0:32768,65536:102400 --ask-at "" --burst 3 --pairs 3 \
-        --repeats 3 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
-        | tee "$out/pages-ab-confirm.log" | grep -E "^(pair|across|exact)" | cut -c1-300 ;;
+        --repeats 3 "$@" 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
+        | tee "$out/pages-ab-confirm.log" | grep -E "^(pair|across|exact|profile)" | cut -c1-300 ;;
 esac
