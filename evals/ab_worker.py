@@ -88,30 +88,56 @@ def _host_chunk(reader, n: int) -> dict:
             "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
 
 
+def _band_session(reader, ids: list[int], start: int, end: int, grid: int, k: int) -> str:
+    """A session of its own holding ids [0, end) read (untimed) to `start`: its name. Its first
+    id is the timed session's plus 11 + k (k: this call's number), so it shares no page with
+    that session nor with an earlier band's: a paged tree would otherwise resume from the pages
+    and states an earlier call left cached, and time nothing (as it did on 2026-12-02).
+    Raises ValueError for a band that is not whole chunks within the ids, or when the read did
+    not stop at `start`."""
+    if start % grid or end % grid or not 0 <= start < end <= len(ids):
+        raise ValueError(f"band [{start}, {end}) must be whole chunks within the {len(ids)} "
+                         "ids (raise --max-context)")
+    name = f"band_{k}"
+    reader.feed(name, [(ids[0] + 11 + k) % 240000] + ids[1:end], "prompt")
+    if start:
+        reader.read(name, max_chunks=start // grid)
+    if reader.committed(name) != start:
+        at = reader.committed(name)
+        reader.drop(name)
+        raise ValueError(f"band [{start}, {end}) started at {at} (a resume from cached pages?)")
+    return name
+
+
 def _band(reader, ids: list[int], start: int, end: int, timed, grid: int, k: int) -> dict:
     """The read rate over ids [start, end) read as a backlog (one read call, the host ahead of
-    the GPU), in a session of its own, read untimed to `start` first, then dropped:
-    {"ms", "ms_per_1k"}. Its first id is the timed session's plus 11 + k (k: this call's
-    number), so it shares no page with that session nor with an earlier band: a paged tree
-    would otherwise resume a repeat from the pages and states an earlier call left cached,
-    and time nothing (as it did on 2026-12-02). Refuses ({"error"}) a band not read in full."""
-    if start % grid or end % grid or not 0 <= start < end <= len(ids):
-        return {"error": f"band [{start}, {end}) must be whole chunks within the "
-                         f"{len(ids)} ids (raise --max-context)"}
-    name = f"band_{start}"
-    reader.feed(name, [(ids[0] + 11 + k) % 240000] + ids[1:end], "prompt")
+    the GPU) in a session of its own (_band_session), then dropped: {"ms", "ms_per_1k"}, or
+    {"error"} for a band not read in full."""
     try:
-        if start:
-            reader.read(name, max_chunks=start // grid)
-        at = reader.committed(name)
+        name = _band_session(reader, ids, start, end, grid, k)
+    except ValueError as e:
+        return {"error": str(e)}
+    try:
         ms = timed(lambda: reader.read(name, max_chunks=(end - start) // grid))
         done = reader.committed(name)
     finally:
         reader.drop(name)
-    if (at, done) != (start, end):
-        return {"error": f"band [{start}, {end}) timed the read of [{at}, {done}) (a resume "
-                         "from cached pages?)"}
+    if done != end:
+        return {"error": f"band [{start}, {end}) read to {done}"}
     return {"ms": ms, "ms_per_1k": ms * 1000 / (end - start)}
+
+
+def _profile_band(reader, ids: list[int], start: int, n: int, grid: int, k: int) -> dict:
+    """Kernel by kernel (evals/kernel_profile.py), n chunks read back to back as one read call
+    from `start` in a session of its own, after n untraced ones: the backlog's idle gaps."""
+    try:
+        name = _band_session(reader, ids, start, start + 2 * n * grid, grid, k)
+    except ValueError as e:
+        return {"error": str(e)}
+    try:
+        return _kernel_profile().kernel_table(lambda: reader.read(name, max_chunks=n), calls=1)
+    finally:
+        reader.drop(name)
 
 
 def worker(model_name: str, device: str, grid: int) -> None:
@@ -145,6 +171,9 @@ def worker(model_name: str, device: str, grid: int) -> None:
             ans = {"ms": [timed(lambda: reader.read("s", max_chunks=1)) for _ in range(cmd["n"])]}
         elif op == "band":
             ans = _band(reader, ids, cmd["start"], cmd["end"], timed, grid, num_bands)
+            num_bands += 1
+        elif op == "profile_band":
+            ans = _profile_band(reader, ids, cmd["start"], cmd["n"], grid, num_bands)
             num_bands += 1
         elif op == "ask":
             ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}

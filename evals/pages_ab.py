@@ -111,6 +111,8 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
             res[key] = _summary(*_alternate(a, b, args.repeats, "ms_per_1k", op="band",
                                             start=start, end=end))
             print(f"read rate over [{start}, {end}), ms per 1,000 ids: {res[key]}", flush=True)
+            if args.profile:                            # 8 chunks of the backlog at start
+                _profile(a, b, res, f"profile_{key}", op="profile_band", start=start, n=8)
         for point in args.points:
             for tree in (a, b):
                 tree(op="read_to", at=point)
@@ -230,7 +232,8 @@ def main(argv=None) -> int:
                     help="also time --chunks bursts of this many chunks back to back a tree")
     ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile a chunk at each point and a decode, kernel by kernel")
+                    help="also profile a chunk at each point, 8 chunks of each band's backlog "
+                         "and a decode, kernel by kernel")
     ap.add_argument("--decode", type=int, default=32, help="tokens a decode")
     ap.add_argument("--pairs", type=int, default=1,
                     help="fresh pairs of workers, each measuring everything (B first in odd "

@@ -164,3 +164,55 @@ def test_idle_gaps_sums_the_gpus_idle_time_by_the_kernel_after_it():
     assert got["idle_ms"] == 0.006
     assert got["idle_before"] == {"a": 0.005, "b": 0.001}
     assert got["gaps_us"] == [[10, "c", "a"], [2, "a", "b"]]
+
+
+def test_pages_ab_bands_share_no_page_and_refuse_a_resume(tiny):
+    """evals/ab_worker.py's bands: each call's ids are its own, so a paged reader reads every
+    repeat in full (on 2026-12-02 repeats resumed from the pages an earlier call left cached
+    and timed nothing); a band session that would resume past its start is refused."""
+    sys.path.insert(0, str(ROOT / "evals"))
+    try:
+        import ab_worker
+    finally:
+        sys.path.remove(str(ROOT / "evals"))
+    from shadow_plugin import Reader
+    reader, g = Reader(tiny, grid=64), 64
+    ids = [(7 * i + 3) % 1000 + 10 for i in range(8 * g)]
+    chunks = []
+    timed = lambda fn: chunks.append(fn().num_chunks) or 1.0  # noqa: E731
+    for k in range(3):                                   # three repeats of one band
+        assert ab_worker._band(reader, ids, 2 * g, 6 * g, timed, g, k) == {
+            "ms": 1.0, "ms_per_1k": 1000 / (4 * g)}
+    assert chunks == [4, 4, 4]
+    name = ab_worker._band_session(reader, ids, 0, 4 * g, g, 7)
+    reader.read(name)                                      # its pages and states now cached
+    reader.drop(name)
+    with pytest.raises(ValueError, match=r"band \[128, 256\) started at 256"):
+        ab_worker._band_session(reader, ids, 2 * g, 4 * g, g, 7)
+    assert ab_worker._band(reader, ids, 2 * g, 4 * g, timed, g, 7)["error"].startswith(
+        "band [128, 256) started at")
+    assert "must be whole chunks" in ab_worker._band(reader, ids, 1, 4 * g, timed, g, 8)["error"]
+
+
+def test_pages_ab_profiles_a_band_after_its_untraced_chunks(tiny, monkeypatch):
+    """evals/ab_worker.py's profile_band: the traced call reads n chunks of a band session of
+    its own, after n untraced ones (kernel_table calls fn once untraced), then drops it."""
+    sys.path.insert(0, str(ROOT / "evals"))
+    try:
+        import ab_worker
+    finally:
+        sys.path.remove(str(ROOT / "evals"))
+    from types import SimpleNamespace
+
+    from shadow_plugin import Reader
+    reader, g = Reader(tiny, grid=64), 64
+    ids = [(5 * i + 1) % 1000 + 10 for i in range(8 * g)]
+
+    def kernel_table(fn, calls):                 # as evals/kernel_profile.py: one untraced call
+        return {"untraced": fn().num_chunks, "traced": [fn().num_chunks for _ in range(calls)]}
+    monkeypatch.setattr(ab_worker, "_kernel_profile",
+                        lambda: SimpleNamespace(kernel_table=kernel_table))
+    assert ab_worker._profile_band(reader, ids, 2 * g, 2, g, 0) == {"untraced": 2,
+                                                                   "traced": [2]}
+    assert reader.sessions() == []
+    assert "must be whole chunks" in ab_worker._profile_band(reader, ids, 6 * g, 2, g, 1)["error"]
