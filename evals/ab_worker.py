@@ -88,34 +88,41 @@ def _host_chunk(reader, n: int) -> dict:
             "cumulative_ms": [(round(ms, 3), name) for ms, name in rows]}
 
 
+class BandRefused(ValueError):
+    """A band this worker will not time (the reason in its message)."""
+
+
 def _band_session(reader, ids: list[int], start: int, end: int, grid: int, k: int) -> str:
     """A session of its own holding ids [0, end) read (untimed) to `start`: its name. Its first
     id is the timed session's plus 11 + k (k: this call's number), so it shares no page with
     that session nor with an earlier band's: a paged tree would otherwise resume from the pages
     and states an earlier call left cached, and time nothing (as it did on 2026-12-02).
-    Raises ValueError for a band that is not whole chunks within the ids, or when the read did
-    not stop at `start`."""
+    Raises BandRefused for a band that is not whole chunks within the ids, or when the read
+    did not stop at `start`; on any error the session is dropped."""
     if start % grid or end % grid or not 0 <= start < end <= len(ids):
-        raise ValueError(f"band [{start}, {end}) must be whole chunks within the {len(ids)} "
-                         "ids (raise --max-context)")
+        raise BandRefused(f"band [{start}, {end}) must be whole chunks within the {len(ids)} "
+                          "ids (raise --max-context)")
     name = f"band_{k}"
     reader.feed(name, [(ids[0] + 11 + k) % 240000] + ids[1:end], "prompt")
-    if start:
-        reader.read(name, max_chunks=start // grid)
-    if reader.committed(name) != start:
-        at = reader.committed(name)
+    try:
+        if start:
+            reader.read(name, max_chunks=start // grid)
+        if reader.committed(name) != start:
+            raise BandRefused(f"band [{start}, {end}) started at {reader.committed(name)} (a "
+                              "resume from cached pages?)")
+    except BaseException:
         reader.drop(name)
-        raise ValueError(f"band [{start}, {end}) started at {at} (a resume from cached pages?)")
+        raise
     return name
 
 
 def _band(reader, ids: list[int], start: int, end: int, timed, grid: int, k: int) -> dict:
     """The read rate over ids [start, end) read as a backlog (one read call, the host ahead of
     the GPU) in a session of its own (_band_session), then dropped: {"ms", "ms_per_1k"}, or
-    {"error"} for a band not read in full."""
+    {"error"} for a band refused or not read in full."""
     try:
         name = _band_session(reader, ids, start, end, grid, k)
-    except ValueError as e:
+    except BandRefused as e:
         return {"error": str(e)}
     try:
         ms = timed(lambda: reader.read(name, max_chunks=(end - start) // grid))
@@ -127,12 +134,18 @@ def _band(reader, ids: list[int], start: int, end: int, timed, grid: int, k: int
     return {"ms": ms, "ms_per_1k": ms * 1000 / (end - start)}
 
 
-def _profile_band(reader, ids: list[int], start: int, n: int, grid: int, k: int) -> dict:
-    """Kernel by kernel (evals/kernel_profile.py), n chunks read back to back as one read call
-    from `start` in a session of its own, after n untraced ones: the backlog's idle gaps."""
+def _profile_band(reader, ids: list[int], start: int, end: int, n: int, grid: int,
+                  k: int) -> dict:
+    """Kernel by kernel (evals/kernel_profile.py), chunks [start + n, start + 2n) of the band
+    [start, end) read back to back as one read call in a session of its own (kernel_table
+    reads chunks [start, start + n) first, untraced): the backlog's idle gaps. {"error"} when
+    the band holds fewer than 2n chunks or is refused."""
+    if start + 2 * n * grid > end:
+        return {"error": f"band [{start}, {end}) holds fewer than the {2 * n} chunks "
+                         "profile_band reads"}
     try:
         name = _band_session(reader, ids, start, start + 2 * n * grid, grid, k)
-    except ValueError as e:
+    except BandRefused as e:
         return {"error": str(e)}
     try:
         return _kernel_profile().kernel_table(lambda: reader.read(name, max_chunks=n), calls=1)
@@ -173,7 +186,8 @@ def worker(model_name: str, device: str, grid: int) -> None:
             ans = _band(reader, ids, cmd["start"], cmd["end"], timed, grid, num_bands)
             num_bands += 1
         elif op == "profile_band":
-            ans = _profile_band(reader, ids, cmd["start"], cmd["n"], grid, num_bands)
+            ans = _profile_band(reader, ids, cmd["start"], cmd["end"], cmd["n"], grid,
+                                num_bands)
             num_bands += 1
         elif op == "ask":
             ans = {"ms": timed(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]))}

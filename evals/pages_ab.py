@@ -32,6 +32,7 @@ class Tree:
     """A worker process in `root` (its code first on the path)."""
 
     def __init__(self, root: Path, args):
+        self.root = root
         env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve().with_name("ab_worker.py")),
@@ -43,8 +44,12 @@ class Tree:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the worker stopped on {cmd['op']} (its stderr says why)")
-        return json.loads(line)
+            raise RuntimeError(f"the worker in {self.root} stopped on {cmd['op']} (its stderr "
+                               "says why)")
+        ans = json.loads(line)
+        if "error" in ans:                                # which tree refused
+            ans["error"] = f"{self.root}: {ans['error']}"
+        return ans
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -111,8 +116,6 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
             res[key] = _summary(*_alternate(a, b, args.repeats, "ms_per_1k", op="band",
                                             start=start, end=end))
             print(f"read rate over [{start}, {end}), ms per 1,000 ids: {res[key]}", flush=True)
-            if args.profile:                            # 8 chunks of the backlog at start
-                _profile(a, b, res, f"profile_{key}", op="profile_band", start=start, n=8)
         for point in args.points:
             for tree in (a, b):
                 tree(op="read_to", at=point)
@@ -151,6 +154,11 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
         print(f"decode: {res['decode']}", flush=True)
         if args.profile:
             _profile(a, b, res, "profile_decode", op="profile_decode", n=args.decode)
+        for start, end in args.bands if args.profile else ():
+            # last: the profiler can slow the kernels launched after it (CUPTI stays
+            # attached), so no timing follows these
+            _profile(a, b, res, f"profile_band_{start}_{end}", op="profile_band", start=start,
+                     end=end, n=8)
         res["exact"] = {"a": a(op="exact"), "b": b(op="exact")}
         print(f"exact: {res['exact']}", flush=True)
     finally:
@@ -232,8 +240,9 @@ def main(argv=None) -> int:
                     help="also time --chunks bursts of this many chunks back to back a tree")
     ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile a chunk at each point, 8 chunks of each band's backlog "
-                         "and a decode, kernel by kernel")
+                    help="also profile, kernel by kernel, a chunk at each point (the timings "
+                         "after it follow a profile), a decode, and last each band's chunks "
+                         "8-15 read as one backlog (after chunks 0-7 untraced)")
     ap.add_argument("--decode", type=int, default=32, help="tokens a decode")
     ap.add_argument("--pairs", type=int, default=1,
                     help="fresh pairs of workers, each measuring everything (B first in odd "

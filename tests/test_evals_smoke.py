@@ -183,15 +183,17 @@ def test_pages_ab_bands_share_no_page_and_refuse_a_resume(tiny):
     for k in range(3):                                   # three repeats of one band
         assert ab_worker._band(reader, ids, 2 * g, 6 * g, timed, g, k) == {
             "ms": 1.0, "ms_per_1k": 1000 / (4 * g)}
-    assert chunks == [4, 4, 4]
+    assert chunks == [4, 4, 4] and reader.sessions() == []      # each dropped after its read
     name = ab_worker._band_session(reader, ids, 0, 4 * g, g, 7)
     reader.read(name)                                      # its pages and states now cached
     reader.drop(name)
-    with pytest.raises(ValueError, match=r"band \[128, 256\) started at 256"):
+    with pytest.raises(ab_worker.BandRefused, match=r"band \[128, 256\) started at 256"):
         ab_worker._band_session(reader, ids, 2 * g, 4 * g, g, 7)
+    assert reader.sessions() == []                         # the refused session dropped too
     assert ab_worker._band(reader, ids, 2 * g, 4 * g, timed, g, 7)["error"].startswith(
         "band [128, 256) started at")
     assert "must be whole chunks" in ab_worker._band(reader, ids, 1, 4 * g, timed, g, 8)["error"]
+    assert reader.sessions() == [] and chunks == [4, 4, 4]
 
 
 def test_pages_ab_profiles_a_band_after_its_untraced_chunks(tiny, monkeypatch):
@@ -212,7 +214,11 @@ def test_pages_ab_profiles_a_band_after_its_untraced_chunks(tiny, monkeypatch):
         return {"untraced": fn().num_chunks, "traced": [fn().num_chunks for _ in range(calls)]}
     monkeypatch.setattr(ab_worker, "_kernel_profile",
                         lambda: SimpleNamespace(kernel_table=kernel_table))
-    assert ab_worker._profile_band(reader, ids, 2 * g, 2, g, 0) == {"untraced": 2,
-                                                                   "traced": [2]}
+    assert ab_worker._profile_band(reader, ids, 2 * g, 8 * g, 2, g, 0) == {"untraced": 2,
+                                                                          "traced": [2]}
     assert reader.sessions() == []
-    assert "must be whole chunks" in ab_worker._profile_band(reader, ids, 6 * g, 2, g, 1)["error"]
+    assert "fewer than the 4 chunks" in ab_worker._profile_band(reader, ids, 6 * g, 8 * g, 2, g,
+                                                                1)["error"]
+    assert "must be whole chunks" in ab_worker._profile_band(reader, ids, 6 * g, 10 * g, 2, g,
+                                                             2)["error"]
+    assert reader.sessions() == []

@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
 # Issue 16, where the backlog's 4-5 % goes. On 2026-12-02 (confirm16.sh, three fresh pairs) the
 # read rate over 0-32k and 64-100k was +4.1 / +4.8 % against contiguous buffers, one chunk at
-# 16k +0.1 % and at 96k +4.5 %. One call after evals/device/fa4_stash.sh:
-#   1. pages with FA4's overlapped splits (this tree) against the same tree with the splits and
-#      the causal tail on one stream (a copy in /tmp/serial, FA4Attention's `overlap` default
-#      off), two fresh pairs: what the overlap does to a backlog;
-#   2. pages against the contiguous tree (.old2), one pair with --profile: 8 chunks of each
-#      band's backlog, a chunk at 16k and 96k and a decode, kernel by kernel with idle gaps.
+# 16k +0.1 % and at 96k +4.5 %. Two calls after evals/device/fa4_stash.sh, each within 30 s of
+# the last:
+#   (default) pages with FA4's overlapped splits (this tree) against the same tree with the
+#     splits and the causal tail on one stream (a copy in /tmp/serial, FA4Attention's
+#     `overlap` default off), two fresh pairs, bands and chunks: what the overlap does to a
+#     backlog;
+#   --profile: pages against the contiguous tree (.old2), one pair with --profile: chunks
+#     8-15 of each band's backlog, a chunk at 16k and 96k and a decode, kernel by kernel with
+#     the idle gaps. The bands are timed before any profile and profiled last; the 96k
+#     chunk and the decode are timed after the 16k chunk's profile (their clean figures come
+#     from the default call and confirm16.sh).
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
-#   bash evals/device/isolate16.sh (carry .fa4b .whl .devdata .old2)
+#   bash evals/device/isolate16.sh [--profile] (carry .fa4b .whl .devdata .old2)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
-rm -rf /tmp/serial && mkdir -p /tmp/serial && cp -r adapters block_store shadow_plugin evals \
-    /tmp/serial/
-sed -i 's/overlap: bool = True/overlap: bool = False/' /tmp/serial/adapters/model/attn_fa4.py
-grep -q "overlap: bool = False" /tmp/serial/adapters/model/attn_fa4.py || exit 1
 common=(--ids "${ids[@]}" --max-context 112640 --bands 0:32768,65536:102400 --ask-at ""
         --repeats 3)
-timeout 250 python3 -m evals.pages_ab --a /tmp/serial --b . "${common[@]}" --pairs 2 2>&1 \
-    | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/pages-ab-serial.log" \
-    | grep -E "^(across|exact)" | cut -c1-300
-timeout 290 python3 -m evals.pages_ab --a .old2 --b . "${common[@]}" --profile 2>&1 \
-    | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/pages-ab-profile.log" \
-    | grep -E "^(read rate|chunk at|decode|exact)" | cut -c1-300
+case "${1:-}" in
+--profile)
+    timeout 560 python3 -m evals.pages_ab --a .old2 --b . "${common[@]}" --profile 2>&1 \
+        | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/pages-ab-profile.log" \
+        | grep -E "^(read rate|chunk at|decode|exact|profile)" | cut -c1-300 ;;
+*)
+    rm -rf /tmp/serial && mkdir -p /tmp/serial && cp -r adapters block_store shadow_plugin \
+        evals /tmp/serial/ || exit 1
+    sed -i 's/overlap: bool = True/overlap: bool = False/' \
+        /tmp/serial/adapters/model/attn_fa4.py || exit 1
+    (cd /tmp/serial && PYTHONPATH=/tmp/serial:$PYTHONPATH python3 -c '
+import inspect, adapters.model.attn_fa4 as m
+assert m.__file__.startswith("/tmp/serial"), m.__file__
+assert inspect.signature(m.FA4Attention).parameters["overlap"].default is False
+print("the copy in /tmp/serial runs FA4 on one stream")') || exit 1
+    timeout 540 python3 -m evals.pages_ab --a /tmp/serial --b . "${common[@]}" --pairs 2 2>&1 \
+        | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/pages-ab-serial.log" \
+        | grep -E "^(pair|across|exact)" | cut -c1-300
+    echo "took ${SECONDS} s" ;;
+esac
