@@ -222,3 +222,32 @@ def test_pages_ab_profiles_a_band_after_its_untraced_chunks(tiny, monkeypatch):
     assert "must be whole chunks" in ab_worker._profile_band(reader, ids, 6 * g, 10 * g, 2, g,
                                                              2)["error"]
     assert reader.sessions() == []
+
+
+@pytest.mark.parametrize("pos", [4096, 16384, 16384 + 192])
+def test_fa4_graph_probe_tables_hold_the_runners_sub_pages(pos):
+    """evals/fa4_graph_probe.Fixed.set: the fixed-width tables begin with the sub-pages of the
+    runner's plan (fa4_plan.plan_into, same pages, same SM count), the key counts are the
+    plan's split length and tail, and a position with another number of splits is refused."""
+    import numpy as np
+    import torch
+
+    from adapters.model import fa4_plan
+    from evals.fa4_graph_probe import HKV, Fixed, G, H, T
+    num_sms, dev = 132, torch.device("cpu")
+    pages = list(np.random.default_rng(pos).permutation(80))
+    fixed = Fixed(4, 32768 + T, num_sms, dev, torch.bfloat16)
+    q = torch.randn(T, H, 256).to(torch.bfloat16)
+    fixed.set(q, pos, pages)
+    host = np.zeros(fa4_plan.plan_size(pos + T, G), dtype=np.int32)
+    plan, _ = fa4_plan.plan_into(pos, T, (H, HKV), num_sms, np.asarray(pages), G, host,
+                                 torch.from_numpy(host))
+    s, ls = plan.splits
+    assert s == 4 and fixed.split_len.tolist() == [ls] * 4
+    assert torch.equal(fixed.split_tab[:, :ls // 64], plan.split)
+    assert not fixed.split_tab[:, ls // 64:].any()
+    assert fixed.tail_len.tolist() == [pos + T - 4 * ls]
+    assert torch.equal(fixed.tail_tab[:, :plan.tail.shape[1]], plan.tail)
+    assert torch.equal(fixed.q, q)
+    with pytest.raises(ValueError, match="has 2 splits, the capture 4"):
+        fixed.set(q, 2048, pages)
