@@ -15,8 +15,11 @@ pools of 512-row pages in shuffled order. For each context:
       with only the device tables, key counts and q changed.
 Prints, per context, whether (2) and (3) equal (1) bit for bit (and the largest difference
 when not) and the milliseconds of one layer (CUDA events around each call, median of
---repeats after 3 warm-ups) of each; the last line is one JSON object. CUDA with flash-attn-4
-(Hopper) only; a step that fails reports its error and the others go on.
+--repeats after 3 warm-ups) of each, one JSON object a context (lines starting "#" say what
+runs next, with the seconds so far: the first calls compile); the last line is one JSON
+object. The eager fixed calls go through the package's Python (about 0.1 ms a call), the
+runner's through its recorded kernels: the graph's time compares with the runner's. CUDA
+with flash-attn-4 (Hopper) only; a step that fails reports its error and the others go on.
 
     python -m evals.fa4_graph_probe --contexts 16384,98304
 """
@@ -26,6 +29,7 @@ import argparse
 import datetime
 import json
 import statistics
+import time
 
 import torch
 
@@ -71,6 +75,12 @@ class Fixed:
         self.tail_len.fill_(pos + T - s * ls)
         self.q.copy_(q)
 
+    def poison(self) -> None:
+        """NaN into every buffer a run writes, so a run that leaves one unwritten (a kernel
+        missing from a capture, say) cannot pass on the last run's values."""
+        for x in (self.qs, self.o_part, self.lse_part, self.out):
+            x.fill_(float("nan"))
+
     def run(self, k_sub: torch.Tensor, v_sub: torch.Tensor, fwd) -> None:
         """The splits, the tail and the combine into self.out (capturable: no host reads)."""
         s = self.s
@@ -98,8 +108,12 @@ def timed(fn, repeats: int) -> float:
 
 
 def _same(x: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Bit equality, the largest finite difference, and how many values are not finite."""
+    diff = (x.float() - ref.float()).abs()
+    finite = torch.isfinite(diff)
     return {"same_bits": bool(torch.equal(x, ref)),
-            "max_abs_diff": float((x.float() - ref.float()).abs().max())}
+            "max_abs_diff": float(diff[finite].max()) if finite.any() else None,
+            "num_not_finite": int((~finite).sum())}
 
 
 def _step(report: dict, key: str, fn) -> None:
@@ -107,7 +121,9 @@ def _step(report: dict, key: str, fn) -> None:
     try:
         report[key] = fn()
     except Exception as e:                          # noqa: BLE001 (a probe reports all)
-        report[key] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        cause = e.__cause__ or e.__context__          # a capture's own error hides the first
+        first = f" (after {type(cause).__name__}: {cause})" if cause else ""
+        report[key] = {"error": f"{type(e).__name__}: {e}"[:400] + first[:400]}
 
 
 def probe(contexts: list[int], repeats: int, seed: int = 0) -> dict:
@@ -124,34 +140,46 @@ def probe(contexts: list[int], repeats: int, seed: int = 0) -> dict:
     serial, overlap = attn_fa4.FA4Attention(H, HKV, overlap=False), attn_fa4.FA4Attention(H, HKV)
     s = split_plan(contexts[0], T, H, HKV, num_sms)[0]
     fixed, rows, capture = Fixed(s, max_end, num_sms, dev, dt), [], {}
+    t0 = time.perf_counter()
+    say = lambda what: print(f"# {time.perf_counter() - t0:.1f} s: {what}", flush=True)  # noqa
     for pos in contexts:
         q = torch.randn(T, H, D, device=dev, generator=g).to(dt)
-        plan = serial.plan(pos, T, pages, G, dev)
-        ref = torch.empty(T, H * D, device=dev, dtype=dt)
-        serial.attend(q, pos, k_pool, v_pool, plan, ref)
-        row = {"pos": pos, "splits": list(plan.splits)}
-        out = torch.empty_like(ref)
-        row["ms_runner_one_stream"] = timed(
-            lambda: serial.attend(q, pos, k_pool, v_pool, plan, out), repeats)
-        row["ms_runner_overlap"] = timed(
-            lambda: overlap.attend(q, pos, k_pool, v_pool, plan, out), repeats)
-        _step(row, "fixed_eager", lambda: _eager(fixed, q, pos, pages, k_sub, v_sub, fwd, ref,
-                                                 repeats))
-        if not capture:                    # once, at the first context (after its eager run)
-            _step(capture, "graph", lambda: _capture(fixed, k_sub, v_sub, fwd))
-        graph = capture["graph"]
-        if isinstance(graph, dict):
-            row["fixed_graph"] = {"error": f"not captured ({graph['error']})"}
-        else:
-            _step(row, "fixed_graph", lambda: _replayed(fixed, graph, q, pos, pages, ref,
-                                                        repeats))
+        row, ref = {"pos": pos}, torch.empty(T, H * D, device=dev, dtype=dt)
+        say(f"pos {pos}: the runner's calls (compiled at the first)")
+        _step(row, "runner", lambda: _runner(serial, overlap, q, pos, pages, k_pool, v_pool,
+                                             ref, repeats))
+        if "error" not in row["runner"]:
+            say(f"pos {pos}: fixed tables, eager (compiled at the first)")
+            _step(row, "fixed_eager", lambda: _eager(fixed, q, pos, pages, k_sub, v_sub, fwd,
+                                                     ref, repeats))
+            if not capture:                # once, at the first context (after its eager run)
+                say("capture")
+                _step(capture, "graph", lambda: _capture(fixed, k_sub, v_sub, fwd))
+            graph = capture["graph"]
+            if isinstance(graph, dict):
+                row["fixed_graph"] = {"error": f"not captured ({graph['error']})"}
+            else:
+                _step(row, "fixed_graph", lambda: _replayed(fixed, graph, q, pos, pages, ref,
+                                                            repeats))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    return {"rows": rows,
-            "captured": not isinstance(capture.get("graph"), dict)}
+    return {"rows": rows, "captured": not isinstance(capture.get("graph", {}), dict)}
+
+
+def _runner(serial, overlap, q, pos, pages, k_pool, v_pool, ref, repeats) -> dict:
+    """The runner's call into ref (one stream), and its time on one stream and overlapped."""
+    plan = serial.plan(pos, T, pages, G, q.device)
+    serial.attend(q, pos, k_pool, v_pool, plan, ref)
+    out = torch.empty_like(ref)
+    return {"splits": list(plan.splits),
+            "ms_one_stream": timed(lambda: serial.attend(q, pos, k_pool, v_pool, plan, out),
+                                   repeats),
+            "ms_overlap": timed(lambda: overlap.attend(q, pos, k_pool, v_pool, plan, out),
+                                repeats)}
 
 
 def _eager(fixed: Fixed, q, pos, pages, k_sub, v_sub, fwd, ref, repeats) -> dict:
+    fixed.poison()
     fixed.set(q, pos, pages)
     fixed.run(k_sub, v_sub, fwd)
     same = _same(fixed.out, ref)
@@ -172,7 +200,7 @@ def _capture(fixed: Fixed, k_sub, v_sub, fwd) -> torch.cuda.CUDAGraph:
 
 
 def _replayed(fixed: Fixed, graph, q, pos, pages, ref, repeats) -> dict:
-    fixed.out.zero_()
+    fixed.poison()
     fixed.set(q, pos, pages)
     graph.replay()
     same = _same(fixed.out, ref)
@@ -185,6 +213,8 @@ def main(argv=None) -> None:
                     default=[16384, 98304], help="positions of the chunk (multiples of 64)")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1")
     bad = [c for c in args.contexts if c % SUB_PAGE or c < 4096]
     if bad:
         ap.error(f"contexts {bad}: multiples of {SUB_PAGE}, at least 4096 (4 splits on an "

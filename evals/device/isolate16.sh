@@ -12,10 +12,10 @@
 #     the idle gaps. The bands are timed before any profile and profiled last; the 96k
 #     chunk and the decode are timed after the 16k chunk's profile (their clean figures come
 #     from the default call and confirm16.sh).
-#   --graph: evals/fa4_graph_probe.py at 16k, 64k and 96k: whether FA4's calls over pages,
-#     in fixed-width tables with the key counts on the device, equal the runner's bit for bit
-#     eagerly and replayed from one CUDA graph captured at 16k, and one layer's milliseconds
-#     of each.
+#   --graph: evals/fa4_graph_probe.py at 16k, 64k and 96k and at two positions whose causal
+#     tails are longer than the chunk: whether FA4's calls over pages, in fixed-width tables
+#     with the key counts on the device, equal the runner's bit for bit eagerly and replayed
+#     from one CUDA graph captured at 16k, and one layer's milliseconds of each.
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
 #   bash evals/device/isolate16.sh [--profile | --graph] (carry .fa4b .whl .devdata .old2)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
@@ -23,8 +23,9 @@ common=(--ids "${ids[@]}" --max-context 112640 --bands 0:32768,65536:102400 --as
         --repeats 3)
 case "${1:-}" in
 --graph)
-    timeout 560 python3 -m evals.fa4_graph_probe --contexts 16384,65536,98304 2>&1 \
-        | grep -v "UserWarning\|exe_args" | tee "$out/fa4-graph-probe.log" | cut -c1-600 ;;
+    # 16576 and 98752: causal tails of 704 and 960 keys (longer than the 512 queries)
+    timeout 560 python3 -m evals.fa4_graph_probe --contexts 16384,16576,65536,98304,98752 \
+        2>&1 | tee "$out/fa4-graph-probe.log" | grep -E '^(\{|#)' | cut -c1-700 ;;
 --profile)
     timeout 560 python3 -m evals.pages_ab --a .old2 --b . "${common[@]}" --profile 2>&1 \
         | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/pages-ab-profile.log" \
