@@ -136,10 +136,11 @@ def _band(reader, ids: list[int], start: int, end: int, timed, grid: int, k: int
 
 def _profile_band(reader, ids: list[int], start: int, end: int, n: int, grid: int,
                   k: int) -> dict:
-    """Kernel by kernel (evals/kernel_profile.py), chunks [start + n, start + 2n) of the band
-    [start, end) read back to back as one read call in a session of its own (kernel_table
-    reads chunks [start, start + n) first, untraced): the backlog's idle gaps. {"error"} when
-    the band holds fewer than 2n chunks or is refused."""
+    """Kernel by kernel (evals/kernel_profile.py), the band [start, end)'s chunks n to 2n - 1
+    (ids [start + n G, start + 2n G), G the grid) read back to back as one read call in a
+    session of its own, after its chunks 0 to n - 1 read untraced (kernel_table's first
+    call): the backlog's idle gaps. {"error"} when the band holds fewer than 2n chunks or is
+    refused."""
     if start + 2 * n * grid > end:
         return {"error": f"band [{start}, {end}) holds fewer than the {2 * n} chunks "
                          "profile_band reads"}
