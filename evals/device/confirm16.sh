@@ -11,7 +11,8 @@
 #   Other arguments go on to pages_ab after the defaults (the last of an option wins), e.g.
 #   `--burst 0 --profile`: no bursts, a kernel-by-kernel profile of each pair's chunks instead.
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
-#   bash evals/device/confirm16.sh [--exact | --tests] (carry .fa4b .whl .devdata .old2)
+#   bash evals/device/confirm16.sh [--exact | --tests]
+#     (carry .fa4b .whl .devdata .old2, and .devcache when it holds fa4cache.tgz)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 case "${1:-}" in
 --tests)
@@ -27,3 +28,6 @@ case "${1:-}" in
         --repeats 3 "$@" 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
         | tee "$out/pages-ab-confirm.log" | grep -E "^(pair|across|exact|profile)" | cut -c1-300 ;;
 esac
+# FA4's compiled kernels for a later cold machine: copy fa4cache.tgz from the call's files to
+# .devcache/ and carry .devcache too (fa4_env.sh restores it; first compiles take 100-123 s)
+tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true

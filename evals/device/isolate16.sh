@@ -17,7 +17,8 @@
 #     with the key counts on the device, equal the runner's bit for bit eagerly and replayed
 #     from one CUDA graph captured at 16k, and one layer's milliseconds of each.
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
-#   bash evals/device/isolate16.sh [--profile | --graph] (carry .fa4b .whl .devdata .old2)
+#   bash evals/device/isolate16.sh [--profile | --graph]
+#     (carry .fa4b .whl .devdata .old2, and .devcache when it holds fa4cache.tgz)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 common=(--ids "${ids[@]}" --max-context 112640 --bands 0:32768,65536:102400 --ask-at ""
         --repeats 3)
@@ -45,3 +46,6 @@ print("the copy in /tmp/serial runs FA4 on one stream")') || exit 1
         | grep -E "^(pair|across|exact)" | cut -c1-300
     echo "took ${SECONDS} s" ;;
 esac
+# FA4's compiled kernels for a later cold machine: copy fa4cache.tgz from the call's files to
+# .devcache/ and carry .devcache too (fa4_env.sh restores it; first compiles take 100-123 s)
+tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true
