@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import time
 
 import torch
@@ -36,6 +35,7 @@ import torch
 from adapters.model import attn_fa4, fa4_plan
 from adapters.model.attn_combine import combine_lse
 from adapters.model.fa4_plan import SUB_PAGE, TILE_MN, split_plan
+from evals import attn_kernel
 
 H, HKV, D, T, G = 8, 2, 256, 512, 512          # heads, KV heads, head dim, chunk, page rows
 
@@ -93,18 +93,8 @@ class Fixed:
 
 
 def timed(fn, repeats: int) -> float:
-    """Median ms of fn over `repeats` calls after 3 warm-ups, CUDA events around each."""
-    for _ in range(3):
-        fn()
-    ms = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    return round(statistics.median(ms), 4)
+    """evals/attn_kernel.timed (median ms, CUDA events, 3 warm-ups), rounded for the report."""
+    return round(attn_kernel.timed(fn, repeats), 4)
 
 
 def _same(x: torch.Tensor, ref: torch.Tensor) -> dict:

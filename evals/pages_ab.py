@@ -238,7 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=6, help="chunks timed a point, each tree")
     ap.add_argument("--burst", type=int, default=0,
                     help="also time --chunks bursts of this many chunks back to back a tree")
-    ap.add_argument("--repeats", type=int, default=6, help="asks and decodes, each tree")
+    ap.add_argument("--repeats", type=int, default=6,
+                    help="bands, asks and decodes, each tree")
     ap.add_argument("--profile", action="store_true",
                     help="also profile, kernel by kernel, a chunk at each point (the timings "
                          "after it follow a profile), a decode, and last each band's chunks "

@@ -166,15 +166,21 @@ def test_idle_gaps_sums_the_gpus_idle_time_by_the_kernel_after_it():
     assert got["gaps_us"] == [[10, "c", "a"], [2, "a", "b"]]
 
 
-def test_pages_ab_bands_share_no_page_and_refuse_a_resume(tiny):
-    """evals/ab_worker.py's bands: each call's ids are its own, so a paged reader reads every
-    repeat in full (on 2026-12-02 repeats resumed from the pages an earlier call left cached
-    and timed nothing); a band session that would resume past its start is refused."""
+def _ab_worker():
+    """evals/ab_worker.py as a module (a script run by its path, imported the same way)."""
     sys.path.insert(0, str(ROOT / "evals"))
     try:
         import ab_worker
     finally:
         sys.path.remove(str(ROOT / "evals"))
+    return ab_worker
+
+
+def test_pages_ab_bands_share_no_page_and_refuse_a_resume(tiny):
+    """evals/ab_worker.py's bands: each call's ids are its own, so a paged reader reads every
+    repeat in full (on 2026-12-02 repeats resumed from the pages an earlier call left cached
+    and timed nothing); a band session that would resume past its start is refused."""
+    ab_worker = _ab_worker()
     from shadow_plugin import Reader
     reader, g = Reader(tiny, grid=64), 64
     ids = [(7 * i + 3) % 1000 + 10 for i in range(8 * g)]
@@ -199,11 +205,7 @@ def test_pages_ab_bands_share_no_page_and_refuse_a_resume(tiny):
 def test_pages_ab_profiles_a_band_after_its_untraced_chunks(tiny, monkeypatch):
     """evals/ab_worker.py's profile_band: the traced call reads n chunks of a band session of
     its own, after n untraced ones (kernel_table calls fn once untraced), then drops it."""
-    sys.path.insert(0, str(ROOT / "evals"))
-    try:
-        import ab_worker
-    finally:
-        sys.path.remove(str(ROOT / "evals"))
+    ab_worker = _ab_worker()
     from types import SimpleNamespace
 
     from shadow_plugin import Reader
