@@ -166,7 +166,9 @@ def worker(model_name: str, device: str, grid: int) -> None:
         if op == "ids":
             ids = cmd["ids"]
             reader.warm_up()
-            warm = [(ids[0] + 7) % 240000] + ids[1:2 * grid]      # other keys: nothing shared
+            # other keys: nothing shared; 9 chunks: past 4,096 ids, so a reader that captures a
+            # graph per number of FA4 splits (0, 2, 3, 4 on an H200) has them all
+            warm = [(ids[0] + 7) % 240000] + ids[1:9 * grid]
             reader.feed("warm", warm, "prompt")
             reader.read("warm")
             reader.drop("warm")

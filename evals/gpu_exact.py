@@ -112,6 +112,13 @@ def main() -> None:
     stats = replay(reader, ids, plan, rng, args.rewrite_every)
     result.update(stats)
     result["committed"] = reader.committed("s")
+    # the chunk runner's captures with FA4 in its graph (one per number of splits and pool,
+    # made at the first such chunk; their seconds are inside read_ms)
+    split_graphs = getattr(getattr(getattr(reader.adapter, "runners", None), "chunk", None),
+                           "split_graphs", None)
+    if split_graphs is not None:
+        result["num_captures"] = split_graphs.num_captures
+        result["capture_s"] = round(split_graphs.capture_s, 3)
     t1 = time.perf_counter()
     result["exact"] = reader.check_exact("s")
     result["check_exact_s"] = round(time.perf_counter() - t1, 2)

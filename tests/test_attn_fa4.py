@@ -44,11 +44,21 @@ def test_split_plan_fills_the_gpu_once_and_depends_on_the_shape_only():
         assert s * ls <= pos and ls % 128 == 0 and ls >= attn_fa4.MIN_SPLIT_KEYS - 128
 
 
-def _ref_forward(q, k, v, causal, out, lse=None, page_table=None, **_):
+def _ref_forward(q, k, v, causal, out, lse=None, page_table=None, seqused_k=None, **_):
     """What attn_fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v pools
-    [num_pages, P, Hkv, D] read through page_table [B, n] (sequence b: pages page_table[b]),
-    causal bottom-right aligned; writes out and the natural-log lse [B, H, T]."""
+    [num_pages, P, Hkv, D] read through page_table [B, n] (sequence b: pages page_table[b],
+    its first seqused_k[b] rows when given), causal bottom-right aligned; writes out and the
+    natural-log lse [B, H, T]."""
+    if seqused_k is not None:                     # one sequence at a time, of its own length
+        for i, n in enumerate(seqused_k.tolist()):
+            width = -(-n // k.shape[1])
+            _ref_forward(q[i:i + 1], k, v, causal, out[i:i + 1], None if lse is None else
+                         lse[i:i + 1], page_table[i:i + 1, :width], None, rows=n)
+        return
+    rows = _.get("rows")
     k, v = k[page_table.long()].flatten(1, 2), v[page_table.long()].flatten(1, 2)
+    if rows is not None:
+        k, v = k[:, :rows].contiguous(), v[:, :rows].contiguous()
     b, t, h, d = q.shape
     big = k.shape[1]
     g = h // k.shape[2]
@@ -69,18 +79,19 @@ def _fake_package(monkeypatch):
     import types
 
     def compile_kernel(causal):
-        def kernel(q, k, v, page_table, out, lse, scale, *rest):
+        def kernel(q, k, v, page_table, out, lse, scale, seqused_k, *rest):
             assert scale == q.shape[-1] ** -0.5 and all(x is None for x in rest)
-            _ref_forward(q, k, v, causal, out, lse, page_table)
+            _ref_forward(q, k, v, causal, out, lse, page_table, seqused_k)
         return kernel
 
-    def fwd(q, k, v, causal, out, lse=None, page_table=None, tile_mn=None, **_):
+    def fwd(q, k, v, causal, out, lse=None, page_table=None, tile_mn=None, seqused_k=None,
+            **_):
         assert tile_mn == attn_fa4.TILE_MN and k.shape[1] == tile_mn[1]   # TMA's page size
-        key = (causal, lse is None)
+        key = (causal, lse is None, seqused_k is None)
         if key not in fwd.compile_cache:
             fwd.compile_cache[key] = compile_kernel(causal)
         fwd.compile_cache[key](q.detach(), k.detach(), v.detach(), page_table, out.detach(),
-                               lse, q.shape[-1] ** -0.5, None, None, None)
+                               lse, q.shape[-1] ** -0.5, seqused_k, None, None)
 
     fwd.compile_cache = {}
     mods = {n: types.ModuleType(n) for n in ("flash_attn", "flash_attn.cute",

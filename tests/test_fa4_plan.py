@@ -24,7 +24,8 @@ def _twin(pos, t, pages, page_rows):
 def test_staged_tables_equal_the_twin_and_leave_the_page_table(tiny, monkeypatch, page_rows, t):
     monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
-    runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=page_rows)
+    runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=page_rows,
+                                fa4_in_graph=False)
     runner._between._heads = (8, 2)              # the 0.8B's heads: splits happen at these t
     rng = random.Random(page_rows + t)
     base = runner.staged.pool_base                 # layer i's pools 16 * i bytes past it
@@ -100,7 +101,8 @@ def test_the_runner_stages_its_plan_once_a_chunk_and_keeps_its_bits(tiny, monkey
     ids = torch.randint(0, 248000, (num_chunks * t,), generator=torch.Generator().manual_seed(3))
 
     def run(attention, seed):
-        runner = graphs.ChunkGraphs(tiny, t, attention=attention, fused=False, page_rows=64)
+        runner = graphs.ChunkGraphs(tiny, t, attention=attention, fused=False, page_rows=64,
+                                    fa4_in_graph=False)
         calls = []
         if attention == "fa4":
             stage_plan = runner.staged.stage_plan

@@ -70,6 +70,15 @@ def _forward():
     return _flash_attn_fwd
 
 
+def forward():
+    """flash_attn.cute.interface._flash_attn_fwd. Raises RuntimeError when it does not
+    import."""
+    fwd = _forward()
+    if fwd is None:
+        raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
+    return fwd
+
+
 def package_version() -> str:
     """flash-attn-4's version and its compiler's (nvidia-cutlass-dsl), 'flash-attn-4 missing'
     without it: both decide the kernels' bits (the path tag carries this)."""
@@ -180,6 +189,11 @@ class FA4Attention:
         for at in (0, pos):
             self.attend(q, at, k, v, self.plan(at, t, pages, page_rows, device), out)
 
+    def num_splits(self, pos: int, t: int, device: torch.device) -> int:
+        """S of split_plan for a run of t rows at pos with this object's heads on device's
+        GPU (its SM count)."""
+        return split_plan(pos, t, *self._heads, _num_sms(device.index or 0))[0]
+
     def plan(self, pos: int, t: int, pages, page_rows: int, device: torch.device) -> Plan:
         """The page tables of a run at `pos` of t rows over `pages` (page indices in row order,
         pools of page_rows rows), for every layer's `attend`, in a tensor of their own (runners
@@ -271,10 +285,7 @@ class FA4Attention:
             kernel(*args)
             self.num_direct_calls += 1
             return
-        fwd = _forward()
-        if fwd is None:
-            raise RuntimeError("attention 'fa4' needs the flash-attn-4 package (flash_attn.cute)")
-        call = functools.partial(fwd, page_table=page_table, causal=causal, tile_mn=TILE_MN,
+        call = functools.partial(forward(), page_table=page_table, causal=causal, tile_mn=TILE_MN,
                                  out=out, lse=lse)
         if entry is None or package_version().split()[0] not in DIRECT_VERSIONS:
             call(q, k, v)                     # seen, not fit for direct calls

@@ -5,33 +5,31 @@ runners: grid chunks, questions padded to 256-row buckets, single-token decode).
 The body is cut at the full-attention layers into segments (segment j ends with the q/k/v
 projection of full-attention layer j; segment j + 1 starts with its output projection).
 Attentions:
-- "fa4" (the default on Hopper with flash-attn-4 installed) and "flash" (the default on other
-  CUDA GPUs): one CUDA graph per segment, and between them FlashAttention-4 (model.attn_fa4,
-  the keys split by us; 1.5-2.4x FlashAttention-2 for a 512-id chunk at 8k-100k on the H200,
-  docs/fa4-probe-2026-11-29.log) or FlashAttention-2 (model.attn_flash: faster than our kernel
-  at every context length) called eagerly on the session's own KV rows (the host knows pos and
-  the buffers' addresses when it launches them);
-- "table": the whole chunk as one graph, attention by attn_triton's table-addressed kernel,
-  which reads the position, the pools' places and the page table from device memory at
-  replay.
+- "fa4" (the default on Hopper with flash-attn-4 installed): FlashAttention-4 over the pages
+  with the keys split by us (model.attn_fa4; 1.5-2.4x FlashAttention-2 for a 512-id chunk at
+  8k-100k on the H200, docs/fa4-probe-2026-11-29.log). By default the whole body is one graph
+  per number of splits and KV pool, FA4's tables built inside it from device memory
+  (model.fa4_graph: the host launches one graph a chunk). With fa4_in_graph=False, one graph
+  per segment and FA4's calls eager between them (the host knows pos and the pages then);
+- "table" (the default on other CUDA GPUs): the whole chunk as one graph, attention by
+  attn_triton's table-addressed kernel, which reads the position, the pools' places and the
+  page table from device memory at replay.
 Without graphs (the CPU) the same segments run eagerly with `Attention.attend` (SDPA) unless
 `attention="table"` (Triton's interpreter in the tests); with ops.EAGER the segmented body gives
 Qwen35.forward's bits (tested).
 
 What varies between chunks reaches the graphs through device memory: the ids, the start
 position, the pools' places and the page table sit in one int64 buffer (model.meta.ChunkMeta),
-filled from pinned memory before the first graph (FA4's page tables after its launch); the new
-KV rows are written inside the graphs by attn_triton.write_kv, which reads pos, the places and
-the table there; the GDN states are copied into static inputs (model.slots: skipped for the
-states the last run returned, with keep_states, the reader's chunk runner). The host's time
-before the first kernel is the GPU's idle time when chunks are read one at a time:
-evals/chunk_timeline.py measured the staging at 0.33 ms of a 5.0 ms chunk at 16k on the H200's
-host before these changes, 0.12 after (docs/chunk-timeline-2026-11-29.log,
+filled from pinned memory before the first graph; the new KV rows are written inside the graphs
+by attn_triton.write_kv, which reads pos, the places and the table there; the GDN states are
+copied into static inputs (model.slots: skipped for the states the last run returned, with
+keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
+idle time when chunks are read one at a time (evals/chunk_timeline.py,
 docs/chunk-timeline-2026-11-29-final.log).
 
-Static buffers (the model's device): meta (model.meta), per GDN layer the input
-states (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention
-output [T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
+Static buffers (the model's device): meta (model.meta), per GDN layer the input states (conv
+[conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention output
+[T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
 (attn_triton.scratch). The output states are the body's own tensors, which a graph's replay
 rewrites in place; `run` copies them out.
 """
@@ -39,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_fa4, autotune, ops
+from . import attn_fa4, autotune, capture, fa4_graph, ops
 from .config import FULL
 from .layers import rope_cos_sin
 from .meta import MAX_TABLE_PAGES, ChunkMeta
@@ -67,20 +65,21 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 class ChunkGraphs:
     """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
 
-    attention: "fa4" or "flash" (the defaults on CUDA, `default_attention`: a graph per
-    segment, FlashAttention-4 or -2 between),
-    "table" (one graph, attn_triton) or "sdpa" (eager only: the default on the CPU). fused: the
+    attention: "fa4" (the default on Hopper, `default_attention`), "table" (one graph,
+    attn_triton; the default on other CUDA GPUs) or "sdpa" (eager only: the default on the
+    CPU). fused: the
     layer's small ops through torch.compile (ops.fused_ops; default on CUDA), else ops.EAGER.
     split: the table attention's tiling (attn_triton.SplitConfig, default attn_triton.READ; the
     committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
     compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
     an input; default: with the fused ops). keep_states: model.slots.StateSlots' keep (bits
-    unchanged).
+    unchanged). fa4_in_graph: with FA4 on CUDA, the whole body as one graph per number of
+    splits (model.fa4_graph; default) instead of a graph per segment with FA4 between.
     Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
                  split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False,
-                 page_rows: int | None = None):
+                 page_rows: int | None = None, fa4_in_graph: bool = True):
         self.model, self.t = model, t
         self.page_rows = page_rows or max(64, t)      # a whole chunk's rows by default
         dev, cfg, dt = model.device, model.cfg, model.dtype
@@ -106,7 +105,13 @@ class ChunkGraphs:
         # the eager attention between graphs: FA4's, one per runner
         self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
             if attention == "fa4" else None
-        self.staged = ChunkMeta(t, self.num_full, self.page_rows, dev, dt, self._between)
+        # FA4 inside the chunk's graph: fixed tables built on the device, one graph a split
+        self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev) \
+            if attention == "fa4" and fa4_in_graph else None
+        self._tables = None                                # the staged chunk's SplitTables
+        self.staged = ChunkMeta(t, self.num_full, self.page_rows, dev, dt,
+                                None if self.split_graphs else self._between,
+                                sub_pages=attention == "fa4")
         self.meta = self.staged.meta                       # what the graphs read
         self.steps = torch.arange(t, device=dev)
         self.hidden = z(t, cfg.hidden_size)
@@ -122,14 +127,16 @@ class ChunkGraphs:
                                                self.split, dev)
         self._plan = None                                  # FA4's, for the staged chunk
         self.graphs: list[torch.cuda.CUDAGraph] = []
+        self._prepared = False
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
         self._pos, self._kv = 0, None                      # the eager attention's inputs
 
     @property
     def graph(self):
-        """The captured graphs (None before capture or without graphs): `graphs or None`."""
-        return self.graphs or None
+        """The captured graphs (None before capture or without graphs): `graphs or None`,
+        with FA4 in the graph those of every split."""
+        return (self.split_graphs.all() if self.split_graphs else self.graphs) or None
 
     def _write_kv(self, j: int, k, v) -> None:
         """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the
@@ -149,7 +156,12 @@ class ChunkGraphs:
         """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
         attentions also write its k, v here; flash had them written inside the graph)."""
         (q, k, v), out = self._qkv[j], self.attn_out[j]
-        if self.table:
+        if self._tables is not None:                    # FA4 over the device-built tables
+            side = self._between._side(q.device)[0] if self._between.overlap and \
+                q.is_cuda else None
+            fa4_graph.attend(attn_fa4.forward(), q, *self._kv.pool.layer(j), self._tables,
+                             out, side)
+        elif self.table:
             m = self.staged
             self._write_kv(j, k, v)
             self._at.attend_table(q.contiguous(), m.pool_base, m.places(j), m.pos,
@@ -206,54 +218,24 @@ class ChunkGraphs:
             self._qkv[j], self._carry[j] = (q, k, v), (x, gate, rope)
 
     def _body(self) -> None:
-        """Every segment with the attention between (eagerly, or inside the table graph)."""
+        """Every segment with the attention between (eagerly, or inside the table graph; with
+        FA4 in the graph, after the kernel that builds its tables)."""
+        if self._tables is not None:
+            self._tables.fill(self.meta, self.t, self.staged.table_at, self.page_rows)
         for j in range(self.num_full + 1):
             self._segment(j)
             if j < self.num_full:
                 self._attend(j)
-
-    def _capture(self) -> None:
-        """Warm up (Triton compiles, cuBLAS handles) on a side stream with KV rows of its own
-        (pos 0), then capture: the whole body (table) or each segment into one memory pool
-        (flash; replayed in the order captured, as a shared pool requires)."""
-        cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
-        from block_store import contiguous_kv
-
-        from .config import spec_for
-        kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, self.t)
-        kv.pool.block.zero_()
-        if self.attention == "fa4":                     # FA4 compiles at its first calls
-            self._between.warm_up(self.t, cfg.head_dim, self.page_rows, dev, dt)
-        self._stage([0] * self.t, 0, kv)
-        self._pos, self._kv = 0, kv
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(2):
-                self._body()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize(dev)
-        self._kv = None
-        bodies = [self._body] if self.table else \
-            [(lambda j: lambda: self._segment(j))(j) for j in range(self.num_full + 1)]
-        pool = torch.cuda.graph_pool_handle()
-        for body in bodies:
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: a host in the same process (vLLM's worker) may launch work from its
-            # own thread meanwhile; only this thread's unsafe calls break the capture
-            with torch.no_grad(), torch.cuda.graph(graph, pool=pool,
-                                                   capture_error_mode="thread_local"):
-                body()
-            self.graphs.append(graph)
 
     def prepare(self) -> None:
         """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
         real chunk does not pay for it (about a minute with the fused ops' first compile).
         With fla's configs pinned (SHADOW_AUTOTUNE_DIR, model.autotune), the picks the warm-up
         made are written there, for the next process to load instead of tuning its own."""
-        if self.use_graphs and not self.graphs:
+        if self.use_graphs and not self._prepared:
             with torch.no_grad():
-                self._capture()
+                capture.capture(self)
+            self._prepared = True
             pinned = autotune.pinned_dir()
             if pinned is not None:
                 autotune.export(pinned)
@@ -263,9 +245,16 @@ class ChunkGraphs:
         read them; FA4's plan (self._plan) is staged at the first attention."""
         self.staged.stage(ids, pos, kv)
         self._plan = None
+        if self.split_graphs:
+            s = self._between.num_splits(pos, self.t, self.meta.device)
+            self._tables = self.split_graphs.tables_for(s)
 
     def _replay(self) -> None:
-        """The captured graphs in order, the flash attention between them."""
+        """The captured graphs in order, FA4 between them; with FA4 in the graph, the one
+        graph of the staged chunk's splits over its pool (captured at the first such chunk)."""
+        if self.split_graphs:
+            self.split_graphs.replay(self._tables.s, self._kv.pool, self._body, self.slots)
+            return
         for j, graph in enumerate(self.graphs):
             graph.replay()
             if j < self.num_full and not self.table:
@@ -299,7 +288,7 @@ class ChunkGraphs:
         self.slots.feed(gdn)
         self._pos, self._kv = pos, kv
         try:
-            self._replay() if self.graphs else self._body()
+            self._replay() if self.use_graphs else self._body()
         finally:
             self._kv = None
         return self.hidden.clone(), self.slots.take()

@@ -36,12 +36,14 @@ def _pack(n: int) -> struct.Struct:
 
 class ChunkMeta:
     """Args: t (ids a chunk), num_full (full-attention layers), page_rows (G), device, dtype
-    (the pools'), fa4: the runner's attn_fa4.FA4Attention when it attends with FA4 (its page
-    tables are staged too), else None."""
+    (the pools'), fa4: the runner's attn_fa4.FA4Attention when it attends with FA4 between
+    its graphs (its page tables are staged too), else None; sub_pages: positions must be
+    multiples of FA4's 64-row sub-pages (implied by fa4)."""
 
     def __init__(self, t: int, num_full: int, page_rows: int, device: torch.device,
-                 dtype: torch.dtype, fa4=None):
+                 dtype: torch.dtype, fa4=None, sub_pages: bool = False):
         self.t, self.page_rows, self.fa4 = t, page_rows, fa4
+        self.sub_pages = sub_pages or fa4 is not None
         self.table_at = t + 1 + 2 * num_full              # the page table starts here
         # FA4's tables after the page table's every slot (16-byte aligned): `stage` and
         # `stage_plan` write and copy parts of the pinned buffer that never overlap
@@ -85,7 +87,7 @@ class ChunkMeta:
         a pool not 16-byte aligned or of another dtype (`pool_places`), or, with FA4, a pos
         off its 64-row sub-pages, before anything is written."""
         places = self.pool_places(kv.pool)
-        if self.fa4 is not None:
+        if self.sub_pages:
             attn_fa4.fa4_plan.check_rows(pos, self.t)
         if self.copied is not None:
             self.copied.synchronize()
