@@ -59,13 +59,25 @@ class _Replay:
 
 
 def instrument(runner, marks: Marks) -> None:
-    """Wrap a prepared ChunkGraphs' graphs, attention calls, staging and run with marks."""
-    runner.graphs = [_Replay(g, f"g{j}", marks) for j, g in enumerate(runner.graphs)]
-    attend, stage, run = runner._attend, runner._stage, runner.run
+    """Wrap a prepared ChunkGraphs' graphs, attention calls, staging and run with marks (with
+    FA4 in the graph, its one replay a chunk: the attention runs inside it)."""
+    stage, run = runner._stage, runner.run
+    if runner.split_graphs is not None:
+        replay = runner.split_graphs.replay
 
-    def _attend(j):
-        attend(j)
-        marks(f"a{j}>")
+        def _split_replay(*a):
+            marks("g<")
+            replay(*a)
+            marks("g>")
+        runner.split_graphs.replay = _split_replay
+    else:
+        runner.graphs = [_Replay(g, f"g{j}", marks) for j, g in enumerate(runner.graphs)]
+        attend = runner._attend
+
+        def _attend(j):
+            attend(j)
+            marks(f"a{j}>")
+        runner._attend = _attend
 
     def _stage(*a):
         stage(*a)
@@ -75,7 +87,7 @@ def instrument(runner, marks: Marks) -> None:
         out = run(*a)
         marks("states out")
         return out
-    runner._attend, runner._stage, runner.run = _attend, _stage, _run
+    runner._stage, runner.run = _stage, _run
 
 
 def medians(rows: list[list[tuple[str, float, float]]]) -> list[dict]:
