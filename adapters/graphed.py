@@ -36,8 +36,8 @@ class GraphAdapter(Adapter):
     def path(self) -> str:
         return self.runners.path
 
-    def prepare(self) -> None:
-        self.runners.prepare()
+    def prepare(self, pool=None) -> None:
+        self.runners.prepare(pool=pool)
 
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         _, new = self.runners.run(ids, pos, kv, gdn)    # the runner stages host ids itself

@@ -108,8 +108,10 @@ class Adapter(ABC):
         if self.model.device.type == "cuda":
             torch.cuda.set_device(self.model.device)
 
-    def prepare(self) -> None:
-        """Compile and capture now what the first forwards would (nothing by default)."""
+    def prepare(self, pool=None) -> None:
+        """Compile and capture now what the first forwards would (nothing by default). pool:
+        the reader's block_store.KvPool, for graphs that name the pool they read (FA4 inside
+        a chunk's graph), or None."""
 
     # -- forwards -------------------------------------------------------------------------------
     @abstractmethod

@@ -264,7 +264,7 @@ class Reader(ForkCalls, FileCalls):
         instead of inside the first read, question or decode; returns the seconds it took
         (about 0 on the CPU or without graphs)."""
         t0 = time.perf_counter()
-        self.adapter.prepare()
+        self.adapter.prepare(pool=self.table.store.pool)
         return time.perf_counter() - t0
 
     # -- reading --------------------------------------------------------------------------------

@@ -70,13 +70,29 @@ def test_device_tables_equal_the_twin_and_the_eager_plan(page_rows, t):
     assert seen == {True, False}
 
 
-def test_table_widths_hold_every_position():
-    """A split's row holds the keys of any position below max_rows, the tail's the rest."""
-    for t in (64, 256, 512):
-        for pos in range(0, 40000 - t, 64):
-            s, ls = fa4_plan.split_plan(pos, t, 8, 2, 132)
-            w_split, w_tail = fa4_graph.widths(s, t, 40000)
-            assert ls // 64 <= w_split and (pos + t - s * ls) // 64 <= w_tail
+@pytest.mark.parametrize("heads,num_sms", [((8, 2), 132), ((16, 2), 132), ((8, 8), 78),
+                                           ((32, 4), 2000)])
+def test_table_widths_hold_every_position(heads, num_sms):
+    """A split's row holds the keys of any chunk ending at or below max_rows, the tail's the
+    rest (a reviewer's brute force over 7.1M cases found none over: this samples it)."""
+    for t in (64, 256, 512, 1024):
+        for max_rows in (40000, 40000 + 64 * 7):
+            for pos in range(0, max_rows - t + 1, 64):
+                s, ls = fa4_plan.split_plan(pos, t, *heads, num_sms)
+                w_split, w_tail = fa4_graph.widths(s, t, max_rows)
+                assert ls // 64 <= w_split and (pos + t - s * ls) // 64 <= w_tail
+
+
+def test_all_splits_are_every_split_the_plan_gives():
+    """fa4_plan.all_splits lists exactly the S split_plan gives over every position (the
+    warm-up runs each, model.capture.warm_positions, so no capture compiles)."""
+    for t in (64, 256, 512, 768, 1024, 2048):
+        for sms in (78, 114, 132):
+            seen = {fa4_plan.split_plan(pos, t, 8, 2, sms)[0]
+                    for pos in range(0, 80 * fa4_plan.MIN_SPLIT_KEYS, 64)}
+            assert sorted(seen) == fa4_plan.all_splits(t, 8, 2, sms), (t, sms)
+            for s in fa4_plan.all_splits(t, 8, 2, sms):     # the warm-up's position for S
+                assert fa4_plan.split_plan(s * fa4_plan.MIN_SPLIT_KEYS, t, 8, 2, sms)[0] == s
 
 
 class _Graph:
@@ -89,8 +105,9 @@ class _Graph:
 
 def test_split_graphs_capture_once_per_split_and_pool(monkeypatch):
     """One capture per number of splits over a pool; a pool that grew (new pointers) or
-    another pool gets a new capture; the graphs of the MAX_POOLS pools used last are kept;
-    each replay points the slots at its graph's states."""
+    another pool gets a new capture; the pinned pool's graphs are kept whatever comes, and
+    those of the MAX_OTHER_POOLS other pools used last; each replay points the slots at its
+    graph's states."""
     sg = fa4_graph.SplitGraphs(512, 512 * 64, torch.device("cpu"))
     made = []
 
@@ -100,23 +117,47 @@ def test_split_graphs_capture_once_per_split_and_pool(monkeypatch):
 
     monkeypatch.setattr(sg, "_capture", capture)
     slots = types.SimpleNamespace(outputs=[None])
-    pool, other = types.SimpleNamespace(pointers=[1, 2]), types.SimpleNamespace(pointers=[1, 2])
+    ns = types.SimpleNamespace
+    reader, a, b = ns(pointers=[1, 2]), ns(pointers=[1, 2]), ns(pointers=[3, 4])
+    sg.pin(reader)
     for s in (0, 0, 2, 2, 0):
-        sg.replay(s, pool, None, slots)
+        sg.replay(s, reader, None, slots)
     assert len(made) == 2 and slots.outputs == [("conv", 1)]
     assert sorted(e[1].num_replays for e in sg.graphs.values()) == [2, 3]
-    sg.replay(2, other, None, slots)                 # equal addresses, another list: captured
+    sg.replay(2, a, None, slots)                 # equal addresses, another list: captured
     assert len(made) == 3 and slots.outputs == [("conv", 3)]
-    sg.replay(0, pool, None, slots)                  # both pools' graphs are kept
-    sg.replay(2, other, None, slots)
-    assert len(made) == 3 and slots.outputs == [("conv", 3)]
-    old = pool.pointers
-    pool.pointers = [5, 6]                            # KvPool.grow replaces the list
-    sg.replay(0, pool, None, slots)
-    assert len(made) == 4 and made[-1] is pool.pointers
+    sg.replay(2, b, None, slots)                 # a third pool evicts a's, not the reader's
+    sg.replay(0, reader, None, slots)
+    sg.replay(2, b, None, slots)
+    assert len(made) == 4 and slots.outputs == [("conv", 4)]
+    assert {id(e[0]) for e in sg.graphs.values()} == {id(reader.pointers), id(b.pointers)}
+    old = reader.pointers
+    reader.pointers = [5, 6]                      # KvPool.grow replaces the list: still pinned
+    sg.replay(0, reader, None, slots)
+    sg.replay(2, a, None, slots)
+    assert len(made) == 6
     kept = {id(e[0]) for e in sg.graphs.values()}
-    assert kept == {id(other.pointers), id(pool.pointers)} and id(old) not in kept
-    assert len(sg.all()) == 2 == fa4_graph.MAX_POOLS
+    assert id(reader.pointers) in kept and id(a.pointers) in kept and id(b.pointers) not in kept
+    assert id(old) not in kept                    # the old memory's: another pool now
+    assert len(sg.all()) == len(sg.graphs)
+
+
+def test_a_failed_capture_runs_eagerly_and_is_not_tried_again(monkeypatch):
+    sg = fa4_graph.SplitGraphs(512, 512 * 64, torch.device("cpu"))
+    tries, bodies = [], []
+
+    def capture(pool, body, slots):
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(sg, "_capture", capture)
+    pool = types.SimpleNamespace(pointers=[1])
+    slots = types.SimpleNamespace(outputs=["before"])
+    with pytest.warns(RuntimeWarning, match="2 FA4 splits could not be captured.*not permitted"):
+        sg.replay(2, pool, lambda: bodies.append(1), slots)
+    sg.replay(2, pool, lambda: bodies.append(1), slots)
+    assert tries == [1] and bodies == [1, 1] and sg.num_failed_captures == 1
+    assert sg.all() == [] and slots.outputs == ["before"]     # the body sets its own outputs
 
 
 def _run_chunks(model, runner, kv, ids, t):
@@ -191,15 +232,65 @@ def test_one_graph_chunks_equal_the_segmented_chunks_bit_for_bit():
     seg = graphs.ChunkGraphs(model, t, page_rows=512, fa4_in_graph=False, op_set=one.ops,
                              proj=one.proj)
     assert one.attention == seg.attention == "fa4" and one.split_graphs and not seg.split_graphs
+    kvs = {name: paged_kv(spec, 512, num_chunks * t, seed=seed)
+           for name, seed in (("one", 0), ("seg", 0), ("moved", 9))}
+    one.prepare(kvs["one"].pool)                  # as Reader.warm_up: every S over its pool
+    all_splits = one._between.all_splits(t, model.device)
+    assert one.split_graphs.num_captures == len(all_splits)
     res = {}
-    for name, runner, seed in (("one", one, 0), ("seg", seg, 0), ("moved", one, 9)):
-        kv = paged_kv(spec, 512, num_chunks * t, seed=seed)
+    for name, runner in (("one", one), ("seg", seg), ("moved", one)):
+        kv = kvs[name]
         res[name] = (*_run_chunks(model, runner, kv, ids, t), _kv_rows(kv, num_chunks * t))
     splits = {one._between.num_splits(p, t, model.device) for p in range(0, num_chunks * t, t)}
-    assert len(splits) >= 3 and one.split_graphs.num_captures == 2 * len(splits)
-    assert len(one.split_graphs.graphs) == 2 * len(splits)        # both pools' kept
+    assert len(splits) >= 3 and set(splits) <= set(all_splits)
+    # none captured while reading the first pool; the second pool's at its first chunks
+    assert one.split_graphs.num_captures == len(all_splits) + len(splits)
+    assert len(one.split_graphs.graphs) == len(all_splits) + len(splits)   # both pools kept
     for other in ("seg", "moved"):
         assert all(torch.equal(a, b) for a, b in zip(res["one"][0], res[other][0])), other
         assert all(torch.equal(a, b) for pa, pb in zip(res["one"][1], res[other][1])
                    for a, b in zip(pa, pb)), other
         assert all(torch.equal(a, b) for a, b in zip(res["one"][2], res[other][2])), other
+
+
+def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
+    """Reader.warm_up passes its KV pool down, so runners with FA4 in the graph capture over
+    it before the first chunk (model.capture.capture_splits)."""
+    from shadow_plugin.reader import Reader
+    reader = Reader(tiny, grid=64)
+    seen = []
+    monkeypatch.setattr(reader.adapter, "prepare", lambda pool=None: seen.append(pool))
+    reader.warm_up()
+    assert seen == [reader.table.store.pool] and seen[0] is not None
+
+
+@pytest.mark.skipif(not HOPPER_FA4, reason="FA4's SM90 forward needs a Hopper GPU and "
+                    "flash-attn-4")
+def test_one_graph_question_runner_equals_the_segmented_one_at_every_split():
+    """A 256-row runner (the first question bucket: up to 8 splits on an H200), chunks from 0
+    to past 8 * 1,024 ids: every split count the warm-up captures, the same bits as the
+    segmented runner's."""
+    from paged import paged_kv
+
+    from adapters import spec_for
+    from adapters.model import load_model
+    model = load_model("random:qwen3.5-0.8b", device="cuda")
+    t, num_chunks = 256, 38
+    ids = torch.randint(0, 248000, (num_chunks * t,),
+                        generator=torch.Generator().manual_seed(5)).tolist()
+    spec = spec_for(model.cfg, model.device, model.dtype)
+    one = graphs.ChunkGraphs(model, t, page_rows=512)
+    seg = graphs.ChunkGraphs(model, t, page_rows=512, fa4_in_graph=False, op_set=one.ops,
+                             proj=one.proj)
+    kvs = [paged_kv(spec, 512, num_chunks * t, seed=1) for _ in range(2)]
+    one.prepare(kvs[0].pool)
+    res = [_run_chunks(model, r, kv, ids, t) + (_kv_rows(kv, num_chunks * t),)
+           for r, kv in ((one, kvs[0]), (seg, kvs[1]))]
+    all_splits = one._between.all_splits(t, model.device)
+    seen = {one._between.num_splits(p, t, model.device) for p in range(0, num_chunks * t, t)}
+    assert seen == set(all_splits) and len(seen) > 5
+    assert one.split_graphs.num_captures == len(all_splits)      # all at the warm-up
+    for a, b in zip(res[0], res[1]):
+        flat_a = [x for y in a for x in (y if isinstance(y, tuple) else (y,))]
+        flat_b = [x for y in b for x in (y if isinstance(y, tuple) else (y,))]
+        assert all(torch.equal(x, y) for x, y in zip(flat_a, flat_b))

@@ -194,6 +194,10 @@ class FA4Attention:
         GPU (its SM count)."""
         return split_plan(pos, t, *self._heads, _num_sms(device.index or 0))[0]
 
+    def all_splits(self, t: int, device: torch.device) -> list[int]:
+        """fa4_plan.all_splits for this object's heads on device's GPU."""
+        return fa4_plan.all_splits(t, *self._heads, _num_sms(device.index or 0))
+
     def plan(self, pos: int, t: int, pages, page_rows: int, device: torch.device) -> Plan:
         """The page tables of a run at `pos` of t rows over `pages` (page indices in row order,
         pools of page_rows rows), for every layer's `attend`, in a tensor of their own (runners

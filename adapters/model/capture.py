@@ -24,23 +24,32 @@ def warm_up(runner, kv, pos: int) -> None:
     runner._kv = None
 
 
+def warm_positions(runner) -> list[int]:
+    """Where the warm-up runs the body: 0, and with FA4 in the graph one position for each
+    number of splits S > 0 the runner can meet (S * MIN_SPLIT_KEYS has S splits)."""
+    if not runner.split_graphs:
+        return [0]
+    splits = runner._between.all_splits(runner.t, runner.model.device)
+    return [s * attn_fa4.MIN_SPLIT_KEYS for s in splits]
+
+
 def capture(runner) -> None:
-    """Warm up with KV rows of its own (pos 0), then capture into runner.graphs: the whole
-    body (table) or each segment into one memory pool (FA4 between graphs; replayed in the
-    order captured, as a shared pool requires). With FA4 in the graph (runner.split_graphs),
-    a warm-up at a position with splits too (FA4 compiles each kind of call at its first), and
-    no capture: its graphs name the pools, so they are made at the first chunk of each number
-    of splits over a pool (model.fa4_graph.SplitGraphs)."""
+    """Warm up with KV rows of its own (`warm_positions`), then capture into runner.graphs: the
+    whole body (table) or each segment into one memory pool (FA4 between graphs; replayed in
+    the order captured, as a shared pool requires). With FA4 in the graph
+    (runner.split_graphs) no capture here: its graphs name the pools, so they are made over
+    the reader's pool by `capture_splits` or at the first chunk of each number of splits over
+    a pool (model.fa4_graph.SplitGraphs)."""
     from block_store import contiguous_kv
 
     from .config import spec_for
     cfg, dev, dt = runner.model.cfg, runner.model.device, runner.model.dtype
-    at = 2 * attn_fa4.MIN_SPLIT_KEYS if runner.split_graphs else 0
-    kv = contiguous_kv(spec_for(cfg, dev, dt), runner.page_rows, at + runner.t)
+    positions = warm_positions(runner)
+    kv = contiguous_kv(spec_for(cfg, dev, dt), runner.page_rows, positions[-1] + runner.t)
     kv.pool.block.zero_()
     if runner.attention == "fa4" and not runner.split_graphs:   # compiles at its first calls
         runner._between.warm_up(runner.t, cfg.head_dim, runner.page_rows, dev, dt)
-    for pos in sorted({0, at}):
+    for pos in positions:
         warm_up(runner, kv, pos)
     if runner.split_graphs:
         return
@@ -55,3 +64,22 @@ def capture(runner) -> None:
                                                capture_error_mode="thread_local"):
             body()
         runner.graphs.append(graph)
+
+
+def capture_splits(runner, pool) -> None:
+    """With FA4 in the graph: capture now, over `pool` (a block_store KvPool, the reader's),
+    the graph of every number of splits the runner can meet, so no chunk or question pays
+    for one (about 0.13 s each on the H200). Captures run nothing, so the pool's pages are
+    not touched. Call after the warm-up (`capture`)."""
+    from block_store import PagedKv
+    graphs = runner.split_graphs
+    if graphs is None:
+        return
+    graphs.pin(pool)
+    for s in runner._between.all_splits(runner.t, runner.model.device):
+        runner._tables = graphs.tables_for(s)
+        runner._kv = PagedKv(pool, [])
+        try:
+            graphs.ensure(s, pool, runner._body, runner.slots)
+        finally:
+            runner._kv = runner._tables = None

@@ -23,6 +23,7 @@ pool (the runner keys its graphs by the pool).
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -33,7 +34,7 @@ from .attn_combine import combine_lse
 from .fa4_plan import SUB_PAGE, TILE_MN
 
 BLOCK = 1024            # table entries a program writes
-MAX_POOLS = 2           # KV pools whose graphs a runner keeps (its reader's, and one more)
+MAX_OTHER_POOLS = 1     # pools besides the pinned one (the reader's) whose graphs are kept
 
 
 @triton.jit
@@ -67,9 +68,9 @@ def _tables_kernel(META, POS_AT, TABLE_AT, SPLIT_TAB, SPLIT_LEN, TAIL_TAB, TAIL_
 
 def widths(s: int, t: int, max_rows: int) -> tuple[int, int]:
     """(W_split, W_tail): sub-pages a split's row and the tail's row hold for chunks of t rows
-    at positions below max_rows with s splits. A split holds Ls <= max_rows / s keys; the tail
-    holds pos + t - s Ls < t + 128 s keys (Ls is pos / s rounded down to 128), all of
-    [0, pos + t) when s = 0."""
+    with s splits ending at or below max_rows (pos + t <= max_rows). A split holds
+    Ls <= max_rows / s keys; the tail holds pos + t - s Ls < t + 128 s keys (Ls is pos / s
+    rounded down to 128), all of [0, pos + t) when s = 0."""
     if s == 0:
         return 0, -(-max_rows // SUB_PAGE)
     return -(-max_rows // s // SUB_PAGE), t // SUB_PAGE + 2 * s
@@ -81,7 +82,7 @@ class SplitTables:
     Entries past a row's count keep old values: FA4 does not read them.
 
     Args: s (splits), t (rows a chunk), max_rows (most sequence rows a chunk ends at),
-    device."""
+    device. Raises ValueError when t is not a multiple of SUB_PAGE."""
 
     def __init__(self, s: int, t: int, max_rows: int, device: torch.device):
         if t % SUB_PAGE:
@@ -149,32 +150,43 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         fwd(qs, k, v, page_table=tables.split, seqused_k=tables.split_len, causal=False,
             out=o_part[:s], lse=lse_part[:s], **call)
 
-    if side is not None:
+    tail = lambda: fwd(q[None], k, v, page_table=tables.tail,  # noqa: E731
+                       seqused_k=tables.tail_len, causal=True, out=o_part[s:],
+                       lse=lse_part[s:], **call)
+    if side is None:
+        splits()
+        tail()
+    else:
+        # the caller's stream waits for the splits also when the tail raises: the scratch is
+        # freed after that wait, and a capture's fork is always joined
         caller = torch.cuda.current_stream(q.device)
         side.wait_stream(caller)
         with torch.cuda.stream(side):
             splits()
-    else:
-        splits()
-    fwd(q[None], k, v, page_table=tables.tail, seqused_k=tables.tail_len, causal=True,
-        out=o_part[s:], lse=lse_part[s:], **call)
-    if side is not None:
-        caller.wait_stream(side)
+        try:
+            tail()
+        finally:
+            caller.wait_stream(side)
     combine_lse(o_part, lse_part, out)
 
 
 class SplitGraphs:
     """A runner's captures of its whole chunk body with FA4 inside: one CUDA graph per number
     of splits S and KV pool (FA4's calls name the pools' addresses), in one memory pool, made
-    at the first chunk with that S over that pool; and the SplitTables of each S.
+    over the reader's pool at its warm-up (Reader.warm_up, model.capture.capture_splits), or
+    else at the first chunk with that S over a pool; and the SplitTables of each S.
 
     Each graph's output GDN states are tensors of its own capture; `replay` points the
     runner's StateSlots at them before it copies them out. Graphs of one memory pool are
     replayed one at a time, each run's outputs copied out before the next replay (the
     runner's `run`), so a later capture reusing a freed block of an earlier one loses
-    nothing. The graphs of the MAX_POOLS pools used last are kept (a fresh prefill's pool, as
-    Reader.check_exact makes, does not evict the reader's). Args: t (rows a chunk), max_rows
-    (most rows a chunk ends at), device."""
+    nothing. The pinned pool's graphs (the reader's, `pin`) are kept, and those of the
+    MAX_OTHER_POOLS other pools used last (a fresh prefill's pool, as Reader.check_exact
+    makes one each time, evicts only the last one's). A capture that fails is not tried again
+    for that S and pool: a warning says why and those chunks run the body eagerly (the same
+    calls: the same bits). A capture syncs the device and empties torch's caches
+    (torch.cuda.graph): inside a serving process, captures belong in the warm-up.
+    Args: t (rows a chunk), max_rows (most rows a chunk ends at), device."""
 
     def __init__(self, t: int, max_rows: int, device: torch.device):
         self.t, self.max_rows, self.device = t, max_rows, device
@@ -182,8 +194,15 @@ class SplitGraphs:
         # (S, id(pool.pointers)) -> (pool.pointers, graph, output states), least recent first;
         # an entry holds the pointers list, so its id names no other pool while it lives
         self.graphs: OrderedDict = OrderedDict()
-        self.num_captures, self.capture_s = 0, 0.0
+        self.num_captures, self.num_failed_captures, self.capture_s = 0, 0, 0.0
         self._mempool = None
+        self._pinned = None             # the pinned pool (its pointers as it grows)
+
+    def pin(self, pool) -> None:
+        """Keep the graphs over `pool` (a block_store KvPool, the reader's; after it grows,
+        those over its new memory) whatever other pools come; one pool is pinned at a
+        time."""
+        self._pinned = pool
 
     def tables_for(self, s: int) -> SplitTables:
         """The SplitTables of S splits (made at the first ask)."""
@@ -193,28 +212,43 @@ class SplitGraphs:
 
     def replay(self, s: int, pool, body, slots) -> None:
         """Replay the graph of S splits over `pool` (a block_store KvPool), capturing it first
-        when there is none or it was captured over another pool (or before this one grew):
-        one eager run of `body` on a side stream (compiles; it writes what the replay then
-        writes again), then the capture. slots: the runner's StateSlots (its outputs are set
-        to this graph's)."""
-        key = (s, id(pool.pointers))
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self.graphs[key] = self._capture(pool, body, slots)
-            pools = list(dict.fromkeys(k[1] for k in reversed(self.graphs)))   # newest first
-            for old in [k for k in self.graphs if k[1] in pools[MAX_POOLS:]]:
-                del self.graphs[old]
-        self.graphs.move_to_end(key)
+        (`ensure`). slots: the runner's StateSlots (its outputs are set to this graph's)."""
+        entry = self.ensure(s, pool, body, slots)
+        if entry[1] is None:                      # its capture failed: eagerly
+            body()
+            return
         slots.outputs[:] = entry[2]
         entry[1].replay()
 
+    def ensure(self, s: int, pool, body, slots) -> tuple:
+        """The graph of S splits over `pool`: (pool.pointers, graph, output states), captured
+        when there is none or it was captured over another pool (or before this one grew).
+        The capture runs nothing: the runner's warm-up (model.capture) ran the body at every
+        S eagerly before (FA4 compiles each kind of call at its first). Graphs of the pools
+        other than the pinned one beyond the MAX_OTHER_POOLS used last are dropped. A failed
+        capture gives (pool.pointers, None, None), kept like a graph."""
+        key = (s, id(pool.pointers))
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(pool, body, slots)
+            except Exception as e:               # noqa: BLE001 (eager stays correct)
+                self.num_failed_captures += 1
+                warnings.warn(f"the chunk graph of {s} FA4 splits could not be captured "
+                              f"({type(e).__name__}: {e}); its chunks run eagerly",
+                              RuntimeWarning, stacklevel=2)
+                entry = (pool.pointers, None, None)
+            self.graphs[key] = entry
+            pinned = id(self._pinned.pointers) if self._pinned is not None else None
+            others = [p for p in dict.fromkeys(k[1] for k in reversed(self.graphs))
+                      if p != pinned]                                       # newest first
+            for old in [k for k in self.graphs if k[1] in others[MAX_OTHER_POOLS:]]:
+                del self.graphs[old]
+        self.graphs.move_to_end(key)
+        return entry
+
     def _capture(self, pool, body, slots) -> tuple:
         t0 = time.perf_counter()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), torch.no_grad():
-            body()
-        torch.cuda.current_stream(self.device).wait_stream(side)
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -229,4 +263,4 @@ class SplitGraphs:
 
     def all(self) -> list:
         """The captured graphs (any S, any pool)."""
-        return [entry[1] for entry in self.graphs.values()]
+        return [entry[1] for entry in self.graphs.values() if entry[1] is not None]

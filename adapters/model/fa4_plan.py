@@ -33,6 +33,13 @@ def split_plan(pos: int, t: int, num_heads: int, num_kv_heads: int,
     return s, pos // s // 128 * 128
 
 
+def all_splits(t: int, num_heads: int, num_kv_heads: int, num_sms: int) -> list[int]:
+    """Every S split_plan can give runs of t rows (at some pos), in order: 0, then 2 up to the
+    most whose tiles fit the SMs once."""
+    tiles = -(-t * (num_heads // num_kv_heads) // TILE_M) * num_kv_heads
+    return [0] + list(range(2, min(num_sms // tiles, MAX_SPLITS) + 1))
+
+
 @dataclass(frozen=True)
 class Plan:
     """One run's FA4 inputs, shared by its layers: pos, t, the splits (S, Ls) and the page
@@ -78,10 +85,11 @@ def plan_into(pos: int, t: int, heads: tuple[int, int], num_sms: int, pages: np.
     """The page tables of a run at pos of t rows (heads: (num_heads, num_kv_heads); num_sms:
     the GPU's) written into host (int32, at least plan_size(pos + t, page_rows) long),
     returned as views of dev (int32 on the device, the same length: the caller copies
-    host[:used] there before the first attend, in one copy with its other inputs). pages: int64 [>= (pos + t) / page_rows]. Returns (plan, used): the tail's
-    table at [0, tail), the splits' at the next multiple of 4 (16-byte aligned when host
-    and dev are). Raises ValueError when pos or pos + t is not a multiple of SUB_PAGE (what
-    the sub-page tables cover)."""
+    host[:used] there before the first attend, in one copy with its other inputs).
+    pages: int64 [>= (pos + t) / page_rows]. Returns (plan, used): the tail's table at
+    [0, tail), the splits' at the next multiple of 4 (16-byte aligned when host and dev
+    are). Raises ValueError when pos or pos + t is not a multiple of SUB_PAGE (what the
+    sub-page tables cover)."""
     check_rows(pos, t)
     end = pos + t
     s, ls = split_plan(pos, t, *heads, num_sms)

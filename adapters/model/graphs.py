@@ -227,18 +227,25 @@ class ChunkGraphs:
             if j < self.num_full:
                 self._attend(j)
 
-    def prepare(self) -> None:
+    def prepare(self, pool=None) -> None:
         """Compile and capture now (on CUDA; nothing to do without graphs), so that the first
-        real chunk does not pay for it (about a minute with the fused ops' first compile).
+        real chunk does not pay for it (about a minute with the fused ops' first compile);
+        with FA4 in the graph and `pool` (the reader's block_store.KvPool) given, its graphs
+        over that pool too (capture.capture_splits).
         With fla's configs pinned (SHADOW_AUTOTUNE_DIR, model.autotune), the picks the warm-up
         made are written there, for the next process to load instead of tuning its own."""
-        if self.use_graphs and not self._prepared:
+        if not self.use_graphs:
+            return
+        if not self._prepared:
             with torch.no_grad():
                 capture.capture(self)
             self._prepared = True
             pinned = autotune.pinned_dir()
             if pinned is not None:
                 autotune.export(pinned)
+        if pool is not None:
+            with torch.no_grad():
+                capture.capture_splits(self, pool)
 
     def _stage(self, ids, pos: int, kv) -> None:
         """ChunkMeta.stage: ids, pos, the pools' places and kv's page table where the graphs

@@ -69,16 +69,17 @@ class Runners:
         t = -(-num_rows // self.BUCKET) * self.BUCKET
         return self._get(t, self.split) if t <= self.MAX_ROWS else None
 
-    def prepare(self, question_rows=None) -> None:
+    def prepare(self, question_rows=None, pool=None) -> None:
         """Capture the chunk runner, the decode runner and the question runners for these row
         counts (default: the first 4 buckets, what the 9-class question with a tail below one
-        512-id chunk needs)."""
-        self.chunk.prepare()
+        512-id chunk needs); with FA4 in the graph and `pool` (the reader's
+        block_store.KvPool) given, their graphs over that pool (ChunkGraphs.prepare)."""
+        self.chunk.prepare(pool)
         self.decode_loop().prepare()
         for rows in question_rows or [self.BUCKET * k for k in range(1, 5)]:
             runner = self.for_rows(rows)
             if runner is not None:
-                runner.prepare()
+                runner.prepare(pool)
 
     def decode_loop(self):
         """model.decode.DecodeLoop over the decode runner (its tail graph captured once)."""
