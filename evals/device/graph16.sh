@@ -4,9 +4,11 @@
 # eager calls' bits, docs/fa4-graph-probe-2026-12-02.log). Two calls after
 # evals/device/fa4_stash.sh, each within 30 s of the last:
 #   --check: the Hopper tests (tests/test_fa4_graph.py: one-graph chunks against the segmented
-#     runner's, bit for bit, at 0, 2, 3 and 4 splits and over a second pool;
-#     tests/test_attn_fa4.py), then the GPU exactness check over the 85k Claude Code session
-#     with rewrites (evals/gpu_exact.py) on the default path;
+#     runner's, bit for bit, at 0, 2, 3 and 4 splits with the graphs captured at the warm-up
+#     over the reader's pool and over a second pool at its first chunks, and the 256-row
+#     question runner at up to 8 splits; tests/test_attn_fa4.py), then the GPU exactness
+#     check over the 85k Claude Code session with rewrites (evals/gpu_exact.py) on the
+#     default path;
 #   (default) pages (this tree, one graph a chunk) against the contiguous tree (.old2), two
 #     fresh pairs (evals/pages_ab.py): the read rate over 0-32k and 64-100k read as a backlog,
 #     one chunk at 16k and 96k, a question at 32k and 100k, decode. Other arguments go on to
