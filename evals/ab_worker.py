@@ -166,8 +166,8 @@ def worker(model_name: str, device: str, grid: int) -> None:
         if op == "ids":
             ids = cmd["ids"]
             reader.warm_up()
-            # other keys: nothing shared; 9 chunks: past 4,096 ids, so a reader that captures a
-            # graph per number of FA4 splits (0, 2, 3, 4 on an H200) has them all
+            # other keys: nothing shared; 9 chunks (past 4,096 ids: every number of FA4 splits
+            # of a 512-id chunk on an H200) also for trees that capture at the first chunk
             warm = [(ids[0] + 7) % 240000] + ids[1:9 * grid]
             reader.feed("warm", warm, "prompt")
             reader.read("warm")

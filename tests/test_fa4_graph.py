@@ -294,3 +294,30 @@ def test_one_graph_question_runner_equals_the_segmented_one_at_every_split():
         flat_a = [x for y in a for x in (y if isinstance(y, tuple) else (y,))]
         flat_b = [x for y in b for x in (y if isinstance(y, tuple) else (y,))]
         assert all(torch.equal(x, y) for x, y in zip(flat_a, flat_b))
+
+
+def test_without_a_pinned_pool_two_pools_are_kept(monkeypatch):
+    """A reader that skipped its warm-up: its pool and check_exact's fresh pools, in turns,
+    cost one capture per fresh pool, not one for the reader's pool each time too."""
+    sg = fa4_graph.SplitGraphs(512, 512 * 64, torch.device("cpu"))
+    made = []
+    monkeypatch.setattr(sg, "_capture", lambda pool, body, slots: (
+        made.append(1), (pool.pointers, _Graph(), []))[1])
+    reader, slots = types.SimpleNamespace(pointers=[1]), types.SimpleNamespace(outputs=[])
+    for round_ in range(3):
+        sg.replay(4, reader, None, slots)
+        sg.replay(4, types.SimpleNamespace(pointers=[9]), None, slots)   # a fresh pool
+    assert len(made) == 1 + 3
+
+
+def test_runners_pin_the_readers_pool_in_runners_made_later(tiny, monkeypatch):
+    """Question runners made after the warm-up keep their graphs over the reader's pool."""
+    from adapters.model.runners import Runners
+    monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
+    runners = Runners(tiny, 64, attention="fa4", fused=False)
+    pool = types.SimpleNamespace(pointers=[1, 2])
+    runners.prepare(question_rows=[64], pool=pool)
+    later = runners.for_rows(3 * Runners.BUCKET)
+    assert later.split_graphs is not None and later.split_graphs._pinned is pool
+    assert runners.chunk.split_graphs._pinned is None       # no graphs on the CPU: no capture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_fa4
+from . import fa4_plan
 
 
 def warm_up(runner, kv, pos: int) -> None:
@@ -30,7 +30,7 @@ def warm_positions(runner) -> list[int]:
     if not runner.split_graphs:
         return [0]
     splits = runner._between.all_splits(runner.t, runner.model.device)
-    return [s * attn_fa4.MIN_SPLIT_KEYS for s in splits]
+    return [s * fa4_plan.MIN_SPLIT_KEYS for s in splits]      # read now (tests lower it)
 
 
 def capture(runner) -> None:
@@ -68,9 +68,11 @@ def capture(runner) -> None:
 
 def capture_splits(runner, pool) -> None:
     """With FA4 in the graph: capture now, over `pool` (a block_store KvPool, the reader's),
-    the graph of every number of splits the runner can meet, so no chunk or question pays
-    for one (about 0.13 s each on the H200). Captures run nothing, so the pool's pages are
-    not touched. Call after the warm-up (`capture`)."""
+    the graph of every number of splits the runner can meet (about 0.13 s each on the H200),
+    and pin that pool (its graphs are kept). Captures run nothing, so the pool's pages are
+    not touched. Call after the warm-up (`capture`). Later captures happen over other pools,
+    over this one after it grows, and in runners made after the warm-up (model.runners pins
+    the pool in those), at their first chunks."""
     from block_store import PagedKv
     graphs = runner.split_graphs
     if graphs is None:

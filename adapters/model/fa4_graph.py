@@ -34,7 +34,9 @@ from .attn_combine import combine_lse
 from .fa4_plan import SUB_PAGE, TILE_MN
 
 BLOCK = 1024            # table entries a program writes
-MAX_OTHER_POOLS = 1     # pools besides the pinned one (the reader's) whose graphs are kept
+# pools besides the pinned one (the reader's) whose graphs are kept; 2 while none is pinned
+# (a reader without a warm-up, and its check_exact's fresh pool)
+MAX_OTHER_POOLS = 1
 
 
 @triton.jit
@@ -157,13 +159,13 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         splits()
         tail()
     else:
-        # the caller's stream waits for the splits also when the tail raises: the scratch is
+        # the caller's stream waits for the splits also when a call raises: the scratch is
         # freed after that wait, and a capture's fork is always joined
         caller = torch.cuda.current_stream(q.device)
         side.wait_stream(caller)
-        with torch.cuda.stream(side):
-            splits()
         try:
+            with torch.cuda.stream(side):
+                splits()
             tail()
         finally:
             caller.wait_stream(side)
@@ -182,11 +184,11 @@ class SplitGraphs:
     runner's `run`), so a later capture reusing a freed block of an earlier one loses
     nothing. The pinned pool's graphs (the reader's, `pin`) are kept, and those of the
     MAX_OTHER_POOLS other pools used last (a fresh prefill's pool, as Reader.check_exact
-    makes one each time, evicts only the last one's). A capture that fails is not tried again
-    for that S and pool: a warning says why and those chunks run the body eagerly (the same
-    calls: the same bits). A capture syncs the device and empties torch's caches
-    (torch.cuda.graph): inside a serving process, captures belong in the warm-up.
-    Args: t (rows a chunk), max_rows (most rows a chunk ends at), device."""
+    makes one each time, evicts only the last one's); with none pinned, one more. A capture
+    that fails is not tried again for that S and pool: a warning says why and those chunks
+    run the body eagerly (the same calls: the same bits). A capture syncs the device and
+    empties torch's caches (torch.cuda.graph): inside a serving process, captures belong in
+    the warm-up. Args: t (rows a chunk), max_rows (most rows a chunk ends at), device."""
 
     def __init__(self, t: int, max_rows: int, device: torch.device):
         self.t, self.max_rows, self.device = t, max_rows, device
@@ -234,15 +236,19 @@ class SplitGraphs:
                 entry = self._capture(pool, body, slots)
             except Exception as e:               # noqa: BLE001 (eager stays correct)
                 self.num_failed_captures += 1
+                cause = e.__cause__ or e.__context__      # a capture's end hides the first
+                why = f"{type(e).__name__}: {e}" + (
+                    f" (after {type(cause).__name__}: {cause})" if cause else "")
                 warnings.warn(f"the chunk graph of {s} FA4 splits could not be captured "
-                              f"({type(e).__name__}: {e}); its chunks run eagerly",
-                              RuntimeWarning, stacklevel=2)
+                              f"({why[:600]}); its chunks over this pool run eagerly in this "
+                              f"process", RuntimeWarning, stacklevel=2)
                 entry = (pool.pointers, None, None)
             self.graphs[key] = entry
             pinned = id(self._pinned.pointers) if self._pinned is not None else None
             others = [p for p in dict.fromkeys(k[1] for k in reversed(self.graphs))
                       if p != pinned]                                       # newest first
-            for old in [k for k in self.graphs if k[1] in others[MAX_OTHER_POOLS:]]:
+            keep = MAX_OTHER_POOLS if pinned is not None else MAX_OTHER_POOLS + 1
+            for old in [k for k in self.graphs if k[1] in others[keep:]]:
                 del self.graphs[old]
         self.graphs.move_to_end(key)
         return entry

@@ -258,7 +258,7 @@ class ChunkGraphs:
 
     def _replay(self) -> None:
         """The captured graphs in order, FA4 between them; with FA4 in the graph, the one
-        graph of the staged chunk's splits over its pool (captured at the first such chunk)."""
+        graph of the staged chunk's splits over its pool (fa4_graph.SplitGraphs.replay)."""
         if self.split_graphs:
             self.split_graphs.replay(self._tables.s, self._kv.pool, self._body, self.slots)
             return

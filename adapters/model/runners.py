@@ -30,6 +30,7 @@ class Runners:
                         "proj": self.chunk.proj, "page_rows": grid}
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
+        self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
 
     @property
@@ -59,7 +60,9 @@ class Runners:
         if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
             return self.chunk
         if t not in self._sized:
-            self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
+            runner = self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
+            if runner.split_graphs is not None and self._pool is not None:
+                runner.split_graphs.pin(self._pool)    # its graphs over it made at first use
         return self._sized[t]
 
     def for_rows(self, num_rows: int) -> ChunkGraphs | None:
@@ -74,6 +77,8 @@ class Runners:
         counts (default: the first 4 buckets, what the 9-class question with a tail below one
         512-id chunk needs); with FA4 in the graph and `pool` (the reader's
         block_store.KvPool) given, their graphs over that pool (ChunkGraphs.prepare)."""
+        if pool is not None:
+            self._pool = pool
         self.chunk.prepare(pool)
         self.decode_loop().prepare()
         for rows in question_rows or [self.BUCKET * k for k in range(1, 5)]:
