@@ -212,6 +212,21 @@ def test_the_graph_body_gives_the_segmented_bits(tiny, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(runs[True, 0][2], runs[other][2]))
 
 
+def _gpu_runners(t: int, num_chunks: int, seed: int):
+    """random:qwen3.5-0.8b on CUDA, its spec, num_chunks * t random ids, and two runners of t
+    rows over 512-row pages sharing one compiled op set: FA4 in one graph, and segmented."""
+    from adapters import spec_for
+    from adapters.model import load_model
+    model = load_model("random:qwen3.5-0.8b", device="cuda")
+    ids = torch.randint(0, 248000, (num_chunks * t,),
+                        generator=torch.Generator().manual_seed(seed)).tolist()
+    spec = spec_for(model.cfg, model.device, model.dtype)
+    one = graphs.ChunkGraphs(model, t, page_rows=512)
+    seg = graphs.ChunkGraphs(model, t, page_rows=512, fa4_in_graph=False, op_set=one.ops,
+                             proj=one.proj)
+    return model, spec, ids, one, seg
+
+
 @pytest.mark.skipif(not HOPPER_FA4, reason="FA4's SM90 forward needs a Hopper GPU and "
                     "flash-attn-4")
 def test_one_graph_chunks_equal_the_segmented_chunks_bit_for_bit():
@@ -220,17 +235,8 @@ def test_one_graph_chunks_equal_the_segmented_chunks_bit_for_bit():
     rows equal the segmented runner's bit for bit; over another pool it captures again and
     gives the same bits."""
     from paged import paged_kv
-
-    from adapters import spec_for
-    from adapters.model import load_model
-    model = load_model("random:qwen3.5-0.8b", device="cuda")
     t, num_chunks = 512, 12
-    ids = torch.randint(0, 248000, (num_chunks * t,),
-                        generator=torch.Generator().manual_seed(4)).tolist()
-    spec = spec_for(model.cfg, model.device, model.dtype)
-    one = graphs.ChunkGraphs(model, t, page_rows=512)
-    seg = graphs.ChunkGraphs(model, t, page_rows=512, fa4_in_graph=False, op_set=one.ops,
-                             proj=one.proj)
+    model, spec, ids, one, seg = _gpu_runners(t, num_chunks, seed=4)
     assert one.attention == seg.attention == "fa4" and one.split_graphs and not seg.split_graphs
     kvs = {name: paged_kv(spec, 512, num_chunks * t, seed=seed)
            for name, seed in (("one", 0), ("seg", 0), ("moved", 9))}
@@ -271,17 +277,8 @@ def test_one_graph_question_runner_equals_the_segmented_one_at_every_split():
     to past 8 * 1,024 ids: every split count the warm-up captures, the same bits as the
     segmented runner's."""
     from paged import paged_kv
-
-    from adapters import spec_for
-    from adapters.model import load_model
-    model = load_model("random:qwen3.5-0.8b", device="cuda")
     t, num_chunks = 256, 38
-    ids = torch.randint(0, 248000, (num_chunks * t,),
-                        generator=torch.Generator().manual_seed(5)).tolist()
-    spec = spec_for(model.cfg, model.device, model.dtype)
-    one = graphs.ChunkGraphs(model, t, page_rows=512)
-    seg = graphs.ChunkGraphs(model, t, page_rows=512, fa4_in_graph=False, op_set=one.ops,
-                             proj=one.proj)
+    model, spec, ids, one, seg = _gpu_runners(t, num_chunks, seed=5)
     kvs = [paged_kv(spec, 512, num_chunks * t, seed=1) for _ in range(2)]
     one.prepare(kvs[0].pool)
     res = [_run_chunks(model, r, kv, ids, t) + (_kv_rows(kv, num_chunks * t),)

@@ -56,20 +56,27 @@ def capture(runner) -> None:
     bodies = [runner._body] if runner.table else \
         [(lambda j: lambda: runner._segment(j))(j) for j in range(runner.num_full + 1)]
     pool = torch.cuda.graph_pool_handle()
-    for body in bodies:
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a host in the same process (vLLM's worker) may launch work from its
-        # own thread meanwhile; only this thread's unsafe calls break the capture
-        with torch.no_grad(), torch.cuda.graph(graph, pool=pool,
-                                               capture_error_mode="thread_local"):
-            body()
-        runner.graphs.append(graph)
+    runner.graphs.extend(graph_of(body, pool) for body in bodies)
+
+
+def graph_of(body, mempool) -> torch.cuda.CUDAGraph:
+    """body() captured into a new CUDA graph in the memory pool `mempool`
+    (torch.cuda.graph_pool_handle). The capture syncs the device and empties torch's caches
+    (torch.cuda.graph) and runs nothing. Raises what the capture raises."""
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: a host in the same process (vLLM's worker) may launch work from its own
+    # thread meanwhile; only this thread's unsafe calls break the capture
+    with torch.no_grad(), torch.cuda.graph(graph, pool=mempool,
+                                           capture_error_mode="thread_local"):
+        body()
+    return graph
 
 
 def capture_splits(runner, pool) -> None:
     """With FA4 in the graph: capture now, over `pool` (a block_store KvPool, the reader's),
-    the graph of every number of splits the runner can meet (about 0.13 s each on the H200),
-    and pin that pool (its graphs are kept). Captures run nothing, so the pool's pages are
+    the graph of every number of splits the runner can meet (4 took 0.505 s on the H200, each
+    with an eager run of the body before it, docs/gpu-exact-graph-2026-12-02.log), and pin
+    that pool (its graphs are kept). Captures run nothing, so the pool's pages are
     not touched. Call after the warm-up (`capture`). Later captures happen over other pools,
     over this one after it grows, and in runners made after the warm-up (model.runners pins
     the pool in those), at their first chunks."""

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import capture
 from .attn_combine import combine_lse
 from .fa4_plan import SUB_PAGE, TILE_MN
 
@@ -257,12 +258,7 @@ class SplitGraphs:
         t0 = time.perf_counter()
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a host in the same process (vLLM's worker) may launch work from its
-        # own thread meanwhile; only this thread's unsafe calls break the capture
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._mempool,
-                                               capture_error_mode="thread_local"):
-            body()
+        graph = capture.graph_of(body, self._mempool)
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
         return pool.pointers, graph, list(slots.outputs)

@@ -154,7 +154,7 @@ class ChunkGraphs:
 
     def _attend(self, j: int) -> None:
         """Full-attention layer j (in order): attend its q into attn_out[j] (the table and sdpa
-        attentions also write its k, v here; flash had them written inside the graph)."""
+        attentions also write its k, v here; fa4's were written inside its segment)."""
         (q, k, v), out = self._qkv[j], self.attn_out[j]
         if self._tables is not None:                    # FA4 over the device-built tables
             side = self._between._side(q.device)[0] if self._between.overlap and \
