@@ -74,8 +74,8 @@ def graph_of(body, mempool) -> torch.cuda.CUDAGraph:
 
 def capture_splits(runner, pool) -> None:
     """With FA4 in the graph: capture now, over `pool` (a block_store KvPool, the reader's),
-    the graph of every number of splits the runner can meet (4 took 0.505 s on the H200, each
-    with an eager run of the body before it, docs/gpu-exact-graph-2026-12-02.log), and pin
+    the graph of every number of splits the runner can meet (4 took 0.203 s on the H200,
+    docs/gpu-exact-graph-2026-12-02-b.log, captured at first chunks by the same code), and pin
     that pool (its graphs are kept). Captures run nothing, so the pool's pages are
     not touched. Call after the warm-up (`capture`). Later captures happen over other pools,
     over this one after it grows, and in runners made after the warm-up (model.runners pins
