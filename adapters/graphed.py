@@ -39,6 +39,15 @@ class GraphAdapter(Adapter):
     def prepare(self, pool=None) -> None:
         self.runners.prepare(pool=pool)
 
+    def kernel_picks(self) -> str:
+        """The chunk runner's picks, digested at its warm-up (ChunkGraphs.prepare, run now if
+        it has not run): on CUDA the reader's construction warms the chunk runner up."""
+        chunk = self.runners.chunk
+        if self.kernels.name != "fla" or not chunk.use_graphs:
+            return super().kernel_picks()
+        chunk.prepare()
+        return chunk.picks
+
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         _, new = self.runners.run(ids, pos, kv, gdn)    # the runner stages host ids itself
         return new

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from block_store import FileIdentity, PagedKv, StateSpec
-from block_store.layout import GdnState
+from block_store import FileIdentity, PagedKv, StateSpec, contiguous_kv
+from block_store.layout import GdnState, zero_gdn
 
+from . import bits
+from .model import autotune
 from .model.config import ModelConfig, spec_for  # noqa: F401  (spec_for: re-exported)
 from .model.kernels import KernelSet
 from .model.qwen35 import ModelInfo, Qwen35
@@ -87,14 +89,29 @@ class Adapter(ABC):
         bits depend on it."""
 
     def identity(self) -> FileIdentity:
-        """What a spilled file must match to be loaded: weights' fingerprint, model config,
-        grid, dtype, device kind ('cpu' or 'cuda:<GPU name>'), kernels and path."""
-        dev = self.model.device
-        kind = f"cuda:{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
+        """What a spilled file must match to be loaded, and the root of every page key:
+        weights' fingerprint, model config, grid, dtype, device kind ('cpu' or 'cuda:<GPU
+        name> <N> SMs'), kernels and path, the kernels' package versions, and the digest of
+        the autotuned kernel picks (`kernel_picks`: on CUDA with fla this warms the chunk
+        runner up first). adapters.bits says why each."""
+        dtype = str(self.model.dtype).removeprefix("torch.")
         return FileIdentity(self.info.fingerprint,
                             json.dumps(self.model.cfg.to_dict(), sort_keys=True), self.grid,
-                            str(self.model.dtype).removeprefix("torch."), kind,
-                            f"{self.kernels.name} {self.path}")
+                            dtype, bits.device_kind(self.model.device),
+                            f"{self.kernels.name} {self.path}",
+                            bits.kernel_versions(self.kernels), self.kernel_picks())
+
+    def kernel_picks(self) -> str:
+        """Digest of the autotuned kernel picks a grid chunk's bits depend on
+        (model.autotune.picks_digest), 'none' for a kernel set without autotuned kernels.
+        Runs one grid chunk over state of its own (at pos 0, its ids all 0) and digests the
+        picks of the launches it made; a subclass with a warm-up of its own overrides this."""
+        if self.kernels.name != "fla":
+            return "none"
+        kv = contiguous_kv(self.spec, self.grid, self.grid)
+        with torch.no_grad(), autotune.recording() as used:
+            self.read_chunk([0] * self.grid, 0, kv, zero_gdn(self.spec))
+        return autotune.picks_digest(used)
 
     def sync(self) -> None:
         """Wait for the device (CUDA) to finish what was queued."""

@@ -27,20 +27,23 @@ class RefusedFile(Exception):
 
 @dataclass(frozen=True)
 class FileIdentity:
-    """What a file must match to be loaded (the exactness contract's 'same model, grid, dtype,
-    device type and kernels')."""
+    """What a file must match to be loaded, and the root of every page key (keys.identity_key
+    of `as_meta()`): everything a chunk's bits depend on (the exactness contract's 'same
+    model, grid, dtype, device and kernels')."""
 
     fingerprint: str
     model_config: str      # JSON of ModelConfig.to_dict()
     grid: int
     dtype: str
-    device_kind: str       # "cpu" or "cuda:<GPU name>"
-    kernels: str
+    device_kind: str       # "cpu" or "cuda:<GPU name> <N> SMs" (FA4's key splits use N)
+    kernels: str           # kernel set and path tag, e.g. "fla graphs:fa4 ... +fused+proj"
+    versions: str = ""     # the kernels' packages, e.g. "torch 2.11.0 triton 3.6.0 fla 0.6.0"
+    picks: str = "none"    # digest of the autotuned kernel picks (model.autotune.picks_digest)
 
     def as_meta(self) -> dict[str, str]:
         return {"fingerprint": self.fingerprint, "model_config": self.model_config,
                 "grid": str(self.grid), "dtype": self.dtype, "device_kind": self.device_kind,
-                "kernels": self.kernels}
+                "kernels": self.kernels, "versions": self.versions, "picks": self.picks}
 
 
 def checksum(t: torch.Tensor) -> str:

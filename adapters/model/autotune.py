@@ -34,6 +34,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import xxhash
+
 ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
 DEFAULT_DIR = Path("~/.cache/shadow-reader/autotune")
 FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
@@ -201,3 +203,47 @@ def _merge(file: Path, kernel: str, entries: dict, triton_version: str) -> None:
     except OSError as e:                               # a full or read-only disk: not fatal
         warnings.warn(f"fla's picks for {kernel} not written to {file.parent}: {e}",
                       stacklevel=3)
+
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, every launch through an fla autotuner (fla's CachedAutotuner.run) is
+    recorded: yields a set that fills with (autotuner, autotune key) pairs. The class's `run`
+    is wrapped for the block's length (in every thread) and restored after it. Yields an
+    empty set when fla is not loaded."""
+    cache = sys.modules.get("fla.ops.utils.cache")
+    used: set = set()
+    if cache is None:
+        yield used
+        return
+    cls = cache.CachedAutotuner
+    original = cls.run
+
+    def run(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        used.add((self, cache.AutotuneKey.build(self.arg_names, self.keys, args,
+                                                kwargs).autotune_key))
+        return out
+
+    cls.run = run
+    try:
+        yield used
+    finally:
+        cls.run = original
+
+
+def picks_digest(used) -> str:
+    """xxh3-64 hex digest of the picks the autotuners hold for the launches in `used` (pairs
+    from `recording`): kernel name, fla's key hash and the config's launch parameters, in
+    sorted order. The kernel picks a chunk's bits depend on, for the page keys' identity
+    (adapters.interface.Adapter.kernel_picks): two processes whose chunks launched with the
+    same picks get the same digest, whatever else they tuned. 'none' for no pick."""
+    cache = sys.modules.get("fla.ops.utils.cache")
+    entries = sorted(
+        (tuner.kernel_name, cache.AutotuneKey.key_hash(key),
+         json.dumps(_entry(key, tuner.cache[key])["config"], sort_keys=True, default=str))
+        for tuner, key in used if key in tuner.cache) if cache else []
+    if not entries:
+        return "none"
+    return xxhash.xxh3_64(json.dumps(entries).encode()).hexdigest()

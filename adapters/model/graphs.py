@@ -128,6 +128,7 @@ class ChunkGraphs:
         self._plan = None                                  # FA4's, for the staged chunk
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._prepared = False
+        self.picks = "none"              # model.autotune.picks_digest, at `prepare`
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
         self._pos, self._kv = 0, None                      # the eager attention's inputs
@@ -237,8 +238,9 @@ class ChunkGraphs:
         if not self.use_graphs:
             return
         if not self._prepared:
-            with torch.no_grad():
+            with torch.no_grad(), autotune.recording() as used:
                 capture.capture(self)
+            self.picks = autotune.picks_digest(used)     # what its chunks' bits were tuned to
             self._prepared = True
             pinned = autotune.pinned_dir()
             if pinned is not None:

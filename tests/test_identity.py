@@ -1,0 +1,128 @@
+"""The identity that roots every page key covers what a chunk's bits depend on (issue 16, item
+2): the device with its SM count, the kernels' package versions, and the autotuned kernel
+picks the chunk's launches used (adapters.bits, model.autotune.recording / picks_digest).
+fla is faked here (the CPU CI installs none): a stand-in for fla.ops.utils.cache whose
+autotuner keeps one pick per key, as fla's CachedAutotuner does after tuning or loading."""
+import hashlib
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from adapters import EagerAdapter, bits
+from adapters.model import autotune
+from adapters.model.kernels import TORCH, KernelSet
+from block_store.keys import identity_key
+from shadow_plugin import Reader
+
+G = 64
+
+
+class _Key:
+    def __init__(self, key):
+        self.autotune_key = key
+
+    @classmethod
+    def build(cls, arg_names, key_names, args, kwargs):
+        named = {**dict(zip(arg_names, args)), **kwargs}
+        return cls(tuple(named[n] for n in key_names if n in named))
+
+    @staticmethod
+    def key_hash(key) -> str:
+        return hashlib.md5(json.dumps(list(key)).encode()).hexdigest()
+
+
+class _Tuner:
+    """One autotuned kernel: `run` keeps `pick` (its BK) for a key it has not seen."""
+
+    def __init__(self, name: str, pick: int):
+        self.kernel_name, self.pick, self.cache = name, pick, {}
+        self.arg_names, self.keys = ["T", "H"], ["T", "H"]
+
+    def run(self, *args, **kwargs):
+        key = _Key.build(self.arg_names, self.keys, args, kwargs).autotune_key
+        self.cache.setdefault(key, types.SimpleNamespace(
+            kwargs={"BK": self.pick}, num_warps=4, num_stages=2, num_ctas=1, maxnreg=None))
+
+
+@pytest.fixture
+def fake_fla(monkeypatch):
+    module = types.ModuleType("fla.ops.utils.cache")
+    module.CachedAutotuner, module.AutotuneKey = _Tuner, _Key
+    monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", module)
+    return module
+
+
+def _digest(tuner: _Tuner, *launches) -> str:
+    with autotune.recording() as used:
+        for t, h in launches:
+            tuner.run(t, h)
+    return autotune.picks_digest(used)
+
+
+def test_the_digest_covers_the_picks_of_the_launches_in_the_block_only(fake_fla):
+    a, b = _Tuner("chunk_fwd_kernel_o", 64), _Tuner("chunk_bwd_other", 32)
+    b.run(512, 8)                                     # tuned before, never launched in the block
+    d = _digest(a, (512, 8))
+    assert len(d) == 16 and d != "none"
+    b.cache.clear()
+    b.pick = 16
+    b.run(512, 8)                                     # another pick of a kernel not launched
+    assert _digest(a, (512, 8)) == d                  # a's pick is held: the same digest
+    other = _Tuner("chunk_fwd_kernel_o", 32)          # the same kernel and key, another pick
+    assert _digest(other, (512, 8)) != d
+    assert _digest(_Tuner("chunk_fwd_kernel_o", 64), (512, 8)) == d   # another process's
+    assert _digest(a, (512, 8), (512, 16)) != d       # one more launch, one more pick
+    with autotune.recording() as used:
+        pass
+    assert autotune.picks_digest(used) == "none"
+
+
+def test_recording_restores_the_autotuners_run_and_yields_nothing_without_fla(fake_fla,
+                                                                              monkeypatch):
+    run = _Tuner.run
+    with pytest.raises(RuntimeError), autotune.recording():
+        raise RuntimeError("a failed warm-up")
+    assert _Tuner.run is run
+    monkeypatch.delitem(sys.modules, "fla.ops.utils.cache")
+    with autotune.recording() as used:
+        _Tuner("k", 64).run(512, 8)
+    assert used == set() and autotune.picks_digest(used) == "none"
+
+
+def _fla_like(tuner: _Tuner) -> KernelSet:
+    """TORCH's kernels under the name 'fla', each GDN call launching `tuner` as fla's would."""
+    def gdn(q, k, v, g, beta, state):
+        tuner.run(q.shape[0], q.shape[1])
+        return TORCH.gdn(q, k, v, g, beta, state)
+    return KernelSet("fla", gdn, TORCH.conv, TORCH.gdn_step)
+
+
+def test_the_kernel_picks_a_chunk_launched_enter_the_page_keys_root(tiny, fake_fla):
+    ident = EagerAdapter(tiny, G, _fla_like(_Tuner("chunk_gdn", 64))).identity()
+    same = EagerAdapter(tiny, G, _fla_like(_Tuner("chunk_gdn", 64))).identity()
+    other = EagerAdapter(tiny, G, _fla_like(_Tuner("chunk_gdn", 32))).identity()
+    assert ident.picks not in ("none", other.picks) and ident == same
+    assert identity_key(ident.as_meta()) == identity_key(same.as_meta())
+    assert identity_key(ident.as_meta()) != identity_key(other.as_meta())
+    assert ident.as_meta()["picks"] == ident.picks
+    assert ident.versions.startswith(f"torch {torch.__version__}")
+
+
+def test_a_cpu_readers_identity_names_the_device_torch_and_no_picks(tiny):
+    ident = Reader(tiny, grid=G).adapter.identity()
+    assert (ident.device_kind, ident.picks) == ("cpu", "none")
+    assert ident.versions == f"torch {torch.__version__}"     # no fla: triton and fla not named
+    assert bits.kernel_versions(KernelSet("fla", None, None, None)).startswith(
+        f"torch {torch.__version__}")
+    assert set(ident.as_meta()) == {"fingerprint", "model_config", "grid", "dtype",
+                                    "device_kind", "kernels", "versions", "picks"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device")
+def test_a_cuda_device_kind_carries_the_sm_count():
+    props = torch.cuda.get_device_properties(0)
+    assert bits.device_kind(torch.device("cuda", 0)) == \
+        f"cuda:{props.name} {props.multi_processor_count} SMs"
