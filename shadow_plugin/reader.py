@@ -69,6 +69,9 @@ class Reader(ForkCalls, FileCalls):
     of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
     summaries: reader_forks.ForkCalls.
+    On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
+    and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
+    a chunk's bits depend on (Adapter.identity).
     Raises ValueError for a bad grid, max_checkpoints, resident_bytes or gdn_bytes, an
     attention this device cannot run, or an attention, attn_split or fused_ops without the
     runners.
@@ -217,7 +220,9 @@ class Reader(ForkCalls, FileCalls):
             except KeyError:    # known only by a file the restore refused (another path, model,
                 # grid, or damaged, set aside): the prompt starts the session again from 0
                 st = self.table.create(session)
+        behind = st.backlog >= self.config.grid          # a chunk or more unread as it began
         result = self._feed_prompt(st, new, episode_start)
+        self.table.store.counters.turn_starts["false" if behind else "true"] += 1
         st.stale = False                         # the host's whole prompt: in step again
         saved = self.table.save(session)         # the manifest a restart trusts (with a disk)
         self._settle(session)

@@ -335,3 +335,20 @@ def test_the_gdn_budget_is_the_readers_to_set(tiny):
     assert r.committed("c") == 0                         # pages cached, no state: from 0
     with pytest.raises(ValueError, match="gdn_bytes must be >= 0"):
         _reader(tiny, gdn_bytes=-1)
+
+
+def test_turn_starts_are_counted_fresh_or_behind_under_the_metrics_names(tiny):
+    """A prompt begins a turn: fresh when its session had less than a chunk unread as it
+    began, behind otherwise (`shadow_turn_starts_total{fresh=...}` without the prefix);
+    outputs and a refused prompt begin none."""
+    r = Reader(tiny, grid=G)
+    assert r.stats()["turn_starts"] == {"true": 0, "false": 0}
+    ids = list(range(1000, 1000 + 2 * G + 5))
+    r.feed("s", ids, "prompt")                    # a new session: nothing unread before it
+    r.feed("s", ids + [7, 8], "prompt")           # 2G + 5 unread as it began: behind
+    r.feed("s", [9], "output")
+    r.read("s")
+    r.feed("s", ids + [7, 8, 9, 10], "prompt")    # 11 unread: fresh
+    with pytest.raises(ValueError):
+        r.feed("s", [], "prompt")
+    assert r.stats()["turn_starts"] == {"true": 2, "false": 1}

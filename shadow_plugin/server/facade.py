@@ -56,7 +56,6 @@ class Shadow(QuestionCalls):
         self.grid = self.reader.config.grid
         self.session_profiles: dict[str, Profile] = {}
         self.unfollowed: set[str] = set()               # turned with a profile that is off
-        self.turn_starts = {"true": 0, "false": 0}      # turns begun fresh (backlog < G) or not
         self.answers: deque = deque(maxlen=20)          # the last answers, for status
         self.last_answer: dict[str, dict] = {}          # each session's last answer
         self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
@@ -113,13 +112,11 @@ class Shadow(QuestionCalls):
         with self.lock:
             try:
                 n, c = self._position(session)
-                backlog = n - c
+                backlog = n - c                 # as the turn began (the router journal's)
             except KeyError:
                 backlog = 0
             ids = self._fit(session, ids, 0)
             result = self.host.turn_started(session, ids, profile, router_label)
-            fresh = "true" if backlog < self.grid else "false"    # caught up when it began
-            self.turn_starts[fresh] += 1
             self.session_profiles[session] = prof
             self.unfollowed.discard(session)
             self.narrator.turn_started(session)
@@ -222,7 +219,6 @@ class Shadow(QuestionCalls):
                     "open_turns": sorted(self.host.scheduler.turns),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
                     "chunks_by_window": dict(self.host.num_chunks),
-                    "turn_starts": dict(self.turn_starts),
                     "last_answers": list(self.answers),
                     **narration_status(self.narrator, self.journal)}
 
