@@ -28,9 +28,10 @@ class Totals:
     turns: int = 0
     num_ids: int = 0
     num_read: int = 0
-    num_reread: int = 0
-    num_reread_bpe: int = 0        # of num_reread: after BPE rewrites
-    num_reread_template: int = 0   # of num_reread: after template rewrites
+    num_reread: int = 0            # ids read again below the furthest C (the reader's
+    num_reread_bpe: int = 0        # reread_tokens counter), of them after BPE rewrites
+    num_reread_template: int = 0   # and after template rewrites
+    num_rolled_back: int = 0       # ids C gave back in rollbacks (num_read = C + this)
     read_ms: float = 0.0
     rollbacks: int = 0
     rewrites_bpe: int = 0          # same text, other tokens (a BPE merge across a boundary)
@@ -44,7 +45,7 @@ class Totals:
         return {"turns": self.turns, "num_ids": self.num_ids, "num_read": self.num_read,
                 "num_reread": self.num_reread, "num_reread_bpe": self.num_reread_bpe,
                 "num_reread_template": self.num_reread_template,
-                "read_ms": round(self.read_ms, 1),
+                "num_rolled_back": self.num_rolled_back, "read_ms": round(self.read_ms, 1),
                 "ask_ms_mean": round(statistics.fmean(self.ask_ms), 2) if self.ask_ms else None,
                 "ask_ms_max": round(max(self.ask_ms), 2) if self.ask_ms else None,
                 "rollbacks": self.rollbacks, "rewrites_bpe": self.rewrites_bpe,
@@ -93,9 +94,20 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     `out` (None: silent). A rewrite's record (Totals.rewrites): the turn, its cause, first
     difference d, the furthest C before it, the line it resumed at, the ids read again below
     that furthest C during the turn (the reader's reread counter), and whether they are
-    within bound_summary's bound."""
+    within bound_summary's bound. The totals' num_reread (by cause) are that counter's
+    increments over the turn; num_rolled_back the ids C gave back."""
     counters = reader.table.store.counters
-    reread_before = sum(counters.reread_tokens.values())
+    reread_before = dict(counters.reread_tokens)
+    _turn(reader, sid, n, turn, question, totals, out, reread_before)
+    delta = {c: ids - reread_before.get(c, 0) for c, ids in counters.reread_tokens.items()}
+    totals.num_reread += sum(delta.values())       # the turn's: the reader reads no other
+    totals.num_reread_bpe += delta.get("bpe", 0)
+    totals.num_reread_template += delta.get("template", 0)
+
+
+def _turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Question,
+          totals: Totals, out, reread_before: dict) -> None:
+    counters = reader.table.store.counters
     res = reader.feed(sid, turn.prompt_ids, "prompt")
     if res.rewrite == "bpe":
         totals.rewrites_bpe += 1
@@ -104,19 +116,14 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     rollback = "-"
     if res.rolled_back_to is not None:
         totals.rollbacks += 1
-        back = res.rolled_back_from - res.rolled_back_to
-        totals.num_reread += back
-        if res.rewrite == "bpe":
-            totals.num_reread_bpe += back
-        elif res.rewrite == "template":
-            totals.num_reread_template += back
+        totals.num_rolled_back += res.rolled_back_from - res.rolled_back_to
         rollback = f"{res.rolled_back_from}->{res.rolled_back_to}"
     num, ms = _read_all(reader, sid, out)
     totals.num_read += num
     totals.read_ms += ms
     if res.rewrite is not None:
         _record_rewrite(reader, totals, n, res, sum(counters.reread_tokens.values())
-                        - reread_before)
+                        - sum(reread_before.values()))
     totals.furthest = max(totals.furthest, reader.committed(sid))
     reader.feed(sid, turn.output_ids, "output")
     if question is None:                 # reads only (what sharing measurements need)

@@ -49,12 +49,15 @@ def test_replay_totals_and_episode_rollback(tiny, tokenizer):
     totals = replay_turns(reader, "s", turns, ROUTER, tokenizer, check_exact=True, out=out)
     t = totals.as_dict()
     assert t["exact"] is True and t["turns"] == 7
-    assert t["num_read"] == reader.committed("s") + t["num_reread"]
+    assert t["num_read"] == reader.committed("s") + t["num_rolled_back"]
+    assert t["num_reread"] == sum(reader.stats()["reread_tokens"].values())
     assert t["num_ids"] == len(reader.ids("s"))
     # the new user message drops the first episode's think blocks: one template rewrite
     assert t["rewrites_template"] == 1 and t["rollbacks"] >= 1
     assert 0 < t["num_reread_template"] and \
-        t["num_reread_bpe"] + t["num_reread_template"] <= t["num_reread"]
+        t["num_reread_bpe"] + t["num_reread_template"] <= t["num_reread"] <= t["num_rolled_back"]
+    assert (t["num_reread_bpe"], t["num_reread_template"]) == \
+        tuple(reader.stats()["reread_tokens"][c] for c in ("bpe", "template"))
     assert len(out.getvalue().splitlines()) == 8            # header + a row a turn
     # replay again up to the new user message, then check where that rollback lands
     r2 = Reader(tiny, grid=G, tokenizer=tokenizer)

@@ -32,7 +32,8 @@ def test_real_session_replays_exactly(tiny, path):
     totals = replay_turns(reader, path.stem, turns, ROUTER, tok, check_exact=True,
                           out=io.StringIO()).as_dict()
     assert totals["exact"] is True and totals["turns"] == len(turns) > 0
-    assert totals["num_read"] == reader.committed(path.stem) + totals["num_reread"]
+    assert totals["num_read"] == reader.committed(path.stem) + totals["num_rolled_back"]
+    assert totals["num_reread"] == sum(reader.stats()["reread_tokens"].values())
 
 
 def test_state_bytes_counts_every_tensor(tiny):
