@@ -48,10 +48,10 @@ def _kernel_profile():
     return mod
 
 
-def _host_chunk(reader, n: int) -> dict:
-    """Host time of n one-chunk reads: to the first CUDA graph replay (the GPU idles until
-    then: it counts in a chunk's time), and in all; then a cProfile of n more reads, the 20
-    functions of largest cumulative time (ms a read)."""
+def _host_calls(fn, n: int) -> dict:
+    """Host time of n calls of fn (a read of one chunk, a question): to the first CUDA graph
+    replay (the GPU idles until then: it counts in the call's time), and in all; then a
+    cProfile of n more calls, the 20 functions of largest cumulative time (ms a call)."""
     import cProfile
     import pstats
     import time
@@ -69,7 +69,7 @@ def _host_chunk(reader, n: int) -> dict:
             first.clear()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            reader.read("s", max_chunks=1)
+            fn()
             total.append((time.perf_counter() - t0) * 1e3)
             lead.append((first[0] - t0) * 1e3 if first else -1.0)
             torch.cuda.synchronize()
@@ -78,7 +78,7 @@ def _host_chunk(reader, n: int) -> dict:
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):
-        reader.read("s", max_chunks=1)
+        fn()
     prof.disable()
     torch.cuda.synchronize()
     stats = pstats.Stats(prof).stats
@@ -209,7 +209,14 @@ def worker(model_name: str, device: str, grid: int) -> None:
             ans = kernel_table(lambda: reader.generate("s", [11, 12, 13], max_new_tokens=cmd["n"],
                                                        stop_ids=()), calls=1)
         elif op == "host_chunk":
-            ans = _host_chunk(reader, cmd["n"])
+            ans = _host_calls(lambda: reader.read("s", max_chunks=1), cmd["n"])
+        elif op == "profile_ask":
+            kernel_table = _kernel_profile().kernel_table
+            ans = kernel_table(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]),
+                               calls=cmd["n"])
+        elif op == "host_ask":
+            ans = _host_calls(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]),
+                              cmd["n"])
         elif op == "exact":
             ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
         print(json.dumps(ans), file=out, flush=True)

@@ -134,12 +134,7 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
                 _profile(a, b, res, f"profile_chunk_{point // 1024}k", op="profile_chunk", n=2)
                 for name, tree in (("a", a), ("b", b)):
                     res[f"host_{point // 1024}k_{name}"] = h = tree(op="host_chunk", n=4)
-                    if "error" in h:
-                        print(f"host, chunk at {point}, {name}: {h['error']}", flush=True)
-                        continue
-                    print(f"host, chunk at {point}, {name}: lead {h['lead_ms']:.3f} ms, all "
-                          f"{h['host_ms']:.3f} ms\n" + "\n".join(
-                              f"  {ms:8.3f}  {fn}" for ms, fn in h["cumulative_ms"]), flush=True)
+                    _print_host(f"chunk at {point}, {name}", h)
         for at in args.ask_at:
             for tree in (a, b):
                 tree(op="read_to", at=at // args.grid * args.grid)
@@ -147,6 +142,11 @@ def drive_pair(args, ids: list[int], swap: bool) -> dict:
             res[f"ask_{at // 1024}k"] = _summary(*_alternate(a, b, args.repeats, "ms",
                                                               op="ask", at=at))
             print(f"ask at {at}: {res[f'ask_{at // 1024}k']}", flush=True)
+            if args.profile:                             # after the timings: no timing follows
+                _profile(a, b, res, f"profile_ask_{at // 1024}k", op="profile_ask", at=at, n=3)
+                for name, tree in (("a", a), ("b", b)):
+                    res[f"host_ask_{at // 1024}k_{name}"] = h = tree(op="host_ask", at=at, n=4)
+                    _print_host(f"ask at {at}, {name}", h)
         for tree in (a, b):
             tree(op="decode", n=2)                       # untimed
         res["decode"] = _summary(*_alternate(a, b, args.repeats, "ms_per_token", op="decode",
@@ -200,6 +200,15 @@ def _profile(a: Tree, b: Tree, res: dict, key: str, **cmd) -> None:
     print(f"{key} (per call):\n{side_by_side(pa, pb)}", flush=True)
 
 
+def _print_host(what: str, h: dict) -> None:
+    """A worker's _host_calls answer (or its error) as text lines."""
+    if "error" in h:
+        print(f"host, {what}: {h['error']}", flush=True)
+        return
+    print(f"host, {what}: lead {h['lead_ms']:.3f} ms, all {h['host_ms']:.3f} ms\n" + "\n".join(
+        f"  {ms:8.3f}  {fn}" for ms, fn in h["cumulative_ms"]), flush=True)
+
+
 def _summary(ta: list[float], tb: list[float], skip: int = 0) -> dict:
     """Medians of each side (after its first `skip` values) and their ratio, with every value."""
     ma, mb = statistics.median(ta[skip:]), statistics.median(tb[skip:])
@@ -228,8 +237,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--grid", type=int, default=512)
     ap.add_argument("--max-context", type=int, default=102400)
-    ap.add_argument("--points", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[16384, 98304])
+    ap.add_argument("--points", type=lambda s: [int(x) for x in s.split(",") if x],
+                    default=[16384, 98304], help="contexts a chunk is timed at ('' for none)")
     ap.add_argument("--ask-at", type=lambda s: [int(x) for x in s.split(",") if x],
                     default=[32768, 100352])
     ap.add_argument("--bands", type=_bands, default=[],

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 16's last checks on the final code, two calls after evals/device/fa4_stash.sh, each
+# within 30 s of the last:
+#   --disk: the Hopper tests of the one-graph chunk and of the identity (tests/test_fa4_graph.py,
+#     tests/test_identity.py: the device kind names the SM count); the GPU exactness check over
+#     the 85k session (evals/gpu_exact.py: the reader's construction now warms the chunk runner
+#     up, its identity carries the kernel picks); then evals/store_bench.py: spill and restore
+#     at 10k / 50k / 100k and a second process on the same folder, which finds the first's
+#     pages by key and stays exact, on the default FA4 path;
+#   (default) the 9-class question at C at 32k and 100k, pages (this tree) against the
+#     contiguous tree (.old2), two fresh pairs (evals/pages_ab.py with no chunk points and no
+#     bands: each tree reads to the question's line, so the question starts at C), then decode.
+#   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
+#   bash evals/device/close16.sh [--disk]   (carry .fa4b .whl .devdata .old2 .devcache)
+source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
+case "${1:-}" in
+--disk)
+    TRITON_INTERPRET=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+        -rfs tests/test_fa4_graph.py tests/test_identity.py 2>&1 | tee "$out/gpu-tests.log" \
+        | grep -E "^(FAILED|ERROR|E )|passed|failed" | cut -c1-300
+    timeout 150 python3 -m evals.gpu_exact --ids "${ids[0]}" --cpu-ids 512 2>&1 \
+        | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/gpu-exact.log" \
+        | tail -n 1 | cut -c1-1200
+    timeout 220 python3 -m evals.store_bench --ids "${ids[0]}" --more "${ids[1]}" \
+        --disk /tmp/shadow-disk 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
+        | tee "$out/store-bench.log" | tail -n 2 | cut -c1-2000 ;;
+*)
+    timeout 500 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" \
+        --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 --repeats 6 "$@" \
+        2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
+        | tee "$out/pages-ab-ask.log" | grep -E "^(pair|across|exact|ask)" | cut -c1-300 ;;
+esac
+echo "took ${SECONDS} s"
+tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true
