@@ -6,17 +6,26 @@ Why each: FA4's key splits are planned from the SM count (model.fa4_plan), so tw
 name with other SM counts (a MIG slice, a cut-down part) split the keys otherwise; torch,
 triton, fla and FA4 releases change the kernels' code; fla's GDN kernels are autotuned per
 process (model.autotune: a pick of BK 64 or 32 splits a reduction otherwise), and pinned
-picks are only shared by processes that share the pin folder.
+picks are only shared by processes that share the pin folder. Not covered: torch
+inductor's tuned configs for the fused small ops (processes share them through the same
+pinned folder, model.autotune.pin), and the CPU's instruction set on the CPU path.
 """
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from .model.kernels import KernelSet
 
-PACKAGES = ("triton", "flash-linear-attention", "fla-core")
+# packages whose code runs in a chunk with fla's kernel set, each (name, fallbacks): fla's
+# kernels are in fla-core since 0.4 (flash-linear-attention is then a shell that requires it,
+# so naming it too would split identities for nothing); cuBLAS may be upgraded apart from torch
+PACKAGES = (("triton",), ("fla-core", "flash-linear-attention"),
+            ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"))
+# fla's switches read from the environment that change its kernels' arithmetic
+FLA_SWITCHES = ("FLA_USE_FAST_OPS", "FLA_TRIL_PRECISION", "FLA_FLASH_QLA")
 
 
 def device_kind(device: torch.device) -> str:
@@ -27,15 +36,27 @@ def device_kind(device: torch.device) -> str:
     return f"cuda:{props.name} {props.multi_processor_count} SMs"
 
 
-def kernel_versions(kernels: KernelSet) -> str:
-    """torch's version, and with fla's kernel set the versions of triton and fla installed
-    (fla's code is in fla-core since 0.4; 'flash-linear-attention' before), e.g. 'torch
-    2.11.0+cu130 triton 3.6.0 fla-core 0.6.0'. FA4's version is in the path tag already."""
+def kernel_versions(kernels: KernelSet, env=None) -> str:
+    """torch's version, and with fla's kernel set the versions of triton, fla and cuBLAS
+    installed (the first of each PACKAGES entry found) and fla's switches as set in `env`
+    (default os.environ; 'unset' when not), e.g. 'torch 2.11.0+cu130 triton 3.6.0 fla-core
+    0.6.0 nvidia-cublas 13.1.0 FLA_USE_FAST_OPS=unset ...'. FA4's and its compiler's versions
+    are in the path tag already. Torch inductor's tuned configs for the fused small ops are
+    not covered: processes share them through the pinned folder (model.autotune.pin)."""
     parts = [f"torch {torch.__version__}"]
-    if kernels.name == "fla":
-        for name in PACKAGES:
-            try:
-                parts.append(f"{name} {version(name)}")
-            except PackageNotFoundError:
-                continue
+    if kernels.name != "fla":
+        return parts[0]
+    env = os.environ if env is None else env
+    for names in PACKAGES:
+        found = next((f"{n} {v}" for n in names if (v := _version(n)) is not None), None)
+        if found is not None:
+            parts.append(found)
+    parts += [f"{k}={env.get(k, 'unset')}" for k in FLA_SWITCHES]
     return " ".join(parts)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

@@ -45,7 +45,8 @@ class GraphAdapter(Adapter):
         chunk = self.runners.chunk
         if self.kernels.name != "fla" or not chunk.use_graphs:
             return super().kernel_picks()
-        chunk.prepare()
+        with self.on_device():
+            chunk.prepare()
         return chunk.picks
 
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:

@@ -17,6 +17,7 @@ the oracle). adapters.select.make_adapter picks one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from abc import ABC, abstractmethod
@@ -109,9 +110,16 @@ class Adapter(ABC):
         if self.kernels.name != "fla":
             return "none"
         kv = contiguous_kv(self.spec, self.grid, self.grid)
-        with torch.no_grad(), autotune.recording() as used:
+        with self.on_device(), torch.no_grad(), autotune.recording() as used:
             self.read_chunk([0] * self.grid, 0, kv, zero_gdn(self.spec))
         return autotune.picks_digest(used)
+
+    def on_device(self):
+        """A context in which the calling thread's current CUDA device is the adapter's, the
+        thread's own restored after it (a reader built in an engine's thread, whose device
+        may be another; bind_thread sets it for good); nothing on the CPU."""
+        dev = self.model.device
+        return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
 
     def sync(self) -> None:
         """Wait for the device (CUDA) to finish what was queued."""

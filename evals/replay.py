@@ -31,7 +31,8 @@ class Totals:
     num_reread: int = 0            # ids read again below the furthest C (the reader's
     num_reread_bpe: int = 0        # reread_tokens counter), of them after BPE rewrites
     num_reread_template: int = 0   # and after template rewrites
-    num_rolled_back: int = 0       # ids C gave back in rollbacks (num_read = C + this)
+    num_rolled_back: int = 0       # ids C gave back in rollbacks (one session alone: C +
+    #                                this = num_read, when no resume jumps C forward)
     read_ms: float = 0.0
     rollbacks: int = 0
     rewrites_bpe: int = 0          # same text, other tokens (a BPE merge across a boundary)

@@ -6,6 +6,7 @@ autotuner keeps one pick per key, as fla's CachedAutotuner does after tuning or 
 import hashlib
 import json
 import sys
+import threading
 import types
 
 import pytest
@@ -26,8 +27,11 @@ class _Key:
 
     @classmethod
     def build(cls, arg_names, key_names, args, kwargs):
+        """As fla's: the key arguments, then the dtype of every argument that has one."""
         named = {**dict(zip(arg_names, args)), **kwargs}
-        return cls(tuple(named[n] for n in key_names if n in named))
+        key = [named[n] for n in key_names if n in named]
+        key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+        return cls(tuple(key))
 
     @staticmethod
     def key_hash(key) -> str:
@@ -35,16 +39,31 @@ class _Key:
 
 
 class _Tuner:
-    """One autotuned kernel: `run` keeps `pick` (its BK) for a key it has not seen."""
+    """One autotuned kernel: `run` keeps `pick` (its BK) for a key it has not seen, keyed as
+    Triton's Autotuner keys its cache (the key arguments, then the tensors' dtypes)."""
 
     def __init__(self, name: str, pick: int):
         self.kernel_name, self.pick, self.cache = name, pick, {}
-        self.arg_names, self.keys = ["T", "H"], ["T", "H"]
+        self.arg_names, self.keys = ["x", "T", "H"], ["T", "H"]
 
     def run(self, *args, **kwargs):
-        key = _Key.build(self.arg_names, self.keys, args, kwargs).autotune_key
+        named = {**dict(zip(self.arg_names, args)), **kwargs}
+        key = tuple([named["T"], named["H"], str(named["x"].dtype)])
         self.cache.setdefault(key, types.SimpleNamespace(
             kwargs={"BK": self.pick}, num_warps=4, num_stages=2, num_ctas=1, maxnreg=None))
+
+
+class _Heuristics:
+    """triton.heuristics over an autotuner: its run calls the autotuner's (fla's kernels)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def run(self, *args, **kwargs):
+        return self.fn.run(*args, **kwargs)
+
+
+X = torch.zeros(1, dtype=torch.bfloat16)
 
 
 @pytest.fixture
@@ -58,18 +77,18 @@ def fake_fla(monkeypatch):
 def _digest(tuner: _Tuner, *launches) -> str:
     with autotune.recording() as used:
         for t, h in launches:
-            tuner.run(t, h)
+            _Heuristics(tuner).run(X, t, h)
     return autotune.picks_digest(used)
 
 
 def test_the_digest_covers_the_picks_of_the_launches_in_the_block_only(fake_fla):
     a, b = _Tuner("chunk_fwd_kernel_o", 64), _Tuner("chunk_bwd_other", 32)
-    b.run(512, 8)                                     # tuned before, never launched in the block
+    b.run(X, 512, 8)                                  # tuned before, never launched in the block
     d = _digest(a, (512, 8))
     assert len(d) == 16 and d != "none"
     b.cache.clear()
     b.pick = 16
-    b.run(512, 8)                                     # another pick of a kernel not launched
+    b.run(X, 512, 8)                                  # another pick of a kernel not launched
     assert _digest(a, (512, 8)) == d                  # a's pick is held: the same digest
     other = _Tuner("chunk_fwd_kernel_o", 32)          # the same kernel and key, another pick
     assert _digest(other, (512, 8)) != d
@@ -88,14 +107,53 @@ def test_recording_restores_the_autotuners_run_and_yields_nothing_without_fla(fa
     assert _Tuner.run is run
     monkeypatch.delitem(sys.modules, "fla.ops.utils.cache")
     with autotune.recording() as used:
-        _Tuner("k", 64).run(512, 8)
+        _Tuner("k", 64).run(X, 512, 8)
     assert used == set() and autotune.picks_digest(used) == "none"
+
+
+def test_overlapping_recordings_in_two_threads_each_see_their_own_launches(fake_fla):
+    """A recording in another thread, begun inside this one's and ended after it: each set
+    holds its own thread's launches only, nested recordings both see theirs, and the class's
+    run is the original once the last ends."""
+    run = _Tuner.run
+    a, b = _Tuner("kernel_a", 64), _Tuner("kernel_b", 32)
+    started, finish, theirs = threading.Event(), threading.Event(), {}
+
+    def other():
+        with autotune.recording() as used:
+            started.set()
+            finish.wait(10)
+            _Heuristics(b).run(X, 256, 8)
+        theirs["used"] = used
+    with autotune.recording() as outer:
+        thread = threading.Thread(target=other)
+        thread.start()
+        started.wait(10)
+        with autotune.recording() as inner:
+            _Heuristics(a).run(X, 512, 8)
+        _Heuristics(a).run(X, 512, 16)
+    assert _Tuner.run is not run                         # the other thread still records
+    finish.set()
+    thread.join(10)
+    assert {(t.kernel_name, k[:2]) for t, k in inner} == {("kernel_a", (512, 8))}
+    assert {(t.kernel_name, k[:2]) for t, k in outer} == {("kernel_a", (512, 8)),
+                                                          ("kernel_a", (512, 16))}
+    assert {(t.kernel_name, k[:2]) for t, k in theirs["used"]} == {("kernel_b", (256, 8))}
+    assert _Tuner.run is run
+
+
+def test_kernel_versions_name_fla_core_once_and_fla_switches():
+    fla = KernelSet("fla", None, None, None)
+    text = bits.kernel_versions(fla, env={"FLA_USE_FAST_OPS": "1"})
+    assert "FLA_USE_FAST_OPS=1" in text and "FLA_TRIL_PRECISION=unset" in text
+    assert text != bits.kernel_versions(fla, env={})
+    assert text.count("fla-core") + text.count("flash-linear-attention") <= 1
 
 
 def _fla_like(tuner: _Tuner) -> KernelSet:
     """TORCH's kernels under the name 'fla', each GDN call launching `tuner` as fla's would."""
     def gdn(q, k, v, g, beta, state):
-        tuner.run(q.shape[0], q.shape[1])
+        _Heuristics(tuner).run(q, q.shape[0], q.shape[1])
         return TORCH.gdn(q, k, v, g, beta, state)
     return KernelSet("fla", gdn, TORCH.conv, TORCH.gdn_step)
 

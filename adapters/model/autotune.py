@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -206,31 +207,60 @@ def _merge(file: Path, kernel: str, entries: dict, triton_version: str) -> None:
 
 
 
+# The recordings in progress, by thread (recording()). Process-wide by necessity: the wrapper
+# sits on fla's autotuner class, which every thread's launches go through; one lock
+# installs it with the first recording and removes it with the last, so overlapping
+# recordings in several threads neither lose launches nor leave the class patched.
+_RECORDING_LOCK = threading.Lock()
+_RECORDERS: dict[int, list[set]] = {}
+_ORIGINAL_RUN: list = []            # fla's CachedAutotuner.run while the wrapper is installed
+
+
 @contextlib.contextmanager
 def recording():
-    """Within the block, every launch through an fla autotuner (fla's CachedAutotuner.run) is
-    recorded: yields a set that fills with (autotuner, autotune key) pairs. The class's `run`
-    is wrapped for the block's length (in every thread) and restored after it. Yields an
-    empty set when fla is not loaded."""
+    """Within the block, every launch this thread makes through an fla autotuner (fla's
+    CachedAutotuner.run, also when a triton.heuristics wrapper calls it) is recorded: yields
+    a set that fills with (autotuner, autotune key) pairs. Other threads' launches are not
+    recorded. Recordings may overlap, in one thread or several. Yields an empty set when fla
+    is not loaded."""
     cache = sys.modules.get("fla.ops.utils.cache")
     used: set = set()
     if cache is None:
         yield used
         return
-    cls = cache.CachedAutotuner
-    original = cls.run
-
-    def run(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        used.add((self, cache.AutotuneKey.build(self.arg_names, self.keys, args,
-                                                kwargs).autotune_key))
-        return out
-
-    cls.run = run
+    me = threading.get_ident()
+    with _RECORDING_LOCK:
+        if not _ORIGINAL_RUN:
+            _install(cache)
+        _RECORDERS.setdefault(me, []).append(used)
     try:
         yield used
     finally:
-        cls.run = original
+        with _RECORDING_LOCK:
+            mine = _RECORDERS[me]
+            del mine[next(i for i, u in enumerate(mine) if u is used)]   # sets compare equal
+            if not mine:
+                del _RECORDERS[me]
+            if not _RECORDERS:
+                cache.CachedAutotuner.run = _ORIGINAL_RUN.pop()
+
+
+def _install(cache) -> None:
+    """Wrap cache.CachedAutotuner.run (under _RECORDING_LOCK): after each launch, its key goes
+    into every set the launching thread is recording into."""
+    original = cache.CachedAutotuner.run
+    _ORIGINAL_RUN.append(original)
+
+    def run(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        sets = _RECORDERS.get(threading.get_ident())
+        if sets:
+            key = cache.AutotuneKey.build(self.arg_names, self.keys, args, kwargs).autotune_key
+            for used in sets:
+                used.add((self, key))
+        return out
+
+    cache.CachedAutotuner.run = run
 
 
 def picks_digest(used) -> str:
