@@ -5,10 +5,10 @@ SM count, the kernels' package versions, and the autotuned kernel picks.
 Why each: FA4's key splits are planned from the SM count (model.fa4_plan), so two GPUs of one
 name with other SM counts (a MIG slice, a cut-down part) split the keys otherwise; torch,
 triton, fla and FA4 releases change the kernels' code; fla's GDN kernels are autotuned per
-process (model.autotune: a pick of BK 64 or 32 splits a reduction otherwise), and pinned
-picks are only shared by processes that share the pin folder. Not covered: torch
-inductor's tuned configs for the fused small ops (processes share them through the same
-pinned folder, model.autotune.pin), and the CPU's instruction set on the CPU path.
+process (model.autotune: a pick of BK 64 or 32 splits a reduction otherwise), and so are
+torch inductor's compiled small ops: their picks are digested (model.picks), pinned picks
+being shared only by processes that share the pin folder. Not covered: the CPU's
+instruction set on the CPU path.
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def kernel_versions(kernels: KernelSet, env=None) -> str:
     installed (the first of each PACKAGES entry found) and fla's switches as set in `env`
     (default os.environ; 'unset' when not), e.g. 'torch 2.11.0+cu130 triton 3.6.0 fla-core
     0.6.0 nvidia-cublas 13.1.0 FLA_USE_FAST_OPS=unset ...'. FA4's and its compiler's versions
-    are in the path tag already. Torch inductor's tuned configs for the fused small ops are
-    not covered: processes share them through the pinned folder (model.autotune.pin)."""
+    are in the path tag already; the autotuned picks are in the identity's `picks`."""
     parts = [f"torch {torch.__version__}"]
     if kernels.name != "fla":
         return parts[0]

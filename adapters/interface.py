@@ -30,7 +30,7 @@ from block_store import FileIdentity, PagedKv, StateSpec, contiguous_kv
 from block_store.layout import GdnState, zero_gdn
 
 from . import bits
-from .model import autotune
+from .model import picks
 from .model.config import ModelConfig, spec_for  # noqa: F401  (spec_for: re-exported)
 from .model.kernels import KernelSet
 from .model.qwen35 import ModelInfo, Qwen35
@@ -104,15 +104,15 @@ class Adapter(ABC):
 
     def kernel_picks(self) -> str:
         """Digest of the autotuned kernel picks a grid chunk's bits depend on
-        (model.autotune.picks_digest), 'none' for a kernel set without autotuned kernels.
+        (model.picks.picks_digest), 'none' for a kernel set without autotuned kernels.
         Runs one grid chunk over state of its own (at pos 0, its ids all 0) and digests the
         picks of the launches it made; a subclass with a warm-up of its own overrides this."""
         if self.kernels.name != "fla":
             return "none"
         kv = contiguous_kv(self.spec, self.grid, self.grid)
-        with self.on_device(), torch.no_grad(), autotune.recording() as used:
+        with self.on_device(), torch.no_grad(), picks.recording() as used:
             self.read_chunk([0] * self.grid, 0, kv, zero_gdn(self.spec))
-        return autotune.picks_digest(used)
+        return picks.picks_digest(used)
 
     def on_device(self):
         """A context in which the calling thread's current CUDA device is the adapter's, the

@@ -38,7 +38,7 @@ class FileIdentity:
     device_kind: str       # "cpu" or "cuda:<GPU name> <N> SMs" (FA4's key splits use N)
     kernels: str           # kernel set and path tag, e.g. "fla graphs:fa4 ... +fused+proj"
     versions: str = ""     # the kernels' packages, e.g. "torch 2.11.0 triton 3.6.0 fla 0.6.0"
-    picks: str = "none"    # digest of the autotuned kernel picks (model.autotune.picks_digest)
+    picks: str = "none"    # digest of the autotuned kernel picks (adapters.model.picks)
 
     def as_meta(self) -> dict[str, str]:
         return {"fingerprint": self.fingerprint, "model_config": self.model_config,

@@ -1,6 +1,6 @@
 """The identity that roots every page key covers what a chunk's bits depend on (issue 16, item
 2): the device with its SM count, the kernels' package versions, and the autotuned kernel
-picks the chunk's launches used (adapters.bits, model.autotune.recording / picks_digest).
+picks the chunk's launches used (adapters.bits, adapters.model.picks).
 fla is faked here (the CPU CI installs none): a stand-in for fla.ops.utils.cache whose
 autotuner keeps one pick per key, as fla's CachedAutotuner does after tuning or loading."""
 import hashlib
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adapters import EagerAdapter, bits
-from adapters.model import autotune
+from adapters.model import picks
 from adapters.model.kernels import TORCH, KernelSet
 from block_store.keys import identity_key
 from shadow_plugin import Reader
@@ -75,10 +75,10 @@ def fake_fla(monkeypatch):
 
 
 def _digest(tuner: _Tuner, *launches) -> str:
-    with autotune.recording() as used:
+    with picks.recording() as used:
         for t, h in launches:
             _Heuristics(tuner).run(X, t, h)
-    return autotune.picks_digest(used)
+    return picks.picks_digest(used)
 
 
 def test_the_digest_covers_the_picks_of_the_launches_in_the_block_only(fake_fla):
@@ -94,21 +94,21 @@ def test_the_digest_covers_the_picks_of_the_launches_in_the_block_only(fake_fla)
     assert _digest(other, (512, 8)) != d
     assert _digest(_Tuner("chunk_fwd_kernel_o", 64), (512, 8)) == d   # another process's
     assert _digest(a, (512, 8), (512, 16)) != d       # one more launch, one more pick
-    with autotune.recording() as used:
+    with picks.recording() as used:
         pass
-    assert autotune.picks_digest(used) == "none"
+    assert picks.picks_digest(used) == "none"
 
 
 def test_recording_restores_the_autotuners_run_and_yields_nothing_without_fla(fake_fla,
                                                                               monkeypatch):
     run = _Tuner.run
-    with pytest.raises(RuntimeError), autotune.recording():
+    with pytest.raises(RuntimeError), picks.recording():
         raise RuntimeError("a failed warm-up")
     assert _Tuner.run is run
     monkeypatch.delitem(sys.modules, "fla.ops.utils.cache")
-    with autotune.recording() as used:
+    with picks.recording() as used:
         _Tuner("k", 64).run(X, 512, 8)
-    assert used == set() and autotune.picks_digest(used) == "none"
+    assert used == set() and picks.picks_digest(used) == "none"
 
 
 def test_overlapping_recordings_in_two_threads_each_see_their_own_launches(fake_fla):
@@ -120,16 +120,16 @@ def test_overlapping_recordings_in_two_threads_each_see_their_own_launches(fake_
     started, finish, theirs = threading.Event(), threading.Event(), {}
 
     def other():
-        with autotune.recording() as used:
+        with picks.recording() as used:
             started.set()
             finish.wait(10)
             _Heuristics(b).run(X, 256, 8)
         theirs["used"] = used
-    with autotune.recording() as outer:
+    with picks.recording() as outer:
         thread = threading.Thread(target=other)
         thread.start()
         started.wait(10)
-        with autotune.recording() as inner:
+        with picks.recording() as inner:
             _Heuristics(a).run(X, 512, 8)
         _Heuristics(a).run(X, 512, 16)
     assert _Tuner.run is not run                         # the other thread still records
@@ -200,3 +200,35 @@ def test_a_cuda_reader_digests_the_picks_its_chunks_launched():
     second = Reader(model, attention="table", fused_ops=False)
     assert second.adapter.identity() == ident
     assert first.table.store.root == second.table.store.root
+
+
+class _Caching:
+    """As torch inductor's CachingAutotuner after its first launch: one launcher left, whose
+    config is the pick."""
+
+    def __init__(self, name: str, config: str):
+        self.fn = types.SimpleNamespace(__name__=name)
+        self.launchers = [types.SimpleNamespace(config=config)]
+
+    def run(self, *args, stream=None, **kwargs):
+        return None
+
+
+def test_inductors_picks_enter_the_digest(monkeypatch):
+    monkeypatch.setattr(picks, "_inductor", lambda: types.SimpleNamespace(
+        CachingAutotuner=_Caching))
+    monkeypatch.setattr(picks, "_fla", lambda: None)
+    run = _Caching.run
+
+    def digest(*kernels):
+        with picks.recording() as used:
+            for k in kernels:
+                k.run(1, 2, stream=0)
+        return picks.picks_digest(used)
+    d = digest(_Caching("triton_per_fused_rms_norm_0", "XBLOCK: 1, RBLOCK: 1024"))
+    assert d != "none" and _Caching.run is run
+    assert digest(_Caching("triton_per_fused_rms_norm_0", "XBLOCK: 1, RBLOCK: 1024")) == d
+    assert digest(_Caching("triton_per_fused_rms_norm_0", "XBLOCK: 1, RBLOCK: 512")) != d
+    untuned = _Caching("triton_per_fused_rms_norm_0", "XBLOCK: 1, RBLOCK: 1024")
+    untuned.launchers.append(types.SimpleNamespace(config="XBLOCK: 2, RBLOCK: 512"))
+    assert digest(untuned) not in (d, "none")

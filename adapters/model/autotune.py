@@ -31,11 +31,8 @@ import contextlib
 import json
 import os
 import sys
-import threading
 import warnings
 from pathlib import Path
-
-import xxhash
 
 ENV_DIR, ENV_MODE = "FLA_CONFIG_DIR", "FLA_CACHE_MODE"
 DEFAULT_DIR = Path("~/.cache/shadow-reader/autotune")
@@ -204,76 +201,3 @@ def _merge(file: Path, kernel: str, entries: dict, triton_version: str) -> None:
     except OSError as e:                               # a full or read-only disk: not fatal
         warnings.warn(f"fla's picks for {kernel} not written to {file.parent}: {e}",
                       stacklevel=3)
-
-
-
-# The recordings in progress, by thread (recording()). Process-wide by necessity: the wrapper
-# sits on fla's autotuner class, which every thread's launches go through; one lock
-# installs it with the first recording and removes it with the last, so overlapping
-# recordings in several threads neither lose launches nor leave the class patched.
-_RECORDING_LOCK = threading.Lock()
-_RECORDERS: dict[int, list[set]] = {}
-_ORIGINAL_RUN: list = []            # fla's CachedAutotuner.run while the wrapper is installed
-
-
-@contextlib.contextmanager
-def recording():
-    """Within the block, every launch this thread makes through an fla autotuner (fla's
-    CachedAutotuner.run, also when a triton.heuristics wrapper calls it) is recorded: yields
-    a set that fills with (autotuner, autotune key) pairs. Other threads' launches are not
-    recorded. Recordings may overlap, in one thread or several. Yields an empty set when fla
-    is not loaded."""
-    cache = sys.modules.get("fla.ops.utils.cache")
-    used: set = set()
-    if cache is None:
-        yield used
-        return
-    me = threading.get_ident()
-    with _RECORDING_LOCK:
-        if not _ORIGINAL_RUN:
-            _install(cache)
-        _RECORDERS.setdefault(me, []).append(used)
-    try:
-        yield used
-    finally:
-        with _RECORDING_LOCK:
-            mine = _RECORDERS[me]
-            del mine[next(i for i, u in enumerate(mine) if u is used)]   # sets compare equal
-            if not mine:
-                del _RECORDERS[me]
-            if not _RECORDERS:
-                cache.CachedAutotuner.run = _ORIGINAL_RUN.pop()
-
-
-def _install(cache) -> None:
-    """Wrap cache.CachedAutotuner.run (under _RECORDING_LOCK): after each launch, its key goes
-    into every set the launching thread is recording into."""
-    original = cache.CachedAutotuner.run
-    _ORIGINAL_RUN.append(original)
-
-    def run(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        sets = _RECORDERS.get(threading.get_ident())
-        if sets:
-            key = cache.AutotuneKey.build(self.arg_names, self.keys, args, kwargs).autotune_key
-            for used in sets:
-                used.add((self, key))
-        return out
-
-    cache.CachedAutotuner.run = run
-
-
-def picks_digest(used) -> str:
-    """xxh3-64 hex digest of the picks the autotuners hold for the launches in `used` (pairs
-    from `recording`): kernel name, fla's key hash and the config's launch parameters, in
-    sorted order. The kernel picks a chunk's bits depend on, for the page keys' identity
-    (adapters.interface.Adapter.kernel_picks): two processes whose chunks launched with the
-    same picks get the same digest, whatever else they tuned. 'none' for no pick."""
-    cache = sys.modules.get("fla.ops.utils.cache")
-    entries = sorted(
-        (tuner.kernel_name, cache.AutotuneKey.key_hash(key),
-         json.dumps(_entry(key, tuner.cache[key])["config"], sort_keys=True, default=str))
-        for tuner, key in used if key in tuner.cache) if cache else []
-    if not entries:
-        return "none"
-    return xxhash.xxh3_64(json.dumps(entries).encode()).hexdigest()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_fa4, autotune, capture, fa4_graph, ops
+from . import attn_fa4, autotune, capture, fa4_graph, ops, picks
 from .config import FULL
 from .layers import rope_cos_sin
 from .meta import MAX_TABLE_PAGES, ChunkMeta
@@ -128,7 +128,7 @@ class ChunkGraphs:
         self._plan = None                                  # FA4's, for the staged chunk
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._prepared = False
-        self.picks = "none"              # model.autotune.picks_digest, at `prepare`
+        self.picks = "none"              # model.picks.picks_digest, at `prepare`
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
         self._pos, self._kv = 0, None                      # the eager attention's inputs
@@ -238,9 +238,9 @@ class ChunkGraphs:
         if not self.use_graphs:
             return
         if not self._prepared:
-            with torch.no_grad(), autotune.recording() as used:
+            with torch.no_grad(), picks.recording() as used:
                 capture.capture(self)
-            self.picks = autotune.picks_digest(used)     # what its chunks' bits were tuned to
+            self.picks = picks.picks_digest(used)        # what its chunks' bits were tuned to
             self._prepared = True
             pinned = autotune.pinned_dir()
             if pinned is not None:
