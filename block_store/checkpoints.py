@@ -133,6 +133,8 @@ def commit_held(store: PageStore, st: SessionState, key: bytes, page: Page, entr
     store.manager.take(page)
     store.gdn.get(entry.key)                     # the most recently used
     entry.hits += 1
+    store.counters.gdn_entry_hits[entry.kind] = store.counters.gdn_entry_hits.get(
+        entry.kind, 0) + 1
     if st.counted:
         store.counters.prefix_cache_hit_tokens["memory"] += store.grid
     _advance(store, st, page, key, clone_gdn(entry.states), max_checkpoints, read=False)

@@ -29,7 +29,8 @@ class PageCounters:
     from held pages and state: memory), read_tokens (ids read into committed state),
     reread_tokens by cause (ids read again below the furthest C their session had committed,
     under the cause of the rewrite that sent it back: 'bpe', 'template' or 'other'),
-    turn_starts by fresh ('true' / 'false')."""
+    turn_starts by fresh ('true' / 'false'), gdn_entry_hits by the entry's kind (resumes and
+    held chunks served by GDN entries of each kind: what each kind earned)."""
 
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: dict[str, int] = field(
@@ -38,6 +39,8 @@ class PageCounters:
     reread_tokens: dict[str, int] = field(
         default_factory=lambda: {"bpe": 0, "template": 0, "other": 0})
     turn_starts: dict[str, int] = field(default_factory=lambda: {"true": 0, "false": 0})
+    gdn_entry_hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("checkpoint", "shared", "tip", "junction", "state"), 0))
 
 
 class PageStore:
@@ -177,4 +180,6 @@ def resume_states(store: PageStore, res: Resume, own: GdnState) -> GdnState:
         return zero_gdn(store.spec)
     store.gdn.get(res.state.key)                   # the most recently used
     res.state.hits += 1
+    hits = store.counters.gdn_entry_hits
+    hits[res.state.kind] = hits.get(res.state.kind, 0) + 1
     return clone_gdn(res.state.states)

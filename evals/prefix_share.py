@@ -103,7 +103,7 @@ def main(argv=None, prog: str | None = None) -> int:
         **{k: together[k] for k in ("prefix_cache_hit_rate", "prefix_cache_queried_tokens",
                                     "prefix_cache_hit_tokens", "read_tokens", "reread_tokens",
                                     "resident_bytes", "pages", "page_bytes", "gdn_entry_bytes",
-                                    "gdn_entries_by_kind")}}), flush=True)
+                                    "gdn_entries_by_kind", "gdn_entry_hits")}}), flush=True)
     if args.plot:                        # after the result: a failing write must not lose it
         plot(per, together["prefix_cache_hit_rate"], Path(args.prefix).name, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

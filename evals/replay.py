@@ -179,7 +179,8 @@ def replay_many(reader: Reader, sessions: list[tuple[str, list[HostTurn]]],
     resumed from held pages and state over prompt ids looked up, as vLLM counts it: a
     session's own earlier turns count too; what sharing saves is each session's ids read here
     against alone, evals/prefix_share.py), "read_tokens", "reread_tokens" (by cause),
-    "resident_bytes", "pages", "gdn_entry_bytes", "gdn_entries_by_kind"}."""
+    "resident_bytes", "pages", "gdn_entry_bytes", "gdn_entries_by_kind", "gdn_entry_hits"
+    (since start, by kind)}."""
     totals = {sid: Totals() for sid, _ in sessions}
     for n in range(max((len(t) for _, t in sessions), default=0)):
         for sid, turns in sessions:
@@ -201,7 +202,8 @@ def replay_many(reader: Reader, sessions: list[tuple[str, list[HostTurn]]],
             "read_tokens": s["read_tokens"], "reread_tokens": s["reread_tokens"],
             "resident_bytes": s["resident_bytes"], "pages": s["pages"],
             "page_bytes": s["page_bytes"], "gdn_entry_bytes": s["gdn_entry_bytes"],
-            "gdn_entries_by_kind": s["gdn_entries_by_kind"]}
+            "gdn_entries_by_kind": s["gdn_entries_by_kind"],
+            "gdn_entry_hits": s["gdn_entry_hits"]}
 
 
 def load_prefix(path: str | Path) -> tuple[str, list]:

@@ -133,6 +133,13 @@ def test_a_shared_prefix_is_read_once_and_held_once(tiny):
     kinds = stats["gdn_entries_by_kind"]       # a's prompt-line checkpoint served b and c
     assert kinds["checkpoint"]["hits"] == 2 and sum(k["hits"] for k in kinds.values()) == 2
     assert all(r.check_exact(s) for s in "abc")
+    for s in "abc":                            # the entries go; what they earned stays counted
+        r.drop(s)
+    r.table.store.gdn.evict(0)
+    stats = r.stats()
+    assert stats["gdn_entries"]["resident"] == 0 and stats["gdn_entries_by_kind"] == {}
+    assert stats["gdn_entry_hits"] == {"checkpoint": 2, "shared": 0, "tip": 0, "junction": 0,
+                                       "state": 0}
 
 
 def test_a_gdn_entry_evicted_while_its_pages_stay_resumes_at_the_deepest_line_with_both(tiny):
@@ -227,6 +234,7 @@ def test_a_chunk_held_with_its_end_state_is_taken_without_a_forward(tiny):
     assert r.committed("b") == 5 * G and stats["pages"]["pinned"] == 5   # held once
     assert stats["prefix_cache_hit_tokens"]["memory"] == G + 2 * G      # resumed + taken
     assert stats["gdn_entries_by_kind"]["tip"]["hits"] == 2
+    assert (stats["gdn_entry_hits"]["tip"], stats["gdn_entry_hits"]["checkpoint"]) == (2, 1)
     assert r.check_exact("a") and r.check_exact("b")
     check_refs(r)
 

@@ -81,6 +81,9 @@ def _page_metrics(stats: dict):
                     "state", stats["gdn_entries"])
     yield GaugeMetricFamily("shadow_gdn_entry_bytes", "bytes of the GDN table's entries",
                             stats["gdn_entry_bytes"])
+    yield _labelled(CounterMetricFamily, "shadow_gdn_entry_hits", "resumes and held chunks "
+                    "served by GDN entries, by why the entry was stored", "kind",
+                    stats["gdn_entry_hits"])
     yield CounterMetricFamily("shadow_gdn_entries_evicted", "GDN entries the table evicted "
                               "(least recently used first, past its budget or the cap)",
                               stats["gdn_entries_evicted"])
