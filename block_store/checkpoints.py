@@ -14,7 +14,7 @@ from __future__ import annotations
 from .disk_io import load_resume
 from .gdn_table import GdnEntry
 from .layout import GdnState, clone_gdn
-from .pages import PageStore, Resume, find_resume, resume_states
+from .pages import PageStore, Resume, find_resume, resume_states, served
 from .pool import Page
 from .session import Checkpoint, SessionState
 
@@ -131,10 +131,7 @@ def commit_held(store: PageStore, st: SessionState, key: bytes, page: Page, entr
     """Advance C over a chunk whose page and end states are held (held_chunk): no forward;
     the ids count as prefix-cache hits, not as read."""
     store.manager.take(page)
-    store.gdn.get(entry.key)                     # the most recently used
-    entry.hits += 1
-    store.counters.gdn_entry_hits[entry.kind] = store.counters.gdn_entry_hits.get(
-        entry.kind, 0) + 1
+    served(store, entry)
     if st.counted:
         store.counters.prefix_cache_hit_tokens["memory"] += store.grid
     _advance(store, st, page, key, clone_gdn(entry.states), max_checkpoints, read=False)

@@ -37,7 +37,7 @@ class FileIdentity:
     dtype: str
     device_kind: str       # "cpu" or "cuda:<GPU name> <N> SMs" (FA4's key splits use N)
     kernels: str           # kernel set and path tag, e.g. "fla graphs:fa4 ... +fused+proj"
-    versions: str = ""     # the kernels' packages, e.g. "torch 2.11.0 triton 3.6.0 fla 0.6.0"
+    versions: str = ""     # adapters.bits.kernel_versions: packages and fla's switches
     picks: str = "none"    # digest of the autotuned kernel picks (adapters.model.picks)
 
     def as_meta(self) -> dict[str, str]:

@@ -178,8 +178,14 @@ def resume_states(store: PageStore, res: Resume, own: GdnState) -> GdnState:
         return own
     if res.state is None:
         return zero_gdn(store.spec)
-    store.gdn.get(res.state.key)                   # the most recently used
-    res.state.hits += 1
-    hits = store.counters.gdn_entry_hits
-    hits[res.state.kind] = hits.get(res.state.kind, 0) + 1
+    served(store, res.state)
     return clone_gdn(res.state.states)
+
+
+def served(store: PageStore, entry) -> None:
+    """A GDN entry served a resume or a held chunk: it becomes the most recently used, and
+    its hits and the store's hits of its kind (PageCounters.gdn_entry_hits) count it."""
+    store.gdn.get(entry.key)
+    entry.hits += 1
+    hits = store.counters.gdn_entry_hits
+    hits[entry.kind] = hits.get(entry.kind, 0) + 1

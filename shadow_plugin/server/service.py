@@ -121,7 +121,8 @@ class Service:
             disk_bytes = int(cfg.disk_gb * 2**30) if cfg.disk_gb else None
             # not inside a host's round; on CUDA the reader's construction already warms its
             # chunk runner up (its kernel picks are part of the page keys' identity)
-            self.stage, t_warm = "compiling and capturing CUDA graphs", time.perf_counter()
+            self.stage = "compiling and capturing CUDA graphs"
+            t_warm = time.perf_counter()
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
