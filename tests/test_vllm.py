@@ -123,8 +123,25 @@ def _turns(url: str, session: str, seed: int, rewrite_at: int | None, held: dict
         held[session] = prompt + out
         prompt = prompt + out + [rng.randrange(1000, 240000) for _ in range(rng.randrange(20, 90))]
         if turn + 1 == rewrite_at:
+            # the shadow must hold the history past the id that changes, or nothing is read
+            # again: on a busy machine its reading may trail the agent by a turn
+            _wait_committed(url, session, len(prompt) // 2 + 1)
             prompt[len(prompt) // 2] = 1234
     held[session + ":next"] = prompt
+
+
+def _wait_committed(url: str, session: str, num_ids: int, timeout_s: float = 120) -> None:
+    """Waits until the shadow has committed at least `num_ids` ids of `session`.
+
+    Raises: TimeoutError after `timeout_s` seconds, with the session's last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        per = httpx.get(url + "/v1/shadow/status", timeout=60).json()["sessions"].get(session)
+        if per is not None and per["committed"] >= num_ids:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{session}: {num_ids} ids not committed in {timeout_s} s: {per}")
+        time.sleep(0.2)
 
 
 def _wait_read(server: VllmServer, held: dict, names: list[str]) -> dict:
