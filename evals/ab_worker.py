@@ -37,6 +37,13 @@ def _timer(device: str):
     return wall
 
 
+def _reserved(device: str) -> int:
+    """Bytes torch's CUDA allocator holds (its pools, the CUDA graphs' included); 0 on the
+    CPU."""
+    import torch
+    return torch.cuda.memory_reserved() if device == "cuda" else 0
+
+
 def _kernel_profile():
     """evals/kernel_profile.py of this file's tree (the worker's `evals` package is its own
     tree's, which may not have it)."""
@@ -154,10 +161,25 @@ def _profile_band(reader, ids: list[int], start: int, end: int, n: int, grid: in
         reader.drop(name)
 
 
-def worker(model_name: str, device: str, grid: int) -> None:
-    """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
+def _reader(model_name: str, device: str, grid: int, small_buckets: tuple[int, ...]):
+    """The tree's Reader with its default forwards; with small_buckets, through the runners
+    with those small question buckets (adapters.model.runners.Runners, a tree that has them)."""
     from shadow_plugin import Reader, load_model
-    reader = Reader(load_model(model_name, device=device), grid=grid)
+    model = load_model(model_name, device=device)
+    if not small_buckets:
+        return Reader(model, grid=grid)
+    from adapters import GraphAdapter
+    from adapters.model.runners import Runners
+    runners = Runners(model, grid, small_buckets=small_buckets)
+    return Reader(GraphAdapter(model, grid, runners=runners))
+
+
+def worker(model_name: str, device: str, grid: int, small_buckets: tuple[int, ...] = ()) -> None:
+    """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
+    import time
+    t0 = time.perf_counter()
+    reader = _reader(model_name, device, grid, small_buckets)   # on CUDA: the chunk warm-up
+    build_s = time.perf_counter() - t0
     timed, ids, out, num_bands = _timer(device), [], sys.stdout, 0
     sys.stdout = sys.stderr                      # library prints stay off the answer channel
     for line in sys.stdin:
@@ -165,7 +187,11 @@ def worker(model_name: str, device: str, grid: int) -> None:
         op, ans = cmd["op"], {}
         if op == "ids":
             ids = cmd["ids"]
-            reader.warm_up()
+            t0 = time.perf_counter()
+            reader.warm_up()                     # the other runners' captures
+            ans = {"build_s": round(build_s, 3),
+                   "warm_up_s": round(time.perf_counter() - t0, 3),
+                   "cuda_reserved_bytes": _reserved(device)}
             # other keys: nothing shared; 9 chunks (past 4,096 ids: every number of FA4 splits
             # of a 512-id chunk on an H200) also for trees that capture at the first chunk
             warm = [(ids[0] + 7) % 240000] + ids[1:9 * grid]
@@ -218,7 +244,9 @@ def worker(model_name: str, device: str, grid: int) -> None:
             ans = _host_calls(lambda: reader.ask("s", QUESTION[0], QUESTION[1], at=cmd["at"]),
                               cmd["n"])
         elif op == "exact":
-            ans = {"exact": bool(reader.check_exact("s")), "path": reader.path}
+            runners = getattr(reader.adapter, "runners", None)     # a tree may have none
+            ans = {"exact": bool(reader.check_exact("s")), "path": reader.path,
+                   "small_buckets": list(getattr(runners, "small_buckets", ()))}
         print(json.dumps(ans), file=out, flush=True)
 
 
@@ -227,5 +255,7 @@ if __name__ == "__main__":
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True)
     ap.add_argument("--grid", type=int, required=True)
+    ap.add_argument("--small-buckets", type=lambda s: tuple(int(x) for x in s.split(",") if x),
+                    default=(), help="small question buckets, e.g. 64,128 (Runners)")
     a = ap.parse_args()
-    worker(a.model, a.device, a.grid)
+    worker(a.model, a.device, a.grid, a.small_buckets)

@@ -31,12 +31,13 @@ from pathlib import Path
 class Tree:
     """A worker process in `root` (its code first on the path)."""
 
-    def __init__(self, root: Path, args):
+    def __init__(self, root: Path, args, small_buckets: str = ""):
         self.root = root
         env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
+        extra = ["--small-buckets", small_buckets] if small_buckets else []
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve().with_name("ab_worker.py")),
-             "--model", args.model, "--device", args.device, "--grid", str(args.grid)],
+             "--model", args.model, "--device", args.device, "--grid", str(args.grid), *extra],
             cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def __call__(self, **cmd) -> dict:
@@ -104,11 +105,14 @@ def _ratios(pairs: list[dict]) -> dict[str, list[float]]:
 
 def drive_pair(args, ids: list[int], swap: bool) -> dict:
     """The measurements of one pair of fresh workers (swap: B's chunk before A's)."""
-    a, b = Tree(Path(args.a).resolve(), args), Tree(Path(args.b).resolve(), args)
+    a = Tree(Path(args.a).resolve(), args, args.a_buckets)
+    b = Tree(Path(args.b).resolve(), args, args.b_buckets)
     res = {}
     try:
-        for tree in (a, b):
-            tree(op="ids", ids=ids)
+        # each tree's reader construction and warm-up (seconds) and the allocator's bytes
+        res["setup"] = {name: _answer(tree(op="ids", ids=ids)) for name, tree in (("a", a),
+                                                                                  ("b", b))}
+        print(f"setup: {res['setup']}", flush=True)
         for start, end in args.bands:
             for tree in (a, b):                           # untimed: the kernels' first calls
                 _answer(tree(op="band", start=start, end=min(end, start + 4 * args.grid)))
@@ -232,6 +236,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
     ap.add_argument("--b", default=".", help="tree B (default: this one)")
+    ap.add_argument("--a-buckets", default="",
+                    help="tree A's small question buckets, e.g. 64,128 (a tree whose Runners "
+                         "take small_buckets; default: the tree's own)")
+    ap.add_argument("--b-buckets", default="", help="the same for tree B")
     ap.add_argument("--ids", nargs="+", help=".npz files of evals/session_ids.py")
     ap.add_argument("--model", default="random:qwen3.5-0.8b")
     ap.add_argument("--device", default="cuda")
@@ -273,7 +281,9 @@ def main(argv=None) -> int:
         ap.error(f"the chunks timed at {max(args.points)} read to {need} ids: raise "
                  f"--max-context ({args.max_context}) or lower --chunks or --burst")
     res = drive(args)
-    print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b, "model": args.model,
+    print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b,
+                      "a_buckets": args.a_buckets, "b_buckets": args.b_buckets,
+                      "model": args.model,
                       "device": args.device, "grid": args.grid,
                       "date": datetime.date.today().isoformat(), "results": res}))
     return 0

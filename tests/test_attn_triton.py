@@ -349,6 +349,54 @@ def test_runners_prepare_sizes_and_decode(tiny):
     assert all(x.ops is r.chunk.ops for x in r._sized.values())  # one (compiled) op set
 
 
+def test_runners_small_buckets_pad_short_questions_to_fewer_rows(tiny):
+    """small_buckets: a forward pads to the first small bucket that holds it, else to a
+    multiple of BUCKET; prepare builds their runners too; bad buckets are refused by name."""
+    from adapters.model.runners import Runners
+    assert Runners(tiny, 512).small_buckets == () and Runners(tiny, 512).rows_of(1) == 256
+    r = Runners(tiny, 512, small_buckets=(64, 128))
+    rows = [r.rows_of(n) for n in (1, 64, 65, 69, 128, 129, 256, 257, 769)]
+    assert rows == [64, 64, 128, 128, 128, 256, 256, 512, 1024]
+    assert r.for_rows(69).t == 128 and r.for_rows(300) is r.chunk
+    r.prepare()
+    assert sorted(r._sized) == [1, 64, 128, 256, 768, 1024]   # 512: the chunk runner
+    for bad, why in (((100,), "multiple of 64"), ((0,), "positive"), ((256,), "below 256"),
+                     ((True,), "multiple of 64"), ((128, 64), "go up"), ((64, 64), "each once")):
+        with pytest.raises(ValueError, match=why):
+            Runners(tiny, 512, small_buckets=bad)
+
+
+def test_a_short_question_through_a_small_bucket_at_and_below_c(tiny):
+    """A 37-id question padded to 64 rows (not 256): asked at C, below C after reading on, and
+    on a fresh reader, the same probabilities bit for bit; close to the 256-row runner's."""
+    from adapters import GraphAdapter
+    from adapters.model.runners import Runners
+    from shadow_plugin.reader import Reader
+
+    def reader(small_buckets):
+        runners = Runners(tiny, 128, small_buckets=small_buckets)
+        return Reader(GraphAdapter(tiny, 128, runners=runners))
+
+    ids = torch.randint(0, 248000, (500,), generator=torch.Generator().manual_seed(4)).tolist()
+    question, choices = "Is this about code?", ["yes", "no"]
+    r = reader((64,))
+    r.feed("s", ids[:256], "prompt")
+    at_c = r.ask("s", question, choices, at=256)
+    assert r.committed("s") == 256 and sorted(r.adapter.runners._sized) == [64]
+    r.feed("s", ids[256:], "output")
+    r.read("s")
+    below = r.ask("s", question, choices, at=256)
+    assert r.committed("s") == 384 and r.check_exact("s")
+    fresh = reader((64,))
+    fresh.feed("f", ids[:256], "prompt")
+    assert fresh.ask("f", question, choices, at=256).probs == below.probs == at_c.probs
+    wide = reader(())
+    wide.feed("w", ids[:256], "prompt")
+    probs = wide.ask("w", question, choices, at=256).probs
+    assert sorted(wide.adapter.runners._sized) == [256]
+    assert max(abs(a - b) for a, b in zip(probs, at_c.probs)) < 1e-5
+
+
 def test_pool_places_refuses_another_dtype_or_a_pool_off_16_bytes():
     """Offsets are multiples of 16 bytes (the kernels' loads assume it) in the base's dtype;
     rows of another dtype than the base are refused before a kernel runs."""

@@ -59,7 +59,22 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     assert bursts["burst"] == 2 and len(bursts["first_of_burst"]["b_all"]) == 2
     assert len(bursts["rest_of_burst"]["a_all"]) == 2 and bursts["rest_of_burst"]["a_ms"] > 0
     assert len(res["ask_0k"]["a_all"]) == 2 and res["decode"]["a_ms"] > 0
-    assert res["exact"]["a"] == res["exact"]["b"] == {"exact": True, "path": "eager"}
+    assert res["exact"]["a"] == res["exact"]["b"] == {"exact": True, "path": "eager",
+                                                      "small_buckets": []}
+
+
+def test_pages_ab_gives_one_tree_small_question_buckets(tmp_path):
+    """--b-buckets: B's worker reads through runners with those small question buckets (on the
+    CPU their bodies without graphs), A's as the tree has them; both exact."""
+    res = _pages_ab(tmp_path, "--ask-at", "700", "--repeats", "1", "--points", "",
+                    "--b-buckets", "128")
+    assert res["exact"]["a"] == {"exact": True, "path": "eager", "small_buckets": []}
+    assert res["exact"]["b"] == {"exact": True, "path": "eager:sdpa", "small_buckets": [128]}
+    assert len(res["ask_0k"]["b_all"]) == 1 and res["ask_0k"]["b_ms"] > 0
+    for tree in ("a", "b"):                 # construction and warm-up timed, no CUDA bytes
+        setup = res["setup"][tree]
+        assert setup["build_s"] > 0 and setup["warm_up_s"] >= 0
+        assert setup["cuda_reserved_bytes"] == 0
 
 
 def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):

@@ -272,12 +272,13 @@ def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
 
 @pytest.mark.skipif(not HOPPER_FA4, reason="FA4's SM90 forward needs a Hopper GPU and "
                     "flash-attn-4")
-def test_one_graph_question_runner_equals_the_segmented_one_at_every_split():
-    """A 256-row runner (the first question bucket: up to 8 splits on an H200), chunks from 0
-    to past 8 * 1,024 ids: every split count the warm-up captures, the same bits as the
-    segmented runner's."""
+@pytest.mark.parametrize("t,num_chunks", [(64, 540), (128, 134), (256, 38)])
+def test_one_graph_question_runner_equals_the_segmented_one_at_every_split(t, num_chunks):
+    """Question runners of 64, 128 and 256 rows (the small buckets and the first 256-row one:
+    up to 33, 16 and 8 splits on an H200), chunks from 0 to past S * 1,024 ids for the most
+    splits S: every split count the warm-up captures, the same bits as the segmented
+    runner's."""
     from paged import paged_kv
-    t, num_chunks = 256, 38
     model, spec, ids, one, seg = _gpu_runners(t, num_chunks, seed=5)
     kvs = [paged_kv(spec, 512, num_chunks * t, seed=1) for _ in range(2)]
     one.prepare(kvs[0].pool)
