@@ -1,7 +1,8 @@
 """The CUDA-graph path: every forward through a reader's runners (adapters.model.runners:
-the grid chunk runner, question runners padded to 256-row buckets, the single-token runner
-and its device-fed decode loop). On CUDA each runner replays CUDA graphs with FlashAttention-4
-or -2 (or the table attention) between them; on the CPU the same bodies run without graphs.
+the grid chunk runner, question runners padded to row buckets (Runners.rows_of), the
+single-token runner and its device-fed decode loop). On CUDA each runner replays CUDA graphs
+with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
+run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
 reference on CUDA.
 """

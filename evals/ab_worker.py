@@ -1,8 +1,8 @@
 """The worker of evals/pages_ab.py: one reader in one tree of the code, driven by commands on
 stdin (one JSON object a line), answering one JSON object a line on stdout. Run as a script by
-its path (`python evals/ab_worker.py --model M --device D --grid G`, the tree's code first on
-PYTHONPATH), so the tree measured need not have this file; evals/kernel_profile.py is loaded
-from beside it for the same reason.
+its path (`python evals/ab_worker.py --model M --device D --grid G [--small-bucket-rows
+64,128]`, the tree's code first on PYTHONPATH), so the tree measured need not have this file;
+evals/kernel_profile.py is loaded from beside it for the same reason.
 """
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ def _timer(device: str):
         fn()
         return (time.perf_counter() - t0) * 1e3
     return wall
+
+
+def _sync(device: str) -> None:
+    """Wait for the GPU's queued work (so a host clock read after it counts that work)."""
+    import torch
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _reserved(device: str) -> int:
@@ -161,25 +168,31 @@ def _profile_band(reader, ids: list[int], start: int, end: int, n: int, grid: in
         reader.drop(name)
 
 
-def _reader(model_name: str, device: str, grid: int, small_buckets: tuple[int, ...]):
-    """The tree's Reader with its default forwards; with small_buckets, through the runners
-    with those small question buckets (adapters.model.runners.Runners, a tree that has them)."""
-    from shadow_plugin import Reader, load_model
-    model = load_model(model_name, device=device)
-    if not small_buckets:
+def _reader(model, grid: int, small_bucket_rows: tuple[int, ...]):
+    """The tree's Reader with its default forwards; with small_bucket_rows, through the
+    runners with those small question buckets (adapters.model.runners.Runners, in a tree that
+    has them)."""
+    from shadow_plugin import Reader
+    if not small_bucket_rows:
         return Reader(model, grid=grid)
     from adapters import GraphAdapter
     from adapters.model.runners import Runners
-    runners = Runners(model, grid, small_buckets=small_buckets)
+    runners = Runners(model, grid, small_bucket_rows=small_bucket_rows)
     return Reader(GraphAdapter(model, grid, runners=runners))
 
 
-def worker(model_name: str, device: str, grid: int, small_buckets: tuple[int, ...] = ()) -> None:
+def worker(model_name: str, device: str, grid: int,
+           small_bucket_rows: tuple[int, ...] = ()) -> None:
     """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
     import time
+
+    from shadow_plugin import load_model
     t0 = time.perf_counter()
-    reader = _reader(model_name, device, grid, small_buckets)   # on CUDA: the chunk warm-up
-    build_s = time.perf_counter() - t0
+    model = load_model(model_name, device=device)
+    t1 = time.perf_counter()
+    reader = _reader(model, grid, small_bucket_rows)      # on CUDA: the chunk runner's warm-up
+    _sync(device)
+    setup = {"load_s": t1 - t0, "build_s": time.perf_counter() - t1}
     timed, ids, out, num_bands = _timer(device), [], sys.stdout, 0
     sys.stdout = sys.stderr                      # library prints stay off the answer channel
     for line in sys.stdin:
@@ -189,9 +202,7 @@ def worker(model_name: str, device: str, grid: int, small_buckets: tuple[int, ..
             ids = cmd["ids"]
             t0 = time.perf_counter()
             reader.warm_up()                     # the other runners' captures
-            ans = {"build_s": round(build_s, 3),
-                   "warm_up_s": round(time.perf_counter() - t0, 3),
-                   "cuda_reserved_bytes": _reserved(device)}
+            t1 = time.perf_counter()
             # other keys: nothing shared; 9 chunks (past 4,096 ids: every number of FA4 splits
             # of a 512-id chunk on an H200) also for trees that capture at the first chunk
             warm = [(ids[0] + 7) % 240000] + ids[1:9 * grid]
@@ -199,6 +210,12 @@ def worker(model_name: str, device: str, grid: int, small_buckets: tuple[int, ..
             reader.read("warm")
             reader.drop("warm")
             reader.feed("s", ids, "prompt")
+            _sync(device)
+            setup.update(warm_up_s=t1 - t0, warm_read_s=time.perf_counter() - t1)
+            # seconds: model load, reader construction, warm_up, the 9 warm chunks (a tree that
+            # captures at its first chunks spends it there); bytes after all of them
+            ans = {k: round(v, 3) for k, v in setup.items()}
+            ans["cuda_reserved_bytes"] = _reserved(device)
         elif op == "read_to":
             while reader.committed("s") < cmd["at"]:
                 reader.read("s", max_chunks=1)
@@ -246,7 +263,7 @@ def worker(model_name: str, device: str, grid: int, small_buckets: tuple[int, ..
         elif op == "exact":
             runners = getattr(reader.adapter, "runners", None)     # a tree may have none
             ans = {"exact": bool(reader.check_exact("s")), "path": reader.path,
-                   "small_buckets": list(getattr(runners, "small_buckets", ()))}
+                   "small_bucket_rows": list(getattr(runners, "small_bucket_rows", ()))}
         print(json.dumps(ans), file=out, flush=True)
 
 
@@ -255,7 +272,7 @@ if __name__ == "__main__":
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True)
     ap.add_argument("--grid", type=int, required=True)
-    ap.add_argument("--small-buckets", type=lambda s: tuple(int(x) for x in s.split(",") if x),
-                    default=(), help="small question buckets, e.g. 64,128 (Runners)")
+    ap.add_argument("--small-bucket-rows", type=lambda s: tuple(int(x) for x in s.split(",")),
+                    default=(), help="small question buckets in rows, e.g. 64,128 (Runners)")
     a = ap.parse_args()
-    worker(a.model, a.device, a.grid, a.small_buckets)
+    worker(a.model, a.device, a.grid, a.small_bucket_rows)

@@ -21,40 +21,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-
-class Tree:
-    """A worker process in `root` (its code first on the path)."""
-
-    def __init__(self, root: Path, args, small_buckets: str = ""):
-        self.root = root
-        env = {**os.environ, "PYTHONPATH": f"{root}:{os.environ.get('PYTHONPATH', '')}"}
-        extra = ["--small-buckets", small_buckets] if small_buckets else []
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve().with_name("ab_worker.py")),
-             "--model", args.model, "--device", args.device, "--grid", str(args.grid), *extra],
-            cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def __call__(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker in {self.root} stopped on {cmd['op']} (its stderr "
-                               "says why)")
-        ans = json.loads(line)
-        if "error" in ans:                                # which tree refused
-            ans["error"] = f"{self.root}: {ans['error']}"
-        return ans
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+from evals.ab_tree import Tree
 
 
 def _alternate(a: Tree, b: Tree, rounds: int, field: str,
@@ -105,8 +76,8 @@ def _ratios(pairs: list[dict]) -> dict[str, list[float]]:
 
 def drive_pair(args, ids: list[int], swap: bool) -> dict:
     """The measurements of one pair of fresh workers (swap: B's chunk before A's)."""
-    a = Tree(Path(args.a).resolve(), args, args.a_buckets)
-    b = Tree(Path(args.b).resolve(), args, args.b_buckets)
+    a = Tree(Path(args.a).resolve(), args, args.a_bucket_rows)
+    b = Tree(Path(args.b).resolve(), args, args.b_bucket_rows)
     res = {}
     try:
         # each tree's reader construction and warm-up (seconds) and the allocator's bytes
@@ -232,14 +203,27 @@ def _bands(text: str) -> list[tuple[int, int]]:
     return bands
 
 
+def _bucket_rows(text: str) -> str:
+    """'64,128' back if it lists ascending multiples of 64 below 256 (Runners' small
+    buckets), else argparse's error naming what is wrong."""
+    try:
+        rows = [int(x) for x in text.split(",")] if text else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"row counts separated by commas, got {text!r}")
+    if any(r <= 0 or r % 64 or r >= 256 for r in rows) or rows != sorted(set(rows)):
+        raise argparse.ArgumentTypeError(f"ascending multiples of 64 below 256, got {text!r}")
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
     ap.add_argument("--b", default=".", help="tree B (default: this one)")
-    ap.add_argument("--a-buckets", default="",
-                    help="tree A's small question buckets, e.g. 64,128 (a tree whose Runners "
-                         "take small_buckets; default: the tree's own)")
-    ap.add_argument("--b-buckets", default="", help="the same for tree B")
+    ap.add_argument("--a-bucket-rows", type=_bucket_rows, default="",
+                    help="tree A's small question buckets in rows, e.g. 64,128 (a tree whose "
+                         "Runners take small_bucket_rows; default: the tree's own)")
+    ap.add_argument("--b-bucket-rows", type=_bucket_rows, default="",
+                    help="the same for tree B")
     ap.add_argument("--ids", nargs="+", help=".npz files of evals/session_ids.py")
     ap.add_argument("--model", default="random:qwen3.5-0.8b")
     ap.add_argument("--device", default="cuda")
@@ -282,7 +266,8 @@ def main(argv=None) -> int:
                  f"--max-context ({args.max_context}) or lower --chunks or --burst")
     res = drive(args)
     print(json.dumps({"probe": "pages_ab", "a": args.a, "b": args.b,
-                      "a_buckets": args.a_buckets, "b_buckets": args.b_buckets,
+                      "a_bucket_rows": args.a_bucket_rows,
+                      "b_bucket_rows": args.b_bucket_rows,
                       "model": args.model,
                       "device": args.device, "grid": args.grid,
                       "date": datetime.date.today().isoformat(), "results": res}))

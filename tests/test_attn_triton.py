@@ -349,21 +349,26 @@ def test_runners_prepare_sizes_and_decode(tiny):
     assert all(x.ops is r.chunk.ops for x in r._sized.values())  # one (compiled) op set
 
 
-def test_runners_small_buckets_pad_short_questions_to_fewer_rows(tiny):
-    """small_buckets: a forward pads to the first small bucket that holds it, else to a
+def test_runners_small_bucket_rows_pad_short_questions_to_fewer_rows(tiny):
+    """small_bucket_rows: a forward pads to the first small bucket that holds it, else to a
     multiple of BUCKET; prepare builds their runners too; bad buckets are refused by name."""
     from adapters.model.runners import Runners
-    assert Runners(tiny, 512).small_buckets == () and Runners(tiny, 512).rows_of(1) == 256
-    r = Runners(tiny, 512, small_buckets=(64, 128))
+    assert Runners(tiny, 512).small_bucket_rows == () and Runners(tiny, 512).rows_of(1) == 256
+    r = Runners(tiny, 512, small_bucket_rows=(64, 128))
     rows = [r.rows_of(n) for n in (1, 64, 65, 69, 128, 129, 256, 257, 769)]
     assert rows == [64, 64, 128, 128, 128, 256, 256, 512, 1024]
     assert r.for_rows(69).t == 128 and r.for_rows(300) is r.chunk
     r.prepare()
     assert sorted(r._sized) == [1, 64, 128, 256, 768, 1024]   # 512: the chunk runner
     for bad, why in (((100,), "multiple of 64"), ((0,), "positive"), ((256,), "below 256"),
-                     ((True,), "multiple of 64"), ((128, 64), "go up"), ((64, 64), "each once")):
+                     ((True,), "multiple of 64"), ((128, 64), "go up"), ((64, 64), "each once"),
+                     (64, "a sequence"), ("64,128", "a sequence"), ((64.0,), "got 64.0")):
         with pytest.raises(ValueError, match=why):
-            Runners(tiny, 512, small_buckets=bad)
+            Runners(tiny, 512, small_bucket_rows=bad)
+    import numpy as np
+    r = Runners(                                  # numpy's integers are row counts too
+        tiny, 512, small_bucket_rows=np.array([64, 128]))
+    assert r.small_bucket_rows == (64, 128) and type(r.small_bucket_rows[0]) is int
 
 
 def test_a_short_question_through_a_small_bucket_at_and_below_c(tiny):
@@ -373,8 +378,8 @@ def test_a_short_question_through_a_small_bucket_at_and_below_c(tiny):
     from adapters.model.runners import Runners
     from shadow_plugin.reader import Reader
 
-    def reader(small_buckets):
-        runners = Runners(tiny, 128, small_buckets=small_buckets)
+    def reader(small_bucket_rows):
+        runners = Runners(tiny, 128, small_bucket_rows=small_bucket_rows)
         return Reader(GraphAdapter(tiny, 128, runners=runners))
 
     ids = torch.randint(0, 248000, (500,), generator=torch.Generator().manual_seed(4)).tolist()

@@ -60,21 +60,22 @@ def test_pages_ab_drives_two_trees_in_turns(tmp_path):
     assert len(bursts["rest_of_burst"]["a_all"]) == 2 and bursts["rest_of_burst"]["a_ms"] > 0
     assert len(res["ask_0k"]["a_all"]) == 2 and res["decode"]["a_ms"] > 0
     assert res["exact"]["a"] == res["exact"]["b"] == {"exact": True, "path": "eager",
-                                                      "small_buckets": []}
+                                                      "small_bucket_rows": []}
 
 
 def test_pages_ab_gives_one_tree_small_question_buckets(tmp_path):
-    """--b-buckets: B's worker reads through runners with those small question buckets (on the
-    CPU their bodies without graphs), A's as the tree has them; both exact."""
+    """--b-bucket-rows: B's worker reads through runners with those small question buckets (on
+    the CPU their bodies without graphs), A's as the tree has them; both exact."""
     res = _pages_ab(tmp_path, "--ask-at", "700", "--repeats", "1", "--points", "",
-                    "--b-buckets", "128")
-    assert res["exact"]["a"] == {"exact": True, "path": "eager", "small_buckets": []}
-    assert res["exact"]["b"] == {"exact": True, "path": "eager:sdpa", "small_buckets": [128]}
+                    "--b-bucket-rows", "128")
+    assert res["exact"]["a"] == {"exact": True, "path": "eager", "small_bucket_rows": []}
+    assert res["exact"]["b"] == {"exact": True, "path": "eager:sdpa",
+                                 "small_bucket_rows": [128]}
     assert len(res["ask_0k"]["b_all"]) == 1 and res["ask_0k"]["b_ms"] > 0
-    for tree in ("a", "b"):                 # construction and warm-up timed, no CUDA bytes
+    for tree in ("a", "b"):                 # load, construction and warm-up timed
         setup = res["setup"][tree]
-        assert setup["build_s"] > 0 and setup["warm_up_s"] >= 0
-        assert setup["cuda_reserved_bytes"] == 0
+        assert setup["load_s"] > 0 and setup["build_s"] > 0 and setup["warm_read_s"] > 0
+        assert setup["warm_up_s"] >= 0 and setup["cuda_reserved_bytes"] == 0
 
 
 def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
@@ -97,7 +98,9 @@ def test_pages_ab_pairs_of_fresh_workers_give_ratios_across_pairs(tmp_path):
     (["--pairs", "0"], "--pairs >= 1"),
     (["--points", "1024", "--burst", "3"], "read to 5120 ids: raise --max-context"),
     (["--bands", "0:100"], "bands 0:100: whole chunks of 512"),
-    (["--bands", "0:204800"], "within --max-context"), (["--bands", "7"], "START:END")])
+    (["--bands", "0:204800"], "within --max-context"), (["--bands", "7"], "START:END"),
+    (["--b-bucket-rows", "100"], "multiples of 64 below 256"),
+    (["--a-bucket-rows", "128,64"], "ascending"), (["--b-bucket-rows", "x"], "row counts")])
 def test_pages_ab_refuses_settings_it_cannot_measure(args, why, capsys):
     """Before any worker starts: a burst of one chunk (no chunk after the first), one chunk
     (only the warm-up), no pair, and chunks past the ids."""

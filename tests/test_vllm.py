@@ -224,7 +224,8 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
     finally:
         code = server.stop(signal.SIGTERM)
     assert code is not None
-    assert len(list((tmp_path / "disk" / "sessions").rglob("*.safetensors"))) == 2   # manifests at the stop
+    manifests = list((tmp_path / "disk" / "sessions").rglob("*.safetensors"))
+    assert len(manifests) == 2                                   # written at the stop
 
     server = VllmServer(host_dir, _env(tmp_path), tmp_path / "vllm-2.log")
     try:

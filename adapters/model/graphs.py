@@ -1,6 +1,6 @@
 """Whole-chunk reads through CUDA graphs: embedding, all layers (GDN and full attention), into
 static buffers; replayed for every chunk of every session (model.runners holds a reader's
-runners: grid chunks, questions padded to 256-row buckets, single-token decode).
+runners: grid chunks, questions padded to row buckets (Runners.rows_of), single-token decode).
 
 The body is cut at the full-attention layers into segments (segment j ends with the q/k/v
 projection of full-attention layer j; segment j + 1 starts with its output projection).

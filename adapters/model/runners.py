@@ -1,40 +1,45 @@
 """A reader's runners (model.graphs.ChunkGraphs): grid chunks (what commits state), questions
-padded to 256-row buckets (or first to smaller ones, `small_buckets`), single-token decode and
-its device-fed loop (model.decode)."""
+padded to 256-row buckets (or first to smaller ones, `small_bucket_rows`), single-token
+decode and its device-fed loop (model.decode)."""
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
+
 from . import ops
+from .fa4_plan import SUB_PAGE
 from .graphs import ChunkGraphs
 
 
 class Runners:
     """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
-    per question length bucket (`for_rows`: forwards padded to the first of `small_buckets`
-    that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS) and one for
-    single-token decode steps (`decode`; with the table attention its attn_triton.DECODE
-    tiling), with its device-fed loop (`decode_loop`).
+    per question length bucket (`for_rows`: forwards padded to the first of
+    `small_bucket_rows` that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS)
+    and one for single-token decode steps (`decode`; with the table attention its
+    attn_triton.DECODE tiling), with its device-fed loop (`decode_loop`).
     Every runner is a ChunkGraphs with the same options; `run` is the chunk runner's.
 
-    small_buckets: row counts below BUCKET, ascending, multiples of 64 (FA4 reads rows in
+    small_bucket_rows: row counts below BUCKET, ascending, multiples of 64 (FA4 reads rows in
     64-row sub-pages, fa4_plan.SUB_PAGE), e.g. (64, 128): a short question pads to fewer rows,
     so it computes less and FA4 splits the keys more ways (up to 33 splits at 64 rows on an
     H200, fa4_plan.all_splits). A question's bits depend on its bucket (not committed state:
     a question at C and below C with the same rows use the same runner). Default none: their
-    speed over pages is not measured yet (evals/device/close16.sh --buckets). Raises
-    ValueError for a bucket that is not such a row count, or a tiling of another attention."""
+    speed over pages is not measured yet (evals/device/close16.sh --buckets-same and
+    --buckets-old). Raises ValueError for buckets that are not such row counts, or a tiling
+    of another attention."""
 
     BUCKET = 256
     MAX_ROWS = 4096
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, small_buckets: tuple[int, ...] = ()):
+                 split=None, small_bucket_rows: tuple[int, ...] = ()):
         self.model = model
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
         if split is not None and attention != "table":
             raise ValueError(f"a tiling ({split}) is the table attention's; attention "
                              f"{attention!r} has none")
-        self.small_buckets = check_small_buckets(small_buckets, self.BUCKET)
+        self.small_bucket_rows = check_small_bucket_rows(small_bucket_rows, self.BUCKET)
         self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True,
                                  page_rows=grid)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
@@ -79,16 +84,16 @@ class Runners:
     def rows_of(self, num_rows: int) -> int:
         """The rows a forward of num_rows ids is padded to: the first small bucket that holds
         them, else the next multiple of BUCKET."""
-        for t in self.small_buckets:
+        for t in self.small_bucket_rows:
             if num_rows <= t:
                 return t
         return -(-num_rows // self.BUCKET) * self.BUCKET
 
-    def question_buckets(self) -> list[int]:
+    def question_bucket_rows(self) -> list[int]:
         """The row counts `prepare` captures by default: the small buckets, then the first 4
         multiples of BUCKET (what the 9-class question with a tail below one 512-id chunk
         needs)."""
-        return list(self.small_buckets) + [self.BUCKET * k for k in range(1, 5)]
+        return list(self.small_bucket_rows) + [self.BUCKET * k for k in range(1, 5)]
 
     def for_rows(self, num_rows: int) -> ChunkGraphs | None:
         """The runner for a forward of num_rows ids padded up to `rows_of(num_rows)` rows
@@ -99,13 +104,14 @@ class Runners:
 
     def prepare(self, question_rows=None, pool=None) -> None:
         """Capture the chunk runner, the decode runner and the question runners for these row
-        counts (default: `question_buckets()`); with FA4 in the graph and `pool` (the reader's
-        block_store.KvPool) given, their graphs over that pool (ChunkGraphs.prepare)."""
+        counts (default: `question_bucket_rows()`); with FA4 in the graph and `pool` (the
+        reader's block_store.KvPool) given, their graphs over that pool
+        (ChunkGraphs.prepare)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
         self.decode_loop().prepare()
-        for rows in question_rows or self.question_buckets():
+        for rows in question_rows or self.question_bucket_rows():
             runner = self.for_rows(rows)
             if runner is not None:
                 runner.prepare(pool)
@@ -135,14 +141,23 @@ class Runners:
         return self._sized[1]
 
 
-def check_small_buckets(buckets, bucket: int) -> tuple[int, ...]:
-    """`buckets` as a tuple if they are ascending multiples of 64 below `bucket` (rows).
-    Raises ValueError naming what is wrong."""
-    buckets = tuple(buckets)
-    for b in buckets:
-        if not isinstance(b, int) or isinstance(b, bool) or b <= 0 or b % 64 or b >= bucket:
-            raise ValueError(f"a small question bucket is a positive multiple of 64 rows below "
-                             f"{bucket}; got {b!r} in {buckets}")
-    if list(buckets) != sorted(set(buckets)):
-        raise ValueError(f"small question buckets go up, each once; got {buckets}")
-    return buckets
+def check_small_bucket_rows(rows, bucket_rows: int) -> tuple[int, ...]:
+    """`rows` (an iterable of integers, numpy's included) as a tuple of ints if they are
+    ascending multiples of fa4_plan.SUB_PAGE below `bucket_rows`. Raises ValueError naming
+    what is wrong (also for a single number or a string)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise ValueError(f"small question bucket rows are a sequence of row counts, e.g. "
+                         f"(64, 128); got {rows!r}")
+    out = []
+    for r in rows:
+        try:
+            n = operator.index(r) if not isinstance(r, bool) else None
+        except TypeError:
+            n = None
+        if n is None or n <= 0 or n % SUB_PAGE or n >= bucket_rows:
+            raise ValueError(f"a small question bucket is a positive multiple of {SUB_PAGE} "
+                             f"rows below {bucket_rows}; got {r!r} in {tuple(rows)}")
+        out.append(n)
+    if out != sorted(set(out)):
+        raise ValueError(f"small question buckets go up, each once; got {tuple(out)}")
+    return tuple(out)

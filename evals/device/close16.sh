@@ -10,14 +10,17 @@
 #   (default) the 9-class question at C at 32k and 100k, pages (this tree) against the
 #     contiguous tree (.old2), two fresh pairs (evals/pages_ab.py with no chunk points and no
 #     bands: each tree reads to the question's line, so the question starts at C), then decode.
-#   --buckets-same: the small question buckets (Runners small_buckets 64,128: the 69-id
+#   --buckets-tests: the Hopper tests of the question runners at 64, 128 and 256 rows (up to
+#     33, 16 and 8 FA4 splits: one graph against the segmented runner, bit for bit); first, so
+#     the FA4 compiles for 64 and 128 rows are in /tmp/fa4cache for the next two;
+#   --buckets-same: the small question buckets (Runners small_bucket_rows 64,128: the 69-id
 #     question pads to 128 rows, not 256) against this tree without them, side by side, two
-#     fresh pairs, after the Hopper tests of the question runners at 64, 128 and 256 rows;
-#     each worker's warm-up seconds and CUDA bytes in the `setup` lines;
-#   --buckets-old: the same buckets against the contiguous tree (.old2), three fresh pairs
-#     (the 3 % target's comparison).
+#     fresh pairs; each worker's load, construction, warm-up and warm-read seconds and CUDA
+#     bytes in the `setup` lines;
+#   --buckets-old: the same buckets against the contiguous tree (.old2), two fresh pairs (the
+#     3 % target's comparison; run it twice for four).
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
-#   bash evals/device/close16.sh [--disk|--buckets-same|--buckets-old]
+#   bash evals/device/close16.sh [--disk|--buckets-tests|--buckets-same|--buckets-old]
 #     (carry .fa4b .whl .devdata .old2 .devcache)
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 case "${1:-}" in
@@ -31,20 +34,19 @@ case "${1:-}" in
     timeout 220 python3 -m evals.store_bench --ids "${ids[0]}" --more "${ids[1]}" \
         --disk /tmp/shadow-disk 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
         | tee "$out/store-bench.log" | tail -n 2 | cut -c1-2000 ;;
+--buckets-tests)
+    TRITON_INTERPRET=0 timeout 500 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+        -rfs tests/test_fa4_graph.py -k question_runner 2>&1 | tee "$out/gpu-tests-q.log" \
+        | grep -E "^(FAILED|ERROR|E )|passed|failed" | cut -c1-300
+    echo "pytest exit ${PIPESTATUS[0]}" ;;
 --buckets-same|--buckets-old)
-    if [ "$1" = --buckets-same ]; then
-        TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
-            -rfs tests/test_fa4_graph.py -k question_runner 2>&1 | tee "$out/gpu-tests-q.log" \
-            | grep -E "^(FAILED|ERROR|E )|passed|failed" | cut -c1-300
-        a=. pairs=2
-    else
-        a=.old2 pairs=3
-    fi
-    timeout 420 python3 -m evals.pages_ab --a "$a" --b . --b-buckets 64,128 --ids "${ids[@]}" \
-        --max-context 102400 --points "" --ask-at 32768,100352 --pairs "$pairs" --repeats 6 \
-        2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
+    a=.; [ "$1" = --buckets-old ] && a=.old2
+    timeout 500 python3 -m evals.pages_ab --a "$a" --b . --b-bucket-rows 64,128 \
+        --ids "${ids[@]}" --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 \
+        --repeats 6 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
         | tee "$out/pages-ab-buckets${1#--buckets}.log" \
-        | grep -E "^(pair|across|exact|ask|setup)" | cut -c1-400 ;;
+        | grep -E "^(pair|across|exact|ask|setup|Traceback|RuntimeError)" | cut -c1-400
+    echo "pages_ab exit ${PIPESTATUS[0]}" ;;
 *)
     timeout 500 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" \
         --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 --repeats 6 "$@" \
