@@ -134,9 +134,13 @@ def _wait_committed(url: str, session: str, num_ids: int, timeout_s: float = 120
     """Waits until the shadow has committed at least `num_ids` ids of `session`.
 
     Raises: TimeoutError after `timeout_s` seconds, with the session's last status."""
-    deadline = time.monotonic() + timeout_s
+    deadline, per = time.monotonic() + timeout_s, None
     while True:
-        per = httpx.get(url + "/v1/shadow/status", timeout=60).json()["sessions"].get(session)
+        try:
+            per = httpx.get(url + "/v1/shadow/status", timeout=30).json()["sessions"].get(
+                session)
+        except (httpx.HTTPError, ValueError):           # a busy server: asked again
+            pass
         if per is not None and per["committed"] >= num_ids:
             return
         if time.monotonic() > deadline:
