@@ -204,14 +204,20 @@ def _bands(text: str) -> list[tuple[int, int]]:
 
 
 def _bucket_rows(text: str) -> str:
-    """'64,128' back if it lists ascending multiples of 64 below 256 (Runners' small
-    buckets), else argparse's error naming what is wrong."""
+    """'64,128' back if Runners would take it as small question bucket rows
+    (adapters.model.runners.check_small_bucket_rows), else argparse's error with its reason."""
+    if not text:
+        return text
     try:
-        rows = [int(x) for x in text.split(",")] if text else []
+        rows = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"row counts separated by commas, got {text!r}")
-    if any(r <= 0 or r % 64 or r >= 256 for r in rows) or rows != sorted(set(rows)):
-        raise argparse.ArgumentTypeError(f"ascending multiples of 64 below 256, got {text!r}")
+    from adapters.model.runners import Runners, check_small_bucket_rows
+    try:
+        check_small_bucket_rows(rows, Runners.BUCKET)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"ascending multiples of 64 below {Runners.BUCKET}, "
+                                         f"got {text!r}: {e}")
     return text
 
 

@@ -25,33 +25,26 @@
 source "$(dirname "$0")/fa4_site.sh" || exit 1   # env.sh, the wheels, flash-attn-4
 case "${1:-}" in
 --disk)
-    TRITON_INTERPRET=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
-        -rfs tests/test_fa4_graph.py tests/test_identity.py 2>&1 | tee "$out/gpu-tests.log" \
-        | grep -E "^(FAILED|ERROR|E )|passed|failed" | cut -c1-300
-    timeout 150 python3 -m evals.gpu_exact --ids "${ids[0]}" --cpu-ids 512 2>&1 \
-        | grep -v '^!!' | grep -v "UserWarning\|exe_args" | tee "$out/gpu-exact.log" \
-        | tail -n 1 | cut -c1-1200
+    gpu_pytest 200 gpu-tests.log tests/test_fa4_graph.py tests/test_identity.py
+    timeout 150 python3 -m evals.gpu_exact --ids "${ids[0]}" --cpu-ids 512 2>&1 | quiet \
+        | tee "$out/gpu-exact.log" | tail -n 1 | cut -c1-1200
     timeout 220 python3 -m evals.store_bench --ids "${ids[0]}" --more "${ids[1]}" \
-        --disk /tmp/shadow-disk 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
-        | tee "$out/store-bench.log" | tail -n 2 | cut -c1-2000 ;;
+        --disk /tmp/shadow-disk 2>&1 | quiet | tee "$out/store-bench.log" | tail -n 2 \
+        | cut -c1-2000 ;;
 --buckets-tests)
-    TRITON_INTERPRET=0 timeout 500 python3 -m pytest -q -p no:cacheprovider -p no:warnings \
-        -rfs tests/test_fa4_graph.py -k question_runner 2>&1 | tee "$out/gpu-tests-q.log" \
-        | grep -E "^(FAILED|ERROR|E )|passed|failed" | cut -c1-300
-    echo "pytest exit ${PIPESTATUS[0]}" ;;
+    gpu_pytest 500 gpu-tests-q.log tests/test_fa4_graph.py -k question_runner ;;
 --buckets-same|--buckets-old)
     a=.; [ "$1" = --buckets-old ] && a=.old2
     timeout 500 python3 -m evals.pages_ab --a "$a" --b . --b-bucket-rows 64,128 \
         --ids "${ids[@]}" --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 \
-        --repeats 6 2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
-        | tee "$out/pages-ab-buckets${1#--buckets}.log" \
+        --repeats 6 2>&1 | quiet | tee "$out/pages-ab-buckets${1#--buckets}.log" \
         | grep -E "^(pair|across|exact|ask|setup|Traceback|RuntimeError)" | cut -c1-400
     echo "pages_ab exit ${PIPESTATUS[0]}" ;;
 *)
     timeout 500 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" \
         --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 --repeats 6 "$@" \
-        2>&1 | grep -v '^!!' | grep -v "UserWarning\|exe_args" \
-        | tee "$out/pages-ab-ask.log" | grep -E "^(pair|across|exact|ask)" | cut -c1-300 ;;
+        2>&1 | quiet | tee "$out/pages-ab-ask.log" | grep -E "^(pair|across|exact|ask)" \
+        | cut -c1-300 ;;
 esac
 echo "took ${SECONDS} s"
 tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true
