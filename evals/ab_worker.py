@@ -1,7 +1,7 @@
 """The worker of evals/pages_ab.py: one reader in one tree of the code, driven by commands on
 stdin (one JSON object a line), answering one JSON object a line on stdout. Run as a script by
 its path (`python evals/ab_worker.py --model M --device D --grid G [--small-bucket-rows
-64,128]`, the tree's code first on PYTHONPATH), so the tree measured need not have this file;
+64,128|none]`, the tree's code first on PYTHONPATH), so the tree measured need not have this file;
 evals/kernel_profile.py is loaded from beside it for the same reason.
 """
 from __future__ import annotations
@@ -168,12 +168,12 @@ def _profile_band(reader, ids: list[int], start: int, end: int, n: int, grid: in
         reader.drop(name)
 
 
-def _reader(model, grid: int, small_bucket_rows: tuple[int, ...]):
-    """The tree's Reader with its default forwards; with small_bucket_rows, through the
-    runners with those small question buckets (adapters.model.runners.Runners, in a tree that
-    has them)."""
+def _reader(model, grid: int, small_bucket_rows: tuple[int, ...] | None):
+    """The tree's Reader with its default forwards; with small_bucket_rows (() for none),
+    through the runners with those small question buckets (adapters.model.runners.Runners, in
+    a tree that has them)."""
     from shadow_plugin import Reader
-    if not small_bucket_rows:
+    if small_bucket_rows is None:
         return Reader(model, grid=grid)
     from adapters import GraphAdapter
     from adapters.model.runners import Runners
@@ -182,7 +182,7 @@ def _reader(model, grid: int, small_bucket_rows: tuple[int, ...]):
 
 
 def worker(model_name: str, device: str, grid: int,
-           small_bucket_rows: tuple[int, ...] = ()) -> None:
+           small_bucket_rows: tuple[int, ...] | None = None) -> None:
     """Commands on stdin, one JSON object a line; one JSON answer a line on stdout."""
     import time
 
@@ -272,7 +272,9 @@ if __name__ == "__main__":
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", required=True)
     ap.add_argument("--grid", type=int, required=True)
-    ap.add_argument("--small-bucket-rows", type=lambda s: tuple(int(x) for x in s.split(",")),
-                    default=(), help="small question buckets in rows, e.g. 64,128 (Runners)")
+    ap.add_argument("--small-bucket-rows", default=None,
+                    type=lambda s: () if s == "none" else tuple(int(x) for x in s.split(",")),
+                    help="small question buckets in rows, e.g. 64,128, or none (Runners; "
+                         "default: the tree's own)")
     a = ap.parse_args()
     worker(a.model, a.device, a.grid, a.small_bucket_rows)

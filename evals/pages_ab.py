@@ -205,8 +205,9 @@ def _bands(text: str) -> list[tuple[int, int]]:
 
 def _bucket_rows(text: str) -> str:
     """'64,128' back if Runners would take it as small question bucket rows
-    (adapters.model.runners.check_small_bucket_rows), else argparse's error with its reason."""
-    if not text:
+    (adapters.model.runners.check_small_bucket_rows), 'none' (no small buckets) and '' (the
+    tree's own) as they are, else argparse's error with its reason."""
+    if text in ("", "none"):
         return text
     try:
         rows = [int(x) for x in text.split(",")]
@@ -226,8 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--a", help="tree A (e.g. the earlier commit's `git archive`)")
     ap.add_argument("--b", default=".", help="tree B (default: this one)")
     ap.add_argument("--a-bucket-rows", type=_bucket_rows, default="",
-                    help="tree A's small question buckets in rows, e.g. 64,128 (a tree whose "
-                         "Runners take small_bucket_rows; default: the tree's own)")
+                    help="tree A's small question buckets in rows, e.g. 64,128, or none (a "
+                         "tree whose Runners take small_bucket_rows; default: the tree's own)")
     ap.add_argument("--b-bucket-rows", type=_bucket_rows, default="",
                     help="the same for tree B")
     ap.add_argument("--ids", nargs="+", help=".npz files of evals/session_ids.py")

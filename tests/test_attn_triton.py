@@ -337,10 +337,11 @@ def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
 
 
 def test_runners_prepare_sizes_and_decode(tiny):
-    """Runners: question lengths go to multiples of BUCKET (none past MAX_ROWS); prepare
-    builds the decode and bucket runners (nothing to capture on the CPU)."""
+    """Runners without small buckets: question lengths go to multiples of BUCKET (none past
+    MAX_ROWS); prepare builds the decode and bucket runners (nothing to capture on the
+    CPU)."""
     from adapters.model.runners import Runners
-    r = Runners(tiny, 64)
+    r = Runners(tiny, 64, small_bucket_rows=())
     assert r.for_rows(1).t == r.BUCKET and r.for_rows(r.BUCKET + 1).t == 2 * r.BUCKET
     assert r.for_rows(r.MAX_ROWS + 1) is None
     r.prepare()
@@ -349,11 +350,45 @@ def test_runners_prepare_sizes_and_decode(tiny):
     assert all(x.ops is r.chunk.ops for x in r._sized.values())  # one (compiled) op set
 
 
+def test_question_runners_give_back_no_states_and_the_same_hidden_rows(tiny):
+    """A question runner (Runners.for_rows) returns (hidden, None): its states are not copied
+    out (ChunkGraphs' return_states); its hidden rows equal those of a runner that returns
+    states; the chunk and decode runners still return them; take() on its slots is refused."""
+    from adapters import spec_for
+    from adapters.model.graphs import ChunkGraphs
+    from adapters.model.runners import Runners
+    from block_store import contiguous_kv
+    from block_store.layout import zero_gdn
+    r = Runners(tiny, 128, small_bucket_rows=(64,))
+    question = r.for_rows(40)
+    assert question.t == 64 and not question.slots.returned
+    assert r.chunk.slots.returned and r.decode().slots.returned
+    twin = ChunkGraphs(tiny, 64, op_set=r.chunk.ops, proj=r.chunk.proj,   # returns states
+                       page_rows=128)
+    spec = spec_for(tiny.cfg, tiny.device, tiny.dtype)
+    ids = torch.randint(0, 248000, (64,), generator=torch.Generator().manual_seed(7)).tolist()
+    outs = []
+    for runner in (question, twin):
+        kv = contiguous_kv(spec, 128, 256)
+        kv.pool.block.zero_()
+        outs.append(runner.run(ids, 128, kv, zero_gdn(spec)))
+    assert outs[0][1] is None and len(outs[1][1]) == len(tiny.cfg.linear_layers)
+    assert torch.equal(outs[0][0], outs[1][0])
+    with pytest.raises(RuntimeError, match="return no states"):
+        question.slots.take()
+    question.slots.release()
+    assert question.slots.outputs == [None] * len(tiny.cfg.linear_layers)
+    twin_outputs = list(twin.slots.outputs)
+    twin.slots.release()                        # slots that return states keep them
+    assert all(a is b for a, b in zip(twin.slots.outputs, twin_outputs))
+
+
 def test_runners_small_bucket_rows_pad_short_questions_to_fewer_rows(tiny):
     """small_bucket_rows: a forward pads to the first small bucket that holds it, else to a
     multiple of BUCKET; prepare builds their runners too; bad buckets are refused by name."""
     from adapters.model.runners import Runners
-    assert Runners(tiny, 512).small_bucket_rows == () and Runners(tiny, 512).rows_of(1) == 256
+    assert Runners(tiny, 512).small_bucket_rows == (64, 128)       # the default
+    assert Runners(tiny, 512, small_bucket_rows=()).rows_of(1) == 256
     r = Runners(tiny, 512, small_bucket_rows=(64, 128))
     rows = [r.rows_of(n) for n in (1, 64, 65, 69, 128, 129, 256, 257, 769)]
     assert rows == [64, 64, 128, 128, 128, 256, 256, 512, 1024]

@@ -72,6 +72,9 @@ def test_pages_ab_gives_one_tree_small_question_buckets(tmp_path):
     assert res["exact"]["b"] == {"exact": True, "path": "eager:sdpa",
                                  "small_bucket_rows": [128]}
     assert len(res["ask_0k"]["b_all"]) == 1 and res["ask_0k"]["b_ms"] > 0
+    res = _pages_ab(tmp_path, "--ask-at", "", "--repeats", "1", "--points", "",
+                    "--b-bucket-rows", "none")         # the runners without small buckets
+    assert res["exact"]["b"] == {"exact": True, "path": "eager:sdpa", "small_bucket_rows": []}
     for tree in ("a", "b"):                 # load, construction and warm-up timed
         setup = res["setup"][tree]
         assert setup["load_s"] > 0 and setup["build_s"] > 0 and setup["warm_read_s"] > 0

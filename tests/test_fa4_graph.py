@@ -294,6 +294,156 @@ def test_one_graph_question_runner_equals_the_segmented_one_at_every_split(t, nu
         assert all(torch.equal(x, y) for x, y in zip(flat_a, flat_b))
 
 
+def test_split_graphs_of_a_question_runner_keep_no_states(monkeypatch):
+    """With slots that return no states, a capture keeps no output states and lets go of the
+    slots' (their blocks go back to the graphs' pool); its replays leave the slots alone."""
+    from adapters.model import capture
+    from adapters.model.slots import StateSlots
+    sg = fa4_graph.SplitGraphs(64, 512 * 64, torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    cfg = types.SimpleNamespace(linear_num_value_heads=2, linear_key_head_dim=4,
+                                linear_value_head_dim=4, conv_dim=8, linear_conv_kernel_dim=4,
+                                linear_layers=[0, 1])
+    pool = types.SimpleNamespace(pointers=[1])
+    for returned in (True, False):
+        slots = StateSlots(cfg, "cpu", torch.float32, returned=returned)
+        states = [(torch.ones(1), torch.ones(1)), (torch.ones(1), torch.ones(1))]
+
+        def body():
+            slots.outputs[:] = states
+        monkeypatch.setattr(capture, "graph_of", lambda body, mempool: (body(), _Graph())[1])
+        entry = sg.ensure(2 + returned, pool, body, slots)
+        if returned:
+            assert entry[2] == states and slots.outputs == states
+        else:
+            assert entry[2] is None and slots.outputs == [None, None]
+            sg.replay(2, pool, body, slots)
+            assert entry[1].num_replays == 1 and slots.outputs == [None, None]
+
+
+@pytest.mark.skipif(not HOPPER_FA4, reason="FA4's SM90 forward needs a Hopper GPU and "
+                    "flash-attn-4")
+def test_a_question_runner_holds_no_states_per_graph_and_gives_the_same_hidden_rows():
+    """A 64-row question runner (return_states=False, up to 33 FA4 splits on an H200) against
+    the same runner returning states: at a chunk of every split count (random KV rows below
+    and random states, the same in both), in order and then in reverse, the same hidden rows
+    and KV rows bit for bit; capturing all its splits over a pool
+    (after the warm-up, which compiles) holds less memory than the other's by at least 3/4
+    of one set of output states a graph after the first (a set: 18 recurrent states of
+    1 MiB and the conv states on the 0.8B; measured 2026-12-02 on an H200 with the warm-up
+    inside: 663 MB held by the 33 graphs returning states,
+    docs/gpu-tests-states-2026-12-02.log)."""
+    from paged import paged_kv
+
+    from adapters import spec_for
+    from block_store.layout import zero_gdn
+    model, spec, ids, one, _ = _gpu_runners(64, 1, seed=6)
+    question = graphs.ChunkGraphs(model, 64, page_rows=512, op_set=one.ops, proj=one.proj,
+                                  return_states=False)
+    splits = one._between.all_splits(64, model.device)
+    rows = (max(splits) + 1) * fa4_plan.MIN_SPLIT_KEYS
+    kvs = [paged_kv(spec, 512, rows, seed=1) for _ in range(2)]
+    held = []
+    for runner, kv in ((question, kvs[1]), (one, kvs[0])):
+        runner.prepare()                  # the warm-up (compiles, kept buffers): no pool yet
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        runner.prepare(kv.pool)           # the captures of every split over the pool
+        torch.cuda.synchronize()
+        held.append(torch.cuda.memory_allocated() - before)
+    set_bytes = sum(x.numel() * x.element_size() for pair in one.slots.inputs for x in pair)
+    assert held[1] - held[0] >= (len(splits) - 1) * set_bytes * 3 // 4, (held, set_bytes)
+    gen = torch.Generator(device=model.device).manual_seed(8)
+    gdn = [tuple(torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype) * 0.1
+                 for x in pair) for pair in zero_gdn(spec_for(model.cfg, model.device,
+                                                               model.dtype))]
+    first = {}
+    # every split in order, then again in reverse after all captures: a graph whose freed
+    # output blocks a later capture took must still give the same rows
+    for s in splits + splits[::-1]:
+        pos = s * fa4_plan.MIN_SPLIT_KEYS
+        assert one._between.num_splits(pos, 64, model.device) == s
+        a, b = (r.run(ids, pos, kv, gdn) for r, kv in ((one, kvs[0]), (question, kvs[1])))
+        assert b[1] is None and len(a[1]) == len(gdn) and torch.equal(a[0], b[0])
+        assert torch.equal(first.setdefault(s, b[0]), b[0])
+    assert question.split_graphs.num_captures == len(splits) == len(first) > 5
+    assert all(torch.equal(x, y) for x, y in zip(_kv_rows(kvs[0], rows), _kv_rows(kvs[1], rows)))
+
+
+def test_a_runners_warm_ups_run_on_one_side_stream(tiny, monkeypatch):
+    """capture.capture warms up at every split's position on the runner's one side stream
+    (made at the first warm-up when it has none, kept after; given, none is made): cuBLAS
+    keeps a workspace for every stream it ran on."""
+    from adapters.model import capture
+    made, seen = [], []
+    monkeypatch.setattr(capture, "new_side_stream",
+                        lambda device: made.append(object()) or made[-1])
+    monkeypatch.setattr(capture, "warm_up",
+                        lambda runner, kv, pos: seen.append((pos, capture.side_stream(runner))))
+    between = types.SimpleNamespace(all_splits=lambda t, device: [0, 2, 3])
+    runner = types.SimpleNamespace(model=tiny, t=64, page_rows=64, attention="fa4",
+                                   split_graphs=True, _between=between, side_stream=None)
+    capture.capture(runner)
+    capture.capture(runner)
+    assert len(made) == 1 and runner.side_stream is made[0]
+    assert seen == [(p, made[0]) for p in (0, 2048, 3072)] * 2
+    given = types.SimpleNamespace(**{**vars(runner), "side_stream": "s"})
+    seen.clear()
+    capture.capture(given)
+    assert len(made) == 1 and [s for _, s in seen] == ["s"] * 3
+
+
+def test_a_warm_up_runs_the_body_on_the_side_stream_then_releases_states(monkeypatch):
+    """capture.warm_up: the body twice inside the runner's side stream, ordered after the
+    current stream's work and before its next; then the slots let go of their states."""
+    from adapters.model import capture
+    events = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits {other.name}")
+
+    side, current = Stream("side"), Stream("current")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+
+    class On:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            events.append(f"on {self.stream.name}")
+
+        def __exit__(self, *exc):
+            events.append("off")
+    monkeypatch.setattr(torch.cuda, "stream", On)
+    slots = types.SimpleNamespace(release=lambda: events.append("release"))
+    runner = types.SimpleNamespace(t=2, model=types.SimpleNamespace(device="cuda"),
+                                   side_stream=side, slots=slots,
+                                   _stage=lambda ids, pos, kv: events.append(f"stage {pos}"),
+                                   _body=lambda: events.append("body"))
+    capture.warm_up(runner, "kv", 1024)
+    assert events == ["stage 1024", "side waits current", "on side", "body", "body", "off",
+                      "current waits side", "sync", "release"]
+    assert runner._kv is None and runner._pos == 1024
+
+
+def test_runners_share_one_side_stream(tiny, monkeypatch):
+    """Every runner a Runners makes (chunk, question buckets, decode) warms up on the one
+    stream it made (model.capture.new_side_stream: None on the CPU)."""
+    from adapters.model import capture
+    from adapters.model.runners import Runners
+    assert Runners(tiny, 512).chunk.side_stream is None
+    monkeypatch.setattr(capture, "new_side_stream", lambda device: "the stream")
+    r = Runners(tiny, 512)
+    runners = [r.chunk, r.for_rows(40), r.for_rows(100), r.for_rows(600), r.decode()]
+    assert len({id(x) for x in runners}) == 5
+    assert all(x.side_stream == "the stream" for x in runners)
+
+
 def test_without_a_pinned_pool_two_pools_are_kept(monkeypatch):
     """A reader that skipped its warm-up: its pool and check_exact's fresh pools, in turns,
     cost one capture per fresh pool, not one for the reader's pool each time too."""

@@ -9,12 +9,30 @@ import torch
 from . import fa4_plan
 
 
+def new_side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A new CUDA stream on `device` for warm-ups (`side_stream`); None on other devices."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+def side_stream(runner) -> torch.cuda.Stream:
+    """The stream runner's warm-ups run on: its `side_stream`, made now if it has none (then
+    kept there). One for all warm-ups, because cuBLAS keeps a workspace (32 MiB on an H200)
+    for every stream it ran on, for the life of the process: a new stream at each of the 33
+    warm-up positions of a 64-row runner held 32 of them, 1.07 GB (torch's pool has 32
+    streams; docs/gpu-tests-states-2026-12-02.log: 1,084,832,768 bytes = 32 x 32 MiB and the
+    11 MB the other runner held too)."""
+    if runner.side_stream is None:
+        runner.side_stream = new_side_stream(runner.model.device)
+    return runner.side_stream
+
+
 def warm_up(runner, kv, pos: int) -> None:
-    """runner's body twice at pos over kv (a block_store.PagedKv), on a side stream, then a
-    sync."""
+    """runner's body twice at pos over kv (a block_store.PagedKv), on its side stream
+    (`side_stream`), then a sync; then, for a runner that returns no states, its slots let go
+    of the output states (StateSlots.release)."""
     runner._stage([0] * runner.t, pos, kv)
     runner._pos, runner._kv = pos, kv
-    side = torch.cuda.Stream()
+    side = side_stream(runner)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
         for _ in range(2):
@@ -22,6 +40,7 @@ def warm_up(runner, kv, pos: int) -> None:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize(runner.model.device)
     runner._kv = None
+    runner.slots.release()
 
 
 def warm_positions(runner) -> list[int]:

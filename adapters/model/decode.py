@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from . import capture
+
 
 class DecodeLoop:
     """Greedy steps on `runner` (a ChunkGraphs with t = 1) of `model` (Qwen35)."""
@@ -36,7 +38,7 @@ class DecodeLoop:
     def _capture(self) -> None:
         """Capture the tail (after a warm-up on a side stream, as the runner does; both change
         the runner's inputs, which `run` stages afterwards)."""
-        side = torch.cuda.Stream()
+        side = capture.side_stream(self.runner)      # one stream: one cuBLAS workspace
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
             self._tail()

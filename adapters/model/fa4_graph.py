@@ -180,7 +180,9 @@ class SplitGraphs:
     else at the first chunk with that S over a pool; and the SplitTables of each S.
 
     Each graph's output GDN states are tensors of its own capture; `replay` points the
-    runner's StateSlots at them before it copies them out. Graphs of one memory pool are
+    runner's StateSlots at them before it copies them out. A runner whose slots return no
+    states (a question runner: StateSlots' returned) keeps none: their blocks go back to the
+    pool after each capture, so its graphs share them. Graphs of one memory pool are
     replayed one at a time, each run's outputs copied out before the next replay (the
     runner's `run`), so a later capture reusing a freed block of an earlier one loses
     nothing. The pinned pool's graphs (the reader's, `pin`) are kept, and those of the
@@ -215,12 +217,14 @@ class SplitGraphs:
 
     def replay(self, s: int, pool, body, slots) -> None:
         """Replay the graph of S splits over `pool` (a block_store KvPool), capturing it first
-        (`ensure`). slots: the runner's StateSlots (its outputs are set to this graph's)."""
+        (`ensure`). slots: the runner's StateSlots (its outputs are set to this graph's, when
+        the graph kept them)."""
         entry = self.ensure(s, pool, body, slots)
         if entry[1] is None:                      # its capture failed: eagerly
             body()
             return
-        slots.outputs[:] = entry[2]
+        if entry[2] is not None:
+            slots.outputs[:] = entry[2]
         entry[1].replay()
 
     def ensure(self, s: int, pool, body, slots) -> tuple:
@@ -261,7 +265,9 @@ class SplitGraphs:
         graph = capture.graph_of(body, self._mempool)
         self.num_captures += 1
         self.capture_s += time.perf_counter() - t0
-        return pool.pointers, graph, list(slots.outputs)
+        outputs = list(slots.outputs) if slots.returned else None
+        slots.release()              # its blocks free for the next capture into the pool
+        return pool.pointers, graph, outputs
 
     def all(self) -> list:
         """The captured graphs (any S, any pool)."""

@@ -31,7 +31,7 @@ Static buffers (the model's device): meta (model.meta), per GDN layer the input 
 [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), per full layer its attention output
 [T, H * D], the final hidden [T, hidden]; for the table attention its split scratch
 (attn_triton.scratch). The output states are the body's own tensors, which a graph's replay
-rewrites in place; `run` copies them out.
+rewrites in place; `run` copies them out (a question runner's: not at all).
 """
 from __future__ import annotations
 
@@ -73,14 +73,19 @@ class ChunkGraphs:
     committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
     compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
     an input; default: with the fused ops). keep_states: model.slots.StateSlots' keep (bits
-    unchanged). fa4_in_graph: with FA4 on CUDA, the whole body as one graph per number of
-    splits (model.fa4_graph; default) instead of a graph per segment with FA4 between.
+    unchanged). return_states: False for a question runner, whose `run` gives back no states
+    (with FA4 in the graph its graphs keep none: model.slots.StateSlots' returned).
+    side_stream: the CUDA stream of its warm-ups (default: its own, made at the first;
+    model.capture.side_stream: runners that share one share cuBLAS's workspace).
+    fa4_in_graph: with FA4 on CUDA, the whole body as one graph per number of splits
+    (model.fa4_graph; default) instead of a graph per segment with FA4 between.
     Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
                  split=None, op_set: ops.Ops | None = None, proj=None, keep_states: bool = False,
-                 page_rows: int | None = None, fa4_in_graph: bool = True):
-        self.model, self.t = model, t
+                 page_rows: int | None = None, fa4_in_graph: bool = True,
+                 return_states: bool = True, side_stream=None):
+        self.model, self.t, self.side_stream = model, t, side_stream
         self.page_rows = page_rows or max(64, t)      # a whole chunk's rows by default
         dev, cfg, dt = model.device, model.cfg, model.dtype
         self.use_graphs = dev.type == "cuda"
@@ -115,7 +120,7 @@ class ChunkGraphs:
         self.meta = self.staged.meta                       # what the graphs read
         self.steps = torch.arange(t, device=dev)
         self.hidden = z(t, cfg.hidden_size)
-        self.slots = StateSlots(cfg, dev, dt, keep_states)
+        self.slots = StateSlots(cfg, dev, dt, keep_states, return_states)
         self.gdn_in, self.gdn_out = self.slots.inputs, self.slots.outputs   # the body's view
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
         if attention != "sdpa":                          # these write KV rows with write_kv
@@ -274,8 +279,9 @@ class ChunkGraphs:
         """Same contract as Qwen35.forward for T = self.t (ids: a list of T ints, not checked
         further, the reader validates them, or [T] int64 on any device; kv: a
         block_store.PagedKv whose pages hold rows >= pos + T, pages of this runner's
-        page_rows): writes KV rows [pos, pos + T), returns (hidden [T, hidden], new gdn
-        list); the given states are not changed.
+        page_rows): writes KV rows [pos, pos + T), returns (hidden [T, hidden], the new gdn
+        list or, from a runner made with return_states=False, None); the given states are
+        not changed.
 
         Raises ValueError for a chunk of another length, a negative pos, or pages that are too
         few, of another size, more than the runner's table holds, or a pool that is not
@@ -300,4 +306,4 @@ class ChunkGraphs:
             self._replay() if self.use_graphs else self._body()
         finally:
             self._kv = None
-        return self.hidden.clone(), self.slots.take()
+        return self.hidden.clone(), self.slots.take() if self.slots.returned else None

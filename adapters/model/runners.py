@@ -1,12 +1,12 @@
 """A reader's runners (model.graphs.ChunkGraphs): grid chunks (what commits state), questions
-padded to 256-row buckets (or first to smaller ones, `small_bucket_rows`), single-token
+padded to row buckets (64 and 128 rows, `small_bucket_rows`, then multiples of 256), single-token
 decode and its device-fed loop (model.decode)."""
 from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
 
-from . import ops
+from . import capture, ops
 from .fa4_plan import SUB_PAGE
 from .graphs import ChunkGraphs
 
@@ -14,36 +14,46 @@ from .graphs import ChunkGraphs
 class Runners:
     """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
     per question length bucket (`for_rows`: forwards padded to the first of
-    `small_bucket_rows` that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS)
-    and one for single-token decode steps (`decode`; with the table attention its
+    `small_bucket_rows` that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS;
+    their runs give back the hidden rows and no states, ChunkGraphs' return_states: with FA4
+    in the graph their graphs keep none) and one
+    for single-token decode steps (`decode`; with the table attention its
     attn_triton.DECODE tiling), with its device-fed loop (`decode_loop`).
-    Every runner is a ChunkGraphs with the same options; `run` is the chunk runner's.
+    Every runner is a ChunkGraphs with the same options (on CUDA one side stream for their
+    warm-ups); `run` is the chunk runner's.
 
     small_bucket_rows: row counts below BUCKET, ascending, multiples of 64 (FA4 reads rows in
     64-row sub-pages, fa4_plan.SUB_PAGE), e.g. (64, 128): a short question pads to fewer rows,
     so it computes less and FA4 splits the keys more ways (up to 33 splits at 64 rows on an
     H200, fa4_plan.all_splits). A question's bits depend on its bucket (not committed state:
-    a question at C and below C with the same rows use the same runner). Default none: their
-    speed over pages is not measured yet (evals/device/close16.sh --buckets-same and
-    --buckets-old). Raises ValueError for buckets that are not such row counts, or a tiling
-    of another attention."""
+    a question at C and below C with the same rows use the same runner). Default (None):
+    those of SMALL_BUCKET_ROWS, (64, 128), below BUCKET. On an H200 the 9-class question at
+    C (69 ids: 128 rows) took 12-14 % less at 32k and 22 % less at 100k than with 256 rows,
+    and 16 % less at 32k than over contiguous KV (BENCHMARKS.md,
+    docs/pages-ab-buckets-*-2026-12-02*.log). () for none. Raises ValueError for buckets
+    that are not such row counts, or a tiling of another attention."""
 
     BUCKET = 256
     MAX_ROWS = 4096
+    SMALL_BUCKET_ROWS = (64, 128)
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, small_bucket_rows: tuple[int, ...] = ()):
+                 split=None, small_bucket_rows: tuple[int, ...] | None = None):
         self.model = model
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
         if split is not None and attention != "table":
             raise ValueError(f"a tiling ({split}) is the table attention's; attention "
                              f"{attention!r} has none")
+        if small_bucket_rows is None:          # the default: those below this class's BUCKET
+            small_bucket_rows = [r for r in self.SMALL_BUCKET_ROWS if r < self.BUCKET]
         self.small_bucket_rows = check_small_bucket_rows(small_bucket_rows, self.BUCKET)
+        # one stream for every runner's warm-ups: one cuBLAS workspace (model.capture)
+        side = capture.new_side_stream(model.device)
         self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True,
-                                 page_rows=grid)
+                                 page_rows=grid, side_stream=side)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
-                        "proj": self.chunk.proj, "page_rows": grid}
+                        "proj": self.chunk.proj, "page_rows": grid, "side_stream": side}
         self.split = split
         self._sized: dict[int, ChunkGraphs] = {}
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
@@ -76,7 +86,9 @@ class Runners:
         if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
             return self.chunk
         if t not in self._sized:
-            runner = self._sized[t] = ChunkGraphs(self.model, t, split=split, **self.options)
+            # a question's states are not given back (fork_logits): its graphs hold none
+            runner = self._sized[t] = ChunkGraphs(self.model, t, split=split,
+                                                  return_states=False, **self.options)
             if runner.split_graphs is not None and self._pool is not None:
                 runner.split_graphs.pin(self._pool)    # its graphs over it made at first use
         return self._sized[t]

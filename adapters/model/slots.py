@@ -41,16 +41,20 @@ def same(fed: tuple[list, list[int]], gdn: list) -> bool:
 class StateSlots:
     """inputs: per GDN layer (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), the
     graphs' static inputs; outputs: per GDN layer the (conv, recurrent) the body left (set by
-    the runner's body); keep: see the module doc."""
+    the runner's body); keep: see the module doc. returned: False for a runner whose runs
+    give back no states (a question runner, model.runners): `take` is refused, and `release`
+    lets go of the outputs, so that a CUDA graph's output states (19.8 MB a graph on the
+    0.8B: 18 recurrent states of 1 MiB and the conv states) go back to the graphs' memory
+    pool for the next capture instead of staying held per graph."""
 
-    def __init__(self, cfg, device, dtype, keep: bool = False):
+    def __init__(self, cfg, device, dtype, keep: bool = False, returned: bool = True):
         hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.inputs = [(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=device,
                                     dtype=dtype),
                         torch.zeros(hv, kd, vd, device=device, dtype=torch.float32))
                        for _ in cfg.linear_layers]
         self.outputs: list = [None] * len(cfg.linear_layers)
-        self.keep = keep
+        self.keep, self.returned = keep, returned
         self.fed: tuple[list, list[int]] | None = None   # the states inputs hold a copy of
 
     def feed(self, gdn: list) -> None:
@@ -62,9 +66,17 @@ class StateSlots:
         for part in (0, 1):                         # conv states, then recurrent (one dtype each)
             torch._foreach_copy_([x[part] for x in self.inputs], [x[part] for x in gdn])
 
+    def release(self) -> None:
+        """Let go of the outputs (slots that return none); nothing otherwise."""
+        if not self.returned:
+            self.outputs[:] = [None] * len(self.outputs)
+
     def take(self) -> list:
         """The outputs copied into new tensors (and, with keep, into the inputs for the next
-        run); returns them as a gdn list."""
+        run); returns them as a gdn list. Raises RuntimeError for slots that return none."""
+        if not self.returned:
+            raise RuntimeError("these state slots return no states (returned=False: a "
+                               "question runner's)")
         out = []
         for part in (0, 1):
             src = [x[part] for x in self.outputs]

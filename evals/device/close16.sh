@@ -14,7 +14,8 @@
 #     33, 16 and 8 FA4 splits: one graph against the segmented runner, bit for bit); first, so
 #     the FA4 compiles for 64 and 128 rows are in /tmp/fa4cache for the next two;
 #   --buckets-same: the small question buckets (Runners small_bucket_rows 64,128: the 69-id
-#     question pads to 128 rows, not 256) against this tree without them, side by side, two
+#     question pads to 128 rows, not 256; the default since 2026-12-02, so A is given none)
+#     against this tree without them, side by side, two
 #     fresh pairs; each worker's load, construction, warm-up and warm-read seconds and CUDA
 #     bytes in the `setup` lines;
 #   --buckets-old: the same buckets against the contiguous tree (.old2), two fresh pairs (the
@@ -34,11 +35,11 @@ case "${1:-}" in
 --buckets-tests)
     gpu_pytest 500 gpu-tests-q.log tests/test_fa4_graph.py -k question_runner ;;
 --buckets-same|--buckets-old)
-    a=.; [ "$1" = --buckets-old ] && a=.old2
-    timeout 500 python3 -m evals.pages_ab --a "$a" --b . --b-bucket-rows 64,128 \
+    a=(--a . --a-bucket-rows none); [ "$1" = --buckets-old ] && a=(--a .old2)
+    timeout 500 python3 -m evals.pages_ab "${a[@]}" --b . --b-bucket-rows 64,128 \
         --ids "${ids[@]}" --max-context 102400 --points "" --ask-at 32768,100352 --pairs 2 \
         --repeats 6 2>&1 | quiet | tee "$out/pages-ab-buckets${1#--buckets}.log" \
-        | grep -E "^(pair|across|exact|ask|setup|Traceback|RuntimeError)" | cut -c1-400
+        | grep -E "^(pair|across|exact|ask|setup|decode|Traceback|RuntimeError)" | cut -c1-400
     echo "pages_ab exit ${PIPESTATUS[0]}" ;;
 *)
     timeout 500 python3 -m evals.pages_ab --a .old2 --b . --ids "${ids[@]}" \
