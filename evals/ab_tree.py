@@ -12,8 +12,9 @@ from pathlib import Path
 class Tree:
     """A worker process in `root` (its code first on the path), evals/ab_worker.py of this
     tree run by its path, with the run's model, device and grid (args: pages_ab's parsed
-    arguments) and optionally small question bucket rows ('64,128', or 'none'). Calling it sends one
-    command and returns the worker's JSON answer; RuntimeError when the worker stopped."""
+    arguments) and optionally small question bucket rows ('64,128', or 'none'). Calling it
+    sends one command and returns the worker's JSON answer; RuntimeError when the worker
+    stopped."""
 
     def __init__(self, root: Path, args, small_bucket_rows: str = ""):
         self.root = root

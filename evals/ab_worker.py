@@ -1,8 +1,8 @@
 """The worker of evals/pages_ab.py: one reader in one tree of the code, driven by commands on
 stdin (one JSON object a line), answering one JSON object a line on stdout. Run as a script by
 its path (`python evals/ab_worker.py --model M --device D --grid G [--small-bucket-rows
-64,128|none]`, the tree's code first on PYTHONPATH), so the tree measured need not have this file;
-evals/kernel_profile.py is loaded from beside it for the same reason.
+64,128|none]`, the tree's code first on PYTHONPATH), so the tree measured need not have this
+file; evals/kernel_profile.py is loaded from beside it for the same reason.
 """
 from __future__ import annotations
 

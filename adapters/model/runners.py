@@ -16,9 +16,9 @@ class Runners:
     per question length bucket (`for_rows`: forwards padded to the first of
     `small_bucket_rows` that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS;
     their runs give back the hidden rows and no states, ChunkGraphs' return_states: with FA4
-    in the graph their graphs keep none) and one
-    for single-token decode steps (`decode`; with the table attention its
-    attn_triton.DECODE tiling), with its device-fed loop (`decode_loop`).
+    in the graph their graphs keep none) and one for single-token decode steps (`decode`;
+    with the table attention its attn_triton.DECODE tiling), with its device-fed loop
+    (`decode_loop`).
     Every runner is a ChunkGraphs with the same options (on CUDA one side stream for their
     warm-ups); `run` is the chunk runner's.
 
@@ -29,7 +29,7 @@ class Runners:
     a question at C and below C with the same rows use the same runner). Default (None):
     those of SMALL_BUCKET_ROWS, (64, 128), below BUCKET. On an H200 the 9-class question at
     C (69 ids: 128 rows) took 12-14 % less at 32k and 22 % less at 100k than with 256 rows,
-    and 16 % less at 32k than over contiguous KV (BENCHMARKS.md,
+    and 16 % less at 32k than the contiguous tree's, which pads to 256 rows (BENCHMARKS.md,
     docs/pages-ab-buckets-*-2026-12-02*.log). () for none. Raises ValueError for buckets
     that are not such row counts, or a tiling of another attention."""
 

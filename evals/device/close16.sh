@@ -15,9 +15,8 @@
 #     the FA4 compiles for 64 and 128 rows are in /tmp/fa4cache for the next two;
 #   --buckets-same: the small question buckets (Runners small_bucket_rows 64,128: the 69-id
 #     question pads to 128 rows, not 256; the default since 2026-12-02, so A is given none)
-#     against this tree without them, side by side, two
-#     fresh pairs; each worker's load, construction, warm-up and warm-read seconds and CUDA
-#     bytes in the `setup` lines;
+#     against this tree without them, side by side, two fresh pairs; each worker's load,
+#     construction, warm-up and warm-read seconds and CUDA bytes in the `setup` lines;
 #   --buckets-old: the same buckets against the contiguous tree (.old2), two fresh pairs (the
 #     3 % target's comparison; run it twice for four).
 #   bash evals/device/fa4_stash.sh (carry .fa4a .fa4w), then, within 30 s,
