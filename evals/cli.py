@@ -114,8 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "Hugging Face directory (a host model for vLLM, e.g. random:tiny-host)")
     ep.add_argument("spec", help="random:NAME (tiny, tiny-host, qwen3.5-0.8b, -2b, -4b)")
     ep.add_argument("dir", help="the directory to write (config.json, model.safetensors)")
-    ep.add_argument("--scheme", choices=["causal", "conditional"], default="causal",
-                    help="tensor names of Qwen3_5ForCausalLM or ...ForConditionalGeneration")
+    ep.add_argument("--layout", choices=["released", "causal", "conditional"],
+                    default="released", help="released (default): as Qwen's checkpoints, "
+                    "Qwen3_5ForConditionalGeneration with a nested text_config (what vLLM "
+                    "0.26+ loads, with --language-model-only); causal or conditional: those "
+                    "tensor names with a flat config")
     ep.set_defaults(func=_export)
     from shadow_plugin.settings import help_text
     sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)", epilog=help_text(),
@@ -135,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _export(args) -> int:
     from adapters.model.export import export_preset
-    print(export_preset(args.spec, Path(args.dir).expanduser(), args.scheme))
+    print(export_preset(args.spec, Path(args.dir).expanduser(), args.layout))
     return 0
 
 

@@ -65,10 +65,12 @@ class StepInfo:
 
 
 class EmbeddedShadow:
-    """Args: cfg (the service's settings: ServiceConfig.from_env and the connector's)."""
+    """Args: cfg (the service's settings: ServiceConfig.from_env and the connector's); host:
+    what the engine runs (its version, model runner, CUDA-graph mode...), shown in status."""
 
-    def __init__(self, cfg: ServiceConfig):
+    def __init__(self, cfg: ServiceConfig, host: dict | None = None):
         self.cfg = cfg
+        self.host = dict(host or {})
         self.service = Service(cfg)
         self.budget = StepBudget(cfg.scheduler.share)
         self.turnstile: Turnstile | None = None
@@ -196,7 +198,7 @@ class EmbeddedShadow:
         """What status adds inside an engine: this process, the step discipline's state, the
         requests being followed."""
         follower = self._follower
-        return {"pid": os.getpid(), "embedded": True,
+        return {"pid": os.getpid(), "embedded": True, "host": self.host,
                 "stepping": bool(self.turnstile and self.turnstile.stepping),
                 "engine_share": {"slot_ms": self.budget.slot_ms,
                                  "steps_ms": self.budget.steps_ms},

@@ -141,3 +141,20 @@ def test_off_profiles_and_capped_sessions_over_http(tmp_path):
         assert r.status_code == 200 and r.json()["num_ids"] == 262_144
         r = c.post(f"{base}/big/output", json={"ids": [5], "position": 3})
         assert r.status_code == 409
+
+
+def test_a_remote_question_is_looked_for_soon_then_less_often(monkeypatch):
+    """remote.run: the waits between looks for a ticket's result double from the first up to
+    the longest, so a quick question is not held for the longest wait."""
+    from shadow_plugin.server import remote
+    waits, replies = [], iter([("ticket", 7)] + [("pending", None)] * 7 + [("ok", 42)])
+    monkeypatch.setattr(remote.time, "sleep", waits.append)
+    calls = []
+
+    def call(name, kwargs):
+        calls.append((name, kwargs))
+        return next(replies)
+
+    assert remote.run(call, "ask", {"q": 1}, poll_s=0.02, first_poll_s=0.001) == 42
+    assert waits == [0.001, 0.002, 0.004, 0.008, 0.016, 0.02, 0.02]
+    assert calls[0] == ("ask", {"q": 1}) and calls[1:] == [("result", {"ticket": 7})] * 8

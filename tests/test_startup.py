@@ -127,3 +127,21 @@ def test_small_points_over_http(tmp_path):
         r = c.post("/v1/shadow/sessions/b/turn", headers=key, json={"prompt_ids": "x"})
         assert r.status_code == 422 and isinstance(r.json()["detail"], str)
         assert "prompt_ids" in r.json()["detail"] and r.json()["errors"]
+
+
+@pytest.mark.parametrize("device, named", [
+    ("cuda:x", "cpu, cuda or cuda:N"), ("cpu:1", "cpu, cuda or cuda:N"),
+    ("gpu", "cpu, cuda or cuda:N")])
+def test_a_device_is_cpu_cuda_or_a_numbered_cuda_device(tmp_path, device, named):
+    """What vLLM's worker half sets (cuda:<its GPU>) passes the check; a malformed name is
+    refused by name (in process: startup.check_paths)."""
+    from shadow_plugin.config import ServiceConfig
+    from shadow_plugin.server.startup import check_paths
+    base = {"SHADOW_MODEL": "random:tiny", "SHADOW_DIR": str(tmp_path)}
+    with pytest.raises(ValueError, match=named):
+        check_paths(ServiceConfig.from_env({**base, "SHADOW_DEVICE": device}))
+    check_paths(ServiceConfig.from_env({**base, "SHADOW_DEVICE": "cpu"}))
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda:0': no CUDA device"):
+            check_paths(ServiceConfig.from_env({**base, "SHADOW_DEVICE": "cuda:0"}))

@@ -10,9 +10,6 @@ With CI=true a missing vLLM is a failure, not a skip."""
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from evals.vllm_server import ServerSpec, VllmServer
 from shadow_plugin.server.facade import ids_digest
 
 if os.environ.get("CI") == "true":
@@ -31,53 +29,11 @@ G = 64
 START_S = 420                  # vLLM's CPU engine starts in 20-120 s on a busy 2-core machine
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class VllmServer:
-    """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 with the shadow's connector
-    and plugins, its log in `log`."""
-
-    def __init__(self, host_dir: Path, env: dict, log: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-               str(host_dir), "--host", "127.0.0.1", "--port", str(self.port),
-               "--served-model-name", "host", "--skip-tokenizer-init", "--max-model-len",
-               "4096", "--dtype", "bfloat16",
-               "--kv-transfer-config",
-               '{"kv_connector": "ShadowConnector", "kv_role": "kv_producer"}']
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
-            try:
-                if httpx.get(self.url + "/v1/shadow/status", timeout=5).json().get(
-                        "state") == "ready":
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(2)
-        self.stop(signal.SIGKILL)
-        raise TimeoutError(f"vLLM not ready in {START_S} s: {log.read_text()[-3000:]}")
-
-    def stop(self, sig=signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
-    def status(self) -> dict:
-        return httpx.get(self.url + "/v1/shadow/status", timeout=60).json()
+def vllm_server(host_dir: Path, env: dict, log: Path) -> VllmServer:
+    """vLLM's OpenAI server on 127.0.0.1 with the shadow's connector and plugins (ready once
+    the shadow's status says so), its log in `log`."""
+    spec = ServerSpec(str(host_dir), "host", True, 4096, env=env)
+    return VllmServer.start(spec, log, START_S)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +45,8 @@ def host_dir(tmp_path_factory) -> Path:
 
 
 def _env(tmp_path: Path) -> dict:
-    env = dict(os.environ)
-    env.update({"VLLM_PLUGINS": "shadow", "VLLM_CPU_KVCACHE_SPACE": "1",
+    env = {}
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "1",
                 "SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu", "SHADOW_GRID": str(G),
                 "SHADOW_DISK": str(tmp_path / "disk"), "SHADOW_DIR": str(tmp_path / "state"),
                 "SHADOW_SHARE": "0.1", "SHADOW_POLL_S": "0.05"})
@@ -162,7 +118,7 @@ def _wait_read(server: VllmServer, held: dict, names: list[str]) -> dict:
 
 def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path, host_dir):
     held: dict[str, list[int]] = {}
-    server = VllmServer(host_dir, _env(tmp_path), tmp_path / "vllm-1.log")
+    server = vllm_server(host_dir, _env(tmp_path), tmp_path / "vllm-1.log")
     try:
         agents = [threading.Thread(target=_agent, args=(server.url, name, seed, rewrite, held))
                   for name, seed, rewrite in (("agent-a", 1, None), ("agent-b", 2, 2))]
@@ -231,7 +187,7 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
     manifests = list((tmp_path / "disk" / "sessions").rglob("*.safetensors"))
     assert len(manifests) == 2                                   # written at the stop
 
-    server = VllmServer(host_dir, _env(tmp_path), tmp_path / "vllm-2.log")
+    server = vllm_server(host_dir, _env(tmp_path), tmp_path / "vllm-2.log")
     try:
         status = server.status()
         assert {n: status["sessions"][n]["committed"] for n in names} == before

@@ -2,7 +2,10 @@
 
 Used by the tests (transformers loads what we wrote) and by users who want the random presets as a
 checkpoint. Names: `model.*` (Qwen3_5ForCausalLM) or `model.language_model.*`
-(Qwen3_5ForConditionalGeneration).
+(Qwen3_5ForConditionalGeneration). The layout Qwen released its checkpoints in ("released":
+Qwen3_5ForConditionalGeneration, the text model's config nested under `text_config`) is the
+one every vLLM from 0.26 on loads as a host (with `--language-model-only`: no vision weights);
+vLLM 0.26 registers no text-only Qwen3_5ForCausalLM.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 
 PREFIXES = {"causal": "model.", "conditional": "model.language_model."}
+# export_preset's layouts: (tensor name scheme, config nested under text_config)
+LAYOUTS = {"released": ("conditional", True), "causal": ("causal", False),
+           "conditional": ("conditional", False)}
 
 
 def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme="causal",
@@ -54,15 +60,19 @@ def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme
     return path
 
 
-def export_preset(spec: str, path, scheme: str = "causal") -> Path:
+def export_preset(spec: str, path, layout: str = "released") -> Path:
     """Write the seeded random weights of `spec` (random:NAME, NAME a config.PRESETS key) as a
     Hugging Face directory at `path` (what a vLLM host or transformers loads; the same weights
-    and fingerprint as load_model(spec)). Raises ValueError for another spec or an unknown
-    preset."""
+    and fingerprint as load_model(spec)) in `layout` (a LAYOUTS key). Raises ValueError for
+    another spec, an unknown preset or an unknown layout."""
     from .config import PRESETS
     from .weights import random_tensors
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    scheme, nested = LAYOUTS[layout]
     name = spec.removeprefix("random:")
     if not spec.startswith("random:") or name not in PRESETS:
         raise ValueError(f"{spec!r}: export-model takes random:NAME with NAME one of "
                          f"{', '.join(PRESETS)}")
-    return save_hf_dir(PRESETS[name], random_tensors(PRESETS[name]), path, scheme)
+    return save_hf_dir(PRESETS[name], random_tensors(PRESETS[name]), path, scheme,
+                       text_config=nested)

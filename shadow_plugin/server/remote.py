@@ -19,7 +19,9 @@ from .errors import NotReady
 CALLS = ("status", "fork_position", "position", "positions", "not_reading_why", "ask",
          "summarize", "narration", "sessions", "check", "metrics")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady}
-TICKET_POLL_S = 0.02        # how often a question's result is looked for
+TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result
+FIRST_POLL_S = 0.001        # the first wait: the looks back off from it, doubling, so a
+#                             question of a few ms is answered within about its own time
 
 Call = Callable[[str, dict], Any]
 
@@ -57,17 +59,20 @@ def unpack(reply):
     raise ERRORS[reply[1]](*reply[2])
 
 
-def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S):
+def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S,
+        first_poll_s: float = FIRST_POLL_S):
     """call(name, kwargs)'s result; a ("ticket", n) reply (a question the other side answers
-    in its own thread) is polled with `result` until it is ready."""
+    in its own thread) is polled with `result` until it is ready, the waits between looks
+    doubling from first_poll_s up to poll_s (s)."""
     reply = call(name, kwargs)
     while reply[0] == "ticket":
-        ticket = reply[1]
+        ticket, wait_s = reply[1], min(first_poll_s, poll_s)
         while True:
             reply = call("result", {"ticket": ticket})
             if reply[0] != "pending":
                 break
-            time.sleep(poll_s)
+            time.sleep(wait_s)
+            wait_s = min(2 * wait_s, poll_s)
     return unpack(reply)
 
 

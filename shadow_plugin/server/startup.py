@@ -34,10 +34,15 @@ def check_paths(cfg: ServiceConfig) -> None:
     if not MIN_CAP_GB <= cfg.resident_gb < float("inf"):
         raise ValueError(f"SHADOW_GB={cfg.resident_gb}: the resident cap must be at least "
                          f"{MIN_CAP_GB} GiB")
-    if cfg.device not in ("", "cpu", "cuda"):
-        raise ValueError(f"SHADOW_DEVICE / --device {cfg.device!r}: cpu or cuda")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("SHADOW_DEVICE / --device 'cuda': no CUDA device is available here")
+    kind, _, index = cfg.device.partition(":")
+    if kind not in ("", "cpu", "cuda") or (index and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"SHADOW_DEVICE / --device {cfg.device!r}: cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"SHADOW_DEVICE / --device {cfg.device!r}: no CUDA device is "
+                         "available here")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"SHADOW_DEVICE / --device {cfg.device!r}: this machine has "
+                         f"{torch.cuda.device_count()} CUDA devices")
     if not cfg.max_body_bytes > 0:
         raise ValueError(f"SHADOW_MAX_BODY_MB={cfg.max_body_bytes / 2**20}: must be positive")
     if cfg.disk_gb is not None and not cfg.disk_gb > 0:

@@ -9,6 +9,7 @@
 - `general.register`: loaded in every vLLM process; installs the worker method the endpoint
   calls (`shadow_call`) and registers the connector by name.
 
-Written against vLLM 0.32/0.33 (the versions pyproject.toml's `vllm` extra admits); vLLM calls
-its connector API experimental, so the general plugin warns at start-up on another version.
+One plugin for vLLM 0.26 through 0.33 (the versions pyproject.toml's `vllm` extra admits): vLLM
+calls its connector API experimental, so what the plugin needs is probed, never read off a
+version string (general.missing_features; connector.host_info).
 """

@@ -20,7 +20,11 @@ and relaxes multimodal input checks).
 Settings: the standalone service's SHADOW_* variables; `kv_connector_extra_config` may set any
 of them too (`{"SHADOW_MODEL": "random:tiny"}` or `{"model": "random:tiny"}`), over the
 environment. A session id the client passes in `kv_transfer_params` or `vllm_xargs` as
-`shadow_session` names a request's session (shadow_plugin.follow for the rule without one).
+`shadow_session` names a request's session (shadow_plugin.follow for the rule without one);
+`"shadow_follow": false` there leaves the request unfollowed (a router's own calls, a probe).
+
+One file for vLLM 0.26 through 0.33: what differs between them is probed (`getattr`, guarded
+imports), never read off a version string.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from ..follow import RequestTracker
 
 log = logging.getLogger(__name__)
 SESSION_KEY = "shadow_session"
+FOLLOW_KEY = "shadow_follow"
 
 
 @dataclass
@@ -63,13 +68,57 @@ def settings(extra: dict[str, Any] | None, environ=None) -> ServiceConfig:
     return ServiceConfig.from_env(env)
 
 
+def _client_params(request) -> tuple[dict, ...]:
+    """What a client passed: kv_transfer_params, then vllm_xargs (sampling_params.extra_args)."""
+    found = (getattr(request, "kv_transfer_params", None),
+             getattr(getattr(request, "sampling_params", None), "extra_args", None))
+    return tuple(p for p in found if isinstance(p, dict))
+
+
 def session_of(request) -> str | None:
     """The session a client named: kv_transfer_params or vllm_xargs' `shadow_session`."""
-    for params in (getattr(request, "kv_transfer_params", None),
-                   getattr(getattr(request, "sampling_params", None), "extra_args", None)):
-        if isinstance(params, dict) and params.get(SESSION_KEY):
+    for params in _client_params(request):
+        if params.get(SESSION_KEY):
             return str(params[SESSION_KEY])
     return None
+
+
+def followed(request) -> bool:
+    """False when the client asked that the shadow not follow this request
+    (`"shadow_follow": false`, or "false"/"0"/"no" as a string)."""
+    for params in _client_params(request):
+        if FOLLOW_KEY in params:
+            value = params[FOLLOW_KEY]
+            if isinstance(value, str):
+                return value.strip().lower() not in ("false", "0", "no", "off")
+            return bool(value)
+    return True
+
+
+def host_info(vllm_config) -> dict[str, Any]:
+    """What the host runs, as this vLLM reports it (each probed: None where a version lacks
+    it): vllm (its version), model_runner ("v1" or "v2"), cudagraph_mode (e.g.
+    FULL_AND_PIECEWISE; NONE without CUDA graphs), compilation_mode, async_scheduling,
+    enforce_eager, data_parallel_size, tensor_parallel_size."""
+    import vllm
+    comp = getattr(vllm_config, "compilation_config", None)
+    sched = getattr(vllm_config, "scheduler_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    try:
+        v2 = getattr(vllm_config, "use_v2_model_runner", None)
+    except Exception:                       # a property that needs what this config lacks
+        v2 = None
+    mode = getattr(comp, "cudagraph_mode", None)
+    compile_mode = getattr(comp, "mode", getattr(comp, "level", None))
+    return {"vllm": str(getattr(vllm, "__version__", "unknown")),
+            "model_runner": None if v2 is None else ("v2" if v2 else "v1"),
+            "cudagraph_mode": getattr(mode, "name", None if mode is None else str(mode)),
+            "compilation_mode": getattr(compile_mode, "name", compile_mode),
+            "async_scheduling": getattr(sched, "async_scheduling", None),
+            "enforce_eager": getattr(model, "enforce_eager", None),
+            "data_parallel_size": getattr(parallel, "data_parallel_size", None),
+            "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None)}
 
 
 def _rank() -> int:
@@ -107,7 +156,12 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             self._tracker = RequestTracker()
         elif _rank() == 0:                  # the model loads at the first step (start)
-            self._shadow = EmbeddedShadow(_worker_settings(extra))
+            host = host_info(vllm_config)
+            log.warning("shadow: following vLLM %s: model runner %s, CUDA graphs %s, "
+                        "compilation %s, async scheduling %s", host["vllm"],
+                        host["model_runner"], host["cudagraph_mode"], host["compilation_mode"],
+                        host["async_scheduling"])
+            self._shadow = EmbeddedShadow(_worker_settings(extra), host)
             atexit.register(self._shadow.close)        # a stop that skips `shutdown`
 
     @property
@@ -123,9 +177,9 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request) -> None:
         """Kept until it is first scheduled (a request aborted while it waits was never
-        served); a request whose prompt grows while it runs (streamed input) is not
-        followed."""
-        if not getattr(request, "resumable", False):
+        served); a request whose prompt grows while it runs (streamed input), or whose client
+        said `shadow_follow: false`, is not followed."""
+        if not getattr(request, "resumable", False) and followed(request):
             self._requests[request.request_id] = request
 
     def build_connector_meta(self, scheduler_output) -> ShadowMetadata:

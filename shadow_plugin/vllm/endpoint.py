@@ -15,6 +15,7 @@ one look a call, never in the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 
@@ -52,6 +53,7 @@ class ShadowEndpoint:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None    # the server's, at init_state
         self._loop_thread: int | None = None
+        self._stopped = False                    # the shadow was told to stop (once)
 
     # -- the door's call, from a route's worker thread ------------------------------------------
     async def call_async(self, name: str, kwargs: dict):
@@ -82,6 +84,39 @@ class ShadowEndpoint:
         app.include_router(question_router(RemoteService(self.call),
                                            AskPool(cfg.ask_workers, cfg.ask_queue)))
         app.include_router(dashboard_router(self.history))
+        self._stop_at_lifespan_end(app)
+
+    def _stop_at_lifespan_end(self, app) -> None:
+        """The planned stop's first hook: uvicorn runs the app's lifespan exit when it shuts
+        down, with the event loop running and vLLM's engine still up (vLLM 0.26 stops its
+        engine only after uvicorn has finished, 0.32 before it: `_stop_first` covers that),
+        so the shadow is told to stop and write its sessions there, before vLLM's own
+        lifespan exit."""
+        original = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app_):
+            async with original(app_) as state:
+                try:
+                    yield state
+                finally:
+                    await self.stop_shadow()
+        app.router.lifespan_context = lifespan
+
+    async def stop_shadow(self) -> None:
+        """Tell the shadow to stop and write its sessions (once; a failure is logged and the
+        stop goes on without them)."""
+        if self._stopped or self.engine_client is None:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            reply = await asyncio.wait_for(self.call_async("stop", {}), STOP_TIMEOUT_S)
+            if reply[0] != "ok":
+                log.warning("shadow: sessions not written at the stop: %s", reply)
+        except Exception as e:                   # the stop goes on without the shadow's files
+            log.warning("shadow: sessions not written at the stop: %r", e)
 
     async def init_state(self, engine_client, state, args) -> None:
         self.engine_client = engine_client
@@ -106,14 +141,16 @@ class ShadowEndpoint:
         loop_thread = threading.get_ident()
 
         def shutdown(*args, **kwargs):
-            if self._task is not None:
-                loop.call_soon_threadsafe(self._task.cancel)
-            if threading.get_ident() != loop_thread and loop.is_running():
+            if not self._stopped and threading.get_ident() != loop_thread and \
+                    loop.is_running():
                 try:
-                    asyncio.run_coroutine_threadsafe(self.call_async("stop", {}), loop
-                                                     ).result(STOP_TIMEOUT_S)
-                except Exception as e:           # the stop goes on without the shadow's files
-                    log.warning("shadow: sessions not written at the stop: %s", e)
+                    asyncio.run_coroutine_threadsafe(self.stop_shadow(), loop
+                                                     ).result(STOP_TIMEOUT_S + 5)
+                except BaseException as e:       # the loop ended meanwhile: go on stopping
+                    log.warning("shadow: sessions not written at the stop: %r", e)
+            elif not self._stopped:
+                log.warning("shadow: vLLM stopped its engine after its event loop ended: the "
+                            "sessions were not written")
             return original(*args, **kwargs)
         engine_client.shutdown = shutdown
 

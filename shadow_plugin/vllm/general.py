@@ -46,15 +46,62 @@ def images_without_torchvision() -> bool:
     return True
 
 
-TESTED = ("0.32.", "0.33.")                 # the vLLM versions this plugin was written against
+# What the plugin calls or is called through, probed in the installed vLLM (0.26 through 0.33
+# have all of them): (module, attribute, what needs it)
+FEATURES = (
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA",
+     "a GDN host keeps vLLM's hybrid KV-cache manager"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1",
+     "the connector"),
+    ("vllm.distributed.kv_transfer.kv_connector.factory", "KVConnectorFactory",
+     "the connector registered by name"),
+    ("vllm.v1.worker.worker_base", "WorkerBase", "the worker method the routes call"),
+)
+CONNECTOR_METHODS = ("has_pending_push_work", "bind_connector_metadata", "wait_for_save",
+                     "clear_connector_metadata", "build_connector_meta")
+
+
+def missing_features() -> list[str]:
+    """What this vLLM lacks of FEATURES and of the connector methods the shadow relies on
+    (one line each, naming what needs it); [] when everything is there."""
+    missing = []
+    for module, name, why in FEATURES:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            found = None
+        if found is None:
+            missing.append(f"{module}.{name} ({why})")
+    base = None if missing else importlib.import_module(FEATURES[1][0]).KVConnectorBase_V1
+    missing += [f"KVConnectorBase_V1.{m}" for m in CONNECTOR_METHODS
+                if base is not None and not hasattr(base, m)]
+    return missing
+
+
+def route_logs() -> None:
+    """The shadow's loggers (`shadow_plugin.*`) write through vLLM's own handlers, at INFO, in
+    each vLLM process: vLLM configures only its `vllm` logger, and a record of ours that
+    reaches the root logger may be dropped there (seen in vLLM 0.26's engine process).
+    Idempotent; does nothing when vLLM's logger has no handlers (VLLM_CONFIGURE_LOGGING=0)."""
+    ours, theirs = logging.getLogger("shadow_plugin"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
 
 
 def register() -> None:
-    """vLLM's general plugin entry point (idempotent)."""
-    import vllm
-    if not str(vllm.__version__).startswith(TESTED):
-        log.warning("shadow: written against vLLM %s, found %s: its connector API is "
-                    "experimental and may have changed", "/".join(TESTED), vllm.__version__)
+    """vLLM's general plugin entry point (idempotent). Warns, naming them, when this vLLM
+    lacks what the plugin needs (missing_features), and then registers nothing."""
+    route_logs()
+    missing = missing_features()
+    if missing:
+        import vllm
+        log.warning("shadow: vLLM %s lacks what the shadow needs, so it is not installed: %s",
+                    getattr(vllm, "__version__", "?"), "; ".join(missing))
+        return
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.v1.worker.worker_base import WorkerBase
 

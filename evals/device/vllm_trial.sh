@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The shadow inside vLLM 0.26's GPU engine on the H200 (evals/vllm_trial.py), after
+# evals/device/vllm_stage.sh 1 and 2 (in the same call as 2, or the next within 30 s; the
+# servers run in sessions of their own, so they outlive a call while the machine stays warm):
+#   bash evals/device/vllm_trial.sh follow   S up (the host with the connector), the agents,
+#       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
+#       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again)
+#   bash evals/device/vllm_trial.sh cost     S, A (the host alone) and P (the peer) up when
+#       they are not (A and P compile: about 200 and 150 s), then the host's cost
+#   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow
+#   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
+# $OUT gets trial.log (what the phases printed), each phase's JSON, the servers' logs
+# (logs.tgz) and, when they fit, the compile caches (caches.tgz.part-*: carry them back as
+# .devcache/ to start faster on a fresh machine). BUDGET_S (default 570) bounds the call: a
+# step that would start too late is skipped and said so.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH TRIAL_DIR=/tmp/trial PYTHONUNBUFFERED=1
+# the image has no flashinfer (left out of the staging): vLLM samples with its own kernels
+export VLLM_USE_FLASHINFER_SAMPLER=0
+# ... and its GDN layers prefill with vLLM's Triton kernels (FlashInfer's by default on Hopper)
+export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
+out=${OUT:-out}
+mkdir -p "$out" "$TRIAL_DIR"
+deadline=$((SECONDS + ${BUDGET_S:-570}))
+HOST_UTIL=${HOST_UTIL:-0.3}
+
+# compile caches carried back from an earlier call (vLLM's torch.compile, Triton's)
+if ls .devcache/caches.tgz.part-* > /dev/null 2>&1 && [ ! -f /tmp/.caches-restored ]; then
+    cat .devcache/caches.tgz.part-* | tar xzf - -C / && touch /tmp/.caches-restored \
+        && echo "compile caches restored"
+fi
+
+pack() {
+    cp "$TRIAL_DIR"/*.json "$out"/ 2>/dev/null
+    tar czf "$out/logs.tgz" -C "$TRIAL_DIR" logs 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    # the compile caches, in 15 MB parts, when they fit in what the tool brings back
+    local caches=(/root/.cache/vllm/torch_compile_cache /root/.triton/cache)
+    tar czf /tmp/caches.tgz "${caches[@]}" 2>/dev/null
+    local size
+    size=$(stat -c %s /tmp/caches.tgz 2>/dev/null || echo 0)
+    echo "compile caches: $size bytes"
+    if [ "$size" -gt 0 ] && [ "$size" -lt 45000000 ]; then
+        split -b 15000000 -d /tmp/caches.tgz "$out/caches.tgz.part-"
+    fi
+}
+trap pack EXIT
+
+# step NEED_S ARGS...: evals.vllm_trial ARGS with the time left, unless less than NEED_S is
+# left; its output in trial.log, its lines without vLLM's noise here
+step() {
+    local need=$1 left=$((deadline - SECONDS))
+    shift
+    if [ "$left" -lt "$need" ]; then
+        echo "SKIPPED $*: ${left} s left, ${need} s needed" | tee -a "$out/trial.log"
+        return 1
+    fi
+    echo "== $* (${left} s left)" | tee -a "$out/trial.log"
+    timeout "$left" python3 -m evals.vllm_trial "$@" --start-timeout-s "$left" 2>&1 \
+        | tee -a "$out/trial.log" | grep -v -E "^\s*$|UserWarning|warnings.warn" | cut -c1-2000
+    local code=${PIPESTATUS[0]}
+    echo "== exit $code" | tee -a "$out/trial.log"
+    return "$code"
+}
+
+follow() {
+    step 200 up S --host-util "$HOST_UTIL" || return 1
+    step 150 follow
+}
+
+cost() {
+    step 120 up S --host-util "$HOST_UTIL" || return 1
+    step 150 up A --host-util "$HOST_UTIL" || return 1
+    step 120 up P || return 1
+    step 100 cost
+}
+
+peer() {
+    step 120 up S --host-util "$HOST_UTIL" || return 1
+    step 120 up P || return 1
+    step 120 peer
+}
+
+case "${1:-}" in
+follow) follow ;;
+cost) cost ;;
+peer) peer ;;
+all) follow; cost; peer ;;
+*) echo "usage: vllm_trial.sh follow|cost|peer|all"; exit 2 ;;
+esac
+python3 -m evals.vllm_trial report | tee "$out/report.json"
