@@ -84,11 +84,9 @@ class VllmServer:
         return self.proc.pid if self.proc is not None else self._pid
 
     @classmethod
-    def start(cls, spec: ServerSpec, log: Path, timeout_s: float,
-              detached: bool = False) -> "VllmServer":
-        """Start and wait for readiness. detached: in a session of its own (it outlives this
-        process; stop it by pid). Raises TimeoutError (the server killed) or RuntimeError
-        (it exited), each with the log's tail."""
+    def launch(cls, spec: ServerSpec, log: Path, detached: bool = False) -> "VllmServer":
+        """Start the process and return at once (wait_ready waits). detached: in a session of
+        its own (it outlives this process; stop it by pid)."""
         server = cls(spec, log)
         server.log.parent.mkdir(parents=True, exist_ok=True)
         with open(server.log, "w") as out:
@@ -96,6 +94,13 @@ class VllmServer:
                                            stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=detached)
         server._detached = detached
+        return server
+
+    @classmethod
+    def start(cls, spec: ServerSpec, log: Path, timeout_s: float,
+              detached: bool = False) -> "VllmServer":
+        """launch, then wait_ready (its errors)."""
+        server = cls.launch(spec, log, detached)
         server.wait_ready(timeout_s)
         return server
 
@@ -119,31 +124,45 @@ class VllmServer:
         except OSError:
             return False
 
-    def ready(self) -> bool:
+    def state(self) -> str | None:
+        """"ready" once it answers (with the connector: the shadow's status state, which is
+        "loading", "ready" or "failed"), None while it does not answer."""
         try:
             if self.spec.connector:
-                return httpx.get(self.url + "/v1/shadow/status",
-                                 timeout=5).json().get("state") == "ready"
-            return httpx.get(self.url + "/v1/models", timeout=5).status_code == 200
+                return httpx.get(self.url + "/v1/shadow/status", timeout=5).json().get("state")
+            ok = httpx.get(self.url + "/v1/models", timeout=5).status_code == 200
+            return "ready" if ok else None
         except (httpx.HTTPError, ValueError):
-            return False
+            return None
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def ready(self) -> bool:
+        return self.state() == "ready"
+
+    def wait_ready(self, timeout_s: float, kill_after: bool = True) -> None:
+        """Wait until ready. RuntimeError (with the log's tail) when the server exits or the
+        shadow's load failed; TimeoutError after timeout_s (the server killed when
+        kill_after)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"vLLM exited while starting: {self.tail()}")
-            if self.ready():
+            state = self.state()
+            if state == "ready":
                 return
+            if state == "failed":
+                raise RuntimeError(f"the shadow failed to load: {self.status().get('error')}"
+                                   f"\n{self.tail()}")
             time.sleep(1)
-        self.stop(signal.SIGKILL)
+        if kill_after:
+            self.stop(signal.SIGKILL)
         raise TimeoutError(f"vLLM not ready in {timeout_s} s: {self.tail()}")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120) -> int | None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 180) -> int | None:
         """Send `sig` to the API server's process alone (a planned stop: the shadow writes its
         sessions first) and wait for it, then for its engine's processes (a detached server's
         process group) to be gone, so that its GPU memory is free; SIGKILL after timeout_s.
-        Its exit status (None for a detached server this process did not start)."""
+        Its exit status (None for a detached server this process did not start). The default
+        timeout outlasts the plugin's own wait for the shadow's writes (120 s)."""
         deadline = time.monotonic() + timeout_s
         if self.alive():
             os.kill(self.pid, sig)

@@ -3,7 +3,9 @@
 Servers (each started by `up`, in a session of its own so that it outlives the call that
 started it; their state in $TRIAL_DIR/servers.json):
 - S: the host (a random-weight Qwen3.5 written by `shadow-reader export-model`) with the
-  shadow's connector; the shadow (SHADOW_MODEL, random:qwen3.5-0.8b) in its worker.
+  shadow's connector; the shadow (SHADOW_MODEL, random:qwen3.5-0.8b) in its worker, with the
+  seed's rule for the in-turn ration by default (SHADOW_IDLE_TRUST=0: it reads during every
+  turn, the cost to measure) and a cap that keeps the trial's sessions resident (SHADOW_GB=12).
 - A: the same host without the connector (the cost's baseline).
 - P: the peer: vLLM serving the shadow's own model (the same random weights, exported) with
   prefix caching, as a user without this project would ask about a session.
@@ -34,11 +36,13 @@ Phases (each prints its rows and writes $TRIAL_DIR/PHASE.json):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import math
 import os
 import shlex
+import shutil
 import statistics
 import threading
 import time
@@ -84,7 +88,8 @@ def write_result(phase: str, result: dict) -> None:
 def server_spec(name: str, args) -> ServerSpec:
     """S, A or P (module doc) with the trial's flags."""
     shadow_env = {"SHADOW_MODEL": args.shadow_model, "SHADOW_DISK": str(trial_dir() / "disk"),
-                  "SHADOW_DIR": str(trial_dir() / "state")}
+                  "SHADOW_DIR": str(trial_dir() / "state"), "SHADOW_GB": str(args.shadow_gb),
+                  "SHADOW_IDLE_TRUST": str(args.idle_trust)}
     host_util = args.host_util if args.host_util > 0 else None      # 0: vLLM's default
     peer_util = args.peer_util if args.peer_util > 0 else None
     more = tuple(shlex.split(args.vllm_args))
@@ -96,23 +101,30 @@ def server_spec(name: str, args) -> ServerSpec:
                           extra_args=more)
     if name == "P":
         return ServerSpec(args.peer_dir, "peer", False, args.max_model_len, peer_util,
-                          extra_args=("--enable-prefix-caching",) + more)
+                          extra_args=("--enable-prefix-caching",
+                                      "--enable-prompt-tokens-details") + more)
     raise ValueError(f"unknown server {name!r}: S, A or P")
 
 
 def up(args) -> None:
-    """Start server NAME (detached) unless the state holds it alive and answering."""
-    known = load_servers().get(args.name)
-    if known is not None and known.alive() and known.ready():
-        print(f"{args.name}: already up on {known.url}", flush=True)
-        return
-    log = trial_dir() / "logs" / f"{args.name}{args.log_suffix}.log"
+    """Start server NAME (detached; recorded in the state at once, so that a call that ends
+    while it starts leaves it findable), or wait for the one the state holds while it is
+    alive: a server is never started twice."""
     t0 = time.monotonic()
-    server = VllmServer.start(server_spec(args.name, args), log, args.start_timeout_s,
-                              detached=True)
-    save_server(args.name, server)
+    server = load_servers().get(args.name)
+    if server is not None and server.alive():
+        print(f"{args.name}: {'up' if server.ready() else 'starting'} on {server.url}",
+              flush=True)
+    else:
+        if args.name == "S":             # a fresh shadow: the trial's sessions start afresh
+            for folder in ("disk", "state"):
+                shutil.rmtree(trial_dir() / folder, ignore_errors=True)
+        log = trial_dir() / "logs" / f"{args.name}{args.log_suffix}.log"
+        server = VllmServer.launch(server_spec(args.name, args), log, detached=True)
+        save_server(args.name, server)
+    server.wait_ready(args.start_timeout_s, kill_after=False)
     print(f"{args.name}: up on {server.url} in {time.monotonic() - t0:.1f} s "
-          f"({log_facts(log.read_text(errors='replace'))})", flush=True)
+          f"({log_facts(server.log.read_text(errors='replace'))})", flush=True)
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -147,12 +159,11 @@ def stream_timing(server: VllmServer, prompt: list[int], max_tokens: int,
         if r.status_code != 200:
             raise RuntimeError(f"{url}: {r.status_code} {r.read()[:500]!r}")
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            now = time.perf_counter()              # before parsing: a first chunk may carry
+            if not line.startswith("data: ") or line == "data: [DONE]":   # the prompt's ids
                 continue
-            chunk = json.loads(line[6:])
-            ids = chunk["choices"][0].get("token_ids") or []
+            ids = json.loads(line[6:])["choices"][0].get("token_ids") or []
             if ids:
-                now = time.perf_counter()
                 times += [now] * len(ids)
                 num_tokens += len(ids)
     if num_tokens < 2:
@@ -165,9 +176,11 @@ def shadow_status(server: VllmServer) -> dict:
     return httpx.get(server.url + "/v1/shadow/status", timeout=HTTP_S).json()
 
 
-def wait_fresh(server: VllmServer, held: dict[str, list[int]], timeout_s: float) -> dict:
+def wait_fresh(server: VllmServer, held: dict[str, list[int]], timeout_s: float,
+               poll_s: float = 0.05) -> dict:
     """Wait until the shadow holds each session's ids (as many as `held` says) with a backlog
-    under one page; the last status. TimeoutError naming the sessions behind."""
+    under one page, looking every poll_s s; the last status. TimeoutError naming the sessions
+    behind."""
     deadline = time.monotonic() + timeout_s
     while True:
         status = shadow_status(server)
@@ -179,7 +192,7 @@ def wait_fresh(server: VllmServer, held: dict[str, list[int]], timeout_s: float)
             return status
         if time.monotonic() > deadline:
             raise TimeoutError(f"not fresh in {timeout_s} s: {behind} of {len(held)}")
-        time.sleep(0.05)
+        time.sleep(poll_s)
 
 
 def check(server: VllmServer, session: str, ids: list[int]) -> dict:
@@ -221,7 +234,9 @@ def run_agent(server: VllmServer, script, num_tokens: int, held: dict, errors: l
 def follow(args) -> None:
     servers = load_servers()
     server = servers["S"]
-    scripts = [s for s in vllm_agents.load(args.agents) if s.name in args.names]
+    tag = int(time.time()) % 100_000            # names of their own on a server used before
+    scripts = [dataclasses.replace(s, name=f"{s.name}-{tag}")
+               for s in vllm_agents.load(args.agents) if s.name in args.names]
     held: dict = {}
     errors: list[str] = []
     t0 = time.monotonic()
@@ -268,6 +283,7 @@ def follow(args) -> None:
               "read_tokens": totals["num_read_tokens"], "totals": totals,
               "committed": sum(before.values()),
               "host_status": status.get("host"), "host_log": log}
+    write_result("follow", result)           # kept should the restart not finish
     result["restart"] = restart(args, server, scripts, held, before, totals["num_read_tokens"])
     write_result("follow", result)
 
@@ -362,7 +378,7 @@ def cost(args) -> None:
                       args.new_tokens, {"shadow_follow": False} if name == "S" else None)
     rows = []
     for run in range(args.runs):
-        for arm in ARMS:
+        for arm in ARMS[run % len(ARMS):] + ARMS[:run % len(ARMS)]:     # each arm first in turn
             wait_idle(host_s, 60)
             time.sleep(args.gap_s)
             before = shadow_status(host_s)["chunks_by_window"]
@@ -372,11 +388,17 @@ def cost(args) -> None:
             prompt = cost_prompt(ids, run * len(ARMS) + ARMS.index(arm), args.prompt_ids)
             row = {"run": run, "arm": arm, **stream_timing(server, prompt,
                                                            args.new_tokens, params)}
-            after = shadow_status(host_s)["chunks_by_window"]
-            row["shadow_chunks"] = {w: after.get(w, 0) - before.get(w, 0) for w in after}
+            during = shadow_status(host_s)["chunks_by_window"]
+            after = wait_idle(host_s, 60)["chunks_by_window"]     # and what the gap read
+            row["shadow_chunks"] = {w: during.get(w, 0) - before.get(w, 0) for w in during}
+            row["shadow_chunks_with_gap"] = {w: after.get(w, 0) - before.get(w, 0)
+                                             for w in after}
             rows.append(row)
             print(f"run {run} arm {arm}: decode {row['decode_tok_s']:.2f} tok/s, TTFT "
-                  f"{row['ttft_ms']:.1f} ms, shadow chunks {row['shadow_chunks']}", flush=True)
+                  f"{row['ttft_ms']:.1f} ms, shadow chunks {row['shadow_chunks']} (with the "
+                  f"gap after it {row['shadow_chunks_with_gap']})", flush=True)
+            (trial_dir() / "cost.json").write_text(json.dumps(     # kept should the call end
+                summarize_cost(rows, host_a, host_s), indent=1))
     write_result("cost", summarize_cost(rows, host_a, host_s))
 
 
@@ -386,6 +408,8 @@ def summarize_cost(rows: list[dict], host_a: VllmServer, host_s: VllmServer) -> 
     arms = {}
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
+        if not mine:
+            continue
         arms[arm] = {"runs": len(mine),
                      "decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in mine),
                      "decode_tok_s_mean": statistics.fmean(r["decode_tok_s"] for r in mine),
@@ -394,9 +418,13 @@ def summarize_cost(rows: list[dict], host_a: VllmServer, host_s: VllmServer) -> 
                      if len(mine) > 1 else 0.0}
     by_run = {(r["run"], r["arm"]): r for r in rows}
     for arm in ("b", "c"):
+        if arm not in arms or "a" not in arms:
+            continue
         deltas = [by_run[(run, arm)]["decode_tok_s"] / by_run[(run, "a")]["decode_tok_s"] - 1
                   for run in sorted({r["run"] for r in rows})
                   if (run, arm) in by_run and (run, "a") in by_run]
+        if not deltas:
+            continue
         arms[arm]["decode_vs_a_pct_median"] = 100 * statistics.median(deltas)
         arms[arm]["decode_vs_a_pct_each"] = [round(100 * d, 2) for d in deltas]
         arms[arm]["ttft_vs_a_ms_median"] = arms[arm]["ttft_ms_median"] - arms["a"]["ttft_ms_median"]
@@ -435,7 +463,8 @@ def peer_question(peer: VllmServer, prompt: list[int], letters: list[int],
     missing = [t for t in letters if t not in by_id]
     if missing:
         raise RuntimeError(f"the peer's logprobs lack letters {missing}: {top}")
-    return {"ms": ms, "probs": letter_probs({t: by_id[t] for t in letters})}
+    return {"ms": ms, "probs": letter_probs({t: by_id[t] for t in letters}),
+            "cached_ids": cached_tokens(reply)}
 
 
 def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int],
@@ -466,6 +495,7 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
            "shadow_forwarded": shadow[-1]["num_forwarded_tokens"],
            "shadow_same_each_time": all(s["probs"] == p_shadow for s in shadow),
            "peer_cached_ms": [round(c["ms"], 2) for c in cached],
+           "peer_cached_ids": [c["cached_ids"] for c in cached],
            "peer_fresh_ms": [round(f["ms"], 2) for f in fresh],
            "kl_shadow_peer_cached": kl(p_shadow, cached[-1]["probs"]),
            "kl_shadow_peer_fresh": kl(p_shadow, fresh[-1]["probs"]),
@@ -493,6 +523,13 @@ def prefix_hit_rate(peer: VllmServer) -> dict:
             "hit_rate": vals.get("vllm:prefix_cache_hits_total", 0.0) / q if q else None}
 
 
+def cached_tokens(reply: dict) -> int | None:
+    """The prompt ids vLLM's prefix cache held for a request (usage.prompt_tokens_details,
+    with --enable-prompt-tokens-details), None when not reported."""
+    details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+    return details.get("cached_tokens")
+
+
 def peer(args) -> None:
     servers = load_servers()
     host, peer_server = servers["S"], servers["P"]
@@ -501,43 +538,53 @@ def peer(args) -> None:
     prompt, turns, questions = list(script.first_prompt), [], {}
     prompt[0] = 1000 + int(time.time()) % 100_000   # a session no page or prefix cache holds
     marks = sorted(args.question_at)
+    result = {"session": name, "questions": questions}
     for k in range(script.num_turns):
         status = shadow_status(host)
         read_ms, num_read = status["totals"]["read_ms"], status["totals"]["num_read_tokens"]
         out, _ = complete(host, prompt, args.tokens, {"shadow_session": name})
         ids = prompt + out
         t_done = time.perf_counter()
-        status = wait_fresh(host, {name: ids}, args.fresh_timeout_s)
+        status = wait_fresh(host, {name: ids}, args.fresh_timeout_s, poll_s=0.005)
         fresh_ms = (time.perf_counter() - t_done) * 1e3
         t0 = time.perf_counter()
-        complete(peer_server, ids, 1, None)
+        _, reply = complete(peer_server, ids, 1, None)
         peer_ms = (time.perf_counter() - t0) * 1e3
         row = {"turn": k, "num_ids": len(ids),
                "num_new": len(ids) - (turns[-1]["num_ids"] if turns else 0),
                "shadow_read_ms": status["totals"]["read_ms"] - read_ms,
                "shadow_read_ids": status["totals"]["num_read_tokens"] - num_read,
-               "shadow_fresh_after_ms": fresh_ms, "peer_ms": peer_ms}
+               "shadow_fresh_after_ms": fresh_ms, "peer_ms": peer_ms,
+               "peer_cached_ids": cached_tokens(reply)}
         turns.append(row)
         if k % 10 == 0:
             print(f"turn {row}", flush=True)
         while marks and len(ids) >= marks[0]:
-            questions[str(marks.pop(0))] = q = questions_at(host, peer_server, name, ids,
-                                                            args.repeats)
+            mark = str(marks.pop(0))
+            questions[mark] = q = questions_at(host, peer_server, name, ids, args.repeats)
             print(f"question at {len(ids)}: {json.dumps(q)}", flush=True)
+            result.update(peer_summary(turns))
+            (trial_dir() / "peer.json").write_text(json.dumps(result, indent=1))
         if not marks or k + 1 >= script.num_turns:
             break
         prompt = vllm_agents.next_prompt(prompt, out, script.suffixes[k])
-    final = check(host, name, ids)
+    result.update(peer_summary(turns))
+    result["check"] = check(host, name, ids)
+    result["peer_prefix_cache_metrics"] = prefix_hit_rate(peer_server)
+    write_result("peer", result)
+
+
+def peer_summary(turns: list[dict]) -> dict:
+    """The turns so far: the ids each side took in and the time it took (sums and medians),
+    the peer's prefix-cache hit rate over its intake requests, and the rows."""
     intake = {key: sum(t[key] for t in turns) for key in
               ("num_new", "shadow_read_ms", "shadow_read_ids", "peer_ms")}
-    intake["shadow_fresh_after_ms_median"] = statistics.median(
-        t["shadow_fresh_after_ms"] for t in turns)
-    intake["peer_ms_median"] = statistics.median(t["peer_ms"] for t in turns)
-    intake["shadow_read_ms_median"] = statistics.median(t["shadow_read_ms"] for t in turns)
-    write_result("peer", {"session": name, "turns": len(turns), "intake": intake,
-                          "questions": questions, "check": final,
-                          "peer_prefix_cache": prefix_hit_rate(peer_server),
-                          "rows": turns})
+    for key in ("shadow_fresh_after_ms", "peer_ms", "shadow_read_ms"):
+        intake[f"{key}_median"] = statistics.median(t[key] for t in turns)
+    cached = [t["peer_cached_ids"] for t in turns]
+    if all(c is not None for c in cached):
+        intake["peer_hit_rate"] = sum(cached) / sum(t["num_ids"] for t in turns)
+    return {"turns": len(turns), "intake": intake, "rows": turns}
 
 
 def report(args) -> None:
@@ -570,6 +617,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=131072)
     p.add_argument("--host-util", type=float, default=0.3)
     p.add_argument("--peer-util", type=float, default=0.15)
+    p.add_argument("--idle-trust", type=float, default=0.0, help="S's SHADOW_IDLE_TRUST; 0 "
+                   "(the seed's rule): the ration reads during every turn, the cost to "
+                   "measure; the default 0.5 leaves to the idle window what the gaps cover")
+    p.add_argument("--shadow-gb", type=float, default=12.0, help="S's SHADOW_GB: the trial's "
+                   "sessions (about 270k ids) stay resident, so no spill falls in a timed turn")
     p.add_argument("--start-timeout-s", type=float, default=480)
     p.add_argument("--log-suffix", default="")
     p.add_argument("--vllm-args", default=os.environ.get("TRIAL_VLLM_ARGS", ""),

@@ -129,3 +129,28 @@ def test_a_stop_that_fails_is_logged_and_the_stop_goes_on(caplog, monkeypatch):
         asyncio.run(plugin.stop_shadow())
         asyncio.run(plugin.stop_shadow())           # once
     assert caplog.text.count("sessions not written at the stop") == 1
+
+
+def test_a_second_stop_waits_for_the_first_instead_of_returning_at_once():
+    """Both stop hooks (the lifespan's end and the engine client's shutdown) may run: the
+    second must not let vLLM stop its engine while the first is still writing."""
+    plugin, events = endpoint.ShadowEndpoint(), []
+
+    class Slow(_Engine):
+        async def collective_rpc(self, method, args=()):
+            events.append("stop begins")
+            await asyncio.sleep(0.05)
+            events.append("stop ends")
+            return [("ok", None)]
+
+    plugin.engine_client = Slow()
+
+    async def both():
+        async def second():
+            await asyncio.sleep(0.01)
+            await plugin.stop_shadow()
+            events.append("second returns")
+        await asyncio.gather(plugin.stop_shadow(), second())
+
+    asyncio.run(both())
+    assert events == ["stop begins", "stop ends", "second returns"]

