@@ -14,7 +14,7 @@ def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
     without graphs), else Qwen35.forward (EagerAdapter). fused_ops (the runners' small ops
     through torch.compile; default: on CUDA), attn_split (the table attention's tiling, a
     SplitConfig; setting it picks the table attention) and attention (model.graphs.ATTENTIONS;
-    default: 'fa4' on Hopper where flash-attn-4 imports, else 'flash' on CUDA) choose how the
+    default: 'fa4' on Hopper where flash-attn-4 imports, else 'table') choose how the
     runners work. Raises ValueError for an attention this device cannot run ('flash', removed
     with the pages, anywhere), a tiling that is not a SplitConfig, or any runner option
     without the runners."""

@@ -41,7 +41,7 @@ def next_key(previous: bytes, page_ids: Sequence[int]) -> bytes:
 @functools.lru_cache(maxsize=16)
 def _int64_le(n: int) -> struct.Struct:
     """n int64 little-endian (a precompiled struct packs a page's ids in about half the time
-    array.array('q', ...) takes: evals/page_bookkeeping.py)."""
+    array.array('q', ...) takes: evals/page_bookkeeping.py at cadb457)."""
     return struct.Struct(f"<{n}q")
 
 

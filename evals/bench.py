@@ -1,6 +1,6 @@
 """The read benchmark (issue 5): read rate per context band and grid, per-chunk latency,
 question latency, fork decode, the transformers peer, the dense-GEMM floor, exactness after the
-timed runs, and how far answers move between grids. `shadow-reader bench` and evals/read.py.
+timed runs, and how far answers move between grids. `shadow-reader bench`.
 
 Ids come from real sessions (.npz files of evals/session_ids.py, or session JSON files
 tokenised here), concatenated until the longest context. Times are device times (CUDA events)

@@ -10,9 +10,7 @@ most ids a question reads first), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), S
 (torch's CPU threads); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
-kernel configs, read where fla is loaded: model.kernels, model.autotune). Every
-name is also accepted with the prefix QWEN38_ (the seed's engine uses QWEN38_SHADOW_*). CLI
-flags override.
+kernel configs, read where fla is loaded: model.kernels, model.autotune). CLI flags override.
 """
 from __future__ import annotations
 
@@ -24,10 +22,7 @@ from .scheduler import SchedulerConfig
 
 
 def _get(env, key: str) -> str | None:
-    for name in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
-        if env.get(name):
-            return env[name]
-    return None
+    return env.get(f"SHADOW_{key}") or None
 
 
 def _num(env, key: str, default, kind=float):

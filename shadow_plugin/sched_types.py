@@ -54,31 +54,29 @@ class SchedulerConfig:
     @classmethod
     def from_env(cls, env=None, grid: int = 512) -> "SchedulerConfig":
         """SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS,
-        SHADOW_TURN_TIMEOUT_S, SHADOW_IDLE_TRUST (numbers) and SHADOW_IDLE_AT_FINISH (0 or 1),
-        also with the prefix QWEN38_; ValueError naming a variable that is not a number (or
-        not 0/1), or out of its range."""
+        SHADOW_TURN_TIMEOUT_S, SHADOW_IDLE_TRUST (numbers) and SHADOW_IDLE_AT_FINISH (0 or 1);
+        ValueError naming a variable that is not a number (or not 0/1), or out of its
+        range."""
         env = os.environ if env is None else env
         kw = {}
         for name, key in (("poll_s", "POLL_S"), ("idle_burst_s", "IDLE_BURST_S"),
                           ("share", "SHARE"), ("slice_ms", "SLICE_MS"),
                           ("turn_timeout_s", "TURN_TIMEOUT_S"), ("idle_trust", "IDLE_TRUST")):
-            for var in (f"SHADOW_{key}", f"QWEN38_SHADOW_{key}"):
-                if env.get(var):
-                    try:
-                        value = float(env[var])
-                    except ValueError:
-                        raise ValueError(f"{var}={env[var]!r} is not a number") from None
-                    try:
-                        kw[name] = check_range(name, value)
-                    except ValueError as e:
-                        raise ValueError(f"{var}={env[var]!r}: {e}") from None
-                    break
-        for var in ("SHADOW_IDLE_AT_FINISH", "QWEN38_SHADOW_IDLE_AT_FINISH"):
+            var = f"SHADOW_{key}"
             if env.get(var):
-                if env[var] not in ("0", "1"):
-                    raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
-                kw["idle_at_finish"] = env[var] == "1"
-                break
+                try:
+                    value = float(env[var])
+                except ValueError:
+                    raise ValueError(f"{var}={env[var]!r} is not a number") from None
+                try:
+                    kw[name] = check_range(name, value)
+                except ValueError as e:
+                    raise ValueError(f"{var}={env[var]!r}: {e}") from None
+        var = "SHADOW_IDLE_AT_FINISH"
+        if env.get(var):
+            if env[var] not in ("0", "1"):
+                raise ValueError(f"{var}={env[var]!r} must be 0 or 1")
+            kw["idle_at_finish"] = env[var] == "1"
         return cls(grid=grid, **kw)
 
 

@@ -218,7 +218,7 @@ class Scheduler:
         question pending on this session, and every session's backlog (whole chunks, at the
         cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
         IDLE_MEMO_S (the host asks every round: with 11 sessions a round costs 13 us kept
-        against 22 us asked afresh, evals/host_calls.py on a CPU); a turn's start or finish, a
+        against 22 us asked afresh, evals/host_calls.py at cadb457 on a CPU); a turn's start or finish, a
         forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
         answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
         if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):

@@ -1,6 +1,6 @@
 """Every setting of the service, for `serve --help` and the README: (variable, flag, default,
 what it sets). The values are read in config.ServiceConfig.from_env and
-sched_types.SchedulerConfig.from_env; every name also works with the prefix QWEN38_."""
+sched_types.SchedulerConfig.from_env."""
 from __future__ import annotations
 
 SETTINGS: tuple[tuple[str, str, str, str], ...] = (

@@ -3,7 +3,7 @@ its pure-torch twin ref.attend_ref, and its KV write, on real-shaped heads.
 
 Skipped where triton is not installed. The interpreter's tl.dot multiplies bfloat16 operands as
 their raw 16-bit patterns (numpy has no bfloat16), so these tests run in float16; the device
-check (evals/read.py --parts attn) covers bfloat16 on the GPU."""
+check (`shadow-reader bench --parts attn`) covers bfloat16 on the GPU."""
 from __future__ import annotations
 
 import dataclasses

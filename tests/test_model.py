@@ -294,7 +294,8 @@ def test_autotune_dir_defaults_to_the_cache_folder_and_can_be_turned_off():
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": " auto "}) == default
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": ""}) == default
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "/x/picks"}) == Path("/x/picks")
-    assert autotune.env_dir({"QWEN38_SHADOW_AUTOTUNE_DIR": "~/p"}) == Path("~/p").expanduser()
+    assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "~/p"}) == Path("~/p").expanduser()
+    assert autotune.env_dir({"QWEN38_SHADOW_AUTOTUNE_DIR": "/q"}) == default   # not read
     assert autotune.env_dir({"SHADOW_AUTOTUNE_DIR": "OFF"}) is None
 
 

@@ -156,7 +156,7 @@ def test_service_refuses_an_empty_model():
 
 
 def test_config_from_env(tmp_path):
-    cfg = ServiceConfig.from_env({"QWEN38_SHADOW_MODEL": "random:tiny", "SHADOW_GB": "2",
+    cfg = ServiceConfig.from_env({"SHADOW_MODEL": "random:tiny", "SHADOW_GB": "2",
                                   "SHADOW_DISK": str(tmp_path), "SHADOW_GRID": "1024",
                                   "SHADOW_SHARE": "0.03"})
     assert (cfg.model, cfg.resident_gb, cfg.disk_dir, cfg.grid) == ("random:tiny", 2.0,

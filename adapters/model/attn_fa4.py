@@ -138,7 +138,7 @@ class FA4Attention:
     compiled kernels, called directly once seen.
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
-    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py, `fa4_one_call` host_ms),
+    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457, `fa4_one_call` host_ms),
     two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
     through `_flash_attn_fwd`; while it runs, its compile cache is
     watched and the one compiled kernel it calls, with its arguments, is kept (`fa4_record.record`).
@@ -150,7 +150,7 @@ class FA4Attention:
 
     Single-token decode does not come here: the decode runner reads pages with the table
     attention (model.runners; FA4 wastes a 128-row tile on one row: 3x slower at 100k,
-    evals/fa4_probe.py).
+    evals/fa4_probe.py at cadb457).
 
     On CUDA the splits' call runs on a stream of the highest priority while the causal tail
     runs on the caller's (`overlap`): the splits take S * tiles <= the SM count (`split_plan`,

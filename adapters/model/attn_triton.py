@@ -14,7 +14,7 @@ Why offsets from a base and not addresses: a pointer made from a loaded int64 ca
 alignment for Triton's analysis (a `multiple_of` on the integer did not reach the loads), so
 the K and V loads were not vectorised. A probe copy of the decode kernel took 0.089 ms a layer
 at 100k that way and 0.061 with the base and offsets (same bits; H200,
-evals/decode_variants.py, docs/decode-ptr-2026-12-02.log).
+evals/decode_variants.py at cadb457, docs/decode-ptr-2026-12-02.log).
 
 Numerics (fixed, so bits depend only on pos, T and the values, never on a buffer's capacity or
 on which session ran before): scores q.k in fp32 from bf16 operands, scaled by D^-0.5 and taken

@@ -41,13 +41,13 @@ FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
 
 def _raw(env=None) -> str:
-    """SHADOW_AUTOTUNE_DIR (or QWEN38_SHADOW_AUTOTUNE_DIR) as set, stripped; '' when unset."""
+    """SHADOW_AUTOTUNE_DIR as set, stripped; '' when unset."""
     env = os.environ if env is None else env
-    return (env.get("SHADOW_AUTOTUNE_DIR") or env.get("QWEN38_SHADOW_AUTOTUNE_DIR") or "").strip()
+    return (env.get("SHADOW_AUTOTUNE_DIR") or "").strip()
 
 
 def env_dir(env=None) -> Path | None:
-    """Where to pin: SHADOW_AUTOTUNE_DIR (or QWEN38_SHADOW_AUTOTUNE_DIR) as a path; unset, empty
+    """Where to pin: SHADOW_AUTOTUNE_DIR as a path; unset, empty
     or `auto`: DEFAULT_DIR (under the home directory); `off`: None (each process tunes its
     own, and a state read on in another process may differ in bits)."""
     raw = _raw(env)

@@ -2,9 +2,9 @@
 memory-bound Triton kernel, fixed tiling, fp32 sums; its twin is F.linear.
 
 Why: a decode step reads the whole model's weights for one token, and cuBLAS's kernels for a
-single row read them at about 1.3 TB/s on the H200 (evals/chunk_timeline.py's decode profile,
+single row read them at about 1.3 TB/s on the H200 (evals/chunk_timeline.py at cadb457's decode profile,
 docs/chunk-timeline-2026-11-29-2.log: their kernels took about 0.7 ms of a 2.08 ms step at 96k
-context), well under the memory's speed; evals/gemv_probe.py times each shape against this
+context), well under the memory's speed; evals/gemv_probe.py at cadb457 times each shape against this
 kernel (docs/gemv-probe-2026-11-29.log). Each program here reads BLOCK_N whole rows of W once, with x
 held in registers, and reduces them in one fixed order (deterministic, the same bits in every
 process; other bits than cuBLAS's, so it is used only where no committed state depends on it:
@@ -47,7 +47,7 @@ def tiling(n: int, k: int) -> tuple[int, int]:
 def gemv(x: torch.Tensor, w: torch.Tensor, tile: tuple[int, int, int] | None = None
          ) -> torch.Tensor:
     """x [1, K] (contiguous) @ w [N, K]^T (contiguous) -> [1, N] in x's dtype, fp32 sums.
-    tile: (BLOCK_N, BLOCK_K, num_warps) instead of `tiling`'s (evals/gemv_probe.py).
+    tile: (BLOCK_N, BLOCK_K, num_warps) instead of `tiling`'s (evals/gemv_probe.py at cadb457).
     Raises ValueError for other shapes or layouts."""
     if x.dim() != 2 or x.shape[0] != 1 or w.dim() != 2 or x.shape[1] != w.shape[1] \
             or not (x.is_contiguous() and w.is_contiguous()):

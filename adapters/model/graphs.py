@@ -24,7 +24,7 @@ filled from pinned memory before the first graph; the new KV rows are written in
 by attn_triton.write_kv, which reads pos, the places and the table there; the GDN states are
 copied into static inputs (model.slots: skipped for the states the last run returned, with
 keep_states, the reader's chunk runner). The host's time before the first kernel is the GPU's
-idle time when chunks are read one at a time (evals/chunk_timeline.py,
+idle time when chunks are read one at a time (evals/chunk_timeline.py at cadb457,
 docs/chunk-timeline-2026-11-29-final.log).
 
 Static buffers (the model's device): meta (model.meta), per GDN layer the input states (conv

