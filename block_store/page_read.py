@@ -11,7 +11,7 @@ safetensors checks when it opens a file; then each tensor's xxh3-64 against its 
 page's key and its ids), and `readinto`s the payload. The reads release the GIL, and so does
 the hashing (xxhash 4.1's one-shot digest does; HASH = 'ctypes' calls the same C function
 through ctypes, which releases it whatever xxhash's version), so threads read pages in
-parallel. tests/test_disk_read.py compares it with read_page on good and damaged files.
+parallel. tests/unit/test_disk_read.py compares it with read_page on good and damaged files.
 """
 from __future__ import annotations
 

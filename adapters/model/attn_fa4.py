@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from . import fa4_plan
-from .attn_combine import combine_ref  # noqa: F401  (the combine's twin, named here before)
 from .fa4_plan import (  # noqa: F401
     MAX_SPLITS,
     MIN_SPLIT_KEYS,
@@ -138,8 +137,8 @@ class FA4Attention:
     compiled kernels, called directly once seen.
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
-    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457, `fa4_one_call` host_ms),
-    two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
+    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457,
+    `fa4_one_call` host_ms), two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
     through `_flash_attn_fwd`; while it runs, its compile cache is
     watched and the one compiled kernel it calls, with its arguments, is kept (`fa4_record.record`).
     Later calls of that kind call the kernel with the new q, k, v, out and lse in the places

@@ -61,8 +61,8 @@ class SplitConfig:
 
 READ = SplitConfig()
 # one query row over paged keys: 128 splits of 32-key blocks, 4 warps, 3 stages, each block's
-# page entry loaded a block ahead. In this kernel (evals/decode_probe.py at cadb457 --graph, split and
-# combine, H200, docs/decode-probe-ahead-2026-12-02.log): 0.0562 ms a layer at 100k and 0.0334
+# page entry loaded a block ahead. In this kernel (evals/decode_probe.py at cadb457 --graph,
+# split and combine, H200, docs/decode-probe-ahead-2026-12-02.log): 0.0562 ms a layer at 100k and 0.0334
 # at 50k, against 0.0614 / 0.0405 with each entry loaded in its block and FlashAttention-2's
 # 0.0822 / 0.0565 on contiguous rows; the same bits under two page orders, the same error
 # against the fp32 twin. In the probe's copy (evals/decode_variants.py at cadb457,

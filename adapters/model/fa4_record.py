@@ -1,6 +1,7 @@
 """Recording the one compiled kernel a flash-attn-4 call runs, with its arguments, so that later
 calls of the same kind call it directly (model.attn_fa4.FA4Attention: the package's Python
-around a kernel costs the host about 0.1 ms a call on the H200's host, evals/fa4_probe.py at cadb457).
+around a kernel costs the host about 0.1 ms a call on the H200's host, evals/fa4_probe.py at
+cadb457).
 """
 from __future__ import annotations
 

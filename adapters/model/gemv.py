@@ -2,10 +2,11 @@
 memory-bound Triton kernel, fixed tiling, fp32 sums; its twin is F.linear.
 
 Why: a decode step reads the whole model's weights for one token, and cuBLAS's kernels for a
-single row read them at about 1.3 TB/s on the H200 (evals/chunk_timeline.py at cadb457's decode profile,
-docs/chunk-timeline-2026-11-29-2.log: their kernels took about 0.7 ms of a 2.08 ms step at 96k
-context), well under the memory's speed; evals/gemv_probe.py at cadb457 times each shape against this
-kernel (docs/gemv-probe-2026-11-29.log). Each program here reads BLOCK_N whole rows of W once, with x
+single row read them at about 1.3 TB/s on the H200 (the decode profile of
+evals/chunk_timeline.py at cadb457, docs/chunk-timeline-2026-11-29-2.log: their kernels took
+about 0.7 ms of a 2.08 ms step at 96k context), well under the memory's speed;
+evals/gemv_probe.py at cadb457 times each shape against this kernel
+(docs/gemv-probe-2026-11-29.log). Each program here reads BLOCK_N whole rows of W once, with x
 held in registers, and reduces them in one fixed order (deterministic, the same bits in every
 process; other bits than cuBLAS's, so it is used only where no committed state depends on it:
 the single-token decode runner of forks, model.runners).

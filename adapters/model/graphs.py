@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attn_fa4, autotune, capture, fa4_graph, ops, picks
+from . import attn_fa4, autotune, capture, ops, picks
 from .config import FULL
 from .layers import rope_cos_sin
 from .meta import MAX_TABLE_PAGES, ChunkMeta
@@ -111,8 +111,12 @@ class ChunkGraphs:
         self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
             if attention == "fa4" else None
         # FA4 inside the chunk's graph: fixed tables built on the device, one graph a split
-        self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev) \
-            if attention == "fa4" and fa4_in_graph else None
+        # (fa4_graph's Triton kernel is imported only where FA4 runs: a CPU install has no
+        # Triton)
+        self.split_graphs = None
+        if attention == "fa4" and fa4_in_graph:
+            from . import fa4_graph
+            self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev)
         self._tables = None                                # the staged chunk's SplitTables
         self.staged = ChunkMeta(t, self.num_full, self.page_rows, dev, dt,
                                 None if self.split_graphs else self._between,
@@ -163,6 +167,7 @@ class ChunkGraphs:
         attentions also write its k, v here; fa4's were written inside its segment)."""
         (q, k, v), out = self._qkv[j], self.attn_out[j]
         if self._tables is not None:                    # FA4 over the device-built tables
+            from . import fa4_graph
             side = self._between._side(q.device)[0] if self._between.overlap and \
                 q.is_cuda else None
             fa4_graph.attend(attn_fa4.forward(), q, *self._kv.pool.layer(j), self._tables,

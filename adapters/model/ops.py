@@ -127,8 +127,8 @@ def fused_ops(compile_conv: bool = False) -> Ops:
     compiles per function is raised to 64 (a torch-wide setting). compile_conv: the GDN conv
     compiled with its gates (`conv_gates`) instead of the kernel set's conv (fla's on CUDA);
     off by default: on the H200 it read 1-3 % slower a chunk at every context, both op sets in
-    one process with chunks alternating (evals/ops_ab.py at cadb457, docs/ops-ab-2026-11-29.log), though
-    it launches fewer kernels."""
+    one process with chunks alternating (evals/ops_ab.py at cadb457,
+    docs/ops-ab-2026-11-29.log), though it launches fewer kernels."""
     dynamo = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):

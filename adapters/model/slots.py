@@ -3,8 +3,8 @@ graphs read, the output states its body leaves in the graphs' memory, and the co
 out of a run.
 
 The host's time before a chunk's first kernel is the GPU's idle time when chunks are read one
-at a time (evals/chunk_timeline.py at cadb457 measured 0.11 ms of a 5.0 ms chunk at 16k in the copy-in
-calls on the H200's host). Slots made with keep=True (the reader's chunk runner) also copy the
+at a time (evals/chunk_timeline.py at cadb457 measured 0.11 ms of a 5.0 ms chunk at 16k in
+the copy-in calls on the H200's host). Slots made with keep=True (the reader's chunk runner) also copy the
 output states into the inputs at the end of a run, while the GPU is still busy, and skip the
 copy in at the next run when given exactly the states that run returned: the same tensors,
 unchanged since (torch's version counters), as when one session is read chunk after chunk.

@@ -10,6 +10,7 @@ out -> 504 with the backlog.
 """
 from __future__ import annotations
 
+import importlib.metadata
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -30,6 +31,16 @@ from .facade import Fed
 from .limits import LOOPBACK, Guard
 from .routes import question_router, session_id
 from .service import Service
+
+
+def package_version() -> str:
+    """The installed distribution's version (the OpenAPI document's), "unknown" when the
+    package runs from a tree that is not installed."""
+    try:
+        return importlib.metadata.version("shadow-reader")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
 
 ERRORS = {400: {"description": "a bad value (ids outside the vocabulary, a bad session id, `at` "
                                "beyond the ids, an unknown profile)"},
@@ -62,7 +73,7 @@ def create_app(cfg: ServiceConfig) -> FastAPI:
 
     # The Guard enforces the key; the scheme documents it (and gives /docs its Authorize button).
     security = [Depends(HTTPBearer(auto_error=False))] if cfg.api_key else []
-    app = FastAPI(title="shadow-reader", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="shadow-reader", version=package_version(), lifespan=lifespan,
                   description="An exact incremental Qwen3.5 reader beside a serving engine: host "
                   "events, questions, status and metrics.", dependencies=security,
                   responses=ERRORS, docs_url=None)

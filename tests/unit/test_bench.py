@@ -1,0 +1,47 @@
+"""The read benchmark runs on the CPU with random:tiny (a smoke test: its figures are for the
+device; here only their presence and the exactness after the timed runs are checked)."""
+import json
+from pathlib import Path
+
+from evals.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "session.json")
+
+
+def test_bench_smoke(capsys):
+    assert main(["bench", "--model", "random:tiny", "--device", "cpu", "--max-context", "2048",
+                 "--grids", "512,1024", "--ask-at", "1024", "--ids", EXAMPLE,
+                 "--parts", "read,exact,decode,ask,floor,grids"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for grid in (512, 1024):
+        part = res[f"read_grid{grid}"]
+        assert part["exact_after_timed_runs"] is True and part["ms_per_1k"]["0k-8k"] > 0
+        backlog = part["ms_per_1k_backlog"]               # the same ids read as one backlog
+        assert set(backlog) == {"0k-8k", "0k-32k"} and backlog["0k-32k"] == backlog["0k-8k"] > 0
+    assert res["read_grid512"]["decode_ms_per_token"] > 0
+    assert set(res["ask_ms"]) == {"1k"} and res["gemm_floor_ms_per_chunk"] > 0
+    assert res["grid_512_vs_2048"]["questions"] == 8
+    assert res["gpu"] == "cpu" and res["date"]
+
+
+def test_bench_refuses_bad_grids_context_and_files(capsys, tmp_path):
+    """Bad grids, a context below the grid and a file that is not a session are refused before
+    anything runs, with a message naming them (exit 2)."""
+    base = ["bench", "--model", "random:tiny", "--device", "cpu", "--ids", EXAMPLE]
+    assert main(base + ["--grids", "500"]) == 2
+    assert "--grids must be positive multiples of 64" in capsys.readouterr().err
+    assert main(base + ["--max-context", "0"]) == 2
+    assert "--max-context at least the largest" in capsys.readouterr().err
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert main(["bench", "--model", "random:tiny", "--device", "cpu", "--ids", str(empty),
+                 "--max-context", "512", "--grids", "512"]) == 2
+    assert f"{empty}: not a session" in capsys.readouterr().err
+    for extra in (["--attention", "fa4"], ["--attn-tiling", "0x0x0x0"]):     # eager on the CPU
+        assert main(base + ["--max-context", "512", "--grids", "512"] + extra) == 2
+        assert "choose the CUDA-graph runners' attention" in capsys.readouterr().err
+    assert main(base + ["--attention", "fa4", "--attn-tiling", "128x32x8x2"]) == 2
+    assert "--attn-tiling is the table attention's" in capsys.readouterr().err
+    assert main(base + ["--out", str(tmp_path / "missing" / "r.json")]) == 2
+    assert "--out" in capsys.readouterr().err
+

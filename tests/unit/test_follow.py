@@ -1,0 +1,225 @@
+"""Following an engine that knows requests, not sessions, without the engine: request events
+(RequestTracker), their sessions (Follower's match rule), the shadow embedded in the engine's
+process (EmbeddedShadow: steps, the ration slot, the idle window), and the question routes
+reaching it through a remote door as vLLM's server does."""
+import time
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from helpers import rand_ids  # noqa: E402
+
+from shadow_plugin.config import ServiceConfig
+from shadow_plugin.embedded import EmbeddedShadow, StepInfo
+from shadow_plugin.follow import FINISH, OUTPUT, START, Follower, RequestEvent, RequestTracker
+from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.server.ask_pool import AskPool
+from shadow_plugin.server.remote import RemoteService
+from shadow_plugin.server.routes import question_router
+
+G = 64
+
+
+def test_the_tracker_sends_a_prompt_once_and_only_new_output_ids():
+    t = RequestTracker()
+    t.start("r1", [1, 2, 3], "s")
+    t.start("r1", [1, 2, 3], "s")                  # scheduled again after a preemption
+    t.progress("r1", [7])
+    t.progress("r1", [7])                          # nothing new
+    t.progress("r1", [7, 8, 9])
+    t.finish("r1", [7, 8, 9, 10])
+    t.finish("r1", [7, 8, 9, 10])                  # once
+    t.progress("nobody", [1])
+    assert t.pending
+    got = [(e.kind, e.ids, e.session) for e in t.take()]
+    assert got == [(START, (1, 2, 3), "s"), (OUTPUT, (7,), None), (OUTPUT, (8, 9), None),
+                   (OUTPUT, (10,), None), (FINISH, (), None)]
+    assert not t.pending and t.take() == []
+
+
+class _Door:
+    """A facade stand-in over a real reader (turn, output, end, reader)."""
+
+    def __init__(self, reader):
+        self.reader, self.calls = reader, []
+
+    def turn(self, session, ids, profile, label, require_durable=True):
+        assert not require_durable                    # an engine's events: no host retries
+        self.calls.append(("turn", session))
+        self.reader.feed(session, ids, "prompt")
+
+    def output(self, session, ids, require_durable=True):
+        assert not require_durable
+        self.reader.feed(session, ids, "output")
+
+    def end(self, session, require_durable=True):
+        assert not require_durable
+        self.calls.append(("end", session))
+
+
+def test_the_follower_matches_all_but_the_last_page_and_never_a_busy_session(tiny):
+    from shadow_plugin import Reader
+    door = _Door(Reader(tiny, grid=G))
+    f = Follower(door, G)
+    t = RequestTracker()
+    a = rand_ids(3 * G + 10, 1)
+    t.start("1", a, None)
+    t.progress("1", [5, 6])
+    t.finish("1", [5, 6])
+    f.apply(t.take())
+    assert door.calls == [("turn", "req-1"), ("end", "req-1")]
+    held = a + [5, 6]                               # 3 pages and 12 ids
+    t.start("2", held[:3 * G] + [9] * 40, None)     # differs inside the last page: continues
+    t.start("3", held[:2 * G] + [9] * 200, None)    # differs before it: a new session
+    t.start("4", held + [1], "named")               # the client names it
+    f.apply(t.take())
+    assert f.sessions == {"2": "req-1", "3": "req-3", "4": "named"}
+    t.start("5", held + [1], None)                  # req-1 is busy with request 2
+    f.apply(t.take())
+    assert f.sessions["5"] != "req-1"
+    short = _Door(Reader(tiny, grid=G))
+    fs = Follower(short, G)
+    t.start("6", [11, 12, 13, 14], None)
+    t.finish("6", [])
+    t.start("7", [11, 99, 98, 97], None)            # shares only the first id of 4
+    t.start("8", [11, 12, 13, 50, 51], None)        # over half of them: continues
+    fs.apply(t.take())
+    assert fs.sessions == {"7": "req-7", "8": "req-6"}
+    # a refused turn (an id outside the vocabulary): reported, and the request's later
+    # outputs go nowhere (not into the session's earlier turn)
+    t.start("9", [11, 12, 13, 14, 10**9], "req-6")
+    t.progress("9", [5, 5])
+    with pytest.raises(ValueError, match="start 9"):
+        fs.apply(t.take())
+    assert "9" not in fs.sessions and short.reader.position("req-6")[0] == 5
+    fs.apply([RequestEvent(OUTPUT, "nobody", (1,))])            # unknown: skipped
+    # two running requests naming one session: the second gets its own
+    t.start("10", [1, 2], "named")
+    t.start("11", [3, 4], "named")
+    fs.apply(t.take())
+    assert fs.sessions["10"] == "named" and fs.sessions["11"] == "named:11"
+    t.start("12", [1, 2], "bad name!")                         # not a name the routes take
+    fs.apply(t.take())
+    assert fs.sessions["12"] == "req-12"
+
+
+@pytest.fixture
+def embedded(tmp_path):
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path / "state",
+                        disk_dir=tmp_path / "disk",
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.02, share=0.3))
+    emb = EmbeddedShadow(cfg)
+    emb.start()
+    assert emb.service.wait_loaded(60) == "ready"
+    yield emb
+    emb.close()
+
+
+def _step(emb, events, running, has_requests, host_s=0.01):
+    """One engine step: its start (events queued), the host's forward (`host_s`), the slot, its
+    end; then the events are applied by the shadow's thread, between steps (waited for here,
+    so that the next step's slot finds them)."""
+    info = StepInfo(tuple(events), tuple(running), has_requests)
+    emb.begin_step(info)
+    time.sleep(host_s)
+    emb.step_slot(info)
+    emb.end_step(info)
+    assert emb.wait_applied(30)
+
+
+def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
+    """Events come with the steps; with a generous ration the slot reads during the turn; once
+    the engine has no requests the idle window reads the rest; the session holds exactly the
+    ids served and produced and is exact; the slot and the idle loop each read chunks."""
+    t, emb = RequestTracker(), embedded
+    prompt = rand_ids(16 * G + 7, 2)
+    t.start("r", prompt, "s1")
+    _step(emb, t.take(), ("r",), True)
+    out = []
+    for i in range(30):                                # decode steps, 8 ids each
+        out += rand_ids(8, 100 + i)
+        t.progress("r", out)
+        _step(emb, t.take(), ("r",), True)
+    t.finish("r", out)
+    _step(emb, t.take(), (), False)
+    shadow = emb.service.shadow
+    deadline = time.monotonic() + 30
+    while shadow.position("s1")[0] - shadow.position("s1")[1] >= G and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shadow.reader.held_starts_with("s1", prompt + out) and \
+        shadow.position("s1")[0] == len(prompt) + len(out)
+    assert shadow.position("s1")[0] - shadow.position("s1")[1] < G
+    assert shadow.check_exact("s1")
+    windows = shadow.stats()["chunks_by_window"]
+    assert windows["ration"] > 0 and windows["idle"] > 0
+
+
+def test_events_before_the_model_is_ready_are_kept_in_order(tmp_path):
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path / "s",
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.02))
+    emb = EmbeddedShadow(cfg)
+    t = RequestTracker()
+    t.start("r", rand_ids(G + 3, 3), "early")
+    t.finish("r", [7, 8])
+    emb.begin_step(StepInfo(tuple(t.take()), (), False))  # starts loading: still loading
+    emb.end_step(StepInfo((), (), False))
+    assert emb.service.wait_loaded(60) == "ready" and emb.wait_applied(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "early" not in emb.service.reader.sessions():
+        time.sleep(0.02)
+    assert emb.service.shadow.position("early")[0] == G + 5
+    emb.close()
+
+
+def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embedded):
+    """As on vLLM's server: the shared routes over RemoteService, whose calls go to the
+    embedded shadow (here directly; in vLLM through a collective RPC); errors keep their
+    HTTP codes; status names the process."""
+    t, emb = RequestTracker(), embedded
+    t.start("r", rand_ids(3 * G + 1, 4), "q")
+    t.finish("r", [5])
+    _step(emb, t.take(), (), False)
+    app = FastAPI()
+    app.include_router(question_router(RemoteService(emb.call), AskPool(2, 4)))
+    with TestClient(app) as c:
+        r = c.post("/v1/shadow/ask", json={"session": "q", "question": "Code?",
+                                           "choices": ["yes", "no"], "wait": True,
+                                           "timeout_s": 30})
+        assert r.status_code == 200 and r.json()["backlog"] < G, r.text
+        local = emb.service.shadow.reader.ask("q", "Code?", ["yes", "no"])
+        assert r.json()["probs"] == list(local.probs)
+        assert c.post("/v1/shadow/ask", json={"session": "zz", "question": "q",
+                                              "choices": ["a", "b"]}).status_code == 404
+        assert c.post("/v1/shadow/ask", json={"session": "q", "question": "q",
+                                              "choices": ["a", "b"], "at": 10**6}
+                      ).status_code == 400
+        status = c.get("/v1/shadow/status").json()
+        assert status["embedded"] and status["pid"] > 0 and "q" in status["sessions"]
+        assert c.get("/v1/shadow/sessions/q/check").json()["exact"] is True
+        chat = c.post("/v1/shadow/chat/completions", json={
+            "session": "q", "messages": [{"role": "user", "content": "Code?"}],
+            "choices": ["yes", "no"]}).json()
+        assert chat["choices"][0]["message"]["content"] == local.label
+
+
+def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(embedded):
+    """Engines run their steps under torch.inference_mode: KV buffers the slot grows there
+    must stay writable by the idle thread (outside it)."""
+    import torch
+    t, emb = RequestTracker(), embedded
+    t.start("r", rand_ids(40 * G, 9), "im")
+    with torch.inference_mode():
+        t.progress("r", rand_ids(4, 10))                  # the first token
+        _step(emb, t.take(), ("r",), True)
+        for i in range(5):                             # 0.3 x 0.5 s of ration for the slot
+            t.progress("r", rand_ids(8 * (i + 2), 10))
+            _step(emb, t.take(), ("r",), True, host_s=0.1)
+        assert emb.service.shadow.stats()["chunks_by_window"]["ration"] > 0
+        t.finish("r", rand_ids(8 * 6, 10))
+        _step(emb, t.take(), (), False)
+    shadow = emb.service.shadow
+    deadline = time.monotonic() + 30
+    while shadow.position("im")[0] - shadow.position("im")[1] >= G and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shadow.position("im")[0] - shadow.position("im")[1] < G and shadow.check_exact("im")

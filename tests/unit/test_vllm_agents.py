@@ -1,0 +1,100 @@
+"""The vLLM trial's agents (evals/vllm_agents.py) and its log reading (evals/vllm_server.py):
+prompts that extend the last prompt and the host's output, re-rendered histories, the .npz
+round trip; what a vLLM log says about the host. No vLLM, no subprocess."""
+import json
+from pathlib import Path
+
+import pytest
+
+from evals import vllm_agents
+from evals.vllm_agents import IM_END, next_prompt, script_from_turns, suffix_after
+from evals.vllm_server import ServerSpec, log_facts
+from shadow_plugin.host_view import HostTurn, host_turns
+from shadow_plugin.renderer import Renderer
+from shadow_plugin.tokenizer import load_tokenizer
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "session.json"
+
+
+@pytest.fixture(scope="module")
+def example_turns():
+    raw = json.loads(EXAMPLE.read_text())
+    return host_turns(raw["messages"], raw.get("tools") or None,
+                      Renderer.from_model_dir(None, template="qwen3.5-27b"), load_tokenizer())
+
+
+def test_the_recorded_outputs_give_back_the_recorded_prompts(example_turns):
+    # with the recording's own outputs as the host's, each next prompt is the recorded one
+    # wherever the recording's next prompt extends the last prompt and output (no template
+    # rewrite between them)
+    turns = example_turns
+    script = script_from_turns("ex", turns)
+    num_extending = 0
+    for k, (a, b) in enumerate(zip(turns, turns[1:])):
+        if b.prompt_ids[:len(a.prompt_ids) + len(a.output_ids)] == a.prompt_ids + a.output_ids:
+            assert next_prompt(a.prompt_ids, a.output_ids, script.suffixes[k]) == b.prompt_ids
+            num_extending += 1
+    assert num_extending >= 4
+
+
+def test_a_host_output_replaces_the_recorded_one_and_the_message_is_closed(example_turns):
+    script = script_from_turns("ex", example_turns)
+    outputs = [[1000 + k, 2000 + k] for k in range(script.num_turns - 1)]
+    prompts = vllm_agents.prompts(script, outputs)
+    assert len(prompts) == script.num_turns
+    for k in range(1, len(prompts)):
+        q, h = prompts[k - 1], outputs[k - 1]
+        assert prompts[k][:len(q) + len(h) + 1] == q + h + [IM_END]      # closed by the client
+        assert prompts[k][len(q) + len(h) + 1:] == list(script.suffixes[k - 1])
+    # an output that ends with <|im_end|> is not closed twice
+    assert next_prompt([1], [2, IM_END], [3]) == [1, 2, IM_END, 3]
+
+
+def test_a_rerendered_turn_sends_the_recording_and_continues_from_it(example_turns, tmp_path):
+    script = script_from_turns("ex", example_turns, rerender_turn=2)
+    outputs = [[7] * 5 for _ in range(script.num_turns - 1)]
+    prompts = vllm_agents.prompts(script, outputs)
+    assert prompts[2] == example_turns[2].prompt_ids
+    assert prompts[3] == next_prompt(prompts[2], outputs[2], script.suffixes[2])
+    path = tmp_path / "agents.npz"
+    vllm_agents.save([script, script_from_turns("two", example_turns)], path)
+    assert vllm_agents.load(path) == [script, script_from_turns("two", example_turns)]
+
+
+def test_suffix_needs_the_closing_message():
+    with pytest.raises(ValueError, match="closing"):
+        suffix_after([1, IM_END, 2], [3, IM_END], [1, IM_END, 9])
+    assert suffix_after([1, IM_END, 2], [3, IM_END], [1, IM_END, 2, 4, IM_END, 5, 6]) == [5, 6]
+    with pytest.raises(ValueError, match="rerender"):
+        script_from_turns("x", [HostTurn(0, [1], [2])] * 3, rerender_turn=3)
+
+
+def test_log_facts_reads_what_vllm_prints():
+    text = "\n".join([
+        "(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with "
+        "config: ... compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
+        "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, ...}",
+        "(Worker pid=2) INFO [gpu_worker.py:561] Available KV cache memory: 29.87 GiB",
+        "(EngineCore pid=1) INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,234,567 tokens",
+        "(Worker pid=2) WARNING [connector.py:9] shadow: following vLLM 0.26.0: model runner "
+        "v1, CUDA graphs FULL_AND_PIECEWISE, compilation VLLM_COMPILE, async scheduling True"])
+    facts = log_facts(text)
+    assert facts == {"kv_cache_tokens": 1234567, "kv_cache_gib": 29.87, "model_runner": "v1",
+                     "cudagraph_mode": "FULL_AND_PIECEWISE",
+                     "shadow_line": "following vLLM 0.26.0: model runner v1, CUDA graphs "
+                                    "FULL_AND_PIECEWISE, compilation VLLM_COMPILE, async "
+                                    "scheduling True", "traceback": False}
+    assert log_facts("Using V2 Model Runner\nCPU KV cache size: 12 tokens")["model_runner"] == "v2"
+    assert log_facts("CPU KV cache size: 12 tokens")["kv_cache_tokens"] == 12
+
+
+def test_a_server_without_the_connector_loads_none_of_our_plugins():
+    with_shadow = ServerSpec("/m", connector=True, gpu_memory_utilization=0.3)
+    alone = ServerSpec("/m", connector=False)
+    cmd = with_shadow.command(8000)
+    assert "--kv-transfer-config" in cmd and "--language-model-only" in cmd
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert "--kv-transfer-config" not in alone.command(8000)
+    assert "--gpu-memory-utilization" not in alone.command(8000)
+    assert with_shadow.environment()["VLLM_PLUGINS"] == "shadow"
+    assert alone.environment()["VLLM_PLUGINS"] == ""
