@@ -27,7 +27,7 @@ from evals.replay_cmd import replay_command
 RUN_OF_RECORD = Path(__file__).with_name("read_costs_h200.json")   # fresh's default costs
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__,
+    ap = argparse.ArgumentParser(prog="shadow-reader", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     rp = sub.add_parser(
@@ -124,14 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)", epilog=help_text(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
-    sp.add_argument("--device", choices=["cpu", "cuda"])
+    sp.add_argument("--device", choices=["cpu", "cuda"], help="SHADOW_DEVICE (default: cuda "
+                    "when available)")
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; "
                     "another without a key gets a warning)")
     sp.add_argument("--port", type=_port, default=8765, help="1-65535 (default 8765)")
     sp.add_argument("--threads", type=int, help="SHADOW_THREADS: torch's CPU threads")
     sp.add_argument("--api-key", help="require this bearer key on every route but /healthz "
                     "and the dashboard's page (SHADOW_API_KEY keeps it out of ps)")
-    sp.add_argument("--grid", type=int)
+    sp.add_argument("--grid", type=int, help="SHADOW_GRID: the chunk length G, a multiple "
+                    "of 64 (default 512)")
     sp.set_defaults(func=_serve)
     return ap
 
