@@ -1,6 +1,7 @@
 """The reader: sessions fed turn by turn, read in whole grid chunks, rolled back on rewrites,
-asked letter-choice questions in one forward (those calls, which run in a fork of a session,
-are in reader_forks.py). Forwards go through an adapter (adapters.Adapter); a session's memory
+asked letter-choice questions in one forward, decoded greedily and summarised (those calls run
+in a fork of a session: fork.py), saved to disk at a turn's end and marked stale before outputs
+(the manifests). Forwards go through an adapter (adapters.Adapter); a session's memory
 lives in the block store (block_store.SessionTable); the reader joins the two and keeps the ids.
 
 Contract (docs/design.md): after any history of feeds, reads and asks, a session's committed
@@ -19,11 +20,10 @@ from block_store import SessionState, SessionTable, StoreConfig, compare, pack
 from block_store.checkpoints import first_difference, resume, take
 from block_store.session import check_layout, kv_view, state_bytes
 
-from . import exact, fork, lines, rewrites, validate
+from . import exact, fork, lines, questions, rewrites, validate
 from .conflicts import StaleSession
-from .reader_files import FileCalls
-from .reader_forks import ForkCalls
 from .step import ReaderConfig, read_chunk
+from .tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ReadResult:
     ms: float
 
 
-class Reader(ForkCalls, FileCalls):
+class Reader:
     """Exact incremental reader over one model.
 
     Args: model (adapters.Qwen35, whose forwards adapters.make_adapter chooses from the
@@ -68,7 +68,7 @@ class Reader(ForkCalls, FileCalls):
     deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
     of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
-    summaries: reader_forks.ForkCalls.
+    summaries: ask, generate, summarize.
     On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
     and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
     a chunk's bits depend on (Adapter.identity).
@@ -312,3 +312,148 @@ class Reader(ForkCalls, FileCalls):
         want = exact.fresh_prefill(self.adapter, st.ids[:st.committed])
         compare(self.state_tensors(session), want)
         return True
+
+    def _tok(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer()
+        return self._tokenizer
+
+    def ask(self, session: str, question, choices, at: int | None = None) -> questions.Answer:
+        """Ask a letter-choice question about ids[:at] (default: all ids) in one forward.
+
+        `question` is text (rendered as a user turn, questions.question_text) or a list of ids
+        already rendered. Returns questions.Answer. Raises KeyError for an unknown session,
+        ValueError for fewer than 2 or more than 26 choices, `at` beyond the ids, or bad ids.
+        """
+        st = self._get(session)
+        choices = validate.choices(choices)
+        at = validate.position(at, len(st.ids))
+        if isinstance(question, str):
+            if not question.strip():
+                raise ValueError("question must not be empty")
+            prev = st.ids[at - 1] if at else None
+            q_ids = questions.question_ids(self._tok(), question, choices, prev)
+        else:
+            q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
+            if not q_ids:
+                raise ValueError("question ids must not be empty")
+        letters = questions.letter_ids(self._tok(), len(choices))
+        answer = fork.answer(self.adapter, self.config, self.table.store, st, q_ids, letters,
+                             choices, at, self._take_scratch(session, st, at))
+        self._settle(session)
+        return dataclasses.replace(answer, stale=st.stale) if st.stale else answer
+
+    def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
+        """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
+        up to the grid line at or below `at` in scratch: read at most max_chunks (>= 1) of
+        those chunks now, into a base kept for the session's next ask or generate at that line
+        (one base a session, dropped when used, stale or the session is dropped; its pages
+        are the session's own, found by key). Lets a server re-read a long way below C one
+        chunk per hold of its lock. Returns the chunks read: 0 when the base is ready or
+        `at` is at or above C. Raises KeyError for an unknown session, ValueError for a bad
+        `at` or max_chunks."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        if not isinstance(max_chunks, int) or isinstance(max_chunks, bool) or max_chunks < 1:
+            raise ValueError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
+        line = at // self.config.grid * self.config.grid
+        if at >= st.committed:
+            return 0
+        # taken out first: a read that raises gives the base back, and none stays behind
+        sc, done = fork.advance_scratch(self.adapter, self.config, self.table.store, st,
+                                        session, line, self._scratch.pop(session, None),
+                                        max_chunks)
+        self._scratch[session] = sc
+        self.adapter.sync()
+        return done
+
+    def _take_scratch(self, session: str, st: SessionState, at: int):
+        """The session's prepared base for a fork at `at` (then taken: the fork gives it back),
+        or None (at or above C, none prepared, or stale: given back now)."""
+        sc = self._scratch.pop(session, None)
+        line = at // self.config.grid * self.config.grid
+        if at < st.committed and fork.scratch_valid(sc, session, st, line):
+            return sc
+        fork.drop_scratch(self.table.store, sc)
+        return None
+
+    def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
+                 stop_ids=questions.STOP_IDS) -> fork.Generation:
+        """Greedy decoding in a fork on top of ids[:at] (default: all ids) and `prompt`: an
+        instruction text (rendered as a user turn plus the generation prompt, thinking off) or
+        ids already rendered. Stops after `max_new_tokens` or at a stop id (<|im_end|>,
+        <|endoftext|>). Nothing at or below C changes. Returns fork.Generation.
+        Raises KeyError for an unknown session, ValueError for bad input."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        if validate.count(max_new_tokens, "max_new_tokens") == 0:
+            raise ValueError("max_new_tokens must be >= 1")
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt must not be empty")
+            p_ids = questions.instruction_ids(self._tok(), prompt, st.ids[at - 1] if at else None)
+        else:
+            p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
+            if not p_ids:
+                raise ValueError("prompt ids must not be empty")
+        out = fork.generate(self.adapter, self.config, self.table.store, st, p_ids, at,
+                            max_new_tokens, set(stop_ids), self._take_scratch(session, st, at))
+        self._settle(session)
+        return dataclasses.replace(out, stale=st.stale) if st.stale else out
+
+    def summarize(self, session: str,
+                  instruction: str = "Summarize this session in a few sentences.",
+                  max_tokens: int = 128,
+                  at: int | None = None) -> tuple[str, fork.Generation]:
+        """`generate` with an instruction; returns (text without the stop id, generation)."""
+        gen = self.generate(session, instruction, max_tokens, at)
+        ids = [i for i in gen.ids if i not in questions.STOP_IDS]
+        return self._tok().decode(ids), gen
+
+    def mark_outputs(self, session: str) -> bool | None:
+        """Before the first outputs since the session's manifest was written, write it again
+        marked stale (one write a turn), so a restart that finds it knows outputs came after
+        it. Returns True when the disk's manifest says so (now or already), False when the
+        write failed (logged, counted), None without a disk. Raises KeyError when unknown."""
+        st = self._get(session)
+        disk = self.table.store.disk
+        if disk is None:
+            return None
+        if st.unsaved_outputs and disk.manifest_path(session).is_file():   # one stat: the
+            return True                   # TTL may have swept an idle session's manifest
+        return self.table.save(session, stale=True)
+
+    def stale(self, session: str) -> bool:
+        """Whether the session came back from a restart holding a prefix of what the host sent
+        (until the host's next prompt), restoring nothing. KeyError when unknown."""
+        st = self.table.resident.get(validate.session_id(session))
+        if st is not None:
+            return st.stale
+        rec = self.table.residency.record(session)
+        if rec is None:
+            raise self.table.unknown(session)
+        return rec.stale
+
+    def refresh_disk_listing(self) -> None:
+        """List the disk folder for its counts when due (DiskStore.refresh), outside the
+        reader's lock, so stats() under it does not list a large folder; nothing without a
+        disk."""
+        if self.table.store.disk is not None:
+            self.table.store.disk.refresh()
+
+    def refused(self, session: str) -> str | None:
+        """Why the session's manifest was refused when the reader started (it is listed in
+        stats()["refused_sessions"] until dropped or started again), None when it was not."""
+        return self.table.residency.refused(validate.session_id(session))
+
+    def save(self, session: str) -> bool:
+        """Write the resident session's manifest (its ids, C, page and state keys,
+        checkpoints) to the disk now, when the reader has one (a turn's end; a prompt writes
+        its own): a restart resumes it at the deepest line whose pages and states are on disk.
+        Returns whether the disk's manifest now holds all its ids: False without a disk or
+        when the write failed (logged, counted in stats()["write_errors"]); for a parked
+        session, whether its park wrote it. Raises ValueError for a bad session id, KeyError
+        for an unknown one."""
+        if not self.table.knows(validate.session_id(session)):
+            raise KeyError(f"unknown session {session!r}")
+        return self.table.save(session)

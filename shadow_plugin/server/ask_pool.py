@@ -6,7 +6,7 @@ times one question's scratch, whatever the number of clients. Waiting for the re
 
 While a question runs, its client is looked at every DISCONNECT_POLL_S: once it has gone, the
 question's `cancelled` event is set, and the facade stops its catch-up reading at the next
-chunk (facade_questions.QuestionCalls.catch_up) and skips its forward.
+chunk (facade.Shadow.catch_up) and skips its forward.
 """
 from __future__ import annotations
 

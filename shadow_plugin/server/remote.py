@@ -112,7 +112,7 @@ class RemoteShadow:
         return self._run("fork_position", session=session, at=at)
 
     def positions(self, sessions: list[str]) -> dict:
-        """{session: [ids held, C] or None}, as the facade's (facade_questions)."""
+        """{session: [ids held, C] or None}, as the facade's (facade.Shadow.positions)."""
         return self._run("positions", sessions=list(sessions))
 
     def not_reading_why(self) -> str:
