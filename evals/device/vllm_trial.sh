@@ -9,6 +9,7 @@
 #       they are not (A and P compile: about 200 and 150 s), then the host's cost
 #   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow
 #   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
+#   bash evals/device/vllm_trial.sh launch A P   start servers and return (see launch below)
 # $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
 # the phases go), the servers' logs (logs.tgz) and, with CACHES=1 and when they fit, the
 # compile caches (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh
@@ -87,10 +88,22 @@ peer() {
     step 150 peer                        # about 180 turns of 0.5 s and six questions
 }
 
+# launch NAME...: start servers detached and return (A or P starting between two calls, while
+# the GPU is otherwise idle; the next call's `up` finds it and waits)
+launch() {
+    local name
+    for name in "$@"; do
+        python3 -m evals.vllm_trial up "$name" --host-util "$HOST_UTIL" --start-timeout-s 1 \
+            >> "$out/trial.log" 2>&1
+        echo "$name launched" | tee -a "$out/trial.log"
+    done
+}
+
 case "${1:-}" in
+launch) shift; launch "$@" ;;
 follow) follow ;;
 cost) cost ;;
 peer) peer ;;
 all) follow; cost; peer ;;
-*) echo "usage: vllm_trial.sh follow|cost|peer|all"; exit 2 ;;
+*) echo "usage: vllm_trial.sh follow|cost|peer|all|launch NAME..."; exit 2 ;;
 esac
