@@ -1,11 +1,11 @@
 """The forward at page granularity: Qwen3.5 (adapters.model: layers, weights and presets, the
 pure-torch, fla and FlashAttention-2/-4 kernels, the CUDA-graph runners, the decode loop) behind
 one interface (adapters.interface.Adapter) that the reader calls for every forward."""
-from .eager import EagerAdapter, ReferenceAdapter
-from .graphed import GraphAdapter
-from .interface import Adapter, Decoded, spec_for, state_spec
-from .model import PRESETS, ModelConfig, ModelInfo, Qwen35, load_model
-from .select import make_adapter
+from adapters.eager import EagerAdapter, ReferenceAdapter
+from adapters.graphed import GraphAdapter
+from adapters.interface import Adapter, Decoded, spec_for, state_spec
+from adapters.model import PRESETS, ModelConfig, ModelInfo, Qwen35, load_model
+from adapters.select import make_adapter
 
 __all__ = ["PRESETS", "Adapter", "Decoded", "EagerAdapter", "GraphAdapter", "ModelConfig",
            "ModelInfo", "Qwen35", "ReferenceAdapter", "load_model", "make_adapter",

@@ -2,11 +2,11 @@
 that roots every page key (Adapter.identity, block_store.FileIdentity): the device with its
 SM count, the kernels' package versions, and the autotuned kernel picks.
 
-Why each: FA4's key splits are planned from the SM count (model.fa4_plan), so two GPUs of one
+Why each: FA4's key splits are planned from the SM count (attention.fa4_plan), so two GPUs of one
 name with other SM counts (a MIG slice, a cut-down part) split the keys otherwise; torch,
 triton, fla and FA4 releases change the kernels' code; fla's GDN kernels are autotuned per
 process (model.autotune: a pick of BK 64 or 32 splits a reduction otherwise), and so are
-torch inductor's compiled small ops: their picks are digested (model.picks), pinned picks
+torch inductor's compiled small ops: their picks are digested (runners.picks), pinned picks
 being shared only by processes that share the pin folder. Not covered: the CPU's
 instruction set on the CPU path.
 """
@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from .model.kernels import KernelSet
+from adapters.model.kernels import KernelSet
 
 # packages whose code runs in a chunk with fla's kernel set, each (name, fallbacks): fla's
 # kernels are in fla-core since 0.4 (flash-linear-attention is then a shell that requires it,

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
+from adapters.interface import Adapter
+from adapters.model.kernels import TORCH, KernelSet
+from adapters.model.qwen35 import Qwen35
 from block_store import PagedKv
-from block_store.layout import GdnState
-
-from .interface import Adapter
-from .model.kernels import TORCH, KernelSet
-from .model.qwen35 import Qwen35
+from block_store.memory.layout import GdnState
 
 
 class EagerAdapter(Adapter):

@@ -1,4 +1,4 @@
-"""The CUDA-graph path: every forward through a reader's runners (adapters.model.runners:
+"""The CUDA-graph path: every forward through a reader's runners (adapters.runners.runners:
 the grid chunk runner, question runners padded to row buckets (Runners.rows_of), the
 single-token runner and its device-fed decode loop). On CUDA each runner replays CUDA graphs
 with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
@@ -12,12 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from adapters.interface import Adapter
+from adapters.model.qwen35 import Qwen35
+from adapters.runners.runners import Runners
 from block_store import PagedKv
-from block_store.layout import GdnState
-
-from .interface import Adapter
-from .model.qwen35 import Qwen35
-from .model.runners import Runners
+from block_store.memory.layout import GdnState
 
 
 class GraphAdapter(Adapter):
@@ -75,6 +74,6 @@ class GraphAdapter(Adapter):
 
     def _decode_steps(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
                       stop_ids: set[int]) -> tuple[list[int], int]:
-        """Through the decode loop (adapters.model.decode: the single-token runner, each token
+        """Through the decode loop (adapters.runners.decode: the single-token runner, each token
         fed back on the device)."""
         return self.runners.decode_loop().run(token, pos, kv, gdn, max_steps, stop_ids)

@@ -1,10 +1,10 @@
 """The one place that decides how a reader's forwards run: the CUDA-graph runners or eager."""
 from __future__ import annotations
 
-from .eager import EagerAdapter
-from .graphed import GraphAdapter
-from .interface import Adapter
-from .model.qwen35 import Qwen35
+from adapters.eager import EagerAdapter
+from adapters.graphed import GraphAdapter
+from adapters.interface import Adapter
+from adapters.model.qwen35 import Qwen35
 
 
 def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
@@ -13,7 +13,7 @@ def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
     """cuda_graphs: the runners (GraphAdapter; default: on CUDA; on the CPU their bodies run
     without graphs), else Qwen35.forward (EagerAdapter). fused_ops (the runners' small ops
     through torch.compile; default: on CUDA), attn_split (the table attention's tiling, a
-    SplitConfig; setting it picks the table attention) and attention (model.graphs.ATTENTIONS;
+    SplitConfig; setting it picks the table attention) and attention (runners.graphs.ATTENTIONS;
     default: 'fa4' on Hopper where flash-attn-4 imports, else 'table') choose how the
     runners work. Raises ValueError for an attention this device cannot run ('flash', removed
     with the pages, anywhere), a tiling that is not a SplitConfig, or any runner option
@@ -29,9 +29,9 @@ def make_adapter(model: Qwen35, grid: int, cuda_graphs: bool | None = None,
                          f"fused_ops={fused_ops!r} choose how the CUDA-graph runners work; "
                          f"with cuda_graphs off the reader reads through Qwen35.forward "
                          f"(SDPA): leave them unset")
-    from .model.attn_tiling import SplitConfig
+    from adapters.attention.tiling import SplitConfig
     if attn_split is not None and not isinstance(attn_split, SplitConfig):
-        raise ValueError(f"attn_split must be an attn_triton.SplitConfig (SplitConfig.parse"
+        raise ValueError(f"attn_split must be an attention.tiling.SplitConfig (SplitConfig.parse"
                          f"('128x32x8x2')), got {type(attn_split).__name__}")
     if not cuda_graphs:
         return EagerAdapter(model, grid)

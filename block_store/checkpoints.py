@@ -1,7 +1,7 @@
 """Checkpoint keeping, resuming after a rewrite, committing a chunk.
 
 Where a checkpoint belongs (the chat-aware lines: a turn's generation prompt, an episode's
-start, the end of the shared system message) is the reader's business (shadow_plugin.lines);
+start, the end of the shared system message) is the reader's business (shadow_plugin.reader.lines);
 it hands the lines down as positions (SessionState.pending_lines, .shared_line). A checkpoint
 is a reference to the GDN table's entry at its line (pages.PageStore.gdn). Keeping: the
 checkpoints at the start of the current episode and at the shared line always stay; past
@@ -11,12 +11,12 @@ sessions' pages are found the same way.
 """
 from __future__ import annotations
 
-from .disk_io import load_resume
-from .gdn_table import GdnEntry
-from .layout import GdnState, clone_gdn
-from .pages import PageStore, Resume, find_resume, resume_states, served
-from .pool import Page
-from .session import Checkpoint, SessionState
+from block_store.disk_io import load_resume
+from block_store.memory.gdn_table import GdnEntry
+from block_store.memory.layout import GdnState, clone_gdn
+from block_store.memory.pool import Page
+from block_store.pages import PageStore, Resume, find_resume, resume_states, served
+from block_store.session import Checkpoint, SessionState
 
 TIP_LINES = 2     # tip entries kept: the state a page below C after the last chunk
 MAX_LOOKUPS = 8   # lookups with the disk before one without (files refused one after another)

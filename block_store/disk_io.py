@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from .disk import DiskStore, Manifest
-from .files import RefusedFile
-from .kv_pool import pages_to_cpu, put_pages
-from .page_read import read_page_into
-from .pages import PageStore, Resume
-from .session import Checkpoint, SessionState
+from block_store.disk.files import RefusedFile
+from block_store.disk.page_read import read_page_into
+from block_store.disk.store import DiskStore, Manifest
+from block_store.memory.kv_pool import pages_to_cpu, put_pages
+from block_store.pages import PageStore, Resume
+from block_store.session import Checkpoint, SessionState
 
 IO_THREADS = min(8, os.cpu_count() or 1)
 GROUP_PAGES = 32      # pages a spill takes off the device at a time (about 200 MB on the 0.8B)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .disk import DiskStore
-from .gdn_table import GdnEntry, GdnTable
-from .keys import next_key
-from .kv_pool import KvPool, PagedKv
-from .layout import GdnState, StateSpec
-from .pool import Page, PoolFull
-from .spill import Spill
+from block_store.disk.store import DiskStore
+from block_store.memory.gdn_table import GdnEntry, GdnTable
+from block_store.memory.keys import next_key
+from block_store.memory.kv_pool import KvPool, PagedKv
+from block_store.memory.layout import GdnState, StateSpec
+from block_store.memory.pool import Page, PoolFull
+from block_store.spill import Spill
 
 
 @dataclass
@@ -173,7 +173,7 @@ def find_resume(store: PageStore, own_pages: list[Page], own_keys: list[bytes],
 def resume_states(store: PageStore, res: Resume, own: GdnState) -> GdnState:
     """The GDN states to hold at res.line: the session's own, a copy of the entry's, or
     zeros."""
-    from .layout import clone_gdn, zero_gdn
+    from block_store.memory.layout import clone_gdn, zero_gdn
     if res.state == "own":
         return own
     if res.state is None:

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import files
-from .checkpoints import resume
-from .disk import DiskStore, Manifest
-from .disk_io import load_checkpoints, manifest_of, save_session
-from .manifest import peek_session
-from .pages import PageStore
-from .session import SessionState, new_state, release_state
+from block_store.checkpoints import resume
+from block_store.disk import files
+from block_store.disk.manifest import peek_session
+from block_store.disk.store import DiskStore, Manifest
+from block_store.disk_io import load_checkpoints, manifest_of, save_session
+from block_store.pages import PageStore
+from block_store.session import SessionState, new_state, release_state
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 60.0      # the TTL is applied at least this often while sessions are parked
@@ -282,7 +282,7 @@ class Residency:
 
     def sweep(self, keep: set[Path] = frozenset()) -> None:
         """Delete files past the TTL, then past disk_bytes the oldest refused files, pages and
-        entries (disk_upkeep.sweep: manifests only by age; never `keep`); a parked session
+        entries (upkeep.sweep: manifests only by age; never `keep`); a parked session
         whose manifest went keeps its ids in memory (dropped)."""
         if self.disk is None:
             return

@@ -2,7 +2,7 @@
 through the page store, kv_pool.KvPool), their keys, the GDN states at C, checkpoints (GDN
 table entries at grid lines), and the pending tail of ids not yet read.
 
-Layouts (block_store.layout, asserted in `check_layout`):
+Layouts (block_store.memory.layout, asserted in `check_layout`):
 - pages: page i holds KV rows [i G, (i + 1) G) of every attention layer, named by keys[i]
   (keys.page_keys: the chain over ids[:(i + 1) G]); pages are never written once named, so
   sessions share them;
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .gdn_table import GdnEntry
-from .kv_pool import PagedKv
-from .layout import RECURRENT_LAYOUT, GdnState, StateSpec, clone_gdn, zero_gdn
-from .pages import PageStore
-from .pool import Page
+from block_store.memory.gdn_table import GdnEntry
+from block_store.memory.kv_pool import PagedKv
+from block_store.memory.layout import RECURRENT_LAYOUT, GdnState, StateSpec, clone_gdn, zero_gdn
+from block_store.memory.pool import Page
+from block_store.pages import PageStore
 
 
 @dataclass

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .disk import DiskStore
-from .gdn_table import GdnEntry
-from .kv_pool import KvPool
-from .pool import Page
+from block_store.disk.store import DiskStore
+from block_store.memory.gdn_table import GdnEntry
+from block_store.memory.kv_pool import KvPool
+from block_store.memory.pool import Page
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 16      # writes queued at most (about 100 MB of pages on the 0.8B)

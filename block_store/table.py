@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .disk import DiskStore
-from .files import FileIdentity
-from .keys import identity_key
-from .layout import StateSpec
-from .pages import PageStore
-from .residency import Residency, StoreConfig
-from .session import SessionState, new_state, release_state, state_bytes
+from block_store.disk.files import FileIdentity
+from block_store.disk.store import DiskStore
+from block_store.memory.keys import identity_key
+from block_store.memory.layout import StateSpec
+from block_store.pages import PageStore
+from block_store.residency import Residency, StoreConfig
+from block_store.session import SessionState, new_state, release_state, state_bytes
 
 
 class SessionTable:

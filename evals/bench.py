@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
-from shadow_plugin.router import ROUTER
+from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.reader.reader import Reader
 
 BANDS = ((0, 8192), (8192, 32768), (32768, 65536), (65536, 102400))
 KNOWN_PARTS = {"read", "exact", "decode", "ask", "floor", "grids", "peer", "graphs", "eager"}
@@ -58,7 +58,7 @@ def load_ids(paths: list[str], num_ids: int) -> list[int]:
         if p.endswith(".npz"):
             ids += np.load(p)["ids"].tolist()
         else:
-            from shadow_plugin.tokenizer import load_tokenizer
+            from shadow_plugin.chat.tokenizer import load_tokenizer
             tok = tok or load_tokenizer()
             try:
                 msgs = json.loads(Path(p).read_text())["messages"]
@@ -219,10 +219,10 @@ def _part(res: dict, key: str, fn) -> None:
 
 
 def attn_split(args):
-    """--attn-tiling BMxBNxWARPSxSTAGES as an attn_triton.SplitConfig (None: the default)."""
+    """--attn-tiling BMxBNxWARPSxSTAGES as an attention.tiling.SplitConfig (None: the default)."""
     if not getattr(args, "attn_tiling", None):
         return None
-    from adapters.model.attn_tiling import SplitConfig
+    from adapters.attention.tiling import SplitConfig
     return SplitConfig.parse(args.attn_tiling)
 
 
@@ -292,7 +292,7 @@ def run(args) -> dict:
         _part(res, "grid_512_vs_2048",
               lambda: grid_movement(model, ids[:n], [n * k // 8 for k in range(1, 9)]))
     if "peer" in parts:
-        from .peer import transformers_read_ms_per_1k
+        from evals.peer import transformers_read_ms_per_1k
         n = min(args.max_context, 32768)
         _part(res, "peer_transformers_ms_per_1k", lambda: transformers_read_ms_per_1k(
             args.model, device, ids[:n], args.grids[0], timer))

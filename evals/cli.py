@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--parts", default="read,exact,decode,ask,floor,grids,peer",
                     help="comma-separated parts to run (add eager: the eager path, no CUDA graphs)")
     bp.add_argument("--attn-tiling", help="the chunk runner's attention tiling BMxBNxWARPSxSTAGES"
-                    " (default: attn_triton.READ)")
+                    " (default: attention.tiling.READ)")
     bp.add_argument("--attention", choices=["fa4", "table"],
                     help="the runners' attention on CUDA (default: fa4 where it runs, else table)")
     bp.add_argument("--out", help="also write the JSON object to this file")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "0.26+ loads, with --language-model-only); causal or conditional: those "
                     "tensor names with a flat config")
     ep.set_defaults(func=_export)
-    from shadow_plugin.settings import help_text
+    from shadow_plugin.server.settings import help_text
     sp = sub.add_parser("serve", help="the HTTP service (FastAPI + uvicorn)", epilog=help_text(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--model", help="SHADOW_MODEL: a Qwen3.5 model directory or random:NAME")
@@ -147,7 +147,7 @@ def _export(args) -> int:
 def _threads() -> int:
     """SHADOW_THREADS, else config.default_threads() (half the cores). ValueError for a value
     that is not a positive number."""
-    from shadow_plugin.config import default_threads
+    from shadow_plugin.server.config import default_threads
     raw = os.environ.get("SHADOW_THREADS")
     if raw is None:
         return default_threads()
@@ -169,8 +169,8 @@ def _port(text: str) -> int:
 def _serve(args) -> int:
     import uvicorn
 
-    from shadow_plugin.config import ServiceConfig
     from shadow_plugin.server.app import create_app
+    from shadow_plugin.server.config import ServiceConfig
     from shadow_plugin.server.startup import bind_check, startup_lines
     cfg = ServiceConfig.from_env().with_overrides(model=args.model, device=args.device,
                                                   api_key=args.api_key, grid=args.grid,
@@ -186,9 +186,8 @@ def _serve(args) -> int:
 
 
 def _fresh(args) -> int:
-    from shadow_plugin.scheduler import SchedulerConfig
-
-    from .fresh import cost_from_bench, fresh_report
+    from evals.fresh import cost_from_bench, fresh_report
+    from shadow_plugin.scheduling.scheduler import SchedulerConfig
     if args.grid < 64 or args.grid % 64:
         raise ValueError(f"--grid must be a positive multiple of 64, got {args.grid}")
     if args.read_ms_per_1k is not None and not args.read_ms_per_1k > 0:
@@ -202,7 +201,7 @@ def _fresh(args) -> int:
     cfg = SchedulerConfig.from_env(grid=args.grid)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)
     if args.plot:
-        from .fresh import load_timeline, plot_backlog
+        from evals.fresh import load_timeline, plot_backlog
         shown = plot_backlog(load_timeline(args.timelines[0]), cfg, ms_per_1k, args.session,
                              args.plot)
         print(f"plot of session {shown} written to {args.plot}", file=sys.stderr)
@@ -223,7 +222,7 @@ def _default_sessions() -> list[str]:
 
 
 def _bench(args) -> int:
-    from .bench import run
+    from evals.bench import run
     if not args.ids:
         raise ValueError("--ids: no session files given and none found beside the checkout")
     out = Path(args.out) if args.out else None
@@ -245,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torch.set_num_threads(_threads())      # torch would take every core (SHADOW_THREADS)
         if argv[:1] == ["prefix-hits"]:        # its own options: evals/prefix_share.py
-            from .prefix_share import main as prefix_hits
+            from evals.prefix_share import main as prefix_hits
             return prefix_hits(argv[1:], prog="shadow-reader prefix-hits")
         if argv[:1] == ["router-eval"]:        # its own options: evals/router_eval.py
-            from .router_eval import main as router_eval
+            from evals.router_eval import main as router_eval
             return router_eval(argv[1:], prog="shadow-reader router-eval")
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from shadow_plugin.scheduler import CostModel, Scheduler, SchedulerConfig, VirtualClock
+from shadow_plugin.scheduling.scheduler import CostModel, Scheduler, SchedulerConfig, VirtualClock
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from adapters.model.config import PRESETS
 from adapters.model.qwen35 import ModelInfo
 from adapters.model.weights import build_model, fingerprint, random_tensors
 from block_store import contiguous_kv
-from block_store.layout import zero_gdn
+from block_store.memory.layout import zero_gdn
 from evals.bench import versions
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 CHOICES = ["chat", "code_edit", "debug", "design_ui", "explain", "plan", "refactor", "review",
            "test"]

@@ -9,7 +9,7 @@ host's decode tok/s and TTFT per run and arm, the paired deltas, and last one JS
         # the ration leaves to the idle window what they cover (SHADOW_IDLE_TRUST, default 0.5)
     SHADOW_IDLE_TRUST=0 SHADOW_IDLE_AT_FINISH=0 python -m evals.host_ab ...   # the seed's rules
 
-The host decodes through this project's own runners (model.runners.Runners: the prompt in
+The host decodes through this project's own runners (runners.runners.Runners: the prompt in
 512-id chunk graphs, each token in a single-token graph), so its loop is a real CUDA-graph
 decode loop; the shadow reads in its ration between the host's tokens (Host.between_rounds on
 the host's thread) and in the idle window between requests (the idle loop thread).
@@ -30,12 +30,12 @@ from adapters.model import load_model
 from adapters.model.config import PRESETS, ModelConfig
 from adapters.model.kernels import select_kernels
 from adapters.model.qwen35 import ModelInfo, Qwen35
-from adapters.model.runners import Runners
-from block_store.layout import alloc_kv, zero_gdn
+from adapters.runners.runners import Runners
+from block_store.memory.layout import alloc_kv, zero_gdn
 from evals.bench import versions
-from shadow_plugin.host import Host
-from shadow_plugin.reader import Reader
-from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.reader.reader import Reader
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
 
 HOST_27B = ModelConfig(hidden_size=5120, num_hidden_layers=64, num_attention_heads=24,
                        num_key_value_heads=4, head_dim=256, intermediate_size=17408,

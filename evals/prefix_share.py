@@ -30,10 +30,10 @@ import torch
 from adapters.model import load_model
 from evals.data import data_dir
 from evals.replay import load_prefix, load_session, replay_many, with_prefix
-from shadow_plugin.host_view import host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.tokenizer import load_tokenizer
+from shadow_plugin.chat.host_view import host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
 
 
 def _turns(paths, prefix, renderer, tokenizer):

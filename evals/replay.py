@@ -14,9 +14,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from shadow_plugin import validate
-from shadow_plugin.host_view import HostTurn, host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.router import Question
+from shadow_plugin.chat.host_view import HostTurn, host_turns
+from shadow_plugin.chat.router import Question
+from shadow_plugin.reader.reader import Reader
 
 PROGRESS_CHUNKS = 16          # show a progress bar when a turn reads more chunks than this
 

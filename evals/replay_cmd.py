@@ -30,15 +30,14 @@ def _session_names(paths: list[str]) -> list[str]:
 def replay_command(args) -> int:
     """`shadow-reader replay` (flags: evals.cli.build_parser): 0, or 1 when not exact."""
     from adapters.model import load_model
-    from shadow_plugin.exact import ExactnessError
-    from shadow_plugin.host_view import host_turns
-    from shadow_plugin.reader import Reader
-    from shadow_plugin.renderer import Renderer
-    from shadow_plugin.router import load_question
-    from shadow_plugin.step import ReaderConfig
-    from shadow_plugin.tokenizer import load_tokenizer
-
-    from .replay import load_prefix, load_session, replay_file, replay_many, with_prefix
+    from evals.replay import load_prefix, load_session, replay_file, replay_many, with_prefix
+    from shadow_plugin.chat.host_view import host_turns
+    from shadow_plugin.chat.renderer import Renderer
+    from shadow_plugin.chat.router import load_question
+    from shadow_plugin.chat.tokenizer import load_tokenizer
+    from shadow_plugin.reader.exact import ExactnessError
+    from shadow_plugin.reader.reader import Reader
+    from shadow_plugin.reader.step import ReaderConfig
 
     ReaderConfig(args.grid)                          # bad flags and files fail before the model
     _check_store_flags(args)

@@ -21,12 +21,11 @@ from pathlib import Path
 import torch
 
 from adapters.model import load_model
-from shadow_plugin.host_view import host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.tokenizer import load_tokenizer
-
-from .replay import load_session, replay_turns
+from evals.replay import load_session, replay_turns
+from shadow_plugin.chat.host_view import host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
 
 
 def replay_alone(model, path: Path, renderer, tokenizer, grid: int, check_exact: bool) -> dict:

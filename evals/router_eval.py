@@ -10,7 +10,7 @@ session JSON as `replay` takes it (a path relative to the labels file's folder, 
 N is the turn as `replay` numbers it (0 = the first assistant message that is not the
 session's first message; the service's router journal counts the turns it asked about from
 1 instead); CLASS one of the question's labels (the 9 router classes by default:
-shadow_plugin.router.ROUTER). Every line, session file and turn is checked before the model
+shadow_plugin.chat.router.ROUTER). Every line, session file and turn is checked before the model
 loads.
 Each session is followed as its host served it (turns rendered and tokenised as in `replay`):
 a labelled turn's prompt is fed, its whole chunks read up to the insertion point (after the
@@ -38,16 +38,15 @@ from pathlib import Path
 import torch
 
 from adapters.model import load_model
-from shadow_plugin.host_view import HostTurn, host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.router import Question, load_question
+from evals.data import default_model
+from evals.replay import load_prefix, load_session, with_prefix
+from shadow_plugin.chat.host_view import HostTurn, host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.router import Question, load_question
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
+from shadow_plugin.reader.step import ReaderConfig
 from shadow_plugin.server.router_journal import insertion_point
-from shadow_plugin.step import ReaderConfig
-from shadow_plugin.tokenizer import load_tokenizer
-
-from .data import default_model
-from .replay import load_prefix, load_session, with_prefix
 
 
 def load_labels(path: str | Path, question: Question) -> list[dict]:

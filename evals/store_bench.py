@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 from adapters.model import autotune, load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 SECOND = """
 import json, sys, numpy as np
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 r = Reader(load_model(sys.argv[1], device=sys.argv[4]), grid=512, resident_bytes=0, disk_dir=sys.argv[2])
 extra = np.load(sys.argv[3])["ids"][:4096].tolist()
 held, (_, c) = r.ids("s"), r.position("s")       # the first process's manifest: nothing loaded

@@ -2,7 +2,7 @@
 sends a host turn by turn when the history it keeps holds the host's own outputs.
 
 A recorded session gives, per assistant turn k, the prompt P_k its host served and the
-output O_k it produced (shadow_plugin.host_view). An agent replayed against another host sends
+output O_k it produced (shadow_plugin.chat.host_view). An agent replayed against another host sends
 P_0 first; then, with that host's output H_k,
 
     Q_{k+1} = Q_k + H_k + [<|im_end|> unless H_k ends with it] + S_k
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shadow_plugin.tokenizer import CHAT_TOKENS
+from shadow_plugin.chat.tokenizer import CHAT_TOKENS
 
 IM_END = CHAT_TOKENS.im_end
 
@@ -81,8 +81,8 @@ def next_prompt(prompt, output, suffix) -> list[int]:
 
 
 def script_from_turns(name: str, turns, rerender_turn: int | None = None) -> AgentScript:
-    """An AgentScript from a recording's host turns (shadow_plugin.host_view.HostTurn: prompt_ids,
-    output_ids). ValueError for a rerender_turn outside 1 .. len(turns)-1."""
+    """An AgentScript from a recording's host turns (shadow_plugin.chat.host_view.HostTurn:
+    prompt_ids, output_ids). ValueError for a rerender_turn outside 1 .. len(turns)-1."""
     if rerender_turn is not None and not 1 <= rerender_turn < len(turns):
         raise ValueError(f"{name}: rerender turn {rerender_turn} outside 1..{len(turns) - 1}")
     suffixes = tuple(tuple(suffix_after(a.prompt_ids, a.output_ids, b.prompt_ids))
@@ -161,9 +161,9 @@ def main(argv=None) -> None:
     ap.add_argument("-o", "--out", type=Path, default=Path(".devdata/agents.npz"))
     ap.add_argument("--template", default="qwen3.5-27b")
     args = ap.parse_args(argv)
-    from shadow_plugin.host_view import host_turns
-    from shadow_plugin.renderer import Renderer
-    from shadow_plugin.tokenizer import load_tokenizer
+    from shadow_plugin.chat.host_view import host_turns
+    from shadow_plugin.chat.renderer import Renderer
+    from shadow_plugin.chat.tokenizer import load_tokenizer
     renderer, tokenizer = Renderer.from_model_dir(None, template=args.template), load_tokenizer()
     scripts = []
     for spec in args.agents:

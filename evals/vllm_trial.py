@@ -261,7 +261,7 @@ def follow(args) -> None:
     for c in checks:
         print(f"check {c}", flush=True)
     # the questions through vLLM's server: ask, and the same in the OpenAI shape
-    from shadow_plugin.router import ROUTER
+    from shadow_plugin.chat.router import ROUTER
     q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
     ask = httpx.post(server.url + "/v1/shadow/ask", json=q, timeout=HTTP_S).json()
     chat = httpx.post(server.url + "/v1/shadow/chat/completions", timeout=HTTP_S, json={
@@ -471,9 +471,9 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
                  repeats: int) -> dict:
     """At the session's current end: the shadow's ask and the peer's request (cached, then
     with another cache_salt), `repeats` times each; KL between the answers."""
-    from shadow_plugin.questions import letter_ids, question_ids
-    from shadow_plugin.router import ROUTER
-    from shadow_plugin.tokenizer import load_tokenizer
+    from shadow_plugin.chat.questions import letter_ids, question_ids
+    from shadow_plugin.chat.router import ROUTER
+    from shadow_plugin.chat.tokenizer import load_tokenizer
     tok = load_tokenizer()
     letters = letter_ids(tok, len(ROUTER.choices))
     prompt = ids + question_ids(tok, ROUTER.question, list(ROUTER.choices), ids[-1])

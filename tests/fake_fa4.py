@@ -1,11 +1,12 @@
-"""Test helper: flash-attn-4's package faked as far as adapters.model.attn_fa4 uses it, over a
+"""Test helper: flash-attn-4's package faked as far as adapters.attention.fa4 uses it, over a
 pure-torch forward (`ref_forward`), so FA4's plans, recordings and graphs run on any machine."""
 import sys
 import types
 
 import torch
 
-from adapters.model import attn_fa4, fa4_plan
+from adapters.attention import fa4 as attn_fa4
+from adapters.attention import fa4_plan
 
 
 def ref_forward(q, k, v, causal, out, lse=None, page_table=None, seqused_k=None, **_):

@@ -1,13 +1,18 @@
 """Test helpers shared by the layers (tests/ is on the path of every test through conftest.py):
-random ids, a reader on a disk folder, the reference counts a reader must keep, the metrics the
-Grafana dashboard queries."""
+random ids, readers on a disk folder and a session parked there, the reference counts a reader
+must keep, the metrics the Grafana dashboard queries, KV pools of pages for the attention
+kernels."""
 import json
 import random
 import re
 from collections import Counter
 from pathlib import Path
 
-from shadow_plugin.reader import Reader
+import torch
+
+from block_store import FileIdentity
+from block_store.memory.keys import identity_key
+from shadow_plugin.reader.reader import Reader
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "shadow-reader.json"
 
@@ -16,6 +21,24 @@ def rand_ids(n: int, rng: random.Random | int = 0) -> list[int]:
     """n ordinary token ids in [1000, 240000) (no special ids), from `rng` or a seed."""
     rng = rng if isinstance(rng, random.Random) else random.Random(rng)
     return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+def vocab_ids(rng: random.Random, n: int) -> list[int]:
+    """n ids anywhere in Qwen3.5's vocabulary [0, 248320), special ids included."""
+    return [rng.randrange(248320) for _ in range(n)]
+
+
+def parking_reader(model, disk, grid: int = 64, **kw) -> Reader:
+    """A reader that parks every session it is not using (resident_bytes=0) on a disk folder."""
+    return Reader(model, grid=grid, resident_bytes=0, disk_dir=disk, **kw)
+
+
+def output_session(reader: Reader, sid: str, n: int = 300, seed: int = 0) -> None:
+    """Session `sid`: a prompt of n vocab_ids read, then 40 output ids (not read)."""
+    rng = random.Random(seed)
+    reader.feed(sid, vocab_ids(rng, n), "prompt")
+    reader.read(sid)
+    reader.feed(sid, vocab_ids(rng, 40), "output")
 
 
 def disk_reader(model, disk, grid: int, **kw) -> Reader:
@@ -43,3 +66,26 @@ def dashboard_metrics(prefix: str) -> set[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
     return {m for e in exprs for m in re.findall(re.escape(prefix) + r"[a-zA-Z0-9_:]+", e)}
+
+
+# an autotune key of fla's chunk_fwd_kernel_o (its shape arguments and dtype), set by hand
+FLA_KEY = (32, 32, 128, 128, 64, False, "torch.bfloat16")
+
+
+def fla_tuner(name: str = "chunk_fwd_kernel_o"):
+    """fla's autotuner of kernel `name`, its module loaded (needs fla-core and triton)."""
+    import fla.ops.common.chunk_o  # noqa: F401  (loads the kernel's module)
+
+    from adapters.model import autotune
+    return next(t for t in autotune.autotuners() if t.kernel_name == name)
+
+
+# the identity of the disk tier's files in its tests, and the key every page key chain there
+# starts from
+DISK_IDENT = FileIdentity("fp", "{}", 64, "float32", "cpu", "torch eager")
+DISK_ROOT = identity_key(DISK_IDENT.as_meta())
+
+
+def disk_page(seed: int) -> torch.Tensor:
+    """A page's kv [num_attention=2, 2, G=64, Hkv=2, D=8] float32 from `seed`."""
+    return torch.randn(2, 2, 64, 2, 8, generator=torch.Generator().manual_seed(seed))

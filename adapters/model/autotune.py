@@ -9,7 +9,7 @@ key matches only and autotunes the rest). Here:
 - `pin(path)`, before fla is imported (kernels.select_kernels does it with `env_dir()`: by
   default ~/.cache/shadow-reader/autotune, SHADOW_AUTOTUNE_DIR to name another, `off` for
   none): fla reads its configs from `path`;
-- `export(path)`, after the runners' warm-up (model.runners.Runners.prepare): every pick the
+- `export(path)`, after the runners' warm-up (runners.runners.Runners.prepare): every pick the
   autotuners hold is written to `path` in fla's own format, merged with what is there, so the
   next process loads them.
 
@@ -21,7 +21,7 @@ at 51,200 ids and read further by a second process started on empty Triton and i
 Torch inductor tunes the compiled small ops too (a reduction's block sizes can change its
 bits) and keeps its picks in its cache directory: `pin` points TORCHINDUCTOR_CACHE_DIR at
 path/inductor unless the user set it, so processes sharing `path` share those picks as well.
-FlashAttention-4's compiled kernels (model.attn_fa4) are kept in path/fa4 the same way: not for
+FlashAttention-4's compiled kernels (attention.fa4) are kept in path/fa4 the same way: not for
 the bits (the same code compiles to the same kernel) but for the minutes a new process would
 spend compiling them.
 """

@@ -176,7 +176,7 @@ PRESETS: dict[str, ModelConfig] = {
 def spec_for(cfg: ModelConfig, device, dtype):
     """The layouts of a session's state for a model of config `cfg` (block_store.StateSpec),
     states on `device` in `dtype` (recurrent states fp32)."""
-    from block_store.layout import ATTENTION, GDN, StateSpec
+    from block_store.memory.layout import ATTENTION, GDN, StateSpec
     return StateSpec(tuple(ATTENTION if t == FULL else GDN for t in cfg.layer_types),
                      cfg.num_key_value_heads, cfg.head_dim, cfg.conv_dim,
                      cfg.linear_conv_kernel_dim, cfg.linear_num_value_heads,

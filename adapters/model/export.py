@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import ModelConfig
+from adapters.model.config import ModelConfig
 
 PREFIXES = {"causal": "model.", "conditional": "model.language_model."}
 # export_preset's layouts: (tensor name scheme, config nested under text_config)
@@ -65,8 +65,8 @@ def export_preset(spec: str, path, layout: str = "released") -> Path:
     Hugging Face directory at `path` (what a vLLM host or transformers loads; the same weights
     and fingerprint as load_model(spec)) in `layout` (a LAYOUTS key). Raises ValueError for
     another spec, an unknown preset or an unknown layout."""
-    from .config import PRESETS
-    from .weights import random_tensors
+    from adapters.model.config import PRESETS
+    from adapters.model.weights import random_tensors
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     scheme, nested = LAYOUTS[layout]

@@ -1,7 +1,7 @@
 """One GEMM for the projections that read the same input: per GDN layer in_proj_qkv, in_proj_z,
 in_proj_b, in_proj_a (four GEMMs, two of them 16 columns wide, which cuBLAS runs at a few percent
 of the GPU); per attention layer q_proj, k_proj, v_proj; per MLP gate_proj, up_proj. The chunk
-runners use them with the fused small ops (model.graphs); the eager forward keeps the four.
+runners use them with the fused small ops (runners.graphs); the eager forward keeps the four.
 
 Memory: nothing is copied for good. The model's parameters become row views of the fused weight
 (the same values, contiguous, so Qwen35.forward's calls and bits do not change), and a second
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import FULL
+from adapters.model.config import FULL
 
 
 @dataclass(frozen=True)

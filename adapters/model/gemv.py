@@ -9,7 +9,7 @@ evals/gemv_probe.py at cadb457 times each shape against this kernel
 (docs/gemv-probe-2026-11-29.log). Each program here reads BLOCK_N whole rows of W once, with x
 held in registers, and reduces them in one fixed order (deterministic, the same bits in every
 process; other bits than cuBLAS's, so it is used only where no committed state depends on it:
-the single-token decode runner of forks, model.runners).
+the single-token decode runner of forks, runners.runners).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from . import ref
+from adapters.model import ref
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
 def _fla_kernels() -> KernelSet:
     os.environ["FLA_FLASH_QLA"] = "0"       # another kernel family with other numerics (section 9.4)
     os.environ.pop("FLA_INTRACARD_CP", None)
-    from .autotune import pin_from_env
+    from adapters.model.autotune import pin_from_env
     pin_from_env()                             # before fla is imported (model.autotune)
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn

@@ -12,10 +12,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from . import ops
-from .config import ModelConfig
-from .kernels import KernelSet
-from .ops import EAGER, Ops
+from adapters.model import ops
+from adapters.model.config import ModelConfig
+from adapters.model.kernels import KernelSet
+from adapters.model.ops import EAGER, Ops
 
 
 class RMSNorm(nn.Module):
@@ -107,7 +107,7 @@ class Attention(nn.Module):
 
     def attend(self, q, k, v, pos: int, pages) -> torch.Tensor:
         """Write k, v [T, Hkv, D] to rows [pos, pos + T) of the layer's pages (pages: a
-        model.paged.LayerPages) and attend q [T, H, D] over rows [0, pos + T) (causal,
+        attention.paged.LayerPages) and attend q [T, H, D] over rows [0, pos + T) (causal,
         bottom-right aligned): [T, H * D].
 
         The rows are gathered from the pages into one contiguous tensor, so the kernel sees
@@ -130,7 +130,7 @@ class Attention(nn.Module):
 
     def forward(self, x, pos: int, pages, rope) -> torch.Tensor:
         """x [T, hidden] at absolute positions [pos, pos + T); pages: the layer's
-        model.paged.LayerPages holding rows >= pos + T. Writes KV rows [pos, pos + T), returns
+        attention.paged.LayerPages holding rows >= pos + T. Writes KV rows [pos, pos + T), returns
         [T, hidden] (see `attend`)."""
         q, k, v, gate = self.project(x, rope)
         return self.output(self.attend(q, k, v, pos, pages), gate)

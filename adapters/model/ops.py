@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .ref import l2norm
+from adapters.model.ref import l2norm
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,5 +142,5 @@ def fused_ops(compile_conv: bool = False) -> Ops:
 def decode_ops(op_set: Ops) -> Ops:
     """op_set with single-row projections through model.gemv (CUDA; F.linear elsewhere): the
     ops of the fork decode runner, whose bits no committed state depends on."""
-    from .gemv import linear
+    from adapters.model.gemv import linear
     return replace(op_set, linear=linear)

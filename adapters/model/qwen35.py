@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import FULL, ModelConfig
-from .kernels import TORCH, KernelSet
-from .layers import MLP, Attention, GatedDeltaNet, RMSNorm, rope_cos_sin
-from .paged import layer_pages
+from adapters.attention.paged import layer_pages
+from adapters.model.config import FULL, ModelConfig
+from adapters.model.kernels import TORCH, KernelSet
+from adapters.model.layers import MLP, Attention, GatedDeltaNet, RMSNorm, rope_cos_sin
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
 
 
 def attend_ref(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> torch.Tensor:
-    """Twin of attn_triton.attend_table in fp32: q [T, H, D] at positions [pos, pos + T) over
+    """Twin of attention.table.attend_table in fp32: q [T, H, D] at positions [pos, pos + T) over
     rows [0, pos + T) of k_buf, v_buf [cap, Hkv, D], causal (key j visible to row t iff
     j <= pos + t), scale D^-0.5. Returns [T, H * D] in q's dtype."""
     t, h, d = q.shape

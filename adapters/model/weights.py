@@ -19,9 +19,9 @@ import torch
 import xxhash
 from safetensors import safe_open
 
-from .config import PRESETS, ModelConfig
-from .kernels import select_kernels
-from .qwen35 import ModelInfo, Qwen35
+from adapters.model.config import PRESETS, ModelConfig
+from adapters.model.kernels import select_kernels
+from adapters.model.qwen35 import ModelInfo, Qwen35
 
 log = logging.getLogger(__name__)
 RANDOM_SEED = 20261129

@@ -1,13 +1,10 @@
 # Sourced by the evals/device/*.sh calls: strict-ish shell, $out (the device tool's $OUT, or
-# ./out), the two sessions' ids in ${ids[@]}, and the compile caches a previous call packed
-# (.devcache: the $OUT/fa4cache.tgz of an earlier call) restored when they travelled.
+# ./out), the two sessions' ids in ${ids[@]} (FA4's compile cache from an earlier call,
+# .devcache/fa4cache.tgz, is restored by fa4_env.sh).
 set -uo pipefail
 out=${OUT:-out}
 mkdir -p "$out"
 ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg2.npz)
-if ls .devcache/cache.tgz.part-* > /dev/null 2>&1; then
-    cat .devcache/cache.tgz.part-* | tar xzf - -C / && echo "caches restored"
-fi
 
 # gpu_pytest SECONDS LOG ARGS...: pytest with Triton on the GPU (tests/conftest.py would
 # interpret it) under a timeout, its whole output in $out/LOG, its summary lines and its exit

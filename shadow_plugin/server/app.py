@@ -19,18 +19,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 
-from ..config import ServiceConfig
-from ..conflicts import Conflict
-from ..renderer import Renderer
-from . import errors, schemas
-from .ask_pool import AskPool
-from .dashboard import PAGE_PATHS, dashboard_router
-from .docs import add_docs
-from .errors import NotDurable, NotReady, WaitTimeout
-from .facade import Fed
-from .limits import LOOPBACK, Guard
-from .routes import question_router, session_id
-from .service import Service
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.reader.conflicts import Conflict
+from shadow_plugin.server import errors, schemas
+from shadow_plugin.server.ask_pool import AskPool
+from shadow_plugin.server.config import ServiceConfig
+from shadow_plugin.server.dashboard import PAGE_PATHS, dashboard_router
+from shadow_plugin.server.docs import add_docs
+from shadow_plugin.server.errors import NotDurable, NotReady, WaitTimeout
+from shadow_plugin.server.facade import Fed
+from shadow_plugin.server.limits import LOOPBACK, Guard
+from shadow_plugin.server.routes import question_router, session_id
+from shadow_plugin.server.service import Service
 
 
 def package_version() -> str:

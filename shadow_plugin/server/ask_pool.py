@@ -15,7 +15,7 @@ import concurrent.futures
 import threading
 from typing import Awaitable, Callable
 
-from .errors import Busy, ClientGone
+from shadow_plugin.server.errors import Busy, ClientGone
 
 DISCONNECT_POLL_S = 0.25
 

@@ -17,7 +17,7 @@ from importlib import resources
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from .history import History
+from shadow_plugin.server.history import History
 
 PAGE_PATHS = ("/v1/shadow/dashboard", "/shadow/dashboard")
 SCRIPTS = ("charts.js", "dashboard.js")     # inlined in this order

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from ..conflicts import Conflict, PositionMismatch, StaleSession
+from shadow_plugin.reader.conflicts import Conflict, PositionMismatch, StaleSession
 
 
 class NotReady(Exception):

@@ -16,14 +16,13 @@ import numpy as np
 import xxhash
 
 from block_store import ExactnessError
-
-from .. import validate
-from ..conflicts import PositionMismatch, StaleSession
-from ..host import Host
-from ..reader import FeedResult
-from .errors import CatchUpTooLong, ClientGone, NotDurable
-from .narrator import Narrator
-from .router_journal import Profile, RouterJournal, insertion_point
+from shadow_plugin import validate
+from shadow_plugin.reader.conflicts import PositionMismatch, StaleSession
+from shadow_plugin.reader.reader import FeedResult
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.server.errors import CatchUpTooLong, ClientGone, NotDurable
+from shadow_plugin.server.narrator import Narrator
+from shadow_plugin.server.router_journal import Profile, RouterJournal, insertion_point
 
 ASK_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, float("inf"))
 

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..tokenizer import CHAT_TOKENS
+from shadow_plugin.chat.tokenizer import CHAT_TOKENS
 
 INSTRUCTION = "In one sentence, what did the assistant just think through?"
 

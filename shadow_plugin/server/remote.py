@@ -11,9 +11,9 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from ..fork import Generation
-from ..questions import Answer
-from .errors import NotReady
+from shadow_plugin.chat.questions import Answer
+from shadow_plugin.reader.fork import Generation
+from shadow_plugin.server.errors import NotReady
 
 # The facade's methods a remote door may call, with the status (no model needed).
 CALLS = ("status", "fork_position", "position", "positions", "not_reading_why", "ask",

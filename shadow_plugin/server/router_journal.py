@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..router import ROUTER
-from ..tokenizer import CHAT_TOKENS
+from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.chat.tokenizer import CHAT_TOKENS
 
 
 @dataclass(frozen=True)

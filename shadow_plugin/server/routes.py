@@ -22,11 +22,11 @@ from typing import Callable
 from fastapi import APIRouter, Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from ..conflicts import Conflict
-from ..validate import HTTP_SESSION_RE
-from . import errors, schemas
-from .ask_pool import AskPool
-from .waits import Waits
+from shadow_plugin.reader.conflicts import Conflict
+from shadow_plugin.server import errors, schemas
+from shadow_plugin.server.ask_pool import AskPool
+from shadow_plugin.server.waits import Waits
+from shadow_plugin.validate import HTTP_SESSION_RE
 
 SESSION_RE = HTTP_SESSION_RE
 ANSWERED = (KeyError, ValueError, Conflict, errors.NotReady, errors.WaitTimeout, errors.Busy,

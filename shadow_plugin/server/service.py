@@ -14,19 +14,18 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from adapters import PRESETS, load_model
-
-from ..config import ServiceConfig, default_threads
-from ..host import Host
-from ..reader import Reader
-from ..step import ReaderConfig
-from ..tokenizer import load_tokenizer
-from .errors import NotReady
-from .facade import Shadow, narration_status
-from .history import EVERY_S_RANGE, MAX_SAMPLES, History, Sampler
-from .metrics import Collector
-from .narrator import Narrator
-from .router_journal import RouterJournal, load_profiles
-from .startup import check_paths
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
+from shadow_plugin.reader.step import ReaderConfig
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.server.config import ServiceConfig, default_threads
+from shadow_plugin.server.errors import NotReady
+from shadow_plugin.server.facade import Shadow, narration_status
+from shadow_plugin.server.history import EVERY_S_RANGE, MAX_SAMPLES, History, Sampler
+from shadow_plugin.server.metrics import Collector
+from shadow_plugin.server.narrator import Narrator
+from shadow_plugin.server.router_journal import RouterJournal, load_profiles
+from shadow_plugin.server.startup import check_paths
 
 log = logging.getLogger(__name__)
 

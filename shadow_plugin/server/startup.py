@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import ServiceConfig, default_threads
-from .limits import LOOPBACK
+from shadow_plugin.server.config import ServiceConfig, default_threads
+from shadow_plugin.server.limits import LOOPBACK
 
 MIN_CAP_GB = 2**-14         # 64 KiB: a cap under one page of the tiny model is a mistake
 

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
 
-from .errors import ClientGone, WaitTimeout
+from shadow_plugin.server.errors import ClientGone, WaitTimeout
 
 POLL_S = 0.05               # how often the poller looks at the waited sessions' C
 DISCONNECT_POLL_S = 0.25    # how often a waiting ask looks whether its client left

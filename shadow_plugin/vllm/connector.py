@@ -8,19 +8,19 @@ and relaxes multimodal input checks).
 
 - Scheduler half (the engine's scheduler process): each request's prompt when it arrives, its
   output ids as they appear (one step late, as vLLM's scheduler sees them; the last ones when
-  it finishes) and its end, as request events (shadow_plugin.follow.RequestTracker) shipped to
-  the worker half in each step's metadata. `has_pending_push_work` keeps the engine stepping
-  until the events of finished requests have gone out.
+  it finishes) and its end, as request events (shadow_plugin.engine.follow.RequestTracker)
+  shipped to the worker half in each step's metadata. `has_pending_push_work` keeps the engine
+  stepping until the events of finished requests have gone out.
 - Worker half (rank 0 only; the engine's worker, on the host's device): the shadow
-  (shadow_plugin.embedded.EmbeddedShadow) told when a step begins (`bind_connector_metadata`),
-  given the per-step slot (`wait_for_save`) and told when it ends
+  (shadow_plugin.engine.embedded.EmbeddedShadow) told when a step begins
+  (`bind_connector_metadata`), given the per-step slot (`wait_for_save`) and told when it ends
   (`clear_connector_metadata`); calls from the endpoint plugin reach it through the worker
   method the general plugin installs (`shadow_call`).
 
 Settings: the standalone service's SHADOW_* variables; `kv_connector_extra_config` may set any
 of them too (`{"SHADOW_MODEL": "random:tiny"}` or `{"model": "random:tiny"}`), over the
 environment. A session id the client passes in `kv_transfer_params` or `vllm_xargs` as
-`shadow_session` names a request's session (shadow_plugin.follow for the rule without one);
+`shadow_session` names a request's session (shadow_plugin.engine.follow for the rule without one);
 `"shadow_follow": false` there leaves the request unfollowed (a router's own calls, a probe).
 
 One file for vLLM 0.26 through 0.33: what differs between them is probed (`getattr`, guarded
@@ -41,9 +41,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from ..config import ServiceConfig
-from ..embedded import EmbeddedShadow, StepInfo
-from ..follow import RequestTracker
+from shadow_plugin.engine.embedded import EmbeddedShadow, StepInfo
+from shadow_plugin.engine.follow import RequestTracker
+from shadow_plugin.server.config import ServiceConfig
 
 log = logging.getLogger(__name__)
 SESSION_KEY = "shadow_session"

@@ -21,13 +21,13 @@ import threading
 
 from prometheus_client import REGISTRY
 
-from ..config import ServiceConfig
-from ..server.ask_pool import AskPool
-from ..server.dashboard import dashboard_router
-from ..server.history import History, flatten
-from ..server.metrics import Collector
-from ..server.remote import RemoteService
-from ..server.routes import question_router
+from shadow_plugin.server.ask_pool import AskPool
+from shadow_plugin.server.config import ServiceConfig
+from shadow_plugin.server.dashboard import dashboard_router
+from shadow_plugin.server.history import History, flatten
+from shadow_plugin.server.metrics import Collector
+from shadow_plugin.server.remote import RemoteService
+from shadow_plugin.server.routes import question_router
 
 log = logging.getLogger(__name__)
 METRICS_EVERY_S = 1.0      # also the dashboard's sampling interval

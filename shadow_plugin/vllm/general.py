@@ -26,7 +26,7 @@ def shadow_call(worker, name: str, kwargs: dict):
     when the server runs another connector)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    from .connector import ShadowConnector
+    from shadow_plugin.vllm.connector import ShadowConnector
     if not has_kv_transfer_group():
         return None
     connector = get_kv_transfer_group()

@@ -3,33 +3,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged import FA4_PAGE, fa4_pools
 
-from adapters.model import attn_fa4  # noqa: E402
+from adapters.attention import fa4 as attn_fa4  # noqa: E402
 from adapters.model.ref import attend_ref  # noqa: E402
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
 
 
-PAGE = 128      # rows a page in these tests: 2 sub-pages of 64 as FA4 reads them
-
-
-def _pools(rows, seed, d=32, device="cpu", dtype=torch.float32, spare=3):
-    """K and V pools of PAGE-row pages holding `rows` rows (values from `seed`) in an order
-    and among spare pages of noise that depend on `spare`: (k_pool, v_pool, pages, k_rows,
-    v_rows)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    n = -(-rows // PAGE)
-    k_rows, v_rows = (torch.randn(n, PAGE, 2, d, device=device, generator=g).to(dtype)
-                      for _ in "kv")
-    pages = torch.randperm(n + spare, generator=torch.Generator().manual_seed(spare))[:n]
-    pools = []
-    for x in (k_rows, v_rows):
-        pool = torch.randn(n + spare, PAGE, 2, d, device=device).to(dtype)
-        pool[pages.to(device)] = x
-        pools.append(pool)
-    return (pools[0], pools[1], pages.tolist(), k_rows.flatten(0, 1)[:rows],
-            v_rows.flatten(0, 1)[:rows])
 
 
 def _fa2(q, pos: int, k_rows, v_rows) -> torch.Tensor:
@@ -52,31 +34,31 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("t,pos", [(512, 0), (512, 7680), (768, 32768), (256, 5120)])
 def test_fa4_over_pages_matches_the_twin_and_ignores_where_pages_lie(t, pos):
     dev = torch.device("cuda")
-    k_pool, v_pool, pages, k_rows, v_rows = _pools(pos + t, pos, 256, dev, torch.bfloat16)
+    k_pool, v_pool, pages, k_rows, v_rows = fa4_pools(pos + t, pos, 256, dev, torch.bfloat16)
     q = torch.randn(t, 8, 256, device=dev, generator=torch.Generator(device=dev).manual_seed(1)
                     ).bfloat16()
     out = torch.empty(t, 8 * 256, device=dev, dtype=torch.bfloat16)
     attn = attn_fa4.FA4Attention(8, 2)
-    attn.attend(q, pos, k_pool, v_pool, attn.plan(pos, t, pages, PAGE, dev), out)
+    attn.attend(q, pos, k_pool, v_pool, attn.plan(pos, t, pages, FA4_PAGE, dev), out)
     want = attend_ref(q, k_rows, v_rows, pos)
     assert _rel(out, want) < 5e-3                       # bf16 P.V; FA2 measured 2.0-2.5e-3
     assert _rel(out, _fa2(q, pos, k_rows.contiguous(), v_rows.contiguous())) < 5e-3
-    k2, v2, pages2, *_ = _pools(pos + t, pos, 256, dev, torch.bfloat16, spare=9)
+    k2, v2, pages2, *_ = fa4_pools(pos + t, pos, 256, dev, torch.bfloat16, spare=9)
     again = torch.empty_like(out)
-    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, PAGE, dev), again)
+    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, FA4_PAGE, dev), again)
     assert torch.equal(out, again)                      # bits independent of the places
     assert attn.num_direct_calls > 0                    # the recorded kernels were called
     slow = torch.empty_like(out)
     fresh = attn_fa4.FA4Attention(8, 2)
-    fresh.attend(q, pos, k_pool, v_pool, fresh.plan(pos, t, pages, PAGE, dev), slow)
+    fresh.attend(q, pos, k_pool, v_pool, fresh.plan(pos, t, pages, FA4_PAGE, dev), slow)
     assert torch.equal(out, slow)                       # direct calls: the package's bits
     serial = attn_fa4.FA4Attention(8, 2, overlap=False)  # the splits and the tail on one stream
     alone = torch.empty_like(out)
-    serial.attend(q, pos, k_pool, v_pool, serial.plan(pos, t, pages, PAGE, dev), alone)
+    serial.attend(q, pos, k_pool, v_pool, serial.plan(pos, t, pages, FA4_PAGE, dev), alone)
     assert torch.equal(out, alone)
     # the overlapped calls wait for the caller's stream: q written there late, behind a sleep,
     # and the caller's next allocations filled at once, give the same bits
-    plan, late, busy = attn.plan(pos, t, pages, PAGE, dev), torch.empty_like(q), []
+    plan, late, busy = attn.plan(pos, t, pages, FA4_PAGE, dev), torch.empty_like(q), []
     torch.cuda.synchronize()
     torch.cuda._sleep(50_000_000)
     late.copy_(q)

@@ -3,31 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged import kv_rows, run_chunks
 
-from adapters.model import attn_fa4, fa4_plan, graphs
+from adapters.attention import fa4 as attn_fa4
+from adapters.attention import fa4_plan
+from adapters.runners import graphs
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
 
 
-def _run_chunks(model, runner, kv, ids, t):
-    from adapters import spec_for
-    from block_store.layout import zero_gdn
-    gdn = zero_gdn(spec_for(model.cfg, model.device, model.dtype))
-    hidden = []
-    for pos in range(0, len(ids), t):
-        h, gdn = runner.run(ids[pos:pos + t], pos, kv, gdn)
-        hidden.append(h)
-    return hidden, gdn
-
-
-def _kv_rows(kv, rows):
-    """Every attention layer's K and V rows [0, rows) in row order."""
-    out = []
-    for k, v in kv.pool.layers():
-        for x in (k, v):
-            out.append(x[kv.pages].flatten(0, 1)[:rows])
-    return out
 
 
 def _gpu_runners(t: int, num_chunks: int, seed: int):
@@ -64,7 +49,7 @@ def test_one_graph_chunks_equal_the_segmented_chunks_bit_for_bit():
     res = {}
     for name, runner in (("one", one), ("seg", seg), ("moved", one)):
         kv = kvs[name]
-        res[name] = (*_run_chunks(model, runner, kv, ids, t), _kv_rows(kv, num_chunks * t))
+        res[name] = (*run_chunks(model, runner, kv, ids, t), kv_rows(kv, num_chunks * t))
     splits = {one._between.num_splits(p, t, model.device) for p in range(0, num_chunks * t, t)}
     assert len(splits) >= 3 and set(splits) <= set(all_splits)
     # none captured while reading the first pool; the second pool's at its first chunks
@@ -89,7 +74,7 @@ def test_one_graph_question_runner_equals_the_segmented_one_at_every_split(t, nu
     model, spec, ids, one, seg = _gpu_runners(t, num_chunks, seed=5)
     kvs = [paged_kv(spec, 512, num_chunks * t, seed=1) for _ in range(2)]
     one.prepare(kvs[0].pool)
-    res = [_run_chunks(model, r, kv, ids, t) + (_kv_rows(kv, num_chunks * t),)
+    res = [run_chunks(model, r, kv, ids, t) + (kv_rows(kv, num_chunks * t),)
            for r, kv in ((one, kvs[0]), (seg, kvs[1]))]
     all_splits = one._between.all_splits(t, model.device)
     seen = {one._between.num_splits(p, t, model.device) for p in range(0, num_chunks * t, t)}
@@ -116,7 +101,7 @@ def test_a_question_runner_holds_no_states_per_graph_and_gives_the_same_hidden_r
     from paged import paged_kv
 
     from adapters import spec_for
-    from block_store.layout import zero_gdn
+    from block_store.memory.layout import zero_gdn
     model, spec, ids, one, _ = _gpu_runners(64, 1, seed=6)
     question = graphs.ChunkGraphs(model, 64, page_rows=512, op_set=one.ops, proj=one.proj,
                                   return_states=False)
@@ -147,4 +132,4 @@ def test_a_question_runner_holds_no_states_per_graph_and_gives_the_same_hidden_r
         assert b[1] is None and len(a[1]) == len(gdn) and torch.equal(a[0], b[0])
         assert torch.equal(first.setdefault(s, b[0]), b[0])
     assert question.split_graphs.num_captures == len(splits) == len(first) > 5
-    assert all(torch.equal(x, y) for x, y in zip(_kv_rows(kvs[0], rows), _kv_rows(kvs[1], rows)))
+    assert all(torch.equal(x, y) for x, y in zip(kv_rows(kvs[0], rows), kv_rows(kvs[1], rows)))

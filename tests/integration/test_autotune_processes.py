@@ -9,27 +9,22 @@ import pytest
 fla_cache = pytest.importorskip("fla.ops.utils.cache")   # where fla-core imports (not the CPU CI)
 triton = pytest.importorskip("triton")
 
+from helpers import FLA_KEY, fla_tuner  # noqa: E402
+
 from adapters.model import autotune  # noqa: E402
-
-KEY = (32, 32, 128, 128, 64, False, "torch.bfloat16")
-
-
-def _tuner(name="chunk_fwd_kernel_o"):
-    import fla.ops.common.chunk_o  # noqa: F401  (loads the kernel's module)
-    return next(t for t in autotune.autotuners() if t.kernel_name == name)
 
 
 def test_exported_picks_are_what_a_pinned_process_loads(tmp_path):
-    tuner = _tuner()
-    tuner.cache[KEY] = triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=2)
+    tuner = fla_tuner()
+    tuner.cache[FLA_KEY] = triton.Config({"BK": 32, "BV": 64}, num_warps=4, num_stages=2)
     try:
         assert autotune.export(tmp_path) >= 1
     finally:
-        tuner.cache.pop(KEY)
+        tuner.cache.pop(FLA_KEY)
     doc = json.loads((tmp_path / "chunk_fwd_kernel_o.json").read_text())
     assert doc["kernel_name"] == "chunk_fwd_kernel_o" and doc["triton_version"] == triton.__version__
     code = ("import json, fla.ops.utils.cache as c;"
-            f"print(json.dumps(c.load_cached_config('chunk_fwd_kernel_o', c.AutotuneKey({KEY!r}))))")
+            f"print(json.dumps(c.load_cached_config('chunk_fwd_kernel_o', c.AutotuneKey({FLA_KEY!r}))))")
     env = {**os.environ, "FLA_CONFIG_DIR": str(tmp_path), "FLA_CACHE_MODE": "strict"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]

@@ -3,29 +3,19 @@ import os
 import subprocess
 import sys
 
-import torch
+from helpers import DISK_IDENT, DISK_ROOT, disk_page
 
-from block_store import FileIdentity
-from block_store.disk import DiskStore
-from block_store.keys import identity_key, page_keys
-
-IDENT = FileIdentity("fp", "{}", 64, "float32", "cpu", "torch eager")
-
-
-ROOT = identity_key(IDENT.as_meta())
-
-
-def _page(seed):
-    """kv [num_attention, 2, G, Hkv, D]."""
-    return torch.randn(2, 2, 64, 2, 8, generator=torch.Generator().manual_seed(seed))
+from block_store.disk.store import DiskStore
+from block_store.memory.keys import page_keys
 
 
 def test_the_same_keys_in_another_process(tmp_path):
     """Another process (another hash seed) computes the same key, so finds the page."""
     ids = list(range(7, 71))
-    DiskStore(tmp_path, IDENT).write_page(page_keys(ROOT, ids, 64)[0], ids, _page(2))
-    code = ("import sys; from block_store.disk import DiskStore; from block_store.keys import "
-            "identity_key, page_keys; from block_store import FileIdentity; "
+    DiskStore(tmp_path, DISK_IDENT).write_page(page_keys(DISK_ROOT, ids, 64)[0], ids, disk_page(2))
+    code = ("import sys; from block_store.disk.store import DiskStore; "
+            "from block_store.memory.keys import identity_key, page_keys; "
+            "from block_store import FileIdentity; "
             "i = FileIdentity('fp', '{}', 64, 'float32', 'cpu', 'torch eager'); "
             "ids = list(range(7, 71)); k = page_keys(identity_key(i.as_meta()), ids, 64)[0]; "
             "DiskStore(sys.argv[1], i).read_page(k, ids); print('found')")

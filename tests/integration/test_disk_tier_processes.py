@@ -12,7 +12,7 @@ G = 64
 SECOND = """
 import json, sys
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, max_checkpoints=2, disk_dir=sys.argv[1])
 ids = json.loads(sys.argv[2])
 r.feed("other", ids, "prompt")

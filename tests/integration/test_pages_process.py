@@ -11,14 +11,14 @@ import sys
 import pytest
 from helpers import rand_ids  # noqa: E402
 
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 
 SECOND = """
 import json, sys
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, max_checkpoints=2, disk_dir=sys.argv[1],
            resident_bytes=600_000)
 out = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evals.router_eval import load_labels
-from shadow_plugin.router import ROUTER
+from shadow_plugin.chat.router import ROUTER
 
 ROOT = Path(__file__).resolve().parents[2]
 

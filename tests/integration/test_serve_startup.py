@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shadow_plugin.settings import SETTINGS
+from shadow_plugin.server.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,9 +7,9 @@ schemathesis = pytest.importorskip("schemathesis")
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from shadow_plugin.config import ServiceConfig  # noqa: E402
-from shadow_plugin.scheduler import SchedulerConfig  # noqa: E402
+from shadow_plugin.scheduling.scheduler import SchedulerConfig  # noqa: E402
 from shadow_plugin.server.app import create_app  # noqa: E402
+from shadow_plugin.server.config import ServiceConfig  # noqa: E402
 
 # bind_host 0.0.0.0: schemathesis sends Host "testserver", which a loopback bind refuses (403);
 # the inputs, not the Host rule, are what this fuzzes (test_server covers the rule).

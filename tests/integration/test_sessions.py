@@ -9,11 +9,11 @@ import pytest
 
 from evals.data import data_dir
 from evals.replay import load_session, replay_turns
-from shadow_plugin.host_view import host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.router import ROUTER
-from shadow_plugin.tokenizer import load_tokenizer
+from shadow_plugin.chat.host_view import host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
 
 DATA = data_dir() / "sessions"
 FILES = sorted(DATA.glob("*.json")) if DATA.is_dir() else []
@@ -42,7 +42,7 @@ def test_state_bytes_counts_every_tensor(tiny):
     import random
 
     from block_store.session import state_bytes
-    from shadow_plugin.reader import Reader
+    from shadow_plugin.reader.reader import Reader
     rng = random.Random(7)
     r = Reader(tiny, grid=64)
     ids = [rng.randrange(1000, 240000) for _ in range(300)]

@@ -1,37 +1,21 @@
-"""Sessions restored in a new process continue exactly; a writer killed mid-write leaves a loadable file."""
+"""Sessions restored in a new process continue exactly; a writer killed mid-write leaves a
+loadable file."""
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-
-from shadow_plugin.reader import Reader
+from helpers import output_session, parking_reader
 
 G = 64
-
-
-def _rand(rng, n):
-    return [rng.randrange(248320) for _ in range(n)]
-
-
-def _reader(model, disk, **kw):
-    return Reader(model, grid=G, resident_bytes=0, disk_dir=disk, **kw)
-
-
-def _session(reader, sid, n=300, seed=0):
-    rng = random.Random(seed)
-    reader.feed(sid, _rand(rng, n), "prompt")
-    reader.read(sid)
-    reader.feed(sid, _rand(rng, 40), "output")
 
 
 RESTORE_SCRIPT = """
 import json, sys
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, resident_bytes=0, disk_dir=sys.argv[1])
 ids = r.ids("s")
 r.feed("s", ids + list(range(1000, 1200)), "prompt")
@@ -42,8 +26,8 @@ print(json.dumps({"committed": r.committed("s"), "exact": r.check_exact("s"),
 
 
 def test_restore_in_a_new_process_continues_exactly(tiny, tmp_path):
-    r = _reader(tiny, tmp_path)
-    _session(r, "s")
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, "s")
     r.close()
     out = subprocess.run([sys.executable, "-c", RESTORE_SCRIPT, str(tmp_path)],
                          capture_output=True, text=True, check=True, timeout=300)
@@ -54,7 +38,7 @@ def test_restore_in_a_new_process_continues_exactly(tiny, tmp_path):
 WRITER_SCRIPT = """
 import random, sys
 from adapters.model import load_model
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 r = Reader(load_model("random:tiny"), grid=64, resident_bytes=10**12,
            disk_dir=sys.argv[1])
 rng = random.Random(1)
@@ -69,8 +53,8 @@ while True:
 
 @pytest.mark.parametrize("delay_s", [0.05, 0.2, 0.5])
 def test_writer_killed_mid_write_leaves_a_loadable_file(tiny, tmp_path, delay_s):
-    r = _reader(tiny, tmp_path)
-    _session(r, "s")
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, "s")
     r.close()                                 # the previous good file
     proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)
@@ -78,7 +62,7 @@ def test_writer_killed_mid_write_leaves_a_loadable_file(tiny, tmp_path, delay_s)
     time.sleep(delay_s)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    fresh = _reader(tiny, tmp_path)           # removes stale temporary files
+    fresh = parking_reader(tiny, tmp_path)           # removes stale temporary files
     assert not list(tmp_path.rglob(".*.tmp"))
     assert fresh.check_exact("s") and fresh.committed("s") in (320, 1024)
     assert fresh.stats()["refusals"] == 0

@@ -1,8 +1,9 @@
-"""model.attn_fa4 (FlashAttention-4's Hopper forward, flash-attn-4, over KV pages) against its
-pure-torch twin ref.attend_ref over the gathered rows and FlashAttention-2 on real-shaped heads:
-on a Hopper GPU with the package only
-(skipped elsewhere). Where it cannot run, asking for it is refused with the reason. The same
-checks, with timings, ran on the H200 in evals/fa4_probe.py at cadb457."""
+"""attention.fa4 (FlashAttention-4's Hopper forward, flash-attn-4, over KV pages) against its
+pure-torch twin ref.attend_ref over the gathered rows, with the package faked over that twin
+(fake_fa4) so the plans, splits and combines run on any machine; where it cannot run, asking
+for it is refused with the reason. On a Hopper GPU, tests/gpu/test_attn_fa4_hopper.py runs the
+real kernels against the twin and FlashAttention-2; the same checks, with timings, ran on the
+H200 in evals/fa4_probe.py at cadb457."""
 from __future__ import annotations
 
 import os
@@ -14,11 +15,13 @@ if not torch.cuda.is_available():               # the combine kernel through Tri
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from fake_fa4 import fake_package  # noqa: E402
+from paged import FA4_PAGE, fa4_pools  # noqa: E402
 
-from adapters.model import attn_combine, attn_fa4  # noqa: E402
-from adapters.model.graphs import ATTENTIONS, default_attention  # noqa: E402
+from adapters.attention import combine as attn_combine  # noqa: E402
+from adapters.attention import fa4 as attn_fa4
 from adapters.model.ref import attend_ref  # noqa: E402
-from shadow_plugin.reader import Reader  # noqa: E402
+from adapters.runners.graphs import ATTENTIONS, default_attention  # noqa: E402
+from shadow_plugin.reader.reader import Reader  # noqa: E402
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
@@ -46,25 +49,6 @@ def test_split_plan_fills_the_gpu_once_and_depends_on_the_shape_only():
         assert s * ls <= pos and ls % 128 == 0 and ls >= attn_fa4.MIN_SPLIT_KEYS - 128
 
 
-PAGE = 128      # rows a page in these tests: 2 sub-pages of 64 as FA4 reads them
-
-
-def _pools(rows, seed, d=32, device="cpu", dtype=torch.float32, spare=3):
-    """K and V pools of PAGE-row pages holding `rows` rows (values from `seed`) in an order
-    and among spare pages of noise that depend on `spare`: (k_pool, v_pool, pages, k_rows,
-    v_rows)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    n = -(-rows // PAGE)
-    k_rows, v_rows = (torch.randn(n, PAGE, 2, d, device=device, generator=g).to(dtype)
-                      for _ in "kv")
-    pages = torch.randperm(n + spare, generator=torch.Generator().manual_seed(spare))[:n]
-    pools = []
-    for x in (k_rows, v_rows):
-        pool = torch.randn(n + spare, PAGE, 2, d, device=device).to(dtype)
-        pool[pages.to(device)] = x
-        pools.append(pool)
-    return (pools[0], pools[1], pages.tolist(), k_rows.flatten(0, 1)[:rows],
-            v_rows.flatten(0, 1)[:rows])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
@@ -76,11 +60,11 @@ def test_split_attention_over_pages_equals_whole_attention(monkeypatch, t, pos):
     the same bits, and so do other page orders."""
     pytest.importorskip("triton")
     fake_package(monkeypatch)
-    k_pool, v_pool, pages, k_rows, v_rows = _pools(pos + t, pos + t)
+    k_pool, v_pool, pages, k_rows, v_rows = fa4_pools(pos + t, pos + t)
     q = torch.randn(t, 8, 32, generator=torch.Generator().manual_seed(pos))
     out, again = torch.empty(t, 8 * 32), torch.empty(t, 8 * 32)
     attn = attn_fa4.FA4Attention(8, 2)
-    plan = attn.plan(pos, t, pages, PAGE, torch.device("cpu"))
+    plan = attn.plan(pos, t, pages, FA4_PAGE, torch.device("cpu"))
     attn.attend(q, pos, k_pool, v_pool, plan, out)
     assert attn.num_direct_calls == 0
     want = attend_ref(q, k_rows, v_rows, pos)
@@ -92,9 +76,9 @@ def test_split_attention_over_pages_equals_whole_attention(monkeypatch, t, pos):
     assert torch.equal(out, again)
     for entry in attn._direct.values():     # the recorded arguments keep no tensor alive
         assert not any(isinstance(a, torch.Tensor) for a in entry[1])
-    k2, v2, pages2, *_ = _pools(pos + t, pos + t, spare=7)        # same rows, other places
+    k2, v2, pages2, *_ = fa4_pools(pos + t, pos + t, spare=7)        # same rows, other places
     other = torch.empty_like(out)
-    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, PAGE, torch.device("cpu")), other)
+    attn.attend(q, pos, k2, v2, attn.plan(pos, t, pages2, FA4_PAGE, torch.device("cpu")), other)
     assert torch.equal(out, other)
 
 
@@ -106,27 +90,27 @@ def test_direct_calls_only_for_the_versions_checked(monkeypatch):
     calls = []
     monkeypatch.setattr(fwd, "compile_cache", type("C", (dict,), {
         "__getitem__": lambda self, k: (calls.append(k), dict.__getitem__(self, k))[1]})())
-    k_pool, v_pool, pages, *_ = _pools(128, 0)
+    k_pool, v_pool, pages, *_ = fa4_pools(128, 0)
     attn = attn_fa4.FA4Attention(8, 2)
     q = torch.randn(64, 8, 32)
     for _ in range(3):
-        attn.attend(q, 64, k_pool, v_pool, attn.plan(64, 64, pages, PAGE,
+        attn.attend(q, 64, k_pool, v_pool, attn.plan(64, 64, pages, FA4_PAGE,
                                                      torch.device("cpu")), torch.empty(64, 256))
     assert attn.num_direct_calls == 0 and len(calls) == 3
 
 
 @pytest.mark.parametrize("change,match", [
     (dict(pos=0), "a plan for"), (dict(out=torch.empty(64, 255)), "shapes"),
-    (dict(k=torch.randn(3, PAGE, 3, 32)), "shapes|pools"),
-    (dict(v=torch.randn(3, PAGE, 2, 32).double()), "pools|dtypes"),
+    (dict(k=torch.randn(3, FA4_PAGE, 3, 32)), "shapes|pools"),
+    (dict(v=torch.randn(3, FA4_PAGE, 2, 32).double()), "pools|dtypes"),
     (dict(out=torch.empty(256, 64).t()), "shapes"), (dict(k=torch.randn(3, 96, 2, 32)), "pools")])
 def test_bad_input_is_refused_before_any_kernel(monkeypatch, change, match):
     monkeypatch.setattr(attn_fa4, "_forward", lambda: pytest.fail("a kernel ran"))
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
     attn = attn_fa4.FA4Attention(8, 2)
-    args = dict(q=torch.randn(64, 8, 32), pos=64, k=torch.randn(3, PAGE, 2, 32),
-                v=torch.randn(3, PAGE, 2, 32), out=torch.empty(64, 256),
-                plan=attn.plan(64, 64, [2, 0], PAGE, torch.device("cpu")))
+    args = dict(q=torch.randn(64, 8, 32), pos=64, k=torch.randn(3, FA4_PAGE, 2, 32),
+                v=torch.randn(3, FA4_PAGE, 2, 32), out=torch.empty(64, 256),
+                plan=attn.plan(64, 64, [2, 0], FA4_PAGE, torch.device("cpu")))
     args.update(change)
     with pytest.raises(ValueError, match=match):
         attn.attend(args["q"], args["pos"], args["k"], args["v"], args["plan"], args["out"])
@@ -134,7 +118,7 @@ def test_bad_input_is_refused_before_any_kernel(monkeypatch, change, match):
 
 def test_a_plan_off_the_sub_pages_is_refused():
     with pytest.raises(ValueError, match="sub-pages of 64"):
-        attn_fa4.FA4Attention(8, 2).plan(64, 37, [0, 1], PAGE, torch.device("cpu"))
+        attn_fa4.FA4Attention(8, 2).plan(64, 37, [0, 1], FA4_PAGE, torch.device("cpu"))
 
 
 def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
@@ -142,15 +126,15 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
         Reader(tiny, grid=64, cuda_graphs=False, attention="table")
     with pytest.raises(ValueError, match="'flash'.*reads no page table.*use 'table'"):
         Reader(tiny, grid=64, attention="flash")            # removed with the pages
-    from adapters.model.attn_triton import READ
-    from adapters.model.runners import Runners
+    from adapters.attention.table import READ
+    from adapters.runners.runners import Runners
     with pytest.raises(ValueError, match="table attention's"):
         Runners(tiny, 64, attention="sdpa", split=READ)
     with pytest.raises(ValueError, match="fused_ops=True"):
         Reader(tiny, grid=64, cuda_graphs=False, fused_ops=True)
-    with pytest.raises(ValueError, match="must be an attn_triton.SplitConfig"):
+    with pytest.raises(ValueError, match="must be an attention.tiling.SplitConfig"):
         Reader(tiny, grid=64, cuda_graphs=True, attn_split="64x64x4x2")
-    from adapters.model.attn_triton import SplitConfig
+    from adapters.attention.table import SplitConfig
     for bad in ("0x0x0x0", "-64x64x4x2", "7x64x4x2", "64x64x3x2"):
         with pytest.raises(ValueError, match="powers of two"):
             SplitConfig.parse(bad)
@@ -159,7 +143,7 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
 def test_combine_kernel_matches_its_twin():
     pytest.importorskip("triton")
-    from adapters.model.attn_combine import combine_lse
+    from adapters.attention.combine import combine_lse
     g = torch.Generator().manual_seed(3)
     o_part = torch.randn(5, 7, 4, 32, generator=g).half()
     lse = torch.randn(5, 4, 7, generator=g) * 4

@@ -15,7 +15,7 @@ import torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from adapters.model import attn_triton as at  # noqa: E402
+from adapters.attention import table as at  # noqa: E402
 from adapters.model.ref import attend_ref  # noqa: E402
 
 DT = torch.float16
@@ -225,8 +225,8 @@ def test_chunk_runner_with_table_attention_matches_the_forward(tiny):
     from paged import paged_kv
 
     from adapters import spec_for
-    from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import zero_gdn
+    from adapters.runners.graphs import ChunkGraphs
+    from block_store.memory.layout import zero_gdn
     cfg, t = tiny.cfg, 64
     ids = torch.randint(0, 248000, (3 * t,), generator=torch.Generator().manual_seed(5))
     runs = []
@@ -247,8 +247,8 @@ def test_chunk_runner_refuses_pages_too_few_or_of_another_size(tiny):
     from paged import paged_kv
 
     from adapters import spec_for
-    from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import zero_gdn
+    from adapters.runners.graphs import ChunkGraphs
+    from block_store.memory.layout import zero_gdn
     runner = ChunkGraphs(tiny, 64, attention="table")
     kv = paged_kv(spec_for(tiny.cfg, "cpu", torch.float32), 64, 100)
     with pytest.raises(ValueError, match="cannot take rows up to 192"):
@@ -280,9 +280,9 @@ def test_reader_on_table_attention_stays_exact(tiny_deep):
     question runner) below C equals a fresh reader's, and so does a decode through the
     single-token runner."""
     from adapters import GraphAdapter
-    from adapters.model.runners import Runners
-    from shadow_plugin.reader import Reader
-    from shadow_plugin.router import ROUTER
+    from adapters.runners.runners import Runners
+    from shadow_plugin.chat.router import ROUTER
+    from shadow_plugin.reader.reader import Reader
     tiny = tiny_deep
 
     class SmallRunners(Runners):
@@ -318,8 +318,8 @@ def test_fused_ops_runner_is_close_to_the_eager_runner(tiny_deep):
     from paged import paged_kv
 
     from adapters import spec_for
-    from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import zero_gdn
+    from adapters.runners.graphs import ChunkGraphs
+    from block_store.memory.layout import zero_gdn
     cfg, t = tiny_deep.cfg, 64
     ids = torch.randint(0, 248000, (2 * t,), generator=torch.Generator().manual_seed(3))
     runs = []
@@ -340,7 +340,7 @@ def test_runners_prepare_sizes_and_decode(tiny):
     """Runners without small buckets: question lengths go to multiples of BUCKET (none past
     MAX_ROWS); prepare builds the decode and bucket runners (nothing to capture on the
     CPU)."""
-    from adapters.model.runners import Runners
+    from adapters.runners.runners import Runners
     r = Runners(tiny, 64, small_bucket_rows=())
     assert r.for_rows(1).t == r.BUCKET and r.for_rows(r.BUCKET + 1).t == 2 * r.BUCKET
     assert r.for_rows(r.MAX_ROWS + 1) is None
@@ -355,10 +355,10 @@ def test_question_runners_give_back_no_states_and_the_same_hidden_rows(tiny):
     out (ChunkGraphs' return_states); its hidden rows equal those of a runner that returns
     states; the chunk and decode runners still return them; take() on its slots is refused."""
     from adapters import spec_for
-    from adapters.model.graphs import ChunkGraphs
-    from adapters.model.runners import Runners
+    from adapters.runners.graphs import ChunkGraphs
+    from adapters.runners.runners import Runners
     from block_store import contiguous_kv
-    from block_store.layout import zero_gdn
+    from block_store.memory.layout import zero_gdn
     r = Runners(tiny, 128, small_bucket_rows=(64,))
     question = r.for_rows(40)
     assert question.t == 64 and not question.slots.returned
@@ -386,7 +386,7 @@ def test_question_runners_give_back_no_states_and_the_same_hidden_rows(tiny):
 def test_runners_small_bucket_rows_pad_short_questions_to_fewer_rows(tiny):
     """small_bucket_rows: a forward pads to the first small bucket that holds it, else to a
     multiple of BUCKET; prepare builds their runners too; bad buckets are refused by name."""
-    from adapters.model.runners import Runners
+    from adapters.runners.runners import Runners
     assert Runners(tiny, 512).small_bucket_rows == (64, 128)       # the default
     assert Runners(tiny, 512, small_bucket_rows=()).rows_of(1) == 256
     r = Runners(tiny, 512, small_bucket_rows=(64, 128))
@@ -410,8 +410,8 @@ def test_a_short_question_through_a_small_bucket_at_and_below_c(tiny):
     """A 37-id question padded to 64 rows (not 256): asked at C, below C after reading on, and
     on a fresh reader, the same probabilities bit for bit; close to the 256-row runner's."""
     from adapters import GraphAdapter
-    from adapters.model.runners import Runners
-    from shadow_plugin.reader import Reader
+    from adapters.runners.runners import Runners
+    from shadow_plugin.reader.reader import Reader
 
     def reader(small_bucket_rows):
         runners = Runners(tiny, 128, small_bucket_rows=small_bucket_rows)

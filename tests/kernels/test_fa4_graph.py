@@ -1,4 +1,4 @@
-"""FA4 inside the chunk's one CUDA graph (model.fa4_graph): the tables the device builds
+"""FA4 inside the chunk's one CUDA graph (runners.fa4_graph): the tables the device builds
 against their twin and against the eager path's plan (fa4_plan.plan_into), the runner's body
 over them against the segmented body with FA4 between graphs (the fp32 fake of
 test_attn_fa4 on the CPU; the real kernels, captured, on a Hopper GPU), and the graphs kept
@@ -12,8 +12,11 @@ import types
 import numpy as np
 import pytest
 import torch
+from paged import kv_rows, run_chunks
 
-from adapters.model import attn_fa4, fa4_graph, fa4_plan, graphs
+from adapters.attention import fa4 as attn_fa4
+from adapters.attention import fa4_plan
+from adapters.runners import fa4_graph, graphs
 
 HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda"),
                                                               torch.bfloat16)
@@ -85,7 +88,7 @@ def test_table_widths_hold_every_position(heads, num_sms):
 
 def test_all_splits_are_every_split_the_plan_gives():
     """fa4_plan.all_splits lists exactly the S split_plan gives over every position (the
-    warm-up runs each, model.capture.warm_positions, so no capture compiles)."""
+    warm-up runs each, runners.capture.warm_positions, so no capture compiles)."""
     for t in (64, 256, 512, 768, 1024, 2048):
         for sms in (78, 114, 132):
             seen = {fa4_plan.split_plan(pos, t, 8, 2, sms)[0]
@@ -160,24 +163,6 @@ def test_a_failed_capture_runs_eagerly_and_is_not_tried_again(monkeypatch):
     assert sg.all() == [] and slots.outputs == ["before"]     # the body sets its own outputs
 
 
-def _run_chunks(model, runner, kv, ids, t):
-    from adapters import spec_for
-    from block_store.layout import zero_gdn
-    gdn = zero_gdn(spec_for(model.cfg, model.device, model.dtype))
-    hidden = []
-    for pos in range(0, len(ids), t):
-        h, gdn = runner.run(ids[pos:pos + t], pos, kv, gdn)
-        hidden.append(h)
-    return hidden, gdn
-
-
-def _kv_rows(kv, rows):
-    """Every attention layer's K and V rows [0, rows) in row order."""
-    out = []
-    for k, v in kv.pool.layers():
-        for x in (k, v):
-            out.append(x[kv.pages].flatten(0, 1)[:rows])
-    return out
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
@@ -199,8 +184,8 @@ def test_the_graph_body_gives_the_segmented_bits(tiny, monkeypatch):
         runner = graphs.ChunkGraphs(tiny, t, attention="fa4", fused=False, page_rows=64,
                                     fa4_in_graph=in_graph)
         kv = paged_kv(spec, 64, num_chunks * t, seed=seed)
-        runs[in_graph, seed] = (*_run_chunks(tiny, runner, kv, ids, t),
-                                _kv_rows(kv, num_chunks * t), runner)
+        runs[in_graph, seed] = (*run_chunks(tiny, runner, kv, ids, t),
+                                kv_rows(kv, num_chunks * t), runner)
     splits = {runs[True, 0][3]._between.num_splits(p, t, torch.device("cpu"))
               for p in range(0, num_chunks * t, t)}
     assert 0 in splits and len(splits) >= 2
@@ -214,8 +199,8 @@ def test_the_graph_body_gives_the_segmented_bits(tiny, monkeypatch):
 
 def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
     """Reader.warm_up passes its KV pool down, so runners with FA4 in the graph capture over
-    it before the first chunk (model.capture.capture_splits)."""
-    from shadow_plugin.reader import Reader
+    it before the first chunk (runners.capture.capture_splits)."""
+    from shadow_plugin.reader.reader import Reader
     reader = Reader(tiny, grid=64)
     seen = []
     monkeypatch.setattr(reader.adapter, "prepare", lambda pool=None: seen.append(pool))
@@ -226,8 +211,8 @@ def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
 def test_split_graphs_of_a_question_runner_keep_no_states(monkeypatch):
     """With slots that return no states, a capture keeps no output states and lets go of the
     slots' (their blocks go back to the graphs' pool); its replays leave the slots alone."""
-    from adapters.model import capture
-    from adapters.model.slots import StateSlots
+    from adapters.runners import capture
+    from adapters.runners.slots import StateSlots
     sg = fa4_graph.SplitGraphs(64, 512 * 64, torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     cfg = types.SimpleNamespace(linear_num_value_heads=2, linear_key_head_dim=4,
@@ -254,7 +239,7 @@ def test_a_runners_warm_ups_run_on_one_side_stream(tiny, monkeypatch):
     """capture.capture warms up at every split's position on the runner's one side stream
     (made at the first warm-up when it has none, kept after; given, none is made): cuBLAS
     keeps a workspace for every stream it ran on."""
-    from adapters.model import capture
+    from adapters.runners import capture
     made, seen = [], []
     monkeypatch.setattr(capture, "new_side_stream",
                         lambda device: made.append(object()) or made[-1])
@@ -276,7 +261,7 @@ def test_a_runners_warm_ups_run_on_one_side_stream(tiny, monkeypatch):
 def test_a_warm_up_runs_the_body_on_the_side_stream_then_releases_states(monkeypatch):
     """capture.warm_up: the body twice inside the runner's side stream, ordered after the
     current stream's work and before its next; then the slots let go of their states."""
-    from adapters.model import capture
+    from adapters.runners import capture
     events = []
 
     class Stream:
@@ -313,9 +298,9 @@ def test_a_warm_up_runs_the_body_on_the_side_stream_then_releases_states(monkeyp
 
 def test_runners_share_one_side_stream(tiny, monkeypatch):
     """Every runner a Runners makes (chunk, question buckets, decode) warms up on the one
-    stream it made (model.capture.new_side_stream: None on the CPU)."""
-    from adapters.model import capture
-    from adapters.model.runners import Runners
+    stream it made (runners.capture.new_side_stream: None on the CPU)."""
+    from adapters.runners import capture
+    from adapters.runners.runners import Runners
     assert Runners(tiny, 512).chunk.side_stream is None
     monkeypatch.setattr(capture, "new_side_stream", lambda device: "the stream")
     r = Runners(tiny, 512)
@@ -340,7 +325,7 @@ def test_without_a_pinned_pool_two_pools_are_kept(monkeypatch):
 
 def test_runners_pin_the_readers_pool_in_runners_made_later(tiny, monkeypatch):
     """Question runners made after the warm-up keep their graphs over the reader's pool."""
-    from adapters.model.runners import Runners
+    from adapters.runners.runners import Runners
     monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
     runners = Runners(tiny, 64, attention="fa4", fused=False)

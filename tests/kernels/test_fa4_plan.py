@@ -1,5 +1,5 @@
 """FA4's page tables as a runner stages them (fa4_plan.plan_into, written behind the page table
-in the runner's staging buffer by model.meta.ChunkMeta.stage_plan, which the runner calls after
+in the runner's staging buffer by runners.meta.ChunkMeta.stage_plan, which the runner calls after
 launching its first graph) against their slow twin:
 every sub-page of the sequence's pages in row order (attn_fa4.all_sub_pages), the splits'
 [0, S Ls) as S rows, the tail [S Ls, pos + T) as one; both 16-byte aligned; the page table
@@ -10,7 +10,9 @@ import types
 import pytest
 import torch
 
-from adapters.model import attn_fa4, fa4_plan, graphs
+from adapters.attention import fa4 as attn_fa4
+from adapters.attention import fa4_plan
+from adapters.runners import graphs
 
 
 def _twin(pos, t, pages, page_rows):
@@ -93,7 +95,7 @@ def test_the_runner_stages_its_plan_once_a_chunk_and_keeps_its_bits(tiny, monkey
     from paged import paged_kv
 
     from adapters import spec_for
-    from block_store.layout import zero_gdn
+    from block_store.memory.layout import zero_gdn
     monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
     monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: 132)
     fake_package(monkeypatch)

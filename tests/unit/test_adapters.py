@@ -8,7 +8,7 @@ from paged import paged_kv
 
 from adapters import EagerAdapter, GraphAdapter, ReferenceAdapter, make_adapter, state_spec
 from adapters.model.kernels import KernelSet
-from block_store.layout import clone_gdn, zero_gdn
+from block_store.memory.layout import clone_gdn, zero_gdn
 from shadow_plugin import Reader
 
 G = 64

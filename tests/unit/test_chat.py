@@ -1,10 +1,10 @@
-"""Tests for shadow_plugin.chat (spec: docs/specs/qwen35-chat-format.md)."""
+"""Tests for shadow_plugin.chat.qwen_format (spec: docs/specs/qwen35-chat-format.md)."""
 
 import json
 
 import pytest
 
-from shadow_plugin.chat import (
+from shadow_plugin.chat.qwen_format import (
     CHAT_TOKENS,
     SPECIAL_TOKENS,
     TEMPLATES,
@@ -14,8 +14,8 @@ from shadow_plugin.chat import (
     render,
     render_with_template,
 )
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.tokenizer import load_tokenizer
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.tokenizer import load_tokenizer
 
 # ---------------------------------------------------------------- spec section 12, verbatim
 # fmt: off
@@ -175,7 +175,7 @@ def test_whitespace_system_dropped_with_tools_and_tool_json_unsorted():
 
 
 def test_tools_instruction_length():
-    from shadow_plugin.chat import TOOLS_INSTR
+    from shadow_plugin.chat.qwen_format import TOOLS_INSTR
     assert len(TOOLS_INSTR) == 817
 
 
@@ -484,11 +484,11 @@ def test_renderer_falls_back_to_builtin(tmp_path):
 
 
 def test_the_role_ids_the_reader_looks_for_are_the_tokenizers():
-    """shadow_plugin.lines finds messages by the ordinary BPE ids of their roles: they must be
-    what the Qwen3.5 tokenizer gives (a wrong 'system' id once kept the shared system
+    """shadow_plugin.reader.lines finds messages by the ordinary BPE ids of their roles: they
+    must be what the Qwen3.5 tokenizer gives (a wrong 'system' id once kept the shared system
     message's checkpoint from ever being taken)."""
-    from shadow_plugin import lines
-    from shadow_plugin.tokenizer import load_tokenizer
+    from shadow_plugin.chat.tokenizer import load_tokenizer
+    from shadow_plugin.reader import lines
     tok = load_tokenizer()
     for role, want in (("system", lines.SYSTEM), ("user", lines.USER),
                        ("assistant", lines.ASSISTANT)):

@@ -9,8 +9,8 @@ import random
 import pytest
 from helpers import disk_reader, rand_ids  # noqa: E402
 
-from shadow_plugin.conflicts import StaleSession
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.conflicts import StaleSession
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 

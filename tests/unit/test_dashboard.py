@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from shadow_plugin.config import ServiceConfig  # noqa: E402
-from shadow_plugin.scheduler import SchedulerConfig  # noqa: E402
+from shadow_plugin.scheduling.scheduler import SchedulerConfig  # noqa: E402
 from shadow_plugin.server.app import create_app  # noqa: E402
+from shadow_plugin.server.config import ServiceConfig  # noqa: E402
 from shadow_plugin.server.history import (  # noqa: E402
     MAX_BACKLOG_SERIES,  # noqa: E402
     History,

@@ -1,11 +1,11 @@
-"""The decode loop (model.decode: each token fed back on the device, the host checking for stop
+"""The decode loop (runners.decode: each token fed back on the device, the host checking for stop
 ids every few steps) against the step-by-step loop of fork.generate without runners."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 
 def _reader(tiny, runners: bool) -> Reader:
@@ -36,9 +36,9 @@ def test_decode_loop_refuses_a_runner_of_many_rows_and_a_short_buffer(tiny):
     from paged import paged_kv
 
     from adapters import spec_for
-    from adapters.model.decode import DecodeLoop
-    from adapters.model.graphs import ChunkGraphs
-    from block_store.layout import zero_gdn
+    from adapters.runners.decode import DecodeLoop
+    from adapters.runners.graphs import ChunkGraphs
+    from block_store.memory.layout import zero_gdn
     with pytest.raises(ValueError, match="single-token runner, got t = 64"):
         DecodeLoop(tiny, ChunkGraphs(tiny, 64))
     loop = DecodeLoop(tiny, ChunkGraphs(tiny, 1))

@@ -1,35 +1,28 @@
-"""The content-addressed disk tier (block_store/disk.py): pages and GDN entries by key, written
-once, found by key from another store on the same folder; manifests; every file that does not
-fit refused with its reason."""
+"""The content-addressed disk tier (block_store/disk/store.py): pages and GDN entries by key,
+written once, found by key from another store on the same folder; manifests; every file that
+does not fit refused with its reason."""
 import os
 
 import pytest
 import torch
+from helpers import DISK_IDENT, DISK_ROOT, disk_page
 
 from block_store import FileIdentity, RefusedFile
-from block_store.disk import DiskStore, Manifest
-from block_store.keys import identity_key, page_keys
-
-IDENT = FileIdentity("fp", "{}", 64, "float32", "cpu", "torch eager")
-ROOT = identity_key(IDENT.as_meta())
-
-
-def _page(seed):
-    """kv [num_attention, 2, G, Hkv, D]."""
-    return torch.randn(2, 2, 64, 2, 8, generator=torch.Generator().manual_seed(seed))
+from block_store.disk.store import DiskStore, Manifest
+from block_store.memory.keys import page_keys
 
 
 def test_pages_and_entries_round_trip_and_are_written_once(tmp_path):
     ids = list(range(100, 164))
-    key = page_keys(ROOT, ids, 64)[0]
-    store = DiskStore(tmp_path, IDENT)
-    kv = _page(0)
+    key = page_keys(DISK_ROOT, ids, 64)[0]
+    store = DiskStore(tmp_path, DISK_IDENT)
+    kv = disk_page(0)
     assert not store.has_page(key) and store.write_page(key, ids, kv)
     old = 1_000_000_000
     os.utime(store.page_path(key), (old, old))
-    assert not store.write_page(key, ids, _page(1))         # its content is its key's: kept
+    assert not store.write_page(key, ids, disk_page(1))         # its content is its key's: kept
     assert store.page_path(key).stat().st_mtime > old       # used: its TTL starts again
-    other = DiskStore(tmp_path, IDENT)                       # another reader on the folder
+    other = DiskStore(tmp_path, DISK_IDENT)                       # another reader on the folder
     assert torch.equal(other.read_page(key, ids), kv)
     states = [(torch.randn(6, 4), torch.randn(2, 3, 3)) for _ in range(3)]
     assert store.write_entry(key, 64, states, "shared")
@@ -42,9 +35,9 @@ def test_pages_and_entries_round_trip_and_are_written_once(tmp_path):
 
 def test_files_that_do_not_fit_are_refused_with_the_reason(tmp_path):
     ids = list(range(64))
-    key = page_keys(ROOT, ids, 64)[0]
-    store = DiskStore(tmp_path, IDENT)
-    store.write_page(key, ids, _page(3))
+    key = page_keys(DISK_ROOT, ids, 64)[0]
+    store = DiskStore(tmp_path, DISK_IDENT)
+    store.write_page(key, ids, disk_page(3))
     with pytest.raises(RefusedFile) as e:
         store.read_page(key, list(range(1, 65)))
     assert e.value.reason == "ids"
@@ -53,7 +46,7 @@ def test_files_that_do_not_fit_are_refused_with_the_reason(tmp_path):
                                          "torch eager")).read_page(key, ids)
     assert e.value.reason == "fingerprint"
     with pytest.raises(RefusedFile) as e:
-        store.read_page(page_keys(ROOT, list(range(1, 65)), 64)[0], list(range(1, 65)))
+        store.read_page(page_keys(DISK_ROOT, list(range(1, 65)), 64)[0], list(range(1, 65)))
     assert e.value.reason == "missing"
     path = store.page_path(key)
     raw = bytearray(path.read_bytes())
@@ -69,9 +62,9 @@ def test_files_that_do_not_fit_are_refused_with_the_reason(tmp_path):
 
 
 def test_manifests_round_trip_and_refuse_what_does_not_fit(tmp_path):
-    store = DiskStore(tmp_path, IDENT)
+    store = DiskStore(tmp_path, DISK_IDENT)
     ids = list(range(200))
-    keys = [k.hex() for k in page_keys(ROOT, ids, 64)[:2]]
+    keys = [k.hex() for k in page_keys(DISK_ROOT, ids, 64)[:2]]
     m = Manifest(ids, 128, keys, keys[-1], [(64, keys[0], True, False)], {192: False}, 64)
     store.write_manifest("s/1", m)
     back = store.read_manifest("s/1")
@@ -92,11 +85,11 @@ def test_manifests_round_trip_and_refuse_what_does_not_fit(tmp_path):
 
 
 def test_sweep_takes_expired_files_then_the_oldest_pages_before_manifests(tmp_path):
-    store = DiskStore(tmp_path, IDENT)
+    store = DiskStore(tmp_path, DISK_IDENT)
     ids = list(range(256))
-    keys = page_keys(ROOT, ids, 64)
+    keys = page_keys(DISK_ROOT, ids, 64)
     for i, k in enumerate(keys):
-        store.write_page(k, ids[i * 64:(i + 1) * 64], _page(i))
+        store.write_page(k, ids[i * 64:(i + 1) * 64], disk_page(i))
     states = [(torch.randn(6, 4), torch.randn(2, 3, 3))]
     store.write_entry(keys[-1], 256, states, "state")
     man = store.write_manifest("s", Manifest(ids, 256, [k.hex() for k in keys], keys[-1].hex()))
@@ -118,10 +111,10 @@ def test_sweep_takes_expired_files_then_the_oldest_pages_before_manifests(tmp_pa
 
 
 def test_refused_files_are_set_aside_and_counted_and_dead_writers_temporaries_removed(tmp_path):
-    store = DiskStore(tmp_path, IDENT)
+    store = DiskStore(tmp_path, DISK_IDENT)
     ids = list(range(64))
-    key = page_keys(ROOT, ids, 64)[0]
-    store.write_page(key, ids, _page(4))
+    key = page_keys(DISK_ROOT, ids, 64)[0]
+    store.write_page(key, ids, disk_page(4))
     with pytest.raises(RefusedFile) as e:
         store.read_page(key, list(range(1, 65)))
     assert e.value.path == store.page_path(key)
@@ -133,5 +126,5 @@ def test_refused_files_are_set_aside_and_counted_and_dead_writers_temporaries_re
     live = tmp_path / "pages" / f".y.safetensors.{os.getpid()}-1.tmp"
     dead.write_bytes(b"x")
     live.write_bytes(b"x")
-    DiskStore(tmp_path, IDENT)
+    DiskStore(tmp_path, DISK_IDENT)
     assert not dead.exists() and live.exists()

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import check_refs, disk_reader, rand_ids  # noqa: E402
 
-from block_store import disk as disk_module
+from block_store.disk import store as disk_module
 
 G = 64
 

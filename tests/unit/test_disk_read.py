@@ -1,4 +1,4 @@
-"""The fast read of a page file (block_store/page_read.py) against its slow twin
+"""The fast read of a page file (block_store/disk/page_read.py) against its slow twin
 (DiskStore.read_page, safetensors' read): the same bits from a good file and the same refusal,
 with the same reason, from every damaged one; and a restore through either gives the same
 pool bits and an exact session."""
@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import save_file
 
 from block_store import FileIdentity, RefusedFile, disk_io
-from block_store.disk import DiskStore, _meta_checksum
-from block_store.files import checksum
-from block_store.keys import identity_key, page_keys
-from block_store.page_read import _HASH, HASHES, read_page_into
+from block_store.disk.files import checksum
+from block_store.disk.page_read import _HASH, HASHES, read_page_into
+from block_store.disk.store import DiskStore, _meta_checksum
+from block_store.memory.keys import identity_key, page_keys
 from block_store.pages import find_resume
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 IDENT = FileIdentity("fp", "{}", 64, "bfloat16", "cpu", "torch eager")
 IDS = list(range(100, 164))

@@ -5,28 +5,10 @@ import random
 
 from helpers import disk_reader, rand_ids  # noqa: E402
 
-from shadow_plugin.host import Host
-from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
 
 G = 64
-
-
-SECOND = """
-import json, sys
-from adapters.model import load_model
-from shadow_plugin.reader import Reader
-r = Reader(load_model("random:tiny"), grid=64, max_checkpoints=2, disk_dir=sys.argv[1])
-ids = json.loads(sys.argv[2])
-r.feed("other", ids, "prompt")
-s = r.stats()
-out = {"committed": r.committed("other"), "disk_hits": s["prefix_cache_hit_tokens"]["disk"],
-       "read_before": s["read_tokens"]}
-r.read("other")
-out["exact"] = r.check_exact("other")
-print(json.dumps(out))
-"""
-
-
 
 
 def test_a_session_evicted_from_memory_comes_back_from_disk(tiny, tmp_path):

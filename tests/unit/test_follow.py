@@ -9,11 +9,18 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from helpers import rand_ids  # noqa: E402
 
-from shadow_plugin.config import ServiceConfig
-from shadow_plugin.embedded import EmbeddedShadow, StepInfo
-from shadow_plugin.follow import FINISH, OUTPUT, START, Follower, RequestEvent, RequestTracker
-from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.engine.embedded import EmbeddedShadow, StepInfo
+from shadow_plugin.engine.follow import (
+    FINISH,
+    OUTPUT,
+    START,
+    Follower,
+    RequestEvent,
+    RequestTracker,
+)
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
 from shadow_plugin.server.ask_pool import AskPool
+from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.remote import RemoteService
 from shadow_plugin.server.routes import question_router
 

@@ -7,7 +7,7 @@ import pytest
 from evals.cli import main
 from evals.data import data_dir
 from evals.fresh import fresh_report, load_timeline, percentile, simulate
-from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
 
 T0 = 1767225600.0            # 2026-01-01T00:00:00Z
 DATA = data_dir() / "timelines"

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from block_store.gdn_table import GdnTable
+from block_store.memory.gdn_table import GdnTable
 
 
 def _states(n_layers: int, width: int):

@@ -7,9 +7,9 @@ from helpers import rand_ids  # noqa: E402
 from paged import paged_kv
 
 from adapters import EagerAdapter, spec_for
-from block_store.layout import zero_gdn
-from shadow_plugin.exact import fresh_prefill
-from shadow_plugin.reader import Reader
+from block_store.memory.layout import zero_gdn
+from shadow_plugin.reader.exact import fresh_prefill
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 

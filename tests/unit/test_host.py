@@ -3,9 +3,9 @@ import time
 
 from helpers import rand_ids  # noqa: E402
 
-from shadow_plugin.host import Host
-from shadow_plugin.reader import Reader
-from shadow_plugin.scheduler import SchedulerConfig, VirtualClock
+from shadow_plugin.reader.reader import Reader
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.scheduling.scheduler import SchedulerConfig, VirtualClock
 
 G = 64
 
@@ -134,7 +134,7 @@ def test_forget_drops_the_session_everywhere(tiny):
 def test_a_round_with_no_chunk_due_is_free_and_a_slice_pays_its_overhead(tiny, monkeypatch):
     """between_rounds returns at once when no chunk fits the ration (no sync, nothing used);
     a slice's wall time beyond its chunks (syncs, bookkeeping) counts against the ration."""
-    import shadow_plugin.host as host_mod
+    import shadow_plugin.scheduling.host as host_mod
     clock, syncs = VirtualClock(), []
 
     def sync(device):                      # a sync that takes 2 ms of the clock

@@ -1,5 +1,5 @@
-"""The paged KV pool's memory (block_store.kv_pool) and the places a runner stages for it
-(adapters.model.meta): per-layer views, the addresses the CUDA kernels take and their offsets
+"""The paged KV pool's memory (block_store.memory.kv_pool) and the places a runner stages for it
+(adapters.runners.meta): per-layer views, the addresses the CUDA kernels take and their offsets
 from the runner's base stay those of the current block when the pool grows; grown pages keep
 their bits."""
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from block_store import KvPool
-from block_store.layout import ATTENTION, GDN, StateSpec
+from block_store.memory.layout import ATTENTION, GDN, StateSpec
 
 SPEC = StateSpec((GDN, ATTENTION, GDN, ATTENTION), num_kv_heads=2, head_dim=8, conv_dim=4,
                  conv_width=4, num_value_heads=1, key_head_dim=2, value_head_dim=2,
@@ -33,12 +33,12 @@ def test_views_and_addresses_follow_the_block_when_it_grows():
 
 
 def test_staged_places_follow_the_pool_and_refuse_what_the_kernels_cannot_read():
-    """model.meta.ChunkMeta stages each layer's pools as element offsets from its base: they
+    """runners.meta.ChunkMeta stages each layer's pools as element offsets from its base: they
     point at the pools, follow the block when it grows, and a pool off 16 bytes or of another
     dtype is refused with a ValueError before anything is staged."""
     import types
 
-    from adapters.model.meta import ChunkMeta
+    from adapters.runners.meta import ChunkMeta
     from block_store import PagedKv
     meta = ChunkMeta(4, SPEC.num_attention, 64, torch.device("cpu"), SPEC.dtype)
     pool = KvPool(SPEC, 64, 2)
@@ -63,7 +63,7 @@ def test_a_layer_off_16_bytes_is_refused_by_name():
     """Every layer's pools are checked, not only the block's start."""
     import types
 
-    from adapters.model.meta import ChunkMeta
+    from adapters.runners.meta import ChunkMeta
     meta = ChunkMeta(4, 2, 64, torch.device("cpu"), SPEC.dtype)
     base = meta.pool_base.data_ptr()
     pool = types.SimpleNamespace(block=meta.pool_base, pointers=[base, base + 16, base + 34, 0])

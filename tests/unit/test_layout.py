@@ -1,6 +1,7 @@
 """The repository's shape: four import packages whose imports run one way only,
-evals -> shadow_plugin -> adapters -> block_store (docs/architecture.md). Every module's imports
-are parsed, module-level and inside functions, relative ones resolved."""
+evals -> shadow_plugin -> adapters -> block_store, and inside each package rooms (subpackages)
+whose imports run one way too (docs/architecture.md). Every module's imports are parsed,
+module-level and inside functions, relative ones resolved."""
 import ast
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = ["evals", "shadow_plugin", "adapters", "block_store"]     # each may import those after it
 ONLY_VLLM = "shadow_plugin/vllm"                                  # the only code importing vllm
+# each package's rooms from the ground up: a room imports only rooms at or below it ("" is the
+# package's own top-level modules; a package's __init__.py is its face and may import any room)
+ROOMS = {"shadow_plugin": ["", "chat", "reader", "scheduling", "server", "engine", "vllm"],
+         "adapters": ["attention", "model", "runners", ""],
+         "block_store": ["memory", "disk", ""]}
 
 
 def modules(package: str) -> list[Path]:
@@ -80,3 +86,59 @@ def test_the_parser_sees_late_and_relative_imports(source, wanted):
     """Imports inside functions and relative ones are resolved to their package."""
     pkg = "shadow_plugin/server" if "..reader" in source else "block_store"
     assert imported(ROOT / pkg / "probe.py", source) == wanted
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of the project modules `path` imports (`from pkg import mod` as pkg.mod when
+    mod is a module or subpackage), relative imports resolved."""
+    package = path.relative_to(ROOT).parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (".".join(package[:len(package) - node.level + 1] + (node.module,))
+                    if node.level and node.module else
+                    ".".join(package[:len(package) - node.level + 1]) if node.level
+                    else node.module)
+            for a in node.names:
+                sub = ROOT / (base.replace(".", "/") + "/" + a.name)
+                out.add(f"{base}.{a.name}" if sub.is_dir() or sub.with_suffix(".py").is_file()
+                        else base)
+    return {m for m in out if m.split(".")[0] in ROOMS}
+
+
+def room_of(module: str) -> tuple[str, str]:
+    """(package, room) of a dotted module name: its first subpackage, or "" when the module is
+    one of the package's top-level modules (or the package itself)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (ROOT / parts[0] / parts[1]).is_dir():
+        return parts[0], parts[1]
+    return parts[0], ""
+
+
+def test_every_room_is_listed_and_says_its_job():
+    for pkg, rooms in ROOMS.items():
+        found = {d.name for d in (ROOT / pkg).iterdir()
+                 if d.is_dir() and (d / "__init__.py").is_file()}
+        assert found == set(rooms) - {""}, pkg
+        for room in found:
+            assert ast.get_docstring(ast.parse((ROOT / pkg / room / "__init__.py").read_text()))
+
+
+def test_imports_between_rooms_run_one_way_only():
+    back, num_arrows = [], 0
+    for pkg, rooms in ROOMS.items():
+        for path in modules(pkg):
+            if path == ROOT / pkg / "__init__.py":
+                continue
+            here = room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))[1]
+            for module in imported_modules(path):
+                there_pkg, there = room_of(module)
+                if there_pkg != pkg or there == here:
+                    continue
+                num_arrows += 1
+                if rooms.index(there) > rooms.index(here):
+                    back.append((str(path.relative_to(ROOT)), module))
+    assert num_arrows > 50          # the parser sees the arrows (not an empty pass)
+    assert back == [], f"imports against the rooms' order (ROOMS): {back}"

@@ -7,7 +7,7 @@ from adapters import spec_for
 from adapters.model import ref
 from adapters.model.config import PRESETS
 from adapters.model.export import save_hf_dir
-from block_store.layout import zero_gdn
+from block_store.memory.layout import zero_gdn
 
 transformers = pytest.importorskip("transformers")
 
@@ -125,8 +125,8 @@ def test_graph_segments_equal_the_eager_forward_bitwise(tiny, order):
     layers (run without graphs on the CPU, attention between) gives the eager forward's bits:
     hidden, KV rows and GDN states; also with the attention first, in the middle, back to back."""
     from adapters.model.config import FULL, LINEAR
-    from adapters.model.graphs import ChunkGraphs
-    from shadow_plugin.reader import Reader
+    from adapters.runners.graphs import ChunkGraphs
+    from shadow_plugin.reader.reader import Reader
     if order:
         tiny = _with_layers(tuple(FULL if c == "f" else LINEAR for c in order))
     cfg, t = tiny.cfg, 64
@@ -153,7 +153,7 @@ def test_kept_states_give_the_same_bits_across_sessions_and_in_place_changes(tin
     chunk runner) skips the copy in only for the very states it returned, unchanged: chunks of
     two sessions interleaved, a state changed in place, and states passed as equal copies all
     give the bits of a runner that copies every time."""
-    from adapters.model import graphs, slots
+    from adapters.runners import graphs, slots
     same, seen = slots.same, []
     monkeypatch.setattr(slots, "same", lambda *a: seen.append(same(*a)) or seen[-1])
     cfg, t = tiny.cfg, 64
@@ -181,9 +181,9 @@ def test_runner_refuses_attentions_it_cannot_run_and_names_its_path(tiny):
     """torch's FlashAttention-2 reads no page table: refused everywhere with the reason; FA4
     needs a Hopper GPU: refused on the CPU; the reader's path (written into spilled files)
     names how chunks are read."""
-    from adapters.model.graphs import ChunkGraphs
-    from adapters.model.runners import Runners
-    from shadow_plugin.reader import Reader
+    from adapters.runners.graphs import ChunkGraphs
+    from adapters.runners.runners import Runners
+    from shadow_plugin.reader.reader import Reader
     with pytest.raises(ValueError, match="FlashAttention-2 reads no page table.*got 'flash'"):
         ChunkGraphs(tiny, 64, attention="flash")
     with pytest.raises(ValueError, match="'fa4' there on Hopper.*got 'fa4' on cpu"):
@@ -320,7 +320,7 @@ def test_an_autotune_dir_that_cannot_be_made_warns_for_the_default_and_names_a_c
 def test_runner_refuses_a_negative_position_and_takes_ids_as_a_tuple(tiny):
     """A negative pos would have the graphs' KV write land below the buffers: refused before
     anything runs; ids as a tuple read like the list."""
-    from adapters.model.graphs import ChunkGraphs
+    from adapters.runners.graphs import ChunkGraphs
     runner, t = ChunkGraphs(tiny, 64), 64
     kv, gdn = _empty_kv(tiny.cfg, 2 * t), zero_gdn(spec_for(tiny.cfg, "cpu", torch.float32))
     with pytest.raises(ValueError, match="pos must be >= 0, got -64"):

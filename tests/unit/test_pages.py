@@ -11,7 +11,7 @@ from helpers import check_refs, rand_ids  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 
@@ -276,7 +276,7 @@ def test_the_cap_drops_unreferenced_gdn_entries_before_parking_a_session(tiny):
 
 def test_a_session_whose_file_cannot_be_written_is_dropped_with_its_ids(tiny, tmp_path,
                                                                         monkeypatch):
-    from block_store import disk
+    from block_store.disk import store as disk
     r = _reader(tiny, disk_dir=tmp_path)
     ids = rand_ids(3 * G + 5, random.Random(9))
     r.feed("a", ids, "prompt")

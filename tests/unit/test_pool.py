@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from block_store.keys import identity_key, next_key, page_keys
-from block_store.pool import PagePool, PoolFull
+from block_store.memory.keys import identity_key, next_key, page_keys
+from block_store.memory.pool import PagePool, PoolFull
 
 G = 4
 ROOT = identity_key({"fingerprint": "abc", "grid": G, "dtype": "bfloat16"})

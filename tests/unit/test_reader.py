@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import rand_ids  # noqa: E402
 
-from shadow_plugin import lines
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader import lines
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 IM_START, IM_END, USER, ASSISTANT, NL, TOOL_RESPONSE = 248045, 248046, 846, 74455, 198, 248066
@@ -171,8 +171,8 @@ def test_prepare_fork_reads_below_c_in_steps_and_is_dropped_when_stale(tiny):
     answers as an ask without it; after a prompt that changes ids below the line, the stale
     base is not used (the answer still equals a fresh reader's)."""
 
-    from shadow_plugin.reader import Reader
-    from shadow_plugin.router import ROUTER
+    from shadow_plugin.chat.router import ROUTER
+    from shadow_plugin.reader.reader import Reader
     rng = random.Random(11)
     ids = [rng.randrange(1000, 240000) for _ in range(5 * 64 + 9)]
     r = Reader(tiny, grid=64)

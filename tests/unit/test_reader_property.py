@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 SIZES = st.one_of(st.sampled_from([1, G - 1, G, G + 1, 2 * G, 3 * G + 5]), st.integers(0, 200))

@@ -7,11 +7,11 @@ import pytest
 
 from evals.cli import main
 from evals.replay import replay_turns
-from shadow_plugin.host_view import host_turns
-from shadow_plugin.reader import Reader
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.router import ROUTER, load_question
-from shadow_plugin.tokenizer import load_tokenizer
+from shadow_plugin.chat.host_view import host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.router import ROUTER, load_question
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 7}  # step {i}" for i in range(30))

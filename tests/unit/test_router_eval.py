@@ -4,7 +4,7 @@ out by hand, and the labels file's errors named by line."""
 from pathlib import Path
 
 from evals.router_eval import score
-from shadow_plugin.router import ROUTER
+from shadow_plugin.chat.router import ROUTER
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "session.json"

@@ -1,7 +1,13 @@
 """The scheduler on virtual time with a fake reader and a fake host: exact slice plans."""
 import pytest
 
-from shadow_plugin.scheduler import CostModel, Scheduler, SchedulerConfig, Slice, VirtualClock
+from shadow_plugin.scheduling.scheduler import (
+    CostModel,
+    Scheduler,
+    SchedulerConfig,
+    Slice,
+    VirtualClock,
+)
 
 G = 512
 
@@ -246,7 +252,7 @@ def test_host_share_sums_closed_and_open_turns():
 def test_leave_to_idle_is_kept_a_tenth_of_a_second_between_events():
     """The host asks every round: the answer (which sums every session's backlog) is kept for
     IDLE_MEMO_S of the clock; a turn event or a chunk read drops it."""
-    from shadow_plugin.scheduler import IDLE_MEMO_S
+    from shadow_plugin.scheduling.scheduler import IDLE_MEMO_S
     sched, reader, clock = make()
     asked = []
     real = reader.backlog

@@ -9,9 +9,9 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 from helpers import rand_ids  # noqa: E402
 
-from shadow_plugin.config import ServiceConfig  # noqa: E402
-from shadow_plugin.scheduler import SchedulerConfig  # noqa: E402
+from shadow_plugin.scheduling.scheduler import SchedulerConfig  # noqa: E402
 from shadow_plugin.server.app import create_app  # noqa: E402
+from shadow_plugin.server.config import ServiceConfig  # noqa: E402
 
 G = 64
 KEY = {"Authorization": "Bearer k3y"}

@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from shadow_plugin.reader import Reader  # noqa: E402
+from shadow_plugin.reader.reader import Reader  # noqa: E402
 from shadow_plugin.server import errors  # noqa: E402
 from shadow_plugin.server.ask_pool import AskPool  # noqa: E402
 from shadow_plugin.server.remote import RemoteService  # noqa: E402
@@ -112,9 +112,9 @@ def test_a_damaged_body_is_listed_by_name_across_restarts(tiny, tmp_path):
 
 
 def test_off_profiles_and_capped_sessions_over_http(tmp_path):
-    from shadow_plugin.config import ServiceConfig
-    from shadow_plugin.scheduler import SchedulerConfig
+    from shadow_plugin.scheduling.scheduler import SchedulerConfig
     from shadow_plugin.server.app import create_app
+    from shadow_plugin.server.config import ServiceConfig
     profiles = tmp_path / "p.yaml"
     profiles.write_text("quiet:\n  shadow:\n    mode: off\n")
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import uvicorn
 
-from shadow_plugin.config import ServiceConfig
-from shadow_plugin.scheduler import SchedulerConfig
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
 from shadow_plugin.server.app import create_app
+from shadow_plugin.server.config import ServiceConfig
 
 G = 64
 SESSION_MB = 0.4         # random:tiny, 3G + 5 ids read: 3 pages of 64 KiB, GDN states and

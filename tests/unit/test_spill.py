@@ -10,7 +10,7 @@ import pytest
 from helpers import disk_reader, rand_ids  # noqa: E402
 
 import block_store.spill as spill_mod
-from block_store.disk import DiskStore
+from block_store.disk.store import DiskStore
 
 G = 64
 CAP = 600_000      # random:tiny: 64 KiB a page, 60 KiB a GDN entry; b alone (8 pages) is past it
@@ -176,7 +176,7 @@ def test_tips_that_rotated_out_unused_are_not_written(tiny, tmp_path, monkeypatc
     """A session followed turn by turn leaves tips behind its ring; evicted, they are counted
     and not copied or written (GdnTable.rotated_out); its checkpoints still are, and the state
     stays exact. Without the policy every rotated tip would be a file (about 19 MB on 0.8B)."""
-    from block_store.gdn_table import GdnTable
+    from block_store.memory.gdn_table import GdnTable
     rotated = []
     rotate = GdnTable.rotated_out
     monkeypatch.setattr(GdnTable, "rotated_out",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shadow_plugin.config import ServiceConfig
+from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.startup import startup_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_small_points_over_http(tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from shadow_plugin.scheduler import SchedulerConfig
+    from shadow_plugin.scheduling.scheduler import SchedulerConfig
     from shadow_plugin.server.app import create_app
     profiles = tmp_path / "p.yaml"
     profiles.write_text("quiet:\n  shadow:\n    mode: off\n")
@@ -67,7 +67,7 @@ def test_small_points_over_http(tmp_path):
 def test_a_device_is_cpu_cuda_or_a_numbered_cuda_device(tmp_path, device, named):
     """What vLLM's worker half sets (cuda:<its GPU>) passes the check; a malformed name is
     refused by name (in process: startup.check_paths)."""
-    from shadow_plugin.config import ServiceConfig
+    from shadow_plugin.server.config import ServiceConfig
     from shadow_plugin.server.startup import check_paths
     base = {"SHADOW_MODEL": "random:tiny", "SHADOW_DIR": str(tmp_path)}
     with pytest.raises(ValueError, match=named):

@@ -6,21 +6,18 @@ import time
 
 import pytest
 import torch
+from helpers import output_session, parking_reader, vocab_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.model.qwen35 import ModelInfo
 from block_store.session import state_bytes
-from shadow_plugin.reader import Reader
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 SIZES = st.one_of(st.sampled_from([1, G - 1, G, G + 1, 2 * G + 3]), st.integers(0, 150))
 op = st.tuples(st.sampled_from(["a", "b", "c"]),
                st.sampled_from(["prompt", "rewrite", "output", "read", "ask"]), SIZES)
-
-
-def _rand(rng, n):
-    return [rng.randrange(248320) for _ in range(n)]
 
 
 def _check_accounting(reader, in_use):
@@ -49,16 +46,16 @@ def test_any_history_with_spills_equals_fresh_prefill(tiny, tmp_path_factory, op
     reader = Reader(tiny, grid=G, max_checkpoints=3, resident_bytes=cap,
                     disk_dir=disk_dir)
     for sid in "abc":
-        reader.feed(sid, _rand(rng, rng.randrange(1, 200)), "prompt")
+        reader.feed(sid, vocab_ids(rng, rng.randrange(1, 200)), "prompt")
     for sid, kind, n in ops:
         if kind == "prompt":
-            reader.feed(sid, reader.ids(sid) + _rand(rng, n), "prompt")
+            reader.feed(sid, reader.ids(sid) + vocab_ids(rng, n), "prompt")
         elif kind == "rewrite":
             ids = reader.ids(sid)
             cut = rng.randrange(0, len(ids) + 1)
-            reader.feed(sid, ids[:cut] + _rand(rng, max(n, 1)), "prompt")
+            reader.feed(sid, ids[:cut] + vocab_ids(rng, max(n, 1)), "prompt")
         elif kind == "output":
-            reader.feed(sid, _rand(rng, n), "output")
+            reader.feed(sid, vocab_ids(rng, n), "output")
         elif kind == "read":
             reader.read(sid, max_chunks=n % 4 or None)
         else:
@@ -73,23 +70,12 @@ def test_any_history_with_spills_equals_fresh_prefill(tiny, tmp_path_factory, op
     assert stats["refusals"] == 0
 
 
-def _reader(model, disk, **kw):
-    return Reader(model, grid=G, resident_bytes=0, disk_dir=disk, **kw)
-
-
-def _session(reader, sid, n=300, seed=0):
-    rng = random.Random(seed)
-    reader.feed(sid, _rand(rng, n), "prompt")
-    reader.read(sid)
-    reader.feed(sid, _rand(rng, 40), "output")
-
-
 def test_spill_and_restore_is_bitwise(tiny, tmp_path):
-    r = _reader(tiny, tmp_path)
-    _session(r, "a")
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, "a")
     before = {k: v.clone() for k, v in r.state_tensors("a").items()}
     cps = r.checkpoint_positions("a")
-    _session(r, "b", seed=1)                  # cap 0: "a" is parked when "b" is used
+    output_session(r, "b", seed=1)                  # cap 0: "a" is parked when "b" is used
     assert r.stats()["sessions"]["a"]["residency"] == "disk"
     after = r.state_tensors("a")              # restored
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -97,53 +83,20 @@ def test_spill_and_restore_is_bitwise(tiny, tmp_path):
 
 
 def test_without_disk_a_session_is_read_again_from_zero(tiny):
-    r = _reader(tiny, None)
-    _session(r, "a")
+    r = parking_reader(tiny, None)
+    output_session(r, "a")
     ids = r.ids("a")
-    _session(r, "b", seed=1)
+    output_session(r, "b", seed=1)
     assert r.stats()["sessions"]["a"]["residency"] == "dropped"
     assert r.committed("a") == 0 and r.ids("a") == ids
     r.read("a")
     assert r.committed("a") == 320 and r.check_exact("a")
 
 
-RESTORE_SCRIPT = """
-import json, sys
-from adapters.model import load_model
-from shadow_plugin.reader import Reader
-r = Reader(load_model("random:tiny"), grid=64, resident_bytes=0, disk_dir=sys.argv[1])
-ids = r.ids("s")
-r.feed("s", ids + list(range(1000, 1200)), "prompt")
-r.read("s")
-print(json.dumps({"committed": r.committed("s"), "exact": r.check_exact("s"),
-                  "restores": r.stats()["restores"]}))
-"""
-
-
-
-
-WRITER_SCRIPT = """
-import random, sys
-from adapters.model import load_model
-from shadow_plugin.reader import Reader
-r = Reader(load_model("random:tiny"), grid=64, resident_bytes=10**12,
-           disk_dir=sys.argv[1])
-rng = random.Random(1)
-r.feed("s", r.ids("s") + [rng.randrange(248000) for _ in range(700)], "prompt")
-r.read("s")
-print("ready", flush=True)
-while True:
-    r.table.residency.park(r.table.resident, "s")      # write, then bring back, forever
-    r.table.get("s")
-"""
-
-
-
-
 def _parked_file(tiny, tmp_path, sid="s"):
     """The manifest of a session parked at a planned stop."""
-    r = _reader(tiny, tmp_path)
-    _session(r, sid)
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, sid)
     r.close()
     return r.table.store.disk.manifest_path(sid)
 
@@ -163,13 +116,13 @@ def test_another_identity_neither_sees_nor_sets_aside_a_sessions_manifest(tiny, 
     other = type(tiny).__new__(type(tiny))
     other.__dict__.update(tiny.__dict__)
     other.info = ModelInfo("other", "0" * 32, True)
-    for r in (_reader(other, tmp_path), Reader(tiny, grid=128, resident_bytes=0,
+    for r in (parking_reader(other, tmp_path), Reader(tiny, grid=128, resident_bytes=0,
                                                 disk_dir=tmp_path)):
         assert not r.knows("s")
         with pytest.raises(KeyError):
             r.ids("s")
         assert r.stats()["refusals"] == 0 and path.is_file()
-    owner = _reader(tiny, tmp_path)
+    owner = parking_reader(tiny, tmp_path)
     assert owner.committed("s") == 256 and owner.check_exact("s")
 
 
@@ -179,7 +132,7 @@ def test_a_reader_on_another_path_starts_the_session_again_and_leaves_the_owners
     GPU, another attention or its version) has another identity: the host's prompt starts
     the session from 0 in it, and the first reader's manifest stays."""
     path = _parked_file(tiny, tmp_path)
-    r = _reader(tiny, tmp_path, cuda_graphs=True)
+    r = parking_reader(tiny, tmp_path, cuda_graphs=True)
     ids = list(range(5, 205))
     got = r.feed("s", ids, "prompt")
     assert got.backlog == len(ids) and r.ids("s") == ids and r.stats()["refusals"] == 0
@@ -199,7 +152,7 @@ def test_refuses_damaged_files(tiny, tmp_path, damage, reason):
     else:
         data[20] ^= 0xFF
     path.write_bytes(bytes(data))
-    r = _reader(tiny, tmp_path)
+    r = parking_reader(tiny, tmp_path)
     try:                                  # ids intact (checksummed): known, read again from 0
         assert r.committed("s") == 0
     except KeyError:                      # ids damaged or unreadable: an unknown session
@@ -211,10 +164,10 @@ def test_a_refused_manifest_of_a_known_session_keeps_its_ids_and_finds_its_pages
                                                                                 tmp_path):
     """The reader still holds the parked session's ids: with its manifest refused, the
     session resumes through the pages and states its keys find on disk."""
-    r = _reader(tiny, tmp_path)
-    _session(r, "a")
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, "a")
     ids, c = r.ids("a"), r.committed("a")
-    _session(r, "b", seed=1)                  # "a" parked on disk
+    output_session(r, "b", seed=1)                  # "a" parked on disk
     path = r.table.store.disk.manifest_path("a")
     data = bytearray(path.read_bytes())
     data[-100] ^= 0x01
@@ -232,7 +185,7 @@ def test_a_damaged_page_file_is_refused_and_the_session_resumes_below_it(tiny, t
     below it with a state (here 0: no checkpoint below the damaged page) and reads on
     exactly."""
     path = _parked_file(tiny, tmp_path)
-    r = _reader(tiny, tmp_path)
+    r = parking_reader(tiny, tmp_path)
     disk = r.table.store.disk
     page = disk.page_path(bytes.fromhex(disk.read_manifest("s").page_keys[1]))
     data = bytearray(page.read_bytes())
@@ -251,10 +204,10 @@ def test_a_damaged_page_file_is_refused_and_the_session_resumes_below_it(tiny, t
 
 def test_hostile_session_ids_stay_inside_disk_dir(tiny, tmp_path):
     disk = tmp_path / "disk"
-    r = _reader(tiny, disk)
+    r = parking_reader(tiny, disk)
     hostile = ["../x", "/etc/passwd", "a" * 256, "ü🙂\u202e", "..", "a\x00b"]
     for i, sid in enumerate(hostile):
-        _session(r, sid, n=100, seed=i)
+        output_session(r, sid, n=100, seed=i)
     r.close()
     names = sorted(p.name for p in r.table.store.disk.manifest_dir.iterdir())
     assert names == sorted(r.table.store.disk.manifest_path(s).name for s in hostile)
@@ -268,9 +221,9 @@ def test_ttl_and_disk_cap(tiny, tmp_path):
     """Files past the TTL go (a session whose every file expired is unknown to a new reader);
     past the byte cap the oldest pages and entries go before any manifest, and a session that
     lost pages resumes below them, exactly."""
-    r = _reader(tiny, tmp_path)
+    r = parking_reader(tiny, tmp_path)
     for i, sid in enumerate("abc"):
-        _session(r, sid, seed=i)
+        output_session(r, sid, seed=i)
     r.close()
     disk = r.table.store.disk
     old = time.time() - 49 * 3600
@@ -284,7 +237,7 @@ def test_ttl_and_disk_cap(tiny, tmp_path):
     os.utime(disk.page_path(bytes.fromhex(b.page_keys[0])), (old + 3600, old + 3600))
     before = disk.counts()
     cap = before["bytes"] - sum(p.stat().st_size for p in a_files) - 1     # one file more
-    r2 = _reader(tiny, tmp_path, disk_bytes=cap, disk_ttl_s=48 * 3600)
+    r2 = parking_reader(tiny, tmp_path, disk_bytes=cap, disk_ttl_s=48 * 3600)
     after = r2.table.store.disk.counts()
     assert not r2.knows("a") and not any(p.exists() for p in a_files)
     assert after["manifests"] == 2 and after["bytes"] <= cap
@@ -296,11 +249,11 @@ def test_ttl_and_disk_cap(tiny, tmp_path):
 
 
 def test_a_new_reader_lists_the_sessions_parked_on_disk(tiny, tmp_path):
-    r = _reader(tiny, tmp_path)
-    _session(r, "a")
+    r = parking_reader(tiny, tmp_path)
+    output_session(r, "a")
     ids = r.ids("a")
     r.close()
-    fresh = _reader(tiny, tmp_path)
+    fresh = parking_reader(tiny, tmp_path)
     s = fresh.stats()["sessions"]["a"]
     assert s["residency"] == "disk" and s["committed"] == 256 and s["num_ids"] == len(ids)
     assert fresh.ids("a") == ids and fresh.check_exact("a") and fresh.stats()["restores"] == 1
@@ -309,11 +262,11 @@ def test_a_new_reader_lists_the_sessions_parked_on_disk(tiny, tmp_path):
 def test_a_session_below_one_chunk_outlives_a_restart(tiny, tmp_path):
     """A session never read (C = 0, fewer ids than a chunk) is written at a planned stop too:
     a new reader knows its ids and reads on from them exactly."""
-    r = _reader(tiny, tmp_path)
+    r = parking_reader(tiny, tmp_path)
     r.feed("short", list(range(1000, 1010)), "prompt")
     r_bytes = r.state_bytes("short")
     r.close()
-    fresh = _reader(tiny, tmp_path)
+    fresh = parking_reader(tiny, tmp_path)
     assert fresh.ids("short") == list(range(1000, 1010)) and fresh.committed("short") == 0
     assert fresh.state_bytes("short") == r_bytes          # no KV rows at C = 0, as before
     fresh.feed("short", list(range(1000, 1010)) + list(range(2000, 2300)), "prompt")
@@ -324,11 +277,11 @@ def test_a_session_below_one_chunk_outlives_a_restart(tiny, tmp_path):
 def test_position_and_the_scheduler_do_not_restore_parked_sessions(tiny, tmp_path):
     """Reader.position reads a parked session's (ids, C) from its record; the host's scheduler
     looks through it on every round, so a round never restores (or spills) anything."""
-    from shadow_plugin.host import Host
-    from shadow_plugin.scheduler import SchedulerConfig
-    r = _reader(tiny, tmp_path)                  # resident cap 0: all but the one in use parked
-    _session(r, "a")
-    _session(r, "b", seed=1)
+    from shadow_plugin.scheduling.host import Host
+    from shadow_plugin.scheduling.scheduler import SchedulerConfig
+    r = parking_reader(tiny, tmp_path)        # resident cap 0: all but the one in use parked
+    output_session(r, "a")
+    output_session(r, "b", seed=1)
     assert r.stats()["sessions"]["a"]["residency"] == "disk"
     rec = r.stats()["sessions"]["a"]
     before = r.stats()["restores"]

@@ -9,9 +9,9 @@ import pytest
 from evals import vllm_agents
 from evals.vllm_agents import IM_END, next_prompt, script_from_turns, suffix_after
 from evals.vllm_server import ServerSpec, log_facts
-from shadow_plugin.host_view import HostTurn, host_turns
-from shadow_plugin.renderer import Renderer
-from shadow_plugin.tokenizer import load_tokenizer
+from shadow_plugin.chat.host_view import HostTurn, host_turns
+from shadow_plugin.chat.renderer import Renderer
+from shadow_plugin.chat.tokenizer import load_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "session.json"
 

@@ -1,0 +1,176 @@
+"""A reader's runners (runners.graphs.ChunkGraphs): grid chunks (what commits state), questions
+padded to row buckets (64 and 128 rows, `small_bucket_rows`, then multiples of 256), single-token
+decode and its device-fed loop (runners.decode)."""
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+from adapters.attention.fa4_plan import SUB_PAGE
+from adapters.model import ops
+from adapters.runners import capture
+from adapters.runners.graphs import ChunkGraphs
+
+
+class Runners:
+    """A reader's chunk runners: `chunk` for grid chunks (what commits state), and lazily one
+    per question length bucket (`for_rows`: forwards padded to the first of
+    `small_bucket_rows` that holds them, else to a multiple of BUCKET rows, at most MAX_ROWS;
+    their runs give back the hidden rows and no states, ChunkGraphs' return_states: with FA4
+    in the graph their graphs keep none) and one for single-token decode steps (`decode`;
+    with the table attention its attention.tiling.DECODE tiling), with its device-fed loop
+    (`decode_loop`).
+    Every runner is a ChunkGraphs with the same options (on CUDA one side stream for their
+    warm-ups); `run` is the chunk runner's.
+
+    small_bucket_rows: row counts below BUCKET, ascending, multiples of 64 (FA4 reads rows in
+    64-row sub-pages, fa4_plan.SUB_PAGE), e.g. (64, 128): a short question pads to fewer rows,
+    so it computes less and FA4 splits the keys more ways (up to 33 splits at 64 rows on an
+    H200, fa4_plan.all_splits). A question's bits depend on its bucket (not committed state:
+    a question at C and below C with the same rows use the same runner). Default (None):
+    those of SMALL_BUCKET_ROWS, (64, 128), below BUCKET. On an H200 the 9-class question at
+    C (69 ids: 128 rows) took 12-14 % less at 32k and 22 % less at 100k than with 256 rows,
+    and 16 % less at 32k than the contiguous tree's, which pads to 256 rows (BENCHMARKS.md,
+    docs/pages-ab-buckets-*-2026-12-02*.log). () for none. Raises ValueError for buckets
+    that are not such row counts, or a tiling of another attention."""
+
+    BUCKET = 256
+    MAX_ROWS = 4096
+    SMALL_BUCKET_ROWS = (64, 128)
+
+    def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
+                 split=None, small_bucket_rows: tuple[int, ...] | None = None):
+        self.model = model
+        if split is not None and attention is None:      # a tiling is the table attention's
+            attention = "table"
+        if split is not None and attention != "table":
+            raise ValueError(f"a tiling ({split}) is the table attention's; attention "
+                             f"{attention!r} has none")
+        if small_bucket_rows is None:          # the default: those below this class's BUCKET
+            small_bucket_rows = [r for r in self.SMALL_BUCKET_ROWS if r < self.BUCKET]
+        self.small_bucket_rows = check_small_bucket_rows(small_bucket_rows, self.BUCKET)
+        # one stream for every runner's warm-ups: one cuBLAS workspace (runners.capture)
+        side = capture.new_side_stream(model.device)
+        self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True,
+                                 page_rows=grid, side_stream=side)
+        self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
+                        "proj": self.chunk.proj, "page_rows": grid, "side_stream": side}
+        self.split = split
+        self._sized: dict[int, ChunkGraphs] = {}
+        self._pool = None                 # the reader's KV pool, once `prepare` was given it
+        self._loop = None
+
+    @property
+    def path(self) -> str:
+        """What the committed bits depend on beyond the model: 'graphs:fa4 VERSIONS paged64'
+        (flash-attn-4's and its compiler's, attn_fa4.package_version; read in 64-row sub-pages
+        with a 64-row key tile), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
+        (the compiled small ops), '+conv' (the GDN conv compiled with them,
+        ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
+        spilled files: another path, other bits)."""
+        c = self.chunk
+        kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
+        if c.table:
+            s = c.split
+            kind += f" {s.block_m}x{s.block_n}x{s.num_warps}x{s.num_stages}"
+        elif c.attention == "fa4":                     # its kernels' code: the package's
+            from adapters.attention.fa4 import SUB_PAGE, package_version
+            kind += f" {package_version()} paged{SUB_PAGE}"
+        fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
+        return kind + fused + ("+proj" if c.proj else "")
+
+    def run(self, ids, pos: int, kv: list, gdn: list):
+        """ChunkGraphs.run of the grid chunk runner."""
+        return self.chunk.run(ids, pos, kv, gdn)
+
+    def _get(self, t: int, split) -> ChunkGraphs:
+        if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
+            return self.chunk
+        if t not in self._sized:
+            # a question's states are not given back (fork_logits): its graphs hold none
+            runner = self._sized[t] = ChunkGraphs(self.model, t, split=split,
+                                                  return_states=False, **self.options)
+            if runner.split_graphs is not None and self._pool is not None:
+                runner.split_graphs.pin(self._pool)    # its graphs over it made at first use
+        return self._sized[t]
+
+    def rows_of(self, num_rows: int) -> int:
+        """The rows a forward of num_rows ids is padded to: the first small bucket that holds
+        them, else the next multiple of BUCKET."""
+        for t in self.small_bucket_rows:
+            if num_rows <= t:
+                return t
+        return -(-num_rows // self.BUCKET) * self.BUCKET
+
+    def question_bucket_rows(self) -> list[int]:
+        """The row counts `prepare` captures by default: the small buckets, then the first 4
+        multiples of BUCKET (what the 9-class question with a tail below one 512-id chunk
+        needs)."""
+        return list(self.small_bucket_rows) + [self.BUCKET * k for k in range(1, 5)]
+
+    def for_rows(self, num_rows: int) -> ChunkGraphs | None:
+        """The runner for a forward of num_rows ids padded up to `rows_of(num_rows)` rows
+        (None past MAX_ROWS: forward eagerly). Padded rows come after the real ones, so they
+        change none of the real rows' values; a runner's size depends only on num_rows."""
+        t = self.rows_of(num_rows)
+        return self._get(t, self.split) if t <= self.MAX_ROWS else None
+
+    def prepare(self, question_rows=None, pool=None) -> None:
+        """Capture the chunk runner, the decode runner and the question runners for these row
+        counts (default: `question_bucket_rows()`); with FA4 in the graph and `pool` (the
+        reader's block_store.KvPool) given, their graphs over that pool
+        (ChunkGraphs.prepare)."""
+        if pool is not None:
+            self._pool = pool
+        self.chunk.prepare(pool)
+        self.decode_loop().prepare()
+        for rows in question_rows or self.question_bucket_rows():
+            runner = self.for_rows(rows)
+            if runner is not None:
+                runner.prepare(pool)
+
+    def decode_loop(self):
+        """runners.decode.DecodeLoop over the decode runner (its tail graph captured once)."""
+        if self._loop is None:
+            from adapters.runners.decode import DecodeLoop
+            self._loop = DecodeLoop(self.model, self.decode())
+        return self._loop
+
+    def decode(self) -> ChunkGraphs:
+        """The single-token runner (on CUDA the table attention with its split for one query
+        row, inside the graph: FA4 wastes a 128-row tile on one row, and torch's
+        FlashAttention-2 reads no page table; its projections through model.gemv,
+        ops.decode_ops)."""
+        if 1 not in self._sized:
+            from adapters.attention.tiling import DECODE
+            options = dict(self.options)
+            if self.chunk.use_graphs and self.chunk.ops is not ops.EAGER:
+                options["op_set"] = ops.decode_ops(self.chunk.ops)
+            table = self.chunk.table or self.chunk.attention == "fa4"
+            if table:
+                options["attention"] = "table"
+            self._sized[1] = ChunkGraphs(self.model, 1, split=DECODE if table else None,
+                                         **options)
+        return self._sized[1]
+
+
+def check_small_bucket_rows(rows, bucket_rows: int) -> tuple[int, ...]:
+    """`rows` (an iterable of integers, numpy's included) as a tuple of ints if they are
+    ascending multiples of fa4_plan.SUB_PAGE below `bucket_rows`. Raises ValueError naming
+    what is wrong (also for a single number or a string)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise ValueError(f"small question bucket rows are a sequence of row counts, e.g. "
+                         f"(64, 128); got {rows!r}")
+    out = []
+    for r in rows:
+        try:
+            n = operator.index(r) if not isinstance(r, bool) else None
+        except TypeError:
+            n = None
+        if n is None or n <= 0 or n % SUB_PAGE or n >= bucket_rows:
+            raise ValueError(f"a small question bucket is a positive multiple of {SUB_PAGE} "
+                             f"rows below {bucket_rows}; got {r!r} in {tuple(rows)}")
+        out.append(n)
+    if out != sorted(set(out)):
+        raise ValueError(f"small question buckets go up, each once; got {tuple(out)}")
+    return tuple(out)

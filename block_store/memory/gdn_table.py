@@ -1,0 +1,152 @@
+"""The GDN table, parallel to the page table: the recurrent and conv states of every linear
+layer at a grid line L, keyed by the key of the page that ends at L (keys.page_keys), so a
+session that holds the pages below L and finds the entry at L resumes there (its own older
+line after a rewrite, or another session's prefix).
+
+An entry: per GDN layer (conv [conv_dim, W] in the spec's dtype, recurrent [HV, K, V] fp32),
+copies never changed once stored. Entries are referenced by the sessions that keep them as
+checkpoints; unreferenced ones stay findable until the table's byte budget evicts them, least
+recently used first. On the 0.8B an entry is about 19 MB, three 512-row KV pages.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from block_store.memory.layout import GdnState, clone_gdn
+
+
+@dataclass
+class GdnEntry:
+    """key: the key of the page ending at `line`; states: the GDN states after ids[:line];
+    refs: sessions keeping it; kind: why it was stored first ('checkpoint', 'shared', 'tip',
+    'junction'); hits: prompts that resumed from it (what the entry earned); spill: written to
+    disk when evicted (False for a tip that rotated out of its session's ring unreferenced and
+    unused: `rotated_out`; a new reference sets it again)."""
+
+    key: bytes
+    line: int
+    states: GdnState
+    refs: int = 0
+    kind: str = "checkpoint"
+    hits: int = 0
+    spill: bool = True
+    # the states' bytes, counted once: they never change (the table's totals depend on it)
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbytes = sum(c.nbytes + r.nbytes for c, r in self.states)
+
+
+class GdnTable:
+    """Entries by key, in LRU order (most recent last). budget_bytes: the most bytes its
+    unreferenced entries may keep in all (`evict`); referenced ones are never evicted.
+    `on_evict` (None: nothing): called with each entry `evict` drops, just before (the disk
+    tier writes it: spill.Spill.entry); it must not raise or change the table."""
+
+    def __init__(self, budget_bytes: int):
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.entries: OrderedDict[bytes, GdnEntry] = OrderedDict()
+        self.num_evicted = 0
+        # bytes of all entries and of the unreferenced ones, kept as entries and references
+        # come and go (a chunk's make_room reads them; summing the entries each time cost
+        # about 0.1 ms of host time a chunk at 100k on the H200, before the chunk's launch)
+        self._bytes = 0
+        self._loose_bytes = 0
+        self.on_evict: Callable[[GdnEntry], None] | None = None
+
+    def get(self, key: bytes) -> GdnEntry | None:
+        """The entry for `key` (made the most recently used), or None."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
+    def put(self, key: bytes, line: int, states: GdnState, kind: str = "checkpoint",
+            owned: bool = False) -> GdnEntry:
+        """The entry for `key`, stored now as a copy of `states` (marked `kind`) unless held
+        already (the states at one key are the same bits whoever computed them), with one
+        more reference. `owned`: `states` are handed over, stored without a copy (the caller
+        gives them up: nothing may change them in place afterwards)."""
+        entry = self.get(key)
+        if entry is None:
+            entry = GdnEntry(key, line, states if owned else clone_gdn(states), kind=kind)
+            self.entries[key] = entry
+            self._bytes += entry.nbytes
+            self._loose_bytes += entry.nbytes
+        if entry.refs == 0:
+            self._loose_bytes -= entry.nbytes
+        entry.refs += 1
+        entry.spill = True
+        return entry
+
+    def release(self, entry: GdnEntry) -> None:
+        """One reference less (the entry stays, unreferenced, until evicted). Raises
+        ValueError for an entry without a reference."""
+        if entry.refs < 1:
+            raise ValueError(f"GDN entry at {entry.line} has no reference to release")
+        entry.refs -= 1
+        if entry.refs == 0:          # a referenced entry is never evicted or dropped: held
+            self._loose_bytes += entry.nbytes
+
+    def evict(self, budget_bytes: int | None = None) -> int:
+        """Drop unreferenced entries, least recently used first, while those hold more than
+        the budget (default the table's). Returns the bytes freed."""
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        if self._loose_bytes <= budget:
+            return 0
+        freed = 0
+        for e in [e for e in self.entries.values() if e.refs == 0]:
+            if self._loose_bytes <= budget:
+                break
+            if self.on_evict is not None:
+                self.on_evict(e)
+            del self.entries[e.key]
+            self._bytes -= e.nbytes
+            self._loose_bytes -= e.nbytes
+            freed += e.nbytes
+            self.num_evicted += 1
+        return freed
+
+    def rotated_out(self, entry: GdnEntry) -> None:
+        """`release` for a tip entry leaving its session's ring (the session read on past it):
+        when nothing references it then and no prompt resumed from it, it stays findable in
+        memory but is not written to disk when evicted (spill.Spill.entry). Such tips were
+        most of what eviction wrote (a GDN entry is about 19 MB on the 0.8B), and a later
+        rewrite finds the session's checkpoints and its other entries as before."""
+        self.release(entry)
+        if entry.refs == 0 and entry.hits == 0:
+            entry.spill = False
+
+    def drop(self, entry: GdnEntry) -> None:
+        """Forget an unreferenced entry now (what `evict` does to the least recently used),
+        without `on_evict`. Raises ValueError for a referenced entry or one not held."""
+        if entry.refs or self.entries.get(entry.key) is not entry:
+            raise ValueError(f"GDN entry at {entry.line}: only an unreferenced entry the table "
+                             f"holds can be dropped (refs {entry.refs})")
+        del self.entries[entry.key]
+        self._bytes -= entry.nbytes
+        self._loose_bytes -= entry.nbytes
+
+    @property
+    def loose_bytes(self) -> int:
+        """Bytes of the unreferenced entries (what `evict` may drop)."""
+        return self._loose_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every entry held."""
+        return self._bytes
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        """Per kind: entries held, their bytes, and the resumes they served."""
+        out: dict[str, dict[str, int]] = {}
+        for e in self.entries.values():
+            k = out.setdefault(e.kind, {"entries": 0, "bytes": 0, "hits": 0})
+            k["entries"] += 1
+            k["bytes"] += e.nbytes
+            k["hits"] += e.hits
+        return out

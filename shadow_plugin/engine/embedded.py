@@ -1,0 +1,243 @@
+"""The shadow inside a serving engine's process (vLLM's worker, rank 0): the service (model,
+reader, host interface and facade: server.service.Service), the engine's request events, the
+in-turn ration in the per-step slot, the idle window, questions from the engine's API process,
+and a planned stop that writes the sessions (docs/vllm.md).
+
+The engine tells it when each step begins and ends, and gives it the slot between (StepInfo).
+The shadow works only between steps or in the slot (turnstile.Turnstile): a step's start waits
+at most for the shadow's work in flight, one chunk or one event batch or one question forward.
+- `begin_step` queues the step's events; a thread applies them between steps, in order (a
+  prompt for a session parked on disk is restored there, not on the engine's thread).
+- `step_slot` (after the host's forward): one ration slice, within each turn's ration and the
+  engine's share (turnstile.StepBudget).
+- `end_step`: the host stays busy for the idle window while the engine has requests.
+- `call`: a question from the API process is queued for a question thread (it reads what it
+  needs chunk by chunk between steps) and answered by ticket, so the engine's loop, which runs
+  the call, never waits on it; light calls (status, positions) run at once.
+The model loads at `start`, in a thread: at the first call from the API process or the first
+step, whichever comes first, both after the engine's own warm-up and graph captures (vLLM's
+API server starts once its engine is up); events that come before it is ready wait.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from shadow_plugin.engine.follow import Follower, RequestEvent
+from shadow_plugin.engine.turnstile import StepBudget, Turnstile
+from shadow_plugin.server.config import ServiceConfig
+from shadow_plugin.server.remote import serve_call
+from shadow_plugin.server.service import Service
+
+log = logging.getLogger(__name__)
+QUESTIONS = ("ask", "summarize", "check")     # answered by ticket, in the question thread
+MAX_JOBS = 1000                               # tickets kept for their results at most
+
+
+def plain_mode(fn):
+    """Run `fn` with torch's inference mode off: an engine runs its step under inference mode,
+    and tensors the shadow made there (KV buffers grown in the per-step slot) could then not be
+    updated by its other threads, which run outside it."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.inference_mode(False):
+            return fn(*args, **kwargs)
+    return run
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """events: the request events since the last step, in order; running: the ids of the
+    requests the step runs; has_requests: requests remain (running or waiting) after it."""
+
+    events: tuple[RequestEvent, ...] = ()
+    running: tuple[str, ...] = ()
+    has_requests: bool = False
+
+
+class EmbeddedShadow:
+    """Args: cfg (the service's settings: ServiceConfig.from_env and the connector's); host:
+    what the engine runs (its version, model runner, CUDA-graph mode...), shown in status."""
+
+    def __init__(self, cfg: ServiceConfig, host: dict | None = None):
+        self.cfg = cfg
+        self.host = dict(host or {})
+        self.service = Service(cfg)
+        self.budget = StepBudget(cfg.scheduler.share)
+        self.turnstile: Turnstile | None = None
+        self._follower: Follower | None = None
+        self._events: deque = deque()
+        self._wake = threading.Condition()     # _events, _queued, _applied
+        self._queued = self._applied = 0
+        self._jobs: dict[int, concurrent.futures.Future] = {}
+        self._tickets = itertools.count(1)
+        self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
+        self._events_thread = threading.Thread(target=self._events_loop, name="shadow-events",
+                                               daemon=True)
+        self._closed = False
+
+    def start(self) -> None:
+        """Load the model in a thread (once), then apply what queued meanwhile."""
+        if self._events_thread.ident is None:
+            self.service.start()
+            self._events_thread.start()
+
+    # -- events ---------------------------------------------------------------------------------
+    @plain_mode
+    def _events_loop(self) -> None:
+        if self.service.wait_loaded() != "ready":
+            with self._wake:
+                self._events.clear()          # no model: nothing will follow them
+                self._wake.notify_all()
+            return
+        shadow = self.service.shadow
+        shadow.reader.adapter.bind_thread()
+        self._questions.submit(shadow.reader.adapter.bind_thread)
+        self.turnstile = Turnstile(shadow.lock)
+        shadow.gate = self.turnstile           # questions read between steps only
+        self._follower = Follower(shadow, self.cfg.grid)
+        while True:
+            with self._wake:
+                while not self._events and not self._closed:
+                    self._wake.wait()
+                if not self._events:           # closed, and every event applied
+                    return
+                batch = list(self._events)
+                self._events.clear()
+            with self.turnstile():
+                try:
+                    self._follower.apply(batch)
+                except ValueError as e:
+                    log.warning("shadow: request events skipped: %s", e)
+            with self._wake:
+                self._applied += len(batch)
+                self._wake.notify_all()
+
+    # -- the engine's step ----------------------------------------------------------------------
+    def begin_step(self, info: StepInfo) -> None:
+        if self._closed:
+            return
+        self.start()
+        self.service.busy = True              # the idle window starts no chunk now
+        self.budget.step_begins()
+        if self.turnstile is not None:
+            self.turnstile.step_begins()      # waits for the work in flight
+        if info.events and self.service.state != "failed":
+            with self._wake:
+                self._events.extend(info.events)
+                self._queued += len(info.events)
+                self._wake.notify_all()
+
+    def wait_applied(self, timeout_s: float | None = None) -> bool:
+        """Wait until every event queued so far is applied (or the model failed to load);
+        True when they are."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._wake:
+            target = self._queued
+            while self._applied < target and self.service.state != "failed":
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._wake.wait(0.05 if left is None else min(left, 0.05))
+            return self._applied >= target
+
+    @plain_mode
+    def step_slot(self, info: StepInfo) -> None:
+        """One ration slice of a session whose request ran this step (StepBudget)."""
+        follower = self._follower
+        if self._closed or follower is None:
+            return
+        sessions = [s for s in (follower.sessions.get(r) for r in info.running) if s]
+        session = self.budget.next_session(sessions)
+        if session is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.service.shadow.between_rounds(session)
+        except KeyError:                       # deleted meanwhile
+            pass
+        self.budget.charge((time.perf_counter() - t0) * 1e3)
+
+    def end_step(self, info: StepInfo) -> None:
+        if self._closed:
+            return
+        self.budget.step_ends()
+        self.service.busy = info.has_requests
+        if self.turnstile is not None:
+            self.turnstile.step_ends()
+
+    # -- calls from the API process, and the stop -----------------------------------------------
+    @plain_mode
+    def call(self, name: str, kwargs: dict):
+        """A call from the engine's API process: server.remote.serve_call's reply, or for a
+        question ("ticket", n), whose reply `result` gives later (("pending", None) until
+        then); "stop" is `close` (the front end calls it when a planned stop begins). The first
+        call (the endpoint plugin's, once vLLM's API server is up) starts the model's load."""
+        if not self._closed:
+            self.start()
+        if name == "stop":
+            self.close()
+            return ("ok", None)
+        if name == "result":
+            return self._result(kwargs.get("ticket"))
+        if name in QUESTIONS:
+            return self._submit(name, kwargs)
+        return serve_call(self.service, name, kwargs,
+                          self._status_extra() if name == "status" else None)
+
+    def _status_extra(self) -> dict:
+        """What status adds inside an engine: this process, the step discipline's state, the
+        requests being followed."""
+        follower = self._follower
+        return {"pid": os.getpid(), "embedded": True, "host": self.host,
+                "stepping": bool(self.turnstile and self.turnstile.stepping),
+                "engine_share": {"slot_ms": self.budget.slot_ms,
+                                 "steps_ms": self.budget.steps_ms},
+                "followed_requests": dict(follower.sessions) if follower else {}}
+
+    def _submit(self, name: str, kwargs: dict):
+        ticket = next(self._tickets)
+        self._jobs[ticket] = self._questions.submit(
+            plain_mode(serve_call), self.service, name, kwargs)
+        if len(self._jobs) > MAX_JOBS:         # results nobody fetched (clients gone)
+            for old in [t for t, f in self._jobs.items() if f.done()][:len(self._jobs) - MAX_JOBS]:
+                del self._jobs[old]
+        return ("ticket", ticket)
+
+    def _result(self, ticket):
+        job = self._jobs.get(ticket)
+        if job is None:
+            return ("error", "KeyError", (f"no question with ticket {ticket!r}",))
+        if not job.done():
+            return ("pending", None)
+        del self._jobs[ticket]
+        return job.result()
+
+    def close(self) -> None:
+        """A planned stop: stop following, stop the idle loop, write every resident session
+        (with SHADOW_DISK set). Runs once; the step hooks do nothing after it."""
+        if self._closed:
+            return
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self.turnstile is not None:
+            self.turnstile.step_ends()        # a question waiting for a step's end goes on
+        self._questions.shutdown(wait=False, cancel_futures=True)
+        if self.service.wait_loaded(120) == "ready":
+            self._events_thread.join(120)      # the events queued before the stop, applied
+            with torch.inference_mode(False):
+                self.service.close()
+            stats = self.service.reader.stats()
+            log.warning("shadow: stopped; %d sessions on disk in %s", sum(
+                s["residency"] == "disk" for s in stats["sessions"].values()),
+                self.cfg.disk_dir or "(no SHADOW_DISK: none written)")

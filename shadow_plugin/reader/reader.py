@@ -1,0 +1,460 @@
+"""The reader: sessions fed turn by turn, read in whole grid chunks, rolled back on rewrites,
+asked letter-choice questions in one forward, decoded greedily and summarised (those calls run
+in a fork of a session: fork.py), saved to disk at a turn's end and marked stale before outputs
+(the manifests). Forwards go through an adapter (adapters.Adapter); a session's memory
+lives in the block store (block_store.SessionTable); the reader joins the two and keeps the ids.
+
+Contract (docs/design.md): after any history of feeds, reads and asks, a session's committed
+state equals a fresh prefill of ids[:C] on the same grid, bit for bit (`check_exact`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+
+from adapters import Adapter, Qwen35, make_adapter
+from block_store import SessionState, SessionTable, StoreConfig, compare, pack
+from block_store.checkpoints import first_difference, resume, take
+from block_store.session import check_layout, kv_view, state_bytes
+from shadow_plugin import validate
+from shadow_plugin.chat import questions
+from shadow_plugin.chat.tokenizer import load_tokenizer
+from shadow_plugin.reader import exact, fork, lines, rewrites
+from shadow_plugin.reader.conflicts import StaleSession
+from shadow_plugin.reader.step import ReaderConfig, read_chunk
+
+
+@dataclass(frozen=True)
+class FeedResult:
+    """first_difference: first position where a prompt differed from the held ids (None for
+    output); rolled_back_from / rolled_back_to: C before and after a rollback (None when there
+    was none); backlog: len(ids) - C after the feed; episode_start: the prompt ends a real user
+    message; rewrite: None when the prompt extends the held ids, else its kind
+    (rewrites.classify: 'bpe', 'template', or 'other' without a tokenizer that decodes
+    them); durable: whether the session's manifest holding the prompt is on disk (None: no
+    disk, or an output)."""
+
+    first_difference: int | None
+    rolled_back_from: int | None
+    rolled_back_to: int | None
+    backlog: int
+    episode_start: bool = False
+    rewrite: str | None = None
+    durable: bool | None = None
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync."""
+
+    num_read_tokens: int
+    num_chunks: int
+    ms: float
+
+
+class Reader:
+    """Exact incremental reader over one model.
+
+    Args: model (adapters.Qwen35, whose forwards adapters.make_adapter chooses from the
+    options below, or an adapters.Adapter already built); grid (G, a multiple of 64, the
+    page's rows; default 512, or the adapter's); max_checkpoints; tokenizer (an object
+    with encode(text) -> ids; default: shadow_plugin.chat.tokenizer.load_tokenizer(), loaded on the
+    first text question); resident_bytes (cap on resident session bytes, 4 GiB); disk_dir
+    (where sessions past the cap are parked, block_store.disk.store; None: they are dropped and
+    resumed from what memory still holds);
+    disk_bytes (cap on the folder, None: none); disk_ttl_s (files older than this are
+    deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
+    of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
+    (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
+    summaries: ask, generate, summarize.
+    On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
+    and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
+    a chunk's bits depend on (Adapter.identity).
+    Raises ValueError for a bad grid, max_checkpoints, resident_bytes or gdn_bytes, an
+    attention this device cannot run, or an attention, attn_split or fused_ops without the
+    runners.
+    """
+
+    def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
+                 max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
+                 disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
+                 gdn_bytes: int | None = None,
+                 cuda_graphs: bool | None = None, fused_ops: bool | None = None,
+                 attn_split=None, attention: str | None = None):
+        options = (cuda_graphs, fused_ops, attn_split, attention)
+        if isinstance(model, Adapter):
+            if options != (None,) * 4 or grid not in (None, model.grid):
+                raise ValueError(f"an adapter already chose its grid ({model.grid}) and how its "
+                                 f"forwards run: pass grid, cuda_graphs, fused_ops, attn_split "
+                                 f"and attention to the adapter, not the reader")
+            self.config = ReaderConfig(model.grid, max_checkpoints)
+            self.adapter = model
+        else:
+            self.config = ReaderConfig(512 if grid is None else grid, max_checkpoints)
+            self.adapter = make_adapter(model, self.config.grid, *options)
+        self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
+                                        gdn_bytes)
+        self._tokenizer = tokenizer
+        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
+        self.table = SessionTable(self.adapter.spec, self.store_config,
+                                  self.adapter.identity(), self.config.grid)
+        self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
+
+    # -- sessions -------------------------------------------------------------------------------
+    @property
+    def model(self) -> Qwen35:
+        """The weights the adapter runs (adapters.Qwen35)."""
+        return self.adapter.model
+
+    @property
+    def path(self) -> str:
+        """How chunks are read (the adapter's path tag): the committed bits depend on it, so
+        spilled files carry it."""
+        return self.adapter.path
+
+    def _get(self, session) -> SessionState:
+        """The session's state (SessionTable.get: restored from disk when parked, the most
+        recently used). Raises ValueError for a bad session id, KeyError for an unknown one."""
+        return self.table.get(validate.session_id(session))
+
+    def _settle(self, session: str | None) -> None:
+        """Keep resident bytes within the cap, sparing the session in use."""
+        self.table.settle(session)
+
+    def sessions(self) -> list[str]:
+        """Resident session ids, most recently used first, then parked ones."""
+        return self.table.names()
+
+    def knows(self, session: str) -> bool:
+        """Whether the session is held (resident, parked or on disk); restores nothing."""
+        return self.table.knows(validate.session_id(session))
+
+    def drop(self, session: str) -> None:
+        """Forget a session: its tensors, its record and its file. KeyError when unknown."""
+        self.table.drop(validate.session_id(session))
+        fork.drop_scratch(self.table.store, self._scratch.pop(session, None))
+
+    def stats(self) -> dict:
+        """Residency and counters (block_store.SessionTable.stats), each session also flagged
+        `beyond_max_positions` when it holds more ids than the model's positions."""
+        out = self.table.stats()
+        for s in out["sessions"].values():
+            s["beyond_max_positions"] = s["num_ids"] > self.adapter.max_positions
+        return out
+
+    def close(self) -> None:
+        """A planned stop: park every resident session (written to disk when there is one)."""
+        for sid in list(self._scratch):
+            fork.drop_scratch(self.table.store, self._scratch.pop(sid))
+        self.table.close()
+
+    def position(self, session: str) -> tuple[int, int]:
+        """(ids held, C) of a resident or parked session without restoring it or making it
+        the most recently used (what a scheduler looks at on every round). KeyError when
+        unknown."""
+        return self.table.position(validate.session_id(session))
+
+    def held_starts_with(self, session: str, ids) -> bool:
+        """Whether the session's ids begin with `ids`, restoring nothing. KeyError when
+        unknown."""
+        return self.table.starts_with(validate.session_id(session), ids)
+
+    def committed(self, session: str) -> int:
+        """C, the committed length in ids (a multiple of the grid). KeyError when unknown."""
+        return self._get(session).committed
+
+    def backlog(self, session: str) -> int:
+        """len(ids) - C, in ids. KeyError when unknown."""
+        return self._get(session).backlog
+
+    def ids(self, session: str) -> list[int]:
+        """A copy of the session's ids, restoring nothing. KeyError when unknown."""
+        held = self.table.held_ids(validate.session_id(session))
+        return list(held) if isinstance(held, list) else held.tolist()
+
+    def checkpoint_positions(self, session: str) -> list[int]:
+        """Grid lines (ids) of the checkpoints held, ascending. KeyError when unknown."""
+        return [cp.pos for cp in self._get(session).checkpoints]
+
+    def state_bytes(self, session: str) -> int:
+        """Bytes the session references (block_store.session.state_bytes: its pages, shared
+        ones in full, its GDN states and entries). KeyError when unknown."""
+        return state_bytes(self._get(session), self.table.store.pool.page_bytes)
+
+    # -- feeding --------------------------------------------------------------------------------
+    def feed(self, session: str, ids, kind: str, episode_start: bool | None = None) -> FeedResult:
+        """Give the reader a new turn's whole prompt (`kind="prompt"`) or ids the host produced
+        (`kind="output"`, appended). A prompt that differs from the held ids at position d rolls
+        back to the newest checkpoint at or below d (KV rows below stay), or to 0 without one.
+        `episode_start` says whether the prompt ends a real user message (default: read from
+        the ids). A prompt for an unknown session creates it, as it does for a session known
+        only by a file the reader refuses (written by another path, model or grid, or damaged).
+
+        Outputs first mark the session's manifest stale when they are the first since it was
+        written (mark_outputs). A prompt re-synchronises a stale session.
+
+        Raises ValueError for bad ids, kind or session id (nothing changes), KeyError for output
+        to an unknown session, conflicts.StaleSession for output to a stale one.
+        """
+        validate.session_id(session)
+        validate.flag(episode_start, "episode_start")
+        if kind not in ("prompt", "output"):
+            raise ValueError(f"kind must be 'prompt' or 'output', got {kind!r}")
+        new = validate.token_ids(ids, self.adapter.vocab_size)
+        if kind == "output":
+            st = self._get(session)
+            if st.stale:
+                raise StaleSession(session, len(st.ids))
+            self.mark_outputs(session)
+            st.ids.extend(new)
+            return FeedResult(None, None, None, st.backlog)
+        if not new:
+            raise ValueError("a prompt must hold at least one id")
+        if not self.table.knows(session):
+            st = self.table.create(session)
+        else:
+            try:
+                st = self.table.get(session)
+            except KeyError:    # known only by a file the restore refused (another path, model,
+                # grid, or damaged, set aside): the prompt starts the session again from 0
+                st = self.table.create(session)
+        behind = st.backlog >= self.config.grid          # a chunk or more unread as it began
+        result = self._feed_prompt(st, new, episode_start)
+        self.table.store.counters.turn_starts["false" if behind else "true"] += 1
+        st.stale = False                         # the host's whole prompt: in step again
+        saved = self.table.save(session)         # the manifest a restart trusts (with a disk)
+        self._settle(session)
+        return dataclasses.replace(result, durable=saved if self.table.store.disk else None)
+
+    def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
+        """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose
+        pages are held and whose GDN states are known, its own below the first difference or
+        another session's), hold the prompt, and hand down the checkpoint lines of its
+        generation prompt (lines.prompt_line) and of its shared prefix (lines.shared_line) as
+        positions."""
+        d = first_difference(st.ids, prompt)
+        before = st.committed
+        kind = self._rewrite_kind(st.ids, prompt, d)
+        resume(self.table.store, st, prompt, d, kind or "other")
+        rolled = st.committed < before
+        st.ids = prompt
+        st.pending_lines = {p: e for p, e in st.pending_lines.items() if st.committed < p <= d}
+        episode = lines.is_episode_start(prompt) if episode is None else bool(episode)
+        line = lines.prompt_line(prompt, self.config.grid)
+        store, cap = self.table.store, self.config.max_checkpoints
+        if line == st.committed:
+            take(store, st, episode, cap)
+        elif line > st.committed:
+            st.pending_lines[line] = episode or st.pending_lines.get(line, False)
+        st.shared_line = lines.shared_line(prompt, self.config.grid)
+        if st.shared_line and st.shared_line == st.committed:
+            take(store, st, False, cap, kept=True)
+        return FeedResult(d, before if rolled else None, st.committed if rolled else None,
+                          st.backlog, episode, kind)
+
+    def _rewrite_kind(self, held: list[int], prompt: list[int], d: int) -> str | None:
+        """rewrites.classify with the reader's tokenizer ('other' when none loads)."""
+        if d >= len(held):
+            return None
+        try:
+            tok = self._tok()
+        except Exception:                  # no tokenizer here: the cause stays unknown
+            return "other"
+        return rewrites.classify(held, prompt, d, tok)
+
+    def warm_up(self) -> float:
+        """Compile and capture the adapter's runners now (chunks, decode, question buckets)
+        instead of inside the first read, question or decode; returns the seconds it took
+        (about 0 on the CPU or without graphs)."""
+        t0 = time.perf_counter()
+        self.adapter.prepare(pool=self.table.store.pool)
+        return time.perf_counter() - t0
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, session: str | None = None, max_chunks: int | None = None) -> ReadResult:
+        """Advance whole chunks only: the given session, or every resident session with a
+        backlog of a chunk or more, most recently used first; at most `max_chunks` chunks in
+        all. Returns ReadResult."""
+        max_chunks = validate.count(max_chunks, "max_chunks")
+        names = [session] if session is not None else [
+            s for s in self.sessions() if s in self.table.resident]
+        t0, n = time.perf_counter(), 0
+        for name in names:
+            st = self._get(name)
+            while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
+                read_chunk(self.adapter, self.config, self.table.store, st)
+                n += 1
+            self._settle(name)
+        self.adapter.sync()
+        result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
+        self.totals["num_read_tokens"] += result.num_read_tokens
+        self.totals["num_chunks"] += n
+        self.totals["read_ms"] += result.ms
+        return result
+
+    # -- exactness ------------------------------------------------------------------------------
+    def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
+        """name -> tensor of the committed state (block_store.state_names): KV rows [0, C)
+        (copies gathered from the session's pages) and the GDN states after token C (views:
+        clone before changing the session)."""
+        st = self._get(session)
+        check_layout(st, self.adapter.spec, self.config.grid)
+        rows = kv_view(self.table.store, st).gather(st.committed)
+        return pack(self.adapter.spec, rows, st.gdn, st.committed)
+
+    def check_exact(self, session: str) -> bool:
+        """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by
+        exact.fresh_prefill's own loop, through the same adapter). Returns True; raises
+        block_store.ExactnessError naming the first differing tensor and index."""
+        st = self._get(session)
+        want = exact.fresh_prefill(self.adapter, st.ids[:st.committed])
+        compare(self.state_tensors(session), want)
+        return True
+
+    def _tok(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer()
+        return self._tokenizer
+
+    def ask(self, session: str, question, choices, at: int | None = None) -> questions.Answer:
+        """Ask a letter-choice question about ids[:at] (default: all ids) in one forward.
+
+        `question` is text (rendered as a user turn, questions.question_text) or a list of ids
+        already rendered. Returns questions.Answer. Raises KeyError for an unknown session,
+        ValueError for fewer than 2 or more than 26 choices, `at` beyond the ids, or bad ids.
+        """
+        st = self._get(session)
+        choices = validate.choices(choices)
+        at = validate.position(at, len(st.ids))
+        if isinstance(question, str):
+            if not question.strip():
+                raise ValueError("question must not be empty")
+            prev = st.ids[at - 1] if at else None
+            q_ids = questions.question_ids(self._tok(), question, choices, prev)
+        else:
+            q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
+            if not q_ids:
+                raise ValueError("question ids must not be empty")
+        letters = questions.letter_ids(self._tok(), len(choices))
+        answer = fork.answer(self.adapter, self.config, self.table.store, st, q_ids, letters,
+                             choices, at, self._take_scratch(session, st, at))
+        self._settle(session)
+        return dataclasses.replace(answer, stale=st.stale) if st.stale else answer
+
+    def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
+        """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
+        up to the grid line at or below `at` in scratch: read at most max_chunks (>= 1) of
+        those chunks now, into a base kept for the session's next ask or generate at that line
+        (one base a session, dropped when used, stale or the session is dropped; its pages
+        are the session's own, found by key). Lets a server re-read a long way below C one
+        chunk per hold of its lock. Returns the chunks read: 0 when the base is ready or
+        `at` is at or above C. Raises KeyError for an unknown session, ValueError for a bad
+        `at` or max_chunks."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        if not isinstance(max_chunks, int) or isinstance(max_chunks, bool) or max_chunks < 1:
+            raise ValueError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
+        line = at // self.config.grid * self.config.grid
+        if at >= st.committed:
+            return 0
+        # taken out first: a read that raises gives the base back, and none stays behind
+        sc, done = fork.advance_scratch(self.adapter, self.config, self.table.store, st,
+                                        session, line, self._scratch.pop(session, None),
+                                        max_chunks)
+        self._scratch[session] = sc
+        self.adapter.sync()
+        return done
+
+    def _take_scratch(self, session: str, st: SessionState, at: int):
+        """The session's prepared base for a fork at `at` (then taken: the fork gives it back),
+        or None (at or above C, none prepared, or stale: given back now)."""
+        sc = self._scratch.pop(session, None)
+        line = at // self.config.grid * self.config.grid
+        if at < st.committed and fork.scratch_valid(sc, session, st, line):
+            return sc
+        fork.drop_scratch(self.table.store, sc)
+        return None
+
+    def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
+                 stop_ids=questions.STOP_IDS) -> fork.Generation:
+        """Greedy decoding in a fork on top of ids[:at] (default: all ids) and `prompt`: an
+        instruction text (rendered as a user turn plus the generation prompt, thinking off) or
+        ids already rendered. Stops after `max_new_tokens` or at a stop id (<|im_end|>,
+        <|endoftext|>). Nothing at or below C changes. Returns fork.Generation.
+        Raises KeyError for an unknown session, ValueError for bad input."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        if validate.count(max_new_tokens, "max_new_tokens") == 0:
+            raise ValueError("max_new_tokens must be >= 1")
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt must not be empty")
+            p_ids = questions.instruction_ids(self._tok(), prompt, st.ids[at - 1] if at else None)
+        else:
+            p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
+            if not p_ids:
+                raise ValueError("prompt ids must not be empty")
+        out = fork.generate(self.adapter, self.config, self.table.store, st, p_ids, at,
+                            max_new_tokens, set(stop_ids), self._take_scratch(session, st, at))
+        self._settle(session)
+        return dataclasses.replace(out, stale=st.stale) if st.stale else out
+
+    def summarize(self, session: str,
+                  instruction: str = "Summarize this session in a few sentences.",
+                  max_tokens: int = 128,
+                  at: int | None = None) -> tuple[str, fork.Generation]:
+        """`generate` with an instruction; returns (text without the stop id, generation)."""
+        gen = self.generate(session, instruction, max_tokens, at)
+        ids = [i for i in gen.ids if i not in questions.STOP_IDS]
+        return self._tok().decode(ids), gen
+
+    def mark_outputs(self, session: str) -> bool | None:
+        """Before the first outputs since the session's manifest was written, write it again
+        marked stale (one write a turn), so a restart that finds it knows outputs came after
+        it. Returns True when the disk's manifest says so (now or already), False when the
+        write failed (logged, counted), None without a disk. Raises KeyError when unknown."""
+        st = self._get(session)
+        disk = self.table.store.disk
+        if disk is None:
+            return None
+        if st.unsaved_outputs and disk.manifest_path(session).is_file():   # one stat: the
+            return True                   # TTL may have swept an idle session's manifest
+        return self.table.save(session, stale=True)
+
+    def stale(self, session: str) -> bool:
+        """Whether the session came back from a restart holding a prefix of what the host sent
+        (until the host's next prompt), restoring nothing. KeyError when unknown."""
+        st = self.table.resident.get(validate.session_id(session))
+        if st is not None:
+            return st.stale
+        rec = self.table.residency.record(session)
+        if rec is None:
+            raise self.table.unknown(session)
+        return rec.stale
+
+    def refresh_disk_listing(self) -> None:
+        """List the disk folder for its counts when due (DiskStore.refresh), outside the
+        reader's lock, so stats() under it does not list a large folder; nothing without a
+        disk."""
+        if self.table.store.disk is not None:
+            self.table.store.disk.refresh()
+
+    def refused(self, session: str) -> str | None:
+        """Why the session's manifest was refused when the reader started (it is listed in
+        stats()["refused_sessions"] until dropped or started again), None when it was not."""
+        return self.table.residency.refused(validate.session_id(session))
+
+    def save(self, session: str) -> bool:
+        """Write the resident session's manifest (its ids, C, page and state keys,
+        checkpoints) to the disk now, when the reader has one (a turn's end; a prompt writes
+        its own): a restart resumes it at the deepest line whose pages and states are on disk.
+        Returns whether the disk's manifest now holds all its ids: False without a disk or
+        when the write failed (logged, counted in stats()["write_errors"]); for a parked
+        session, whether its park wrote it. Raises ValueError for a bad session id, KeyError
+        for an unknown one."""
+        if not self.table.knows(validate.session_id(session)):
+            raise KeyError(f"unknown session {session!r}")
+        return self.table.save(session)

@@ -1,0 +1,285 @@
+"""When the shadow reads: the idle window and the in-turn ration (docs/design.md, "The host and the
+bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tensors.
+
+- Idle window: `idle_burst()` is called every `poll_s` by a loop, and at once when the last
+  open turn finishes (`idle_at_finish`: agent hosts often send the next request well within a
+  poll); when the host is idle (no request runs or waits, no open turn) it reads for at most
+  `idle_burst_s`, checking `host_busy()` before every chunk, so a host request waits at most
+  one chunk.
+- In-turn ration: `between_rounds(session)` may use `share` of the time since the host's first
+  token of the turn (not since the turn's start: a long prefill must not earn decode time),
+  minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
+  chunk's cost comes from the cost model. Reading goes by position, so the turn's prompt is read
+  before its output.
+- Which session: one with a pending question whose grid line it has not reached, then the
+  session of the most recent turn, then the others by recency. A question asked at position p is
+  answered when its session's C reaches the grid line at or below p, before C moves past it.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from shadow_plugin.scheduling.sched_types import (
+    CostModel,
+    ReaderPort,
+    SchedulerConfig,
+    Slice,
+    Turn,
+    VirtualClock,
+)
+
+__all__ = ["EPS_MS", "IDLE_MEMO_S", "CostModel", "ReaderPort", "Scheduler", "SchedulerConfig",
+           "Slice", "Turn", "VirtualClock"]       # the data types live in sched_types
+
+EPS_MS = 1e-6     # clock arithmetic in float seconds must not drop a chunk that fits exactly
+IDLE_MEMO_S = 0.1  # how long Scheduler.leave_to_idle's answer is kept (s)
+
+
+@dataclass
+class Scheduler:
+    """Decides and runs reading slices; `clock()` returns seconds, `host_busy()` the host's
+    load signal (a request runs or waits, or a lock forbids the GPU)."""
+
+    cfg: SchedulerConfig
+    port: ReaderPort
+    clock: Callable[[], float]
+    host_busy: Callable[[], bool]
+    cost: CostModel
+    turns: dict[str, Turn] = field(default_factory=dict)
+    recency: list[str] = field(default_factory=list)
+    questions: list[tuple[str, int]] = field(default_factory=list)
+    # Held around each idle-burst step (a decision and one chunk), so host events wait at most
+    # one chunk for a burst; the in-process Host passes its reader lock.
+    lock: Any = field(default_factory=threading.RLock)
+    gaps: deque = field(default_factory=lambda: deque(maxlen=16))   # host idle gaps, s
+    closed_ration_ms: float = 0.0      # ration used by turns now closed
+    closed_decode_ms: float = 0.0      # their time from first token to close
+    idle_since_s: float | None = None                                 # no turn open since
+    idle_memo: tuple[float, bool] | None = None     # (clock s, leave_to_idle's answer)
+
+    # -- host events ----------------------------------------------------------------------------
+    def turn_started(self, session: str) -> None:
+        self._close(session)                 # a turn still open for the session ends here
+        self.idle_memo = None
+        now = self.clock()
+        if not self.turns:
+            self._gap_ends(now)
+        self.idle_since_s = None
+        self.turns[session] = Turn(now, last_event_s=now)
+        self._touch(session)
+
+    def output(self, session: str) -> None:
+        """The host produced ids; the first call of a turn marks its first token. A session
+        the scheduler has not seen a turn of (one a restarted service continues with outputs)
+        joins the idle window's order as its least recent."""
+        self._know(session)
+        turn = self.turns.get(session)
+        if turn is not None:
+            turn.last_event_s = self.clock()
+            if turn.first_token_s is None:
+                turn.first_token_s = turn.last_event_s
+
+    def turn_finished(self, session: str) -> bool:
+        """Close the turn. Returns True when the idle window should be polled now (the last
+        open turn finished and idle_at_finish is on)."""
+        self._know(session)
+        self._close(session)
+        self.idle_memo = None
+        if not self.turns:
+            self.idle_since_s = self.clock()
+        return self.cfg.idle_at_finish and not self.turns
+
+    def forget(self, session: str) -> None:
+        """The session is gone (deleted): no turn, no recency, no pending questions."""
+        self._close(session)
+        self.idle_memo = None
+        self.recency = [s for s in self.recency if s != session]
+        self.questions = [q for q in self.questions if q[0] != session]
+
+    def _gap_ends(self, now: float) -> None:
+        """The host's idle gap ends now (recorded for idle trust, once)."""
+        if self.idle_since_s is not None:
+            self.gaps.append(now - self.idle_since_s)
+            self.idle_since_s = None
+
+    def _close(self, session: str) -> None:
+        turn = self.turns.pop(session, None)
+        if turn is not None and turn.first_token_s is not None:
+            self.closed_ration_ms += turn.used_ms
+            self.closed_decode_ms += (self.clock() - turn.first_token_s) * 1e3
+
+    def host_share(self) -> tuple[float, float]:
+        """(ms of ration used, ms of host decode it was earned over: from each turn's first
+        token to its close, or to now for open turns), since the start."""
+        now = self.clock()
+        open_turns = [t for t in self.turns.values() if t.first_token_s is not None]
+        return (self.closed_ration_ms + sum(t.used_ms for t in open_turns),
+                self.closed_decode_ms + sum((now - t.first_token_s) * 1e3 for t in open_turns))
+
+    def add_question(self, session: str, at: int) -> None:
+        """A question at position `at`, answered when C reaches the grid line at or below it."""
+        self.questions.append((session, at))
+        self._answer_due(session)
+
+    def _know(self, session: str) -> None:
+        if session not in self.recency:
+            self.recency.insert(0, session)
+
+    def _touch(self, session: str) -> None:
+        if session in self.recency:
+            self.recency.remove(session)
+        self.recency.append(session)
+
+    # -- choosing -------------------------------------------------------------------------------
+    def _line(self, at: int) -> int:
+        return at // self.cfg.grid * self.cfg.grid
+
+    def _answer_due(self, session: str) -> None:
+        c = self.port.committed(session)
+        for q in [q for q in self.questions if q[0] == session and self._line(q[1]) <= c]:
+            self.questions.remove(q)
+            self.port.answer(*q)
+
+    def _readable(self, session: str) -> bool:
+        return self.port.backlog(session) >= self.cfg.grid
+
+    def pick(self) -> str | None:
+        """The next session to read in the idle window, or None when all are fresh."""
+        for session, at in self.questions:
+            if self.port.committed(session) < self._line(at) and self._readable(session):
+                return session
+        for session in reversed(self.recency):
+            if self._readable(session):
+                return session
+        return None
+
+    def _read(self, session: str, spent: list, done: dict) -> None:
+        context = self.port.committed(session)
+        ms = self.port.read_chunk(session)
+        self.idle_memo = None
+        self.cost.observe(context, ms)
+        spent[0] += ms
+        done[session] = done.get(session, 0) + 1
+        self._answer_due(session)
+
+    # -- the two windows ------------------------------------------------------------------------
+    def idle_burst(self, stop: Callable[[], bool] = lambda: False) -> Slice | None:
+        """One idle-window burst; None when the host is busy or a turn is open (turns idle for
+        turn_timeout_s are closed first). `lock` is taken for each step, not the burst;
+        `stop()` is asked before each chunk too (the loop is being stopped: "stopped")."""
+        with self.lock:
+            now = self.clock()
+            for session, turn in list(self.turns.items()):
+                if now - turn.last_event_s > self.cfg.turn_timeout_s:
+                    self.turn_finished(session)          # abandoned: closed as finished
+            if self.turns:
+                return None
+            if self.host_busy():
+                self._gap_ends(now)       # a request the shadow does not follow
+                return None
+            if self.idle_since_s is None:
+                self.idle_since_s = now   # idle again after such a request (within a poll)
+        start, spent, done = self.clock(), [0.0], {}
+        while True:
+            with self.lock:
+                why = "stopped" if stop() else self._idle_step(start, spent, done)
+            if why:
+                return Slice("idle", tuple(done.items()), spent[0], why)
+
+    def _idle_step(self, start: float, spent: list, done: dict) -> str | None:
+        """Read one chunk of the burst, or say why the burst stops."""
+        if self.turns or self.host_busy():
+            return "host"
+        session = self.pick()
+        if session is None:
+            return "fresh"
+        left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
+        if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
+            return "budget"
+        self._read(session, spent, done)
+        return None
+
+    def ration_ms(self, session: str) -> float:
+        """What the turn may still spend: share x ms since its first token, minus used."""
+        turn = self.turns.get(session)
+        if turn is None or turn.first_token_s is None:
+            return 0.0
+        earned = self.cfg.share * (self.clock() - turn.first_token_s) * 1e3
+        return max(0.0, earned - turn.used_ms)
+
+    def expected_idle_ms(self) -> float:
+        """Reading time the idle window promises: the shortest quarter of the last 16 host
+        gaps (from the end of a turn, no turn open, to the next turn's start or to an idle
+        poll that finds the host busy with a request the shadow does not follow), minus a
+        poll unless the idle window opens at the finish; 0 with fewer than 4 gaps seen."""
+        if len(self.gaps) < 4:
+            return 0.0
+        q25 = sorted(self.gaps)[len(self.gaps) // 4]
+        return max(0.0, q25 - (0.0 if self.cfg.idle_at_finish else self.cfg.poll_s)) * 1e3
+
+    def leave_to_idle(self, session: str) -> bool:
+        """Whether the ration leaves the reading to the idle window: idle_trust > 0, no
+        question pending on this session, and every session's backlog (whole chunks, at the
+        cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
+        IDLE_MEMO_S (the host asks every round: with 11 sessions a round costs 13 us kept
+        against 22 us asked afresh, evals/host_calls.py at cadb457 on a CPU); a turn's start or finish, a
+        forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
+        answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
+        if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
+            return False
+        now = self.clock()
+        if self.idle_memo is not None and now - self.idle_memo[0] < IDLE_MEMO_S - 1e-9:
+            return self.idle_memo[1]
+        promised = self.cfg.idle_trust * self.expected_idle_ms()
+        need, leave = 0.0, True
+        for s in reversed(self.recency):                     # newest first: most backlog
+            need += self.port.backlog(s) // self.cfg.grid * self.cost.estimate(
+                self.port.committed(s))
+            if need > promised:
+                leave = False
+                break
+        self.idle_memo = (now, leave)
+        return leave
+
+    def slice_stop(self, session: str) -> str | None:
+        """None when between_rounds would read a chunk now, else why not: "fresh" (less than
+        a chunk of backlog), "idle" (left to the idle window) or "ration" (the next chunk does
+        not fit). The host skips the call's device syncs when it is not None."""
+        if not self._readable(session):
+            return "fresh"
+        if self.leave_to_idle(session):
+            return "idle"
+        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        if self.cost.estimate(self.port.committed(session)) > budget + EPS_MS:
+            return "ration"
+        return None
+
+    def slice_due(self, session: str) -> bool:
+        """Whether between_rounds would read a chunk now (slice_stop is None)."""
+        return self.slice_stop(session) is None
+
+    def charge(self, session: str, ms: float) -> None:
+        """Count ms more against the open turn's ration (what a slice cost beyond its chunks:
+        the syncs and the host-side work around them)."""
+        if session in self.turns and ms > 0:
+            self.turns[session].used_ms += ms
+
+    def between_rounds(self, session: str) -> Slice:
+        """One ration slice for the session of an open turn: whole chunks whose estimated cost
+        fits in min(ration, slice_ms)."""
+        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        spent, done = [0.0], {}
+        stop = "fresh"
+        if self.leave_to_idle(session):
+            return Slice("ration", (), 0.0, "idle")
+        while self._readable(session):
+            if self.cost.estimate(self.port.committed(session)) > budget - spent[0] + EPS_MS:
+                stop = "ration"
+                break
+            self._read(session, spent, done)
+        if session in self.turns:
+            self.turns[session].used_ms += spent[0]
+        return Slice("ration", tuple(done.items()), spent[0], stop)
