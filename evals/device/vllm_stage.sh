@@ -8,7 +8,7 @@
 #       loads (FlashAttention-2's kernels, the MoE kernels, the Rust front end, DeepGEMM's and
 #       the Blackwell FMHA's CUDA headers), installs it all into one folder for CPython 3.12,
 #       and writes it as .vstage1/part-aa and .vstage2/part-ab (xz, about 50 MB each), and the
-#       agents of the trial (.devdata/agents.npz, evals/vllm_agents.py)
+#       agents of the trial (.devdata/agents.npz, evals/vllm/agents.py)
 #   bash evals/device/vllm_stage.sh 1        device call 1 (carry .vstage1): keeps part-aa in
 #       /tmp/vstage and starts writing the trial's models into /tmp/models in the background
 #       (the host: export-model random:$HOST_PRESET, the peer: random:qwen3.5-0.8b)
@@ -61,7 +61,7 @@ pack)
     split -n 2 -d "$dl/site.tar.xz" "$dl/part-"
     mv "$dl/part-00" .vstage1/part-aa && mv "$dl/part-01" .vstage2/part-ab
     S=${SHADOW_DATA_DIR:-../shared/data}/sessions
-    python -m evals.vllm_agents -o .devdata/agents.npz \
+    python -m evals.vllm.agents -o .devdata/agents.npz \
         "long=$S/claudecode_vsla_5f8cbb78.json+$S/claudecode_vsla_9034225e_seg2.json" \
         "f67=$S/claudecode_vsla_f67ab274_seg3.json@12" "aider=$S/aider_friendly_names.json" \
         "e80=$S/claudecode_vsla_e80aa543.json" "swe=$S/sweagent_pydicom_1458.json@5"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shadow inside vLLM 0.26's GPU engine on the H200 (evals/vllm_trial.py), after
+# The shadow inside vLLM 0.26's GPU engine on the H200 (evals/vllm/trial.py), after
 # evals/device/vllm_stage.sh 1 and 2 (in the same call as 2, or the next within 30 s; the
 # servers run in sessions of their own, so they outlive a call while the machine stays warm):
 #   bash evals/device/vllm_trial.sh follow   S up (the host with the connector), the agents,
@@ -35,7 +35,7 @@ if ls .devcache/caches.tgz.part-* > /dev/null 2>&1 && [ ! -f /tmp/.caches-restor
 fi
 
 pack() {
-    python3 -m evals.vllm_trial report > "$out/report.json" 2>> "$out/trial.log"
+    python3 -m evals.vllm.trial report > "$out/report.json" 2>> "$out/trial.log"
     tar czf "$out/logs.tgz" -C "$TRIAL_DIR" logs 2>/dev/null
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
     [ "${CACHES:-0}" = 1 ] || return 0
@@ -51,7 +51,7 @@ pack() {
 }
 trap pack EXIT
 
-# step NEED_S ARGS...: evals.vllm_trial ARGS with the time left, unless less than NEED_S is
+# step NEED_S ARGS...: evals.vllm.trial ARGS with the time left, unless less than NEED_S is
 # left; its output in trial.log, its lines without vLLM's noise here
 step() {
     local need=$1 left=$((deadline - SECONDS))
@@ -62,7 +62,7 @@ step() {
     fi
     echo "== $* (${left} s left)" | tee -a "$out/trial.log"
     # the step's own timeout ends before the shell's, so that it says why it stopped
-    timeout "$left" python3 -m evals.vllm_trial "$@" --start-timeout-s $((left - 15)) 2>&1 \
+    timeout "$left" python3 -m evals.vllm.trial "$@" --start-timeout-s $((left - 15)) 2>&1 \
         | tee -a "$out/trial.log" | grep -v -E "^\s*$|UserWarning|warnings.warn" | cut -c1-2000
     local code=${PIPESTATUS[0]}
     echo "== exit $code" | tee -a "$out/trial.log"
@@ -93,7 +93,7 @@ peer() {
 launch() {
     local name
     for name in "$@"; do
-        python3 -m evals.vllm_trial up "$name" --host-util "$HOST_UTIL" --start-timeout-s 1 \
+        python3 -m evals.vllm.trial up "$name" --host-util "$HOST_UTIL" --start-timeout-s 1 \
             >> "$out/trial.log" 2>&1
         echo "$name launched" | tee -a "$out/trial.log"
     done

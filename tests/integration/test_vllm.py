@@ -18,7 +18,7 @@ import httpx
 import pytest
 from helpers import dashboard_metrics  # noqa: E402
 
-from evals.vllm_server import ServerSpec, VllmServer
+from evals.vllm.server import ServerSpec, VllmServer
 from shadow_plugin.server.facade import ids_digest
 
 if os.environ.get("CI") == "true":

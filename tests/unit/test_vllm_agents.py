@@ -1,14 +1,15 @@
-"""The vLLM trial's agents (evals/vllm_agents.py) and its log reading (evals/vllm_server.py):
-prompts that extend the last prompt and the host's output, re-rendered histories, the .npz
-round trip; what a vLLM log says about the host. No vLLM, no subprocess."""
+"""The vLLM trial's agents (evals/vllm/agents.py: prompts that extend the last prompt and the
+host's output, re-rendered histories, the .npz round trip), its log reading
+(evals/vllm/server.py: what a vLLM log says about the host) and its phases' wiring. No vLLM,
+no subprocess."""
 import json
 from pathlib import Path
 
 import pytest
 
-from evals import vllm_agents
-from evals.vllm_agents import IM_END, next_prompt, script_from_turns, suffix_after
-from evals.vllm_server import ServerSpec, log_facts
+from evals.vllm import agents
+from evals.vllm.agents import IM_END, next_prompt, script_from_turns, suffix_after
+from evals.vllm.server import ServerSpec, log_facts
 from shadow_plugin.chat.host_view import HostTurn, host_turns
 from shadow_plugin.chat.renderer import Renderer
 from shadow_plugin.chat.tokenizer import load_tokenizer
@@ -40,7 +41,7 @@ def test_the_recorded_outputs_give_back_the_recorded_prompts(example_turns):
 def test_a_host_output_replaces_the_recorded_one_and_the_message_is_closed(example_turns):
     script = script_from_turns("ex", example_turns)
     outputs = [[1000 + k, 2000 + k] for k in range(script.num_turns - 1)]
-    prompts = vllm_agents.prompts(script, outputs)
+    prompts = agents.prompts(script, outputs)
     assert len(prompts) == script.num_turns
     for k in range(1, len(prompts)):
         q, h = prompts[k - 1], outputs[k - 1]
@@ -53,12 +54,12 @@ def test_a_host_output_replaces_the_recorded_one_and_the_message_is_closed(examp
 def test_a_rerendered_turn_sends_the_recording_and_continues_from_it(example_turns, tmp_path):
     script = script_from_turns("ex", example_turns, rerender_turn=2)
     outputs = [[7] * 5 for _ in range(script.num_turns - 1)]
-    prompts = vllm_agents.prompts(script, outputs)
+    prompts = agents.prompts(script, outputs)
     assert prompts[2] == example_turns[2].prompt_ids
     assert prompts[3] == next_prompt(prompts[2], outputs[2], script.suffixes[2])
     path = tmp_path / "agents.npz"
-    vllm_agents.save([script, script_from_turns("two", example_turns)], path)
-    assert vllm_agents.load(path) == [script, script_from_turns("two", example_turns)]
+    agents.save([script, script_from_turns("two", example_turns)], path)
+    assert agents.load(path) == [script, script_from_turns("two", example_turns)]
 
 
 def test_suffix_needs_the_closing_message():
@@ -98,3 +99,15 @@ def test_a_server_without_the_connector_loads_none_of_our_plugins():
     assert "--gpu-memory-utilization" not in alone.command(8000)
     assert with_shadow.environment()["VLLM_PLUGINS"] == "shadow"
     assert alone.environment()["VLLM_PLUGINS"] == ""
+
+
+def test_the_trials_phases_are_wired_to_their_modules():
+    """`python -m evals.vllm.trial PHASE` runs the phase's own module (evals/vllm/PHASE.py)."""
+    from evals.vllm import cost, follow, peer, trial
+    parser = trial.build_parser()
+    assert parser.parse_args(["follow"]).func is follow.follow
+    assert parser.parse_args(["cost", "--runs", "2"]).runs == 2
+    assert parser.parse_args(["cost"]).func is cost.cost
+    assert parser.parse_args(["peer"]).question_at == [32768, 100000]
+    assert parser.parse_args(["peer"]).func is peer.peer
+    assert parser.parse_args(["up", "S"]).func is trial.up

@@ -1,6 +1,6 @@
-"""A vLLM OpenAI server in a process of its own, for the vLLM trial (evals/vllm_trial.py) and the
-plugin's integration test (tests/integration/test_vllm.py): the command line, the start (optionally in a
-session of its own, so it outlives the process that started it), the wait for readiness, the
+"""A vLLM OpenAI server in a process of its own, for the vLLM trial (evals/vllm/trial.py) and
+the plugin's integration test (tests/integration/test_vllm.py): the command line, the start
+(optionally in a session of its own, so it outlives the process that started it), the wait for readiness, the
 planned stop, and what its log says about the host (KV-cache capacity, model runner, CUDA
 graphs).
 

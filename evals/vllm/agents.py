@@ -1,4 +1,4 @@
-"""Agents for the vLLM trial (evals/vllm_trial.py): recorded sessions turned into what a client
+"""Agents for the vLLM trial (evals/vllm/trial.py): recorded sessions turned into what a client
 sends a host turn by turn when the history it keeps holds the host's own outputs.
 
 A recorded session gives, per assistant turn k, the prompt P_k its host served and the
@@ -15,11 +15,11 @@ it. A re-rendered history (a client that sends its stored transcript again: anot
 of the same conversation) is the recorded P_r sent at turn r in place of Q_r; the turns after
 it continue from there.
 
-Built on a CPU with the tokenizer (`python -m evals.vllm_agents`), stored as one .npz, so the
+Built on a CPU with the tokenizer (`python -m evals.vllm.agents`), stored as one .npz, so the
 device needs no tokenizer for the agents.
 
     S=../shared/data/sessions
-    python -m evals.vllm_agents -o .devdata/agents.npz \\
+    python -m evals.vllm.agents -o .devdata/agents.npz \\
         long=$S/claudecode_vsla_5f8cbb78.json+$S/claudecode_vsla_9034225e_seg2.json \\
         f67=$S/claudecode_vsla_f67ab274_seg3.json@12 ...
 (evals/device/vllm_stage.sh pack writes the trial's agents this way.)

@@ -1,0 +1,159 @@
+"""The trial's follow phase (evals/vllm/trial.py): agents replayed concurrently on S, every
+session checked against exactly the ids vLLM served and produced, ask and the OpenAI-shaped
+answer, then SIGTERM, a restart and a turn that reads nothing again."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import httpx
+
+from evals.vllm import agents
+from evals.vllm.client import (
+    HTTP_S,
+    check,
+    complete,
+    load_servers,
+    save_server,
+    shadow_status,
+    trial_dir,
+    wait_fresh,
+    write_result,
+)
+from evals.vllm.server import VllmServer, log_facts
+
+
+def run_agent(server: VllmServer, script, num_tokens: int, held: dict, errors: list,
+              max_turns: int | None = None) -> None:
+    """Replay `script` on the host: each turn's prompt (agents.next_prompt, or the
+    re-rendered history at its turn), the host's output; held[name] = the last prompt and
+    output, held[name + ':next'] the prompt the next turn would send (None after the last),
+    held[name + ':turn'] that turn's index."""
+    try:
+        prompt = list(script.first_prompt)
+        turns = script.num_turns if max_turns is None else min(max_turns, script.num_turns)
+        for k in range(turns):
+            out, _ = complete(server, prompt, num_tokens, {"shadow_session": script.name})
+            held[script.name] = prompt + out
+            if k + 1 >= script.num_turns:
+                held[script.name + ":next"] = None
+                break
+            if k + 1 == script.rerender_turn:
+                prompt = list(script.rerender_prompt)
+            else:
+                prompt = agents.next_prompt(prompt, out, script.suffixes[k])
+            held[script.name + ":next"], held[script.name + ":turn"] = prompt, k + 1
+    except Exception as e:                        # reported by the phase, not lost in a thread
+        errors.append(f"{script.name}: {e!r}")
+
+
+def follow(args) -> None:
+    servers = load_servers()
+    server = servers["S"]
+    tag = int(time.time()) % 100_000            # names of their own on a server used before
+    scripts = [dataclasses.replace(s, name=f"{s.name}-{tag}")
+               for s in agents.load(args.agents) if s.name in args.names]
+    held: dict = {}
+    errors: list[str] = []
+    t0 = time.monotonic()
+    # the first agent keeps its last turns for after the restart (restart: nothing read again)
+    limits = [max(1, s.num_turns - args.hold_turns) if i == 0 else None
+              for i, s in enumerate(scripts)]
+    if args.max_turns is not None:
+        limits = [min(args.max_turns, n or args.max_turns) for n in limits]
+    threads = [threading.Thread(target=run_agent,
+                                args=(server, s, args.tokens, held, errors, n))
+               for s, n in zip(scripts, limits)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    agents_s = time.monotonic() - t0
+    if errors:
+        raise RuntimeError(f"agents failed: {errors}")
+    names = [s.name for s in scripts]
+    status = wait_fresh(server, {n: held[n] for n in names}, args.fresh_timeout_s)
+    checks = [check(server, n, held[n]) for n in names]
+    for c in checks:
+        print(f"check {c}", flush=True)
+    # the questions through vLLM's server: ask, and the same in the OpenAI shape
+    from shadow_plugin.chat.router import ROUTER
+    q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
+    ask = httpx.post(server.url + "/v1/shadow/ask", json=q, timeout=HTTP_S).json()
+    chat = httpx.post(server.url + "/v1/shadow/chat/completions", timeout=HTTP_S, json={
+        "session": names[0], "choices": list(ROUTER.choices),
+        "messages": [{"role": "user", "content": ROUTER.question}]}).json()
+    chat_label = chat["choices"][0]["message"]["content"]
+    log = log_facts(server.log.read_text(errors="replace"))
+    totals, windows = status["totals"], status["chunks_by_window"]
+    before = {n: status["sessions"][n]["committed"] for n in names}
+    result = {"agents": {s.name: {"turns": n or s.num_turns, "num_ids": len(held[s.name]),
+                                  "rerender_turn": s.rerender_turn}
+                         for s, n in zip(scripts, limits)},
+              "agents_s": round(agents_s, 1), "checks": checks,
+              "all_exact": all(c["ok"] for c in checks),
+              "ask": ask, "chat_label": chat_label,
+              "ask_matches_chat": chat_label == ask.get("label"),
+              "chunks_by_window": windows,
+              "both_windows": windows.get("ration", 0) > 0 and windows.get("idle", 0) > 0,
+              "read_tokens": totals["num_read_tokens"], "totals": totals,
+              "committed": sum(before.values()),
+              "host_status": status.get("host"), "host_log": log}
+    write_result("follow", result)           # kept should the restart not finish
+    result["restart"] = restart(args, server, scripts, held, before, totals["num_read_tokens"])
+    write_result("follow", result)
+
+
+def restart(args, server: VllmServer, scripts, held: dict, before: dict,
+            read_before: int) -> dict:
+    """SIGTERM (the shadow writes its sessions), a restart on the same SHADOW_DISK, then the
+    next turn of the first agent that has one: nothing is read again."""
+    code = server.stop()
+    disk = trial_dir() / "disk"
+    manifests = sorted((disk / "sessions").rglob("*.safetensors"))
+    on_disk = {kind: len(list((disk / kind).glob("*.safetensors"))) for kind in ("pages", "gdn")}
+    t0 = time.monotonic()
+    log = trial_dir() / "logs" / "S-restart.log"
+    new = VllmServer.start(server.spec, log, args.start_timeout_s, detached=True)
+    save_server("S", new)
+    start_s = time.monotonic() - t0
+    status = shadow_status(new)
+    resumed = {n: status["sessions"].get(n, {}).get("committed") for n in before}
+    script = next((s for s in scripts if held.get(s.name + ":next")), None)
+    out = {"exit_code": code, "num_manifests": len(manifests), "files_on_disk": on_disk,
+           "stop_log": [line.split(") ", 1)[-1] for line in
+                        server.log.read_text(errors="replace").splitlines()
+                        if "shadow-reader: stopped" in line or "shadow: stopped" in line
+                        or "not written at the stop" in line],
+           "start_s": round(start_s, 1),
+           "committed_before": before, "committed_after": resumed,
+           "same_committed": resumed == before,
+           "read_tokens_at_start": status["totals"]["num_read_tokens"],
+           "read_tokens_before_stop": read_before}
+    if script is not None:
+        out.update(continue_agent(args, new, script, held, before[script.name]))
+    print(f"restart {out}", flush=True)
+    return out
+
+
+def continue_agent(args, server: VllmServer, script, held: dict, committed: int,
+                   max_turns: int = 6) -> dict:
+    """The agent's next turns on the restarted server until the shadow commits past
+    `committed` (a page read after the restart): the ids read since the start equal the
+    growth of C when nothing was read again."""
+    from_turn = held[script.name + ":turn"]
+    prompt, grew, status, turns = held[script.name + ":next"], 0, {}, 0
+    for k in range(from_turn, min(script.num_turns, from_turn + max_turns)):
+        out_ids, _ = complete(server, prompt, args.tokens, {"shadow_session": script.name})
+        held[script.name], turns = prompt + out_ids, turns + 1
+        status = wait_fresh(server, {script.name: held[script.name]}, args.fresh_timeout_s)
+        grew = status["sessions"][script.name]["committed"] - committed
+        if grew > 0 or k + 1 >= script.num_turns:
+            break
+        prompt = agents.next_prompt(prompt, out_ids, script.suffixes[k])
+    return {"continued": script.name, "turns_after_restart": turns,
+            "restores": status.get("restores"),
+            "read_tokens_after": status["totals"]["num_read_tokens"], "committed_growth": grew,
+            "nothing_read_again": grew > 0 and status["totals"]["num_read_tokens"] == grew,
+            "check": check(server, script.name, held[script.name])}
