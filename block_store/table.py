@@ -35,6 +35,26 @@ class SessionTable:
         self.residency = Residency(cfg, self.store)
         self._clock = 0
 
+    @property
+    def counters(self):
+        """The page store's counters (pages.PageCounters: prefix-cache hits by tier, reads,
+        re-reads by cause, turn starts), since this table was made."""
+        return self.store.counters
+
+    def park(self, sid: str) -> None:
+        """Move resident session `sid` to disk (or drop its tensors without a disk); a later
+        get restores it. KeyError when it is not resident."""
+        if sid not in self.resident:
+            raise KeyError(f"session {sid!r} is not resident")
+        self.residency.park(self.resident, sid)
+
+    def forget_memory(self) -> None:
+        """Forget what memory caches and no session references: the cached pages (free, keyed)
+        and every loose GDN entry, as when other sessions reuse their memory; a later prompt
+        or restore finds them on disk, or reads them again."""
+        self.store.manager.forget_cached()
+        self.store.gdn.evict(0)
+
     def knows(self, sid: str) -> bool:
         """Whether the session is resident, parked or has a file on disk; restores nothing."""
         return sid in self.resident or self.residency.knows(sid)

@@ -71,18 +71,17 @@ def measure(reader: Reader, ids: list[int], size: int) -> dict:
     reader.read("s")
     before = {k: v.clone() for k, v in reader.state_tensors("s").items()}
     table = reader.table
-    _, spill_ms = timed(lambda: table.residency.park(table.resident, "s"))
+    _, spill_ms = timed(lambda: table.park("s"))
     nbytes = reader.stats()["disk_bytes"]
-    table.store.manager.forget_cached()           # memory forgets it: restored from disk
-    table.store.gdn.evict(0)
-    hits = table.store.counters.prefix_cache_hit_tokens["disk"]
+    table.forget_memory()                         # memory forgets it: restored from disk
+    hits = table.counters.prefix_cache_hit_tokens["disk"]
     _, restore_ms = timed(lambda: table.get("s"))
-    from_disk = table.store.counters.prefix_cache_hit_tokens["disk"] - hits
+    from_disk = table.counters.prefix_cache_hit_tokens["disk"] - hits
     after = reader.state_tensors("s")
     same = all(torch.equal(before[k], after[k]) for k in before)
     reader.feed("s", ids[:size + 4096], "prompt")
     reader.read("s")
-    _, respill_ms = timed(lambda: table.residency.park(table.resident, "s"))
+    _, respill_ms = timed(lambda: table.park("s"))
     return {"num_ids": size, "disk_bytes": nbytes, "spill_ms": round(spill_ms, 1),
             "restore_ms": round(restore_ms, 1), "restored_from_disk_tokens": from_disk,
             "respill_ms": round(respill_ms, 1), "bitwise": same}

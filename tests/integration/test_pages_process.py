@@ -53,7 +53,7 @@ def _history(reader: Reader, rng: random.Random, num_sessions: int) -> list[str]
             elif step == "evict_pages":
                 reader.table.store.manager.forget_cached()
             elif sid in reader.table.resident:
-                reader.table.residency.park(reader.table.resident, sid)
+                reader.table.park(sid)
             reader.read(sid)
     return names
 

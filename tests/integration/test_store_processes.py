@@ -46,7 +46,7 @@ r.feed("s", r.ids("s") + [rng.randrange(248000) for _ in range(700)], "prompt")
 r.read("s")
 print("ready", flush=True)
 while True:
-    r.table.residency.park(r.table.resident, "s")      # write, then bring back, forever
+    r.table.park("s")      # write, then bring back, forever
     r.table.get("s")
 """
 

@@ -118,7 +118,7 @@ def test_pages_used_again_are_kept_by_the_ttl(tiny, tmp_path):
     prefix = rand_ids(2 * G, rng)
     r.feed("a", prefix + rand_ids(10, rng), "prompt")
     r.read("a")
-    r.table.residency.park(r.table.resident, "a")
+    r.table.park("a")
     old = time.time() - 40 * 3600
     for p in (tmp_path / "pages").iterdir():
         os.utime(p, (old, old))
@@ -126,7 +126,7 @@ def test_pages_used_again_are_kept_by_the_ttl(tiny, tmp_path):
     r.table.store.gdn.evict(0)
     r.feed("b", prefix + rand_ids(G + 5, rng), "prompt")    # reads the prefix's pages back
     r.read("b")
-    r.table.residency.park(r.table.resident, "b")        # finds them on disk
+    r.table.park("b")        # finds them on disk
     ages = [time.time() - p.stat().st_mtime for p in (tmp_path / "pages").iterdir()]
     assert max(ages) < 3600
     r2 = disk_reader(tiny, tmp_path, G, disk_ttl_s=39 * 3600)

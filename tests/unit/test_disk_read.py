@@ -150,7 +150,7 @@ def test_a_restore_through_either_read_gives_the_same_pool_bits(tiny, tmp_path):
     r.feed("a", ids, "prompt")
     r.read("a")
     table = r.table
-    table.residency.park(table.resident, "a")
+    table.park("a")
     store, got = table.store, {}
     prompt = ids[:5 * 64]
     for fast in (False, True):

@@ -20,7 +20,7 @@ def test_a_session_evicted_from_memory_comes_back_from_disk(tiny, tmp_path):
     r.read("a")
     before = {k: v.clone() for k, v in r.state_tensors("a").items()}
     table = r.table
-    table.residency.park(table.resident, "a")
+    table.park("a")
     assert table.store.manager.forget_cached() == 5
     table.store.gdn.evict(0)
     hits = r.stats()["prefix_cache_hit_tokens"]
@@ -38,7 +38,7 @@ def test_a_prompt_is_on_disk_before_the_feed_returns(tiny, tmp_path):
     first = disk_reader(tiny, tmp_path, G)
     first.feed("a", rand_ids(3 * G + 5, rng), "prompt")
     first.read("a")
-    first.table.residency.park(first.table.resident, "a")       # pages [0, 3 G) on disk
+    first.table.park("a")       # pages [0, 3 G) on disk
     prompt = first.ids("a") + rand_ids(2 * G, rng)
     first.feed("a", prompt, "prompt")
     first.read("a")                                  # read on, not parked: only in memory

@@ -71,7 +71,7 @@ def test_sessions_sharing_prefixes_stay_exact(tiny, tmp_path_factory, ops, seed,
             reader.table.store.gdn.evict(0)
         elif o[0] == "park":
             if sid in reader.table.resident:
-                reader.table.residency.park(reader.table.resident, sid)
+                reader.table.park(sid)
         elif o[0] == "evict_pages":
             reader.table.store.manager.forget_cached()
         elif o[0] == "restart" and disk:     # a planned stop, then a new reader on the folder
@@ -135,7 +135,7 @@ def test_a_gdn_entry_evicted_while_its_pages_stay_resumes_at_the_deepest_line_wi
     r.feed("a", ids, "prompt")
     r.read("a")                                            # tip entries at 5G and 6G
     store = r.table.store
-    r.table.residency.park(r.table.resident, "a")          # its entries unreferenced
+    r.table.park("a")          # its entries unreferenced
     tip = [e for e in store.gdn.entries.values() if e.line in (5 * G, 6 * G)]
     for e in tip:
         store.gdn.drop(e)                                  # the tip's states are gone
@@ -152,7 +152,7 @@ def test_pages_held_without_state_are_not_reused(tiny):
     r = _reader(tiny)
     r.feed("a", ids, "prompt")
     r.read("a")
-    r.table.residency.park(r.table.resident, "a")
+    r.table.park("a")
     r.table.store.gdn.evict(0)
     assert r.stats()["pages"]["cached"] == 4
     r.feed("b", ids + [5], "prompt")
@@ -186,7 +186,7 @@ def test_prompts_on_and_off_the_grid_spill_restore_and_continue(tiny, tmp_path, 
     r = _reader(tiny, disk_dir=tmp_path)
     r.feed("a", ids, "prompt")
     r.read("a")
-    r.table.residency.park(r.table.resident, "a")
+    r.table.park("a")
     r.feed("a", ids + [7] * 70, "prompt")
     r.read("a")
     assert r.committed("a") == (n + 70) // G * G and r.check_exact("a")
@@ -285,7 +285,7 @@ def test_a_session_whose_file_cannot_be_written_is_dropped_with_its_ids(tiny, tm
     def full(*a, **k):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(disk, "atomic_save", full)
-    r.table.residency.park(r.table.resident, "a")
+    r.table.park("a")
     check_refs(r)
     assert r.knows("a") and r.stats()["write_errors"] == 1 and r.stats()["pages"]["pinned"] == 0
     monkeypatch.undo()

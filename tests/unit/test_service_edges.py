@@ -90,7 +90,7 @@ def test_an_end_after_a_failed_park_writes_the_manifest(tiny, tmp_path, monkeypa
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(residency, "save_session", full)
-    r.table.residency.park(r.table.resident, "s")
+    r.table.park("s")
     assert r.stats()["sessions"]["s"]["residency"] == "dropped"
     monkeypatch.setattr(residency, "save_session", real)
     assert r.save("s") is True                     # the disk is back: written now

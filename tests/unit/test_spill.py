@@ -161,7 +161,7 @@ def test_a_park_hands_its_states_over_without_a_copy(tiny, tmp_path, disk):
     st = r.table.resident["a"]
     key, gdn = st.keys[-1], list(st.gdn)
     assert key not in r.table.store.gdn.entries
-    r.table.residency.park(r.table.resident, "a")
+    r.table.park("a")
     entry = r.table.store.gdn.entries[key]
     assert entry.kind == "state" and entry.line == 2 * G and entry.refs == 0
     assert all(a is c and b is d for (a, b), (c, d) in zip(entry.states, gdn))
