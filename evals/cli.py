@@ -101,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--grid", type=int, default=512)
     fp.add_argument("--plot", help="write a PNG of one session's backlog over time here")
     fp.add_argument("--session", help="the session to plot (default: the one with most turns)")
+    fp.add_argument("--agents", type=_counts, help="N,N,...: overlay N timelines on one "
+                    "clock, one host with continuous batching, one shadow with the engine-wide "
+                    "share; a table and a JSON line for each N (evals/fresh_agents.py)")
+    fp.add_argument("--seed", type=int, default=0, help="with --agents: the offsets' seed")
+    fp.add_argument("--window-s", type=float, help="with --agents: offsets uniform in "
+                    "[0, this) s (default: the span of the rotation's first timeline)")
+    fp.add_argument("--decode-alpha", type=float, default=0.08, help="with --agents: a decode "
+                    "step of b requests takes step(1) x (1 + alpha (b - 1)) (evals/"
+                    "fresh_agents.py, EngineModel, gives the source of 0.08)")
     fp.set_defaults(func=_fresh)
     hp = sub.add_parser("prefix-hits", add_help=False, help="one agent's sessions with its "
                         "prefix, alone and together: ids read, hit rate, bytes held "
@@ -199,6 +208,8 @@ def _fresh(args) -> int:
         name, ms_per_1k = cost_from_bench(args.cost_model or RUN_OF_RECORD)
     print(f"read costs: {name}", file=sys.stderr)
     cfg = SchedulerConfig.from_env(grid=args.grid)
+    if args.agents:
+        return _fresh_agents(args, cfg, name, ms_per_1k)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)
     if args.plot:
         from evals.fresh import load_timeline, plot_backlog
@@ -210,6 +221,36 @@ def _fresh(args) -> int:
     for arm in ("idle", "idle_ration"):
         print(f"{arm:>12}: " + ", ".join(f"{k} {v}" for k, v in res[arm].items()),
               file=sys.stderr)
+    print(json.dumps(res))
+    return 0
+
+
+def _counts(text: str) -> list[int]:
+    """`1,2,4`: positive counts, for argparse."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive counts like 1,2,4, got {text!r}")
+    return out
+
+
+def _fresh_agents(args, cfg, name: str, ms_per_1k) -> int:
+    """`fresh --agents N,...`: the table, then the JSON line (evals/fresh_agents.py)."""
+    from evals.fresh_agents import EngineModel, agents_report, table
+    if args.plot:
+        raise ValueError("--plot draws one timeline: leave out --agents")
+    model = EngineModel(decode_alpha=args.decode_alpha)
+    reused = [n for n in args.agents if n > len(args.timelines)]
+    if reused:
+        print(f"N = {', '.join(map(str, reused))} exceeds the {len(args.timelines)} timelines: "
+              "they are reused with other offsets and their own session names", file=sys.stderr)
+    res = agents_report(args.timelines, args.agents, cfg, name, ms_per_1k, model, args.seed,
+                        args.window_s)
+    print("simulation, one-at-a-time chunk costs; token counts are the timelines' own",
+          file=sys.stderr)
+    print(table(res))
     print(json.dumps(res))
     return 0
 
