@@ -67,8 +67,8 @@ def test_serve_help_lists_every_setting():
     assert out.returncode == 0
     for var, flag, _, _ in SETTINGS:
         assert var in out.stdout and (not flag or flag in out.stdout), var
-    config = (ROOT / "shadow_plugin" / "config.py").read_text()
-    sched = (ROOT / "shadow_plugin" / "sched_types.py").read_text()
+    config = (ROOT / "shadow_plugin" / "server" / "config.py").read_text()
+    sched = (ROOT / "shadow_plugin" / "scheduling" / "sched_types.py").read_text()
     named = {v for v, *_ in SETTINGS}
     for key in ("GB", "DISK", "DISK_GB", "DISK_TTL_H", "ASK_WORKERS", "THREADS", "POLL_S",
                 "IDLE_TRUST"):
