@@ -6,7 +6,7 @@ Why each: FA4's key splits are planned from the SM count (attention.fa4_plan), s
 name with other SM counts (a MIG slice, a cut-down part) split the keys otherwise; torch,
 triton, fla and FA4 releases change the kernels' code; fla's GDN kernels are autotuned per
 process (model.autotune: a pick of BK 64 or 32 splits a reduction otherwise), and so are
-torch inductor's compiled small ops: their picks are digested (runners.picks), pinned picks
+torch inductor's compiled small ops: their picks are digested (model.picks), pinned picks
 being shared only by processes that share the pin folder. Not covered: the CPU's
 instruction set on the CPU path.
 """

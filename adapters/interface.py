@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from adapters import bits
+from adapters.model import picks
 from adapters.model.config import ModelConfig, spec_for  # noqa: F401  (spec_for: re-exported)
 from adapters.model.kernels import KernelSet
 from adapters.model.qwen35 import ModelInfo, Qwen35
-from adapters.runners import picks
 from block_store import FileIdentity, PagedKv, StateSpec, contiguous_kv
 from block_store.memory.layout import GdnState, zero_gdn
 
@@ -103,7 +103,7 @@ class Adapter(ABC):
 
     def kernel_picks(self) -> str:
         """Digest of the autotuned kernel picks a grid chunk's bits depend on
-        (runners.picks.picks_digest), 'none' for a kernel set without autotuned kernels.
+        (model.picks.picks_digest), 'none' for a kernel set without autotuned kernels.
         Runs one grid chunk over state of its own (at pos 0, its ids all 0) and digests the
         picks of the launches it made; a subclass with a warm-up of its own overrides this."""
         if self.kernels.name != "fla":

@@ -10,7 +10,7 @@ from adapters.attention import fa4_plan
 
 
 def ref_forward(q, k, v, causal, out, lse=None, page_table=None, seqused_k=None, **_):
-    """What attn_fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v pools
+    """What attention.fa4 asks of flash_attn.cute's forward, in fp32: q [B, T, H, D], k, v pools
     [num_pages, P, Hkv, D] read through page_table [B, n] (sequence b: pages page_table[b],
     its first seqused_k[b] rows when given), causal bottom-right aligned; writes out and the
     natural-log lse [B, H, T]."""
@@ -38,7 +38,7 @@ def ref_forward(q, k, v, causal, out, lse=None, page_table=None, seqused_k=None,
 
 
 def fake_package(monkeypatch):
-    """flash_attn.cute.interface as far as attn_fa4 uses it: `_flash_attn_fwd` finds its
+    """flash_attn.cute.interface as far as attention.fa4 uses it: `_flash_attn_fwd` finds its
     kernel in `_flash_attn_fwd.compile_cache` and calls it with the tensors at the front of
     its arguments, then constants (what flash-attn-4 4.0.0b36 does on SM90)."""
     def compile_kernel(causal):

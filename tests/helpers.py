@@ -1,7 +1,7 @@
 """Test helpers shared by the layers (tests/ is on the path of every test through conftest.py):
 random ids, readers on a disk folder and a session parked there, the reference counts a reader
-must keep, the metrics the Grafana dashboard queries, KV pools of pages for the attention
-kernels."""
+must keep, the metrics the Grafana dashboard queries, fla's autotuner and an autotune key, the
+disk tier's test identity and pages. KV pools of pages for the attention kernels: paged.py."""
 import json
 import random
 import re

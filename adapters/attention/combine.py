@@ -1,6 +1,6 @@
 """The combines of split attention (flash-decoding, Dao et al. 2023): partial outputs over
 disjoint key ranges merged by their log-sum-exps, for attention.table's table attention (its
-splits of the keys, in split order or, for decode, all at once) and attn_fa4's splits
+splits of the keys, in split order or, for decode, all at once) and attention.fa4's splits
 (`combine_lse`). Twin: combine_ref. Triton; the CPU under TRITON_INTERPRET=1 for
 tests.
 """

@@ -129,7 +129,7 @@ def _check(q, pos: int, k_pool, v_pool, plan: Plan, out) -> None:
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
         problems.append("KV pools not contiguous")
     if problems:
-        raise ValueError("attn_fa4.attend: " + "; ".join(problems))
+        raise ValueError("fa4.attend: " + "; ".join(problems))
 
 
 class FA4Attention:

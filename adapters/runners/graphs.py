@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import torch
 
-from adapters.attention import fa4 as attn_fa4
-from adapters.model import autotune, ops
+from adapters.attention import fa4
+from adapters.model import autotune, ops, picks
 from adapters.model.config import FULL
 from adapters.model.layers import rope_cos_sin
-from adapters.runners import capture, picks
+from adapters.runners import capture
 from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
 from adapters.runners.slots import StateSlots
 
 ATTENTIONS = ("fa4", "table", "sdpa")
 # the attentions called eagerly between a chunk's graphs, on the pages as they lie
-_BETWEEN = {"fa4": attn_fa4}     # their `available`
+_BETWEEN = {"fa4": fa4}     # their `available`
 
 
 def default_attention(device: torch.device, dtype: torch.dtype) -> str:
@@ -56,7 +56,7 @@ def default_attention(device: torch.device, dtype: torch.dtype) -> str:
     FlashAttention-2 reads no page table, so it is not one of them."""
     if device.type != "cuda":
         return "sdpa"
-    return "fa4" if attn_fa4.available(device, dtype) else "table"
+    return "fa4" if fa4.available(device, dtype) else "table"
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +109,7 @@ class ChunkGraphs:
         self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}   # layer -> GDN slot
         self.num_full = len(self.full_layers)
         # the eager attention between graphs: FA4's, one per runner
-        self._between = attn_fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
+        self._between = fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads) \
             if attention == "fa4" else None
         # FA4 inside the chunk's graph: fixed tables built on the device, one graph a split
         # (fa4_graph's Triton kernel is imported only where FA4 runs: a CPU install has no
@@ -129,16 +129,16 @@ class ChunkGraphs:
         self.gdn_in, self.gdn_out = self.slots.inputs, self.slots.outputs   # the body's view
         self.attn_out = [z(t, cfg.num_attention_heads * cfg.head_dim) for _ in self.full_layers]
         if attention != "sdpa":                          # these write KV rows with write_kv
-            from adapters.attention import table as attn_triton
-            self._at = attn_triton
+            from adapters.attention import table
+            self._at = table
         if self.table:
             self.split = split or self._at.READ
-            self.scratch = attn_triton.scratch(t, cfg.num_attention_heads, cfg.head_dim,
-                                               self.split, dev)
+            self.scratch = self._at.scratch(t, cfg.num_attention_heads, cfg.head_dim,
+                                            self.split, dev)
         self._plan = None                                  # FA4's, for the staged chunk
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self._prepared = False
-        self.picks = "none"              # runners.picks.picks_digest, at `prepare`
+        self.picks = "none"              # model.picks.picks_digest, at `prepare`
         self._carry: list = [None] * (self.num_full + 1)   # (x, gate, rope) out of segment j
         self._qkv: list = [None] * self.num_full           # q, k, v out of segment j
         self._pos, self._kv = 0, None                      # the eager attention's inputs
@@ -171,7 +171,7 @@ class ChunkGraphs:
             from adapters.runners import fa4_graph
             side = self._between._side(q.device)[0] if self._between.overlap and \
                 q.is_cuda else None
-            fa4_graph.attend(attn_fa4.forward(), q, *self._kv.pool.layer(j), self._tables,
+            fa4_graph.attend(fa4.forward(), q, *self._kv.pool.layer(j), self._tables,
                              out, side)
         elif self.table:
             m = self.staged

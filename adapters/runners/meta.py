@@ -23,7 +23,7 @@ import struct
 import numpy as np
 import torch
 
-from adapters.attention import fa4 as attn_fa4
+from adapters.attention import fa4 as fa4_attention
 
 MAX_TABLE_PAGES = 4096           # most pages a sequence's table holds in a runner's meta
 
@@ -36,7 +36,7 @@ def _pack(n: int) -> struct.Struct:
 
 class ChunkMeta:
     """Args: t (ids a chunk), num_full (full-attention layers), page_rows (G), device, dtype
-    (the pools'), fa4: the runner's attn_fa4.FA4Attention when it attends with FA4 between
+    (the pools'), fa4: the runner's attention.fa4.FA4Attention when it attends with FA4 between
     its graphs (its page tables are staged too), else None; sub_pages: positions must be
     multiples of FA4's 64-row sub-pages (implied by fa4)."""
 
@@ -50,7 +50,7 @@ class ChunkMeta:
         self.plan_at = self.table_at + MAX_TABLE_PAGES
         self.plan_at += self.plan_at % 2
         # FA4's sub-page tables (int32): int64 slots for half the int32 entries, rounded up
-        fa4_slots = -(-attn_fa4.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) \
+        fa4_slots = -(-fa4_attention.plan_size(MAX_TABLE_PAGES * page_rows, page_rows) // 2) \
             if fa4 is not None else 0
         self.meta = torch.zeros(self.plan_at + fa4_slots, device=device, dtype=torch.long)
         cuda = device.type == "cuda"
@@ -88,7 +88,7 @@ class ChunkMeta:
         off its 64-row sub-pages, before anything is written."""
         places = self.pool_places(kv.pool)
         if self.sub_pages:
-            attn_fa4.fa4_plan.check_rows(pos, self.t)
+            fa4_attention.fa4_plan.check_rows(pos, self.t)
         if self.copied is not None:
             self.copied.synchronize()
         t, host, at = self.t, self.host_np, self.table_at
@@ -109,7 +109,7 @@ class ChunkMeta:
             self.copied.record()
 
     def stage_plan(self):
-        """FA4's plan (attn_fa4.Plan) of the chunk `stage` staged: its page tables into meta
+        """FA4's plan (attention.fa4.Plan) of the chunk `stage` staged: its page tables into meta
         after the page table's slots (16-byte aligned), in a copy of their own on the current
         stream. The runner calls it after launching its first graph, which does not read
         them, so the host builds them while the GPU runs (at 96k about 40 us of the host's

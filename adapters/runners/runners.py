@@ -63,7 +63,7 @@ class Runners:
     @property
     def path(self) -> str:
         """What the committed bits depend on beyond the model: 'graphs:fa4 VERSIONS paged64'
-        (flash-attn-4's and its compiler's, attn_fa4.package_version; read in 64-row sub-pages
+        (flash-attn-4's and its compiler's, attention.fa4.package_version; read in 64-row sub-pages
         with a 64-row key tile), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
         (the compiled small ops), '+conv' (the GDN conv compiled with them,
         ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into

@@ -38,7 +38,7 @@ class FileIdentity:
     device_kind: str       # "cpu" or "cuda:<GPU name> <N> SMs" (FA4's key splits use N)
     kernels: str           # kernel set and path tag, e.g. "fla graphs:fa4 ... +fused+proj"
     versions: str = ""     # adapters.bits.kernel_versions: packages and fla's switches
-    picks: str = "none"    # digest of the autotuned kernel picks (adapters.runners.picks)
+    picks: str = "none"    # digest of the autotuned kernel picks (adapters.model.picks)
 
     def as_meta(self) -> dict[str, str]:
         return {"fingerprint": self.fingerprint, "model_config": self.model_config,

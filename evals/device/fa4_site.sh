@@ -1,5 +1,5 @@
 # Sourced first by the FA4 calls (after evals/device/fa4_stash.sh; carry .fa4b .whl .devdata):
-# env.sh (strict shell, $out, ${ids[@]}, caches), the carried wheels into /tmp/site on
+# env.sh (strict shell, $out, ${ids[@]}), the carried wheels into /tmp/site on
 # PYTHONPATH with this tree, then fa4_env.sh (flash-attn-4 and the CuTe DSL). Returns 1 when
 # an install fails.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

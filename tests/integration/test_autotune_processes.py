@@ -22,9 +22,10 @@ def test_exported_picks_are_what_a_pinned_process_loads(tmp_path):
     finally:
         tuner.cache.pop(FLA_KEY)
     doc = json.loads((tmp_path / "chunk_fwd_kernel_o.json").read_text())
-    assert doc["kernel_name"] == "chunk_fwd_kernel_o" and doc["triton_version"] == triton.__version__
-    code = ("import json, fla.ops.utils.cache as c;"
-            f"print(json.dumps(c.load_cached_config('chunk_fwd_kernel_o', c.AutotuneKey({FLA_KEY!r}))))")
+    assert doc["kernel_name"] == "chunk_fwd_kernel_o"
+    assert doc["triton_version"] == triton.__version__
+    code = ("import json, fla.ops.utils.cache as c; print(json.dumps(c.load_cached_config("
+            f"'chunk_fwd_kernel_o', c.AutotuneKey({FLA_KEY!r}))))")
     env = {**os.environ, "FLA_CONFIG_DIR": str(tmp_path), "FLA_CACHE_MODE": "strict"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]

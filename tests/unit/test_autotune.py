@@ -1,5 +1,5 @@
-"""adapters.model.autotune: the picks fla's autotuners hold, written in fla's own format, are what fla's
-loader returns in another process pinned to the same directory (strict mode). Runs where
+"""adapters.model.autotune: the picks fla's autotuners hold, written in fla's own format, are
+what fla's loader returns in another process pinned to the same directory (strict mode). Runs where
 fla-core imports (skipped otherwise: the CPU CI installs no fla); the kernels themselves need
 a GPU, so the picks here are set by hand, as an autotune run would leave them."""
 import json

@@ -1,6 +1,6 @@
 """The identity that roots every page key covers what a chunk's bits depend on (issue 16, item
 2): the device with its SM count, the kernels' package versions, and the autotuned kernel
-picks the chunk's launches used (adapters.bits, adapters.runners.picks).
+picks the chunk's launches used (adapters.bits, adapters.model.picks).
 fla is faked here (the CPU CI installs none): a stand-in for fla.ops.utils.cache whose
 autotuner keeps one pick per key, as fla's CachedAutotuner does after tuning or loading."""
 import hashlib
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from adapters import EagerAdapter, bits
+from adapters.model import picks
 from adapters.model.kernels import TORCH, KernelSet
-from adapters.runners import picks
 from block_store.memory.keys import identity_key
 from shadow_plugin import Reader
 

@@ -10,8 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = ["evals", "shadow_plugin", "adapters", "block_store"]     # each may import those after it
 ONLY_VLLM = "shadow_plugin/vllm"                                  # the only code importing vllm
-# each package's rooms from the ground up: a room imports only rooms at or below it ("" is the
-# package's own top-level modules; a package's __init__.py is its face and may import any room)
+# each package's rooms (subpackages) from the ground up: a room imports only rooms at or below it
+# ("" is the package's own top-level modules). A package's __init__.py only re-exports public
+# names (its face): it may import any room, and no module of the package may import it.
 ROOMS = {"shadow_plugin": ["", "chat", "reader", "scheduling", "server", "engine", "vllm"],
          "adapters": ["attention", "model", "runners", ""],
          "block_store": ["memory", "disk", ""]}
@@ -77,7 +78,7 @@ def test_only_the_vllm_plugin_imports_vllm():
 
 
 @pytest.mark.parametrize("source, wanted", [
-    ("from block_store import layout\n", {"block_store"}),
+    ("from block_store.memory import layout\n", {"block_store"}),
     ("def f():\n    from ..reader import Reader\n", {"shadow_plugin"}),
     ("import evals.cli as c\n", {"evals"}),
     ("from . import files\n", {"block_store"}),
@@ -88,12 +89,14 @@ def test_the_parser_sees_late_and_relative_imports(source, wanted):
     assert imported(ROOT / pkg / "probe.py", source) == wanted
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Dotted names of the project modules `path` imports (`from pkg import mod` as pkg.mod when
-    mod is a module or subpackage), relative imports resolved."""
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """Dotted names of the project modules `path` (or `source`, as if at `path`) imports
+    (`from pkg import mod` as pkg.mod when mod is a module or subpackage, else pkg),
+    relative imports resolved."""
     package = path.relative_to(ROOT).parts[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -135,10 +138,46 @@ def test_imports_between_rooms_run_one_way_only():
             here = room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))[1]
             for module in imported_modules(path):
                 there_pkg, there = room_of(module)
-                if there_pkg != pkg or there == here:
+                if there_pkg != pkg:
                     continue
-                num_arrows += 1
+                if module == pkg:                    # the package's face: it imports the rooms
+                    back.append((str(path.relative_to(ROOT)), f"{pkg} (its face)"))
+                    continue
+                num_arrows += there != here
                 if rooms.index(there) > rooms.index(here):
                     back.append((str(path.relative_to(ROOT)), module))
     assert num_arrows > 50          # the parser sees the arrows (not an empty pass)
     assert back == [], f"imports against the rooms' order (ROOMS): {back}"
+
+
+@pytest.mark.parametrize("source, path, wanted", [
+    ("from shadow_plugin import Host\n", "shadow_plugin/chat/probe.py", {"shadow_plugin"}),
+    ("def f():\n    from shadow_plugin import Reader\n", "shadow_plugin/chat/probe.py",
+     {"shadow_plugin"}),
+    ("from shadow_plugin import validate\n", "shadow_plugin/chat/probe.py",
+     {"shadow_plugin.validate"}),
+    ("from shadow_plugin.server import errors\n", "shadow_plugin/chat/probe.py",
+     {"shadow_plugin.server.errors"}),
+])
+def test_the_rooms_parser_tells_a_face_from_a_module(source, path, wanted):
+    """`from pkg import Name` is the package's face (refused inside the package); `from pkg
+    import module` is that module, in its room."""
+    assert imported_modules(ROOT / path, source) == wanted
+
+
+def test_imports_inside_the_packages_are_absolute():
+    """Every import names its room (`from shadow_plugin.chat import tokenizer`), none is
+    relative, so a module reads the same wherever it moves."""
+    relative = [str(p.relative_to(ROOT)) for pkg in ORDER for p in modules(pkg)
+                for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == []
+
+
+def test_the_public_api_imports_from_the_faces():
+    from shadow_plugin import Reader, load_model, load_tokenizer
+    from shadow_plugin.chat.tokenizer import load_tokenizer as tokenizer_loader
+    from shadow_plugin.reader import Reader as room_reader
+    from shadow_plugin.reader.reader import Reader as module_reader
+    assert Reader is room_reader is module_reader and load_tokenizer is tokenizer_loader
+    assert callable(load_model)
