@@ -1,13 +1,21 @@
 """Test helpers shared by the layers (tests/ is on the path of every test through conftest.py):
 random ids, a reader on a disk folder, the reference counts a reader must keep, the metrics the
-Grafana dashboard queries."""
+Grafana dashboard queries, the service served by uvicorn in a thread on a loopback port."""
 import json
 import random
 import re
+import socket
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
+import uvicorn
+
+from shadow_plugin.config import ServiceConfig
 from shadow_plugin.reader import Reader
+from shadow_plugin.server.app import create_app
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "shadow-reader.json"
 
@@ -43,3 +51,37 @@ def dashboard_metrics(prefix: str) -> set[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
     return {m for e in exprs for m in re.findall(re.escape(prefix) + r"[a-zA-Z0-9_:]+", e)}
+
+
+class Server:
+    """create_app(cfg) served by uvicorn on 127.0.0.1 in a thread, until stop()."""
+
+    def __init__(self, cfg: ServiceConfig):
+        self.app = create_app(cfg)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz").json()["state"] == "ready":
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("the service did not become ready in 60 s")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+    @property
+    def service(self):
+        return self.app.state.service

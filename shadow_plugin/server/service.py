@@ -62,7 +62,8 @@ def check_config(cfg: ServiceConfig) -> None:
 
 
 def check_limits(cfg: ServiceConfig) -> None:
-    """The question pool, the catch-up bound, the positions policy and the threads (ValueError
+    """The question pool, the catch-up bound, the question and summary limits, the positions
+    policy and the threads (ValueError
     naming the variable)."""
     if not 1 <= cfg.ask_workers <= 256:
         raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: 1 to 256 questions at once")
@@ -71,6 +72,10 @@ def check_limits(cfg: ServiceConfig) -> None:
     if cfg.ask_max_catchup_tokens is not None and cfg.ask_max_catchup_tokens < 1:
         raise ValueError(f"SHADOW_ASK_MAX_CATCHUP_TOKENS={cfg.ask_max_catchup_tokens}: must be "
                          "at least 1 (or none for no bound)")
+    for var, value in (("SHADOW_MAX_QUESTION_TOKENS", cfg.max_question_tokens),
+                       ("SHADOW_MAX_SUMMARY_TOKENS", cfg.max_summary_tokens)):
+        if not 1 <= value <= 2**20:
+            raise ValueError(f"{var}={value}: 1 to {2**20:,} ids")
     if cfg.max_positions_policy not in ("refuse", "cap"):
         raise ValueError(f"SHADOW_MAX_POSITIONS_POLICY={cfg.max_positions_policy!r}: refuse "
                          "or cap")
@@ -134,7 +139,8 @@ class Service:
                              on_question=lambda s, at: self.journal.answer(self.reader, s, at),
                              idle_hook=lambda: self.narrator.run_one(self.reader))
             self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles,
-                                 cfg.ask_max_catchup_tokens, cfg.max_positions_policy)
+                                 cfg.ask_max_catchup_tokens, cfg.max_positions_policy,
+                                 cfg.max_question_tokens, cfg.max_summary_tokens)
             self.host.start_idle_loop()
             self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
         except Exception as e:                # reported by /healthz and status, not raised
