@@ -100,6 +100,7 @@ class Service:
         self.shadow: Shadow | None = None
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
+        self.stop_write_errors = 0            # files the planned stop failed to write
         self.registry = CollectorRegistry()
         collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
         self.registry.register(collector)
@@ -165,7 +166,7 @@ class Service:
     def close(self) -> None:
         """A planned stop: let a load in progress finish (a process that exits while the
         loading thread is inside torch aborts), stop the idle loop, then park every resident
-        session."""
+        session (stop_write_errors: the writes of it that failed)."""
         if self._thread.ident is not None:
             self._thread.join()
         self.sampler.stop()
@@ -173,7 +174,9 @@ class Service:
             self.host.stop_idle_loop()
             with self.host.lock:
                 resident = len(self.reader.table.resident)
+                errors_before = self.reader.stats()["write_errors"]
                 self.reader.close()
+                self.stop_write_errors = self.reader.stats()["write_errors"] - errors_before
             where = (f"written to {self.cfg.disk_dir}" if self.cfg.disk_dir else
                      "dropped (SHADOW_DISK is off: a restart will not know them)")
             print(f"shadow-reader: stopped: {resident} resident sessions {where}; "
