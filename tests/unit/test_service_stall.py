@@ -1,7 +1,10 @@
 """Issue 34: one long question or one long summary does not stall the host. While it runs on a
-real server (loopback, uvicorn in a thread, seeded), another session's turn, output and end and
-the status complete within a few chunks' time, one chunk's time measured in the same run (the
-reader's own mean read time a chunk): a ratio, no absolute bound. Past the limits on a
+real server (loopback, uvicorn in a thread, seeded), the service's lock is never held longer
+than a few chunks' time, and another session's turn, output and end and the status complete
+within a bound in chunks too (looser: on a loaded 2-core machine a thread waits for a core as
+well), one chunk's time measured in the same run (the reader's mean read time a chunk, or the
+question's or summary's own mean time a step when the machine's load made that longer): a
+ratio, no absolute bound. Past the limits on a
 question's ids and a summary's tokens: 413 and 400, nothing held."""
 import random
 import threading
@@ -15,10 +18,41 @@ from shadow_plugin.config import ServiceConfig
 from shadow_plugin.scheduler import SchedulerConfig
 
 G = 64
-MAX_WAIT_CHUNKS = 12     # a host call waits for one piece (one chunk a little deeper than the
-#                          session's mean) or one burst, then its own work and the HTTP trip,
-#                          with room for a loaded 2-core machine; before issue 34 it waited
+MAX_HOLD_CHUNKS = 4      # the lock: one piece (a chunk a little deeper than the session's
+#                          mean), a burst sized to one chunk, or a host call's own work
+MAX_WAIT_CHUNKS = 20     # a host call: one hold, its own work, the HTTP trip, and the cores'
+#                          scheduling on a loaded 2-core machine; before issue 34 it waited
 #                          for the whole question (over 40 chunks here)
+
+
+class TimedLock:
+    """The service's lock, each outermost hold timed (ms) into `holds` (the facade and the host
+    read `host.lock` at each use, so it can stand in for it)."""
+
+    def __init__(self, lock):
+        self.lock, self.local, self.holds = lock, threading.local(), []
+
+    def acquire(self, *args, **kwargs):
+        got = self.lock.acquire(*args, **kwargs)
+        if got:
+            depth = getattr(self.local, "depth", 0)
+            if depth == 0:
+                self.local.t0 = time.perf_counter()
+            self.local.depth = depth + 1
+        return got
+
+    def release(self):
+        self.local.depth -= 1
+        if self.local.depth == 0:
+            self.holds.append((time.perf_counter() - self.local.t0) * 1e3)
+        self.lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def _cfg(tmp_path, **kw) -> ServiceConfig:
@@ -71,6 +105,7 @@ def _chunk_ms(c: httpx.Client) -> float:
 def test_a_long_question_and_a_long_summary_leave_other_sessions_calls_within_a_few_chunks(
         tmp_path):
     with Server(_cfg(tmp_path)) as srv, httpx.Client(base_url=srv.url, timeout=300) as c:
+        timed = srv.service.host.lock = TimedLock(srv.service.host.lock)
         c.post("/v1/shadow/sessions/long/turn", json={"prompt_ids": rand_ids(100 * G + 7)})
         c.post("/v1/shadow/sessions/long/end")
         c.post("/v1/shadow/sessions/other/turn", json={"prompt_ids": rand_ids(50)})
@@ -80,21 +115,27 @@ def test_a_long_question_and_a_long_summary_leave_other_sessions_calls_within_a_
                                               "timeout_s": 120}).status_code == 200
         pinned = c.get("/v1/shadow/status").json()["pages"]["pinned"]
         question = _words(9_000)
+        timed.holds.clear()
         reply, job_ms, longest = _host_calls_during(c, "/v1/shadow/ask", {
             "session": "long", "question": question, "choices": ["yes", "no"]})
-        chunk_ms = _chunk_ms(c)
         assert reply.status_code == 200, reply.text
-        assert reply.json()["num_forwarded_tokens"] > 40 * G       # many pieces
-        assert job_ms > 3 * MAX_WAIT_CHUNKS * chunk_ms, (job_ms, chunk_ms)  # it bites
+        num_pieces = reply.json()["num_forwarded_tokens"] // G
+        assert num_pieces > 40                                      # many pieces
+        chunk_ms = max(_chunk_ms(c), job_ms / num_pieces)           # the same run's chunk
+        assert job_ms > 10 * MAX_HOLD_CHUNKS * chunk_ms, (job_ms, chunk_ms)  # it bites
+        assert max(timed.holds) < MAX_HOLD_CHUNKS * chunk_ms, (max(timed.holds), chunk_ms)
         for name, ms in longest.items():
             assert ms < MAX_WAIT_CHUNKS * chunk_ms, (name, ms, chunk_ms, job_ms)
             assert ms < job_ms / 3, (name, ms, chunk_ms, job_ms)
 
+        timed.holds.clear()
         reply, job_ms, longest = _host_calls_during(c, "/v1/shadow/summarize", {
             "session": "long", "max_tokens": 400})
-        chunk_ms = _chunk_ms(c)
         assert reply.status_code == 200, reply.text
-        assert len(reply.json()["ids"]) > 100, reply.json()   # the seed decodes long
+        num_tokens = len(reply.json()["ids"])
+        assert num_tokens > 100, reply.json()                 # the seed decodes long
+        chunk_ms = max(_chunk_ms(c), job_ms / num_tokens)     # a chunk, or a burst's token
+        assert max(timed.holds) < MAX_HOLD_CHUNKS * chunk_ms, (max(timed.holds), chunk_ms)
         for name, ms in longest.items():
             assert ms < MAX_WAIT_CHUNKS * chunk_ms, (name, ms, chunk_ms, job_ms)
             assert ms < job_ms / 3, (name, ms, chunk_ms, job_ms)
