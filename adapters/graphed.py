@@ -72,8 +72,11 @@ class GraphAdapter(Adapter):
             hidden, _ = self.model(self._ids(ids), pos, kv, gdn)
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
 
-    def _decode_steps(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
-                      stop_ids: set[int]) -> tuple[list[int], int]:
+    def decode_burst(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
+                     stop_ids: set[int]) -> tuple[list[int], int, GdnState]:
         """Through the decode loop (adapters.runners.decode: the single-token runner, each token
-        fed back on the device)."""
-        return self.runners.decode_loop().run(token, pos, kv, gdn, max_steps, stop_ids)
+        fed back on the device); the states are copied out of the runner (another fork may
+        run it next)."""
+        loop = self.runners.decode_loop()
+        out, steps = loop.run(token, pos, kv, gdn, max_steps, stop_ids)
+        return out, steps, loop.states()

@@ -161,29 +161,42 @@ class Adapter(ABC):
                max_new_tokens: int, stop_ids: set[int]) -> Decoded:
         """Forward the prompt `ids` at pos, then decode greedily up to max_new_tokens ids,
         stopping after a stop id. kv's pages need room for pos + len(ids) + max_new_tokens
-        rows."""
+        rows. The same steps as `prefill` then `decode_burst` (which let a caller stop
+        between bursts), in one call."""
         t0 = time.perf_counter()
-        hidden, gdn = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
-        token = int(self.model.logits(hidden[-1:])[0].argmax())
+        token, gdn = self.prefill(ids, pos, kv, gdn)
         t1 = time.perf_counter()
         out, steps = [token], 0
         if max_new_tokens > 1 and token not in stop_ids:
-            new, steps = self._decode_steps(token, pos + len(ids), kv, gdn,
-                                            max_new_tokens - 1, stop_ids)
+            new, steps, _ = self.decode_burst(token, pos + len(ids), kv, gdn,
+                                              max_new_tokens - 1, stop_ids)
             out += new
         self.sync()
         return Decoded(tuple(out), steps, (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
-    def _decode_steps(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
-                      stop_ids: set[int]) -> tuple[list[int], int]:
-        """Feed `token` at pos and decode greedily, one eager forward a step: (new ids, steps)."""
+    def prefill(self, ids: Sequence[int], pos: int, kv: PagedKv,
+                gdn: GdnState) -> tuple[int, GdnState]:
+        """Forward a fork's prompt `ids` (any length >= 1) at pos (KV rows [pos, pos +
+        len(ids)) are written; rows below it the prefix) and return (the greedy next id, the
+        GDN states after the prompt: per GDN layer (conv [conv_dim, W], recurrent [HV, K, V]
+        fp32), new tensors; `gdn` is not changed)."""
+        hidden, gdn = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
+        return int(self.model.logits(hidden[-1:])[0].argmax()), gdn
+
+    def decode_burst(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
+                     stop_ids: set[int]) -> tuple[list[int], int, GdnState]:
+        """Feed `token` at pos and decode greedily up to max_steps (>= 1) ids, stopping after
+        a stop id: (the new ids, the one-token steps run, the GDN states after the last step's
+        input, i.e. before feeding the last new id). A burst continued by another from (its
+        last id, pos + steps, its states) gives the ids one longer burst gives, bit for bit.
+        kv's pages need room for pos + max_steps rows."""
         out = []
         while len(out) < max_steps and (token not in stop_ids):
             hidden, gdn = self.model(self._ids([token]), pos, kv, gdn, self.kernels)
             token = int(self.model.logits(hidden)[0].argmax())
             out.append(token)
             pos += 1
-        return out, len(out)
+        return out, len(out), gdn
 
     def _ids(self, ids: Sequence[int]) -> torch.Tensor:
         """[T] int64 on the model's device."""

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -188,8 +189,17 @@ def _serve(args) -> int:
     bind_check(args.host, args.port)        # the port taken or not ours: exit 2, no traceback
     for line in startup_lines(cfg, args.host, args.port):
         print(f"shadow-reader: {line}", file=sys.stderr, flush=True)
+    # uvicorn raises the stop's signal again once it has shut down (SIGTERM: the process
+    # would end "killed by signal 15" after a clean stop); handled here, the planned stop's
+    # own result decides the exit status
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+    failed = app.state.service.stop_write_errors
+    if failed:
+        print(f"shadow-reader: the stop failed to write {failed} files (see the log)",
+              file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 

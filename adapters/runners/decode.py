@@ -55,6 +55,13 @@ class DecodeLoop:
             self._capture()
 
     @torch.no_grad()
+    def states(self) -> list:
+        """Copies of the runner's input states after a `run`: per GDN layer (conv
+        [conv_dim, W], recurrent [HV, K, V] fp32), the states after the last step's input,
+        from which a next run fed the last id returned continues exactly."""
+        return [(c.clone(), r.clone()) for c, r in self.runner.gdn_in]
+
+    @torch.no_grad()
     def run(self, token: int, pos: int, kv: list, gdn: list, max_steps: int, stop_ids: set[int],
             check_every: int = 8) -> tuple[list[int], int]:
         """Feed `token` at `pos` and decode greedily: returns (up to max_steps new ids, the last

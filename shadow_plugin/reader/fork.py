@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from adapters import Adapter
-from block_store import PageStore, SessionState
+from block_store import PagedKv, PageStore, SessionState
 from block_store.checkpoints import rollback_target
-from block_store.session import fork_pages, release_state, scratch_from
+from block_store.memory.layout import GdnState
+from block_store.memory.pool import Page
+from block_store.session import release_state, scratch_from
 from shadow_plugin.chat.questions import Answer
 from shadow_plugin.reader.step import ReaderConfig, read_chunk
 
@@ -100,35 +102,139 @@ def fork_base(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessio
     return sc, line, 0, sc.num_scratch
 
 
+@dataclass
+class Forward:
+    """A fork's forward in progress, read in grid pieces so that a caller may let its lock go
+    between them (the reader's `start_*` / `forward_piece` / `finish_*`). It holds its own
+    references to the base's pages below `line` and to its scratch pages above (`pages`: give
+    them back with `release`), and its GDN states, so what happens to the session between
+    two pieces (reads, a rewrite, a park) changes nothing it computes: its result depends
+    only on the ids it started with. pinned: the base's pages below `line`; scratch: the
+    pages above it taken so far (one more as each piece needs it, `kv`); rows: the rows its
+    forwards need in all, its last forward's padding and a decode's tokens included.
+
+    at: the position forked at; line: the grid line at or below `at` the forward starts
+    from; pos: the row the next piece starts at (a grid line until the last piece); rest:
+    the ids still to forward (the session's ids[line:at], then the question or prompt);
+    gdn: the states after row pos - 1; num_ids: ids[line:at] + the question, in ids;
+    num_committed / num_scratch: ids the session committed / a scratch base read first;
+    backlog: len(ids) - C when it started; t0: time.perf_counter() at its start."""
+
+    session: str
+    at: int
+    line: int
+    pos: int
+    rest: list[int]
+    gdn: GdnState
+    pinned: list[Page]
+    scratch: list[Page]
+    rows: int
+    num_ids: int
+    num_committed: int
+    num_scratch: int
+    backlog: int
+    t0: float
+    stale: bool = False
+
+
+def num_pieces(num_ids: int, grid: int) -> int:
+    """How many grid pieces of a fork's num_ids ids are read (adapter.read_chunk) before its
+    last forward: one while more than a grid's ids are left, so the last forward holds 1 to
+    grid ids (all of them when there are at most a grid's, as before pieces)."""
+    return max(0, -(-(num_ids - grid) // grid))
+
+
+def question_padding(adapter: Adapter, at: int, num_question_ids: int) -> int:
+    """Rows a question's last forward pads past its ids (adapter.fork_rows of what is left
+    after its pieces), for `start`'s extra_rows."""
+    g = adapter.grid
+    n = at - at // g * g + num_question_ids
+    last = n - num_pieces(n, g) * g
+    return adapter.fork_rows(last) - last
+
+
+def start(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+          session: str, extra_ids: list[int], at: int, extra_rows: int,
+          scratch: Scratch | None = None) -> Forward:
+    """Begin a fork at `at` with `extra_ids` (a question or a prompt) after ids[line:at]:
+    fork_base brings the base to the grid line (chunks it must read are read here: a caller
+    that must not hold its lock that long reads them first, Reader.prepare_fork and read),
+    then the fork takes references to the base's pages (its scratch pages come as its
+    pieces need them, `kv`, for its ids and `extra_rows` more: its last forward's padding, a
+    decode's tokens). The scratch base, if any, is given back at once (the fork holds what
+    it needs). Raises as fork_base."""
+    t0 = time.perf_counter()
+    backlog = st.backlog
+    sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
+    base = sc.state if sc else st
+    fwd = st.ids[line:at] + list(extra_ids)
+    try:
+        pinned = store.take_pages(base.pages[:line // rcfg.grid])
+    finally:
+        drop_scratch(store, sc)
+    return Forward(session, at, line, line, fwd, base.gdn, pinned, [], line + len(fwd) + extra_rows,
+                   len(fwd), num_committed, num_scratch, backlog, t0, st.stale)
+
+
+def kv(store: PageStore, fw: Forward, rows: int) -> PagedKv:
+    """The fork's KV with scratch pages for rows [line, rows) at least (taken now as needed:
+    a pool that must grow grows a little at a time, not by a whole question at once)."""
+    while len(fw.pinned) + len(fw.scratch) < -(-rows // store.grid):
+        fw.scratch.append(store.allocate())
+    return store.view(fw.pinned, fw.scratch)
+
+
+def forward_piece(adapter: Adapter, store: PageStore, fw: Forward) -> bool:
+    """Read the fork's next grid piece (adapter.read_chunk at a grid line: KV rows into its
+    scratch pages, the states kept in `fw`) when one is due (num_pieces); returns whether
+    one was read. Raises PoolFull when no page can be had (release fw then)."""
+    g = adapter.grid
+    if num_pieces(len(fw.rest), g) == 0:
+        return False
+    fw.gdn = adapter.read_chunk(fw.rest[:g], fw.pos, kv(store, fw, fw.pos + g), fw.gdn)
+    fw.pos += g
+    fw.rest = fw.rest[g:]
+    return True
+
+
+def release(store: PageStore, fw: Forward) -> None:
+    """Give back the fork's page references (once; later calls do nothing)."""
+    pages = fw.pinned + fw.scratch
+    fw.pinned, fw.scratch = [], []
+    store.release_pages(pages)
+
+
+def finish_answer(adapter: Adapter, store: PageStore, fw: Forward, letters: list[int],
+                  choices: list[str]) -> Answer:
+    """The fork's last forward (its pieces read: the rest through adapter.fork_logits) and the
+    Answer: probs the softmax (fp32) over the letters' logits. The caller releases fw."""
+    while forward_piece(adapter, store, fw):   # pieces the caller left: read them now
+        pass
+    logits = adapter.fork_logits(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, letters)
+    probs = torch.softmax(logits, dim=-1).tolist()
+    adapter.sync()
+    best = max(range(len(probs)), key=probs.__getitem__)
+    return Answer(label=choices[best], letter=chr(65 + best), probs=tuple(probs),
+                  ms=(time.perf_counter() - fw.t0) * 1e3,
+                  num_forwarded_tokens=fw.num_committed + fw.num_scratch + fw.num_ids,
+                  num_committed=fw.num_committed, backlog=fw.backlog, at=fw.at,
+                  beyond_max_positions=fw.line + fw.num_ids > adapter.max_positions,
+                  stale=fw.stale)
+
+
 def answer(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
            q_ids: list[int], letters: list[int], choices: list[str], at: int,
            scratch: Scratch | None = None) -> Answer:
-    """Answer a letter-choice question at `at` (validated by the caller). See the module doc.
-    The tail and question go through adapter.fork_logits (one forward).
+    """Answer a letter-choice question at `at` (validated by the caller) in one call: start,
+    the pieces, finish_answer. See the module doc.
 
     Returns an Answer whose probs are the softmax (fp32) over the letters' logits."""
-    t0 = time.perf_counter()
-    backlog = st.backlog
-    line = at // rcfg.grid * rcfg.grid
-    fwd = st.ids[line:at] + q_ids
-    sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
-    base = sc.state if sc else st
+    fw = start(adapter, rcfg, store, st, "", q_ids, at,
+               question_padding(adapter, at, len(q_ids)), scratch)
     try:
-        kv, pages = fork_pages(store, base, line + adapter.fork_rows(len(fwd)))
-        try:
-            logits = adapter.fork_logits(fwd, line, kv, base.gdn, letters)
-            probs = torch.softmax(logits, dim=-1).tolist()
-            adapter.sync()
-        finally:
-            store.release_pages(pages)
+        return finish_answer(adapter, store, fw, letters, choices)
     finally:
-        drop_scratch(store, sc)
-    best = max(range(len(probs)), key=probs.__getitem__)
-    return Answer(label=choices[best], letter=chr(65 + best), probs=tuple(probs),
-                  ms=(time.perf_counter() - t0) * 1e3,
-                  num_forwarded_tokens=num_committed + num_scratch + len(fwd),
-                  num_committed=num_committed, backlog=backlog, at=at,
-                  beyond_max_positions=line + len(fwd) > adapter.max_positions)
+        release(store, fw)
 
 
 @dataclass(frozen=True)
@@ -147,25 +253,94 @@ class Generation:
     stale: bool = False
 
 
+@dataclass
+class Decoding:
+    """A fork's greedy decoding in progress after its prompt (`start_decoding`): the ids so far
+    (`ids`, ending with a stop id when one came), the next id to feed (`ids[-1]`) at `pos`, the
+    states before it, the steps run and the times; `done` once a stop id came or
+    `max_new_tokens` ids were made."""
+
+    fw: Forward
+    kv: PagedKv
+    ids: list[int]
+    max_new_tokens: int
+    stop_ids: set[int]
+    num_steps: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return len(self.ids) >= self.max_new_tokens or self.ids[-1] in self.stop_ids
+
+
+def start_decoding(adapter: Adapter, store: PageStore, fw: Forward, max_new_tokens: int,
+                   stop_ids: set[int]) -> Decoding:
+    """The fork's last prompt forward (its pieces read) and its first id (adapter.prefill);
+    the fork's pages for every token taken now."""
+    while forward_piece(adapter, store, fw):
+        pass
+    t0 = time.perf_counter()
+    token, fw.gdn = adapter.prefill(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn)
+    fw.pos += len(fw.rest)
+    fw.rest = []
+    adapter.sync()
+    return Decoding(fw, kv(store, fw, fw.rows), [token], max_new_tokens, set(stop_ids),
+                    prefill_ms=(t0 - fw.t0) * 1e3 + (time.perf_counter() - t0) * 1e3)
+
+
+def decode_burst(adapter: Adapter, dec: Decoding, max_steps: int) -> None:
+    """Up to max_steps (>= 1) more ids (adapter.decode_burst), none once `dec.done`. Bursts
+    give the ids one decode gives, bit for bit."""
+    if dec.done:
+        return
+    t0 = time.perf_counter()
+    fw = dec.fw
+    n = min(max_steps, dec.max_new_tokens - len(dec.ids))
+    new, steps, fw.gdn = adapter.decode_burst(dec.ids[-1], fw.pos, dec.kv, fw.gdn, n,
+                                              dec.stop_ids)
+    adapter.sync()
+    fw.pos += steps
+    dec.ids += new
+    dec.num_steps += steps
+    dec.decode_ms += (time.perf_counter() - t0) * 1e3
+
+
+def generation(dec: Decoding) -> Generation:
+    """The Generation of a finished decoding."""
+    fw = dec.fw
+    return Generation(tuple(dec.ids), dec.prefill_ms,
+                      dec.decode_ms / dec.num_steps if dec.num_steps else 0.0,
+                      fw.num_committed + fw.num_scratch + fw.num_ids + dec.num_steps, fw.at,
+                      fw.stale)
+
+
+@dataclass
+class Pending:
+    """A question (letters and choices set) or a decoding (max_new_tokens set; `decoding` once
+    its prompt was forwarded) a reader runs in steps (Reader.begin_ask / begin_generate,
+    advance, finish_ask / finish_generate, cancel); num_extra_ids: the question's or the
+    prompt's own ids."""
+
+    fw: Forward
+    num_extra_ids: int
+    letters: list[int] | None = None
+    choices: list[str] | None = None
+    max_new_tokens: int = 0
+    stop_ids: frozenset = frozenset()
+    decoding: Decoding | None = None
+
+
 def generate(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
              prompt_ids: list[int], at: int, max_new_tokens: int, stop_ids: set[int],
              scratch: Scratch | None = None) -> Generation:
-    """Greedy decoding on top of ids[:at] + prompt_ids in a fork (adapter.decode): KV rows
-    above C go to scratch pages, the GDN states it produces are dropped. Depends only on
-    ids[:at] and the prompt."""
-    t0 = time.perf_counter()
-    sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
-    base = sc.state if sc else st
-    fwd = st.ids[line:at] + prompt_ids
+    """Greedy decoding on top of ids[:at] + prompt_ids in a fork, in one call (start,
+    start_decoding, the bursts): KV rows above C go to scratch pages, the GDN states it
+    produces are dropped. Depends only on ids[:at] and the prompt."""
+    fw = start(adapter, rcfg, store, st, "", prompt_ids, at, max_new_tokens, scratch)
     try:
-        kv, pages = fork_pages(store, base, at + len(prompt_ids) + max_new_tokens)
-        try:
-            t_base = time.perf_counter()
-            out = adapter.decode(fwd, line, kv, base.gdn, max_new_tokens, stop_ids)
-        finally:
-            store.release_pages(pages)
+        dec = start_decoding(adapter, store, fw, max_new_tokens, stop_ids)
+        decode_burst(adapter, dec, max_new_tokens)
+        return generation(dec)
     finally:
-        drop_scratch(store, sc)
-    return Generation(out.ids, (t_base - t0) * 1e3 + out.prefill_ms,
-                      out.decode_ms / out.num_steps if out.num_steps else 0.0,
-                      num_committed + num_scratch + len(fwd) + out.num_steps, at)
+        release(store, fw)

@@ -325,7 +325,22 @@ class Reader:
         `question` is text (rendered as a user turn, questions.question_text) or a list of ids
         already rendered. Returns questions.Answer. Raises KeyError for an unknown session,
         ValueError for fewer than 2 or more than 26 choices, `at` beyond the ids, or bad ids.
+        The same steps as begin_ask, advance and finish_ask, in one call.
         """
+        pending = self.begin_ask(session, question, choices, at)
+        try:
+            while self.advance(pending):
+                pass
+            return self.finish_ask(pending)
+        finally:
+            self.cancel(pending)
+
+    def begin_ask(self, session: str, question, choices, at: int | None = None) -> fork.Pending:
+        """A question as `ask` takes it, begun: validated, rendered, its base brought to the
+        grid line at or below `at` (chunks not read yet are read here) and its pages
+        referenced. Then `advance` reads its ids in grid pieces (a caller may let its lock go
+        between them: the fork holds what it needs, whatever happens to the session
+        meanwhile) and `finish_ask` answers; `cancel` gives it up. Raises as `ask`."""
         st = self._get(session)
         choices = validate.choices(choices)
         at = validate.position(at, len(st.ids))
@@ -339,10 +354,49 @@ class Reader:
             if not q_ids:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
-        answer = fork.answer(self.adapter, self.config, self.table.store, st, q_ids, letters,
-                             choices, at, self._take_scratch(session, st, at))
-        self._settle(session)
-        return dataclasses.replace(answer, stale=st.stale) if st.stale else answer
+        fw = fork.start(self.adapter, self.config, self.table.store, st, session, q_ids, at,
+                        fork.question_padding(self.adapter, at, len(q_ids)),
+                        self._take_scratch(session, st, at))
+        return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
+
+    def advance(self, pending: fork.Pending, max_new_tokens: int = 8) -> bool:
+        """One step of a begun question or decoding: its next grid piece, or (a decoding whose
+        pieces are read) its prompt's last forward, or a burst of at most max_new_tokens ids.
+        Returns whether steps remain before `finish_*`. A step never takes much longer than
+        one chunk (or one burst)."""
+        fw = pending.fw
+        if fork.forward_piece(self.adapter, self.table.store, fw):
+            self.adapter.sync()
+            return True
+        if pending.letters is not None:
+            return False
+        if pending.decoding is None:
+            pending.decoding = fork.start_decoding(self.adapter, self.table.store, fw,
+                                                   pending.max_new_tokens,
+                                                   set(pending.stop_ids))
+        else:
+            fork.decode_burst(self.adapter, pending.decoding, max_new_tokens)
+        return not pending.decoding.done
+
+    def finish_ask(self, pending: fork.Pending) -> questions.Answer:
+        """The answer of a begun question (its remaining steps run here); its pages given
+        back."""
+        try:
+            return fork.finish_answer(self.adapter, self.table.store, pending.fw,
+                                      pending.letters, pending.choices)
+        finally:
+            self.cancel(pending)
+            self._settle_known(pending.fw.session)
+
+    def cancel(self, pending: fork.Pending) -> None:
+        """Give up a begun question or decoding: its pages given back (once; a finished one's
+        already are)."""
+        fork.release(self.table.store, pending.fw)
+
+    def _settle_known(self, session: str) -> None:
+        """_settle sparing the session, when it is still held (it may have gone between the
+        steps of a fork)."""
+        self._settle(session if session in self.table.resident else None)
 
     def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
         """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
@@ -384,7 +438,21 @@ class Reader:
         instruction text (rendered as a user turn plus the generation prompt, thinking off) or
         ids already rendered. Stops after `max_new_tokens` or at a stop id (<|im_end|>,
         <|endoftext|>). Nothing at or below C changes. Returns fork.Generation.
-        Raises KeyError for an unknown session, ValueError for bad input."""
+        Raises KeyError for an unknown session, ValueError for bad input. The same steps as
+        begin_generate, advance and finish_generate, in one call."""
+        pending = self.begin_generate(session, prompt, max_new_tokens, at, stop_ids)
+        try:
+            while self.advance(pending, max_new_tokens):
+                pass
+            return self.finish_generate(pending)
+        finally:
+            self.cancel(pending)
+
+    def begin_generate(self, session: str, prompt, max_new_tokens: int = 64,
+                       at: int | None = None, stop_ids=questions.STOP_IDS) -> fork.Pending:
+        """A decoding as `generate` takes it, begun (as begin_ask: `advance` then forwards the
+        prompt in pieces and decodes in bursts, `finish_generate` gives the Generation).
+        Raises as `generate`."""
         st = self._get(session)
         at = validate.position(at, len(st.ids))
         if validate.count(max_new_tokens, "max_new_tokens") == 0:
@@ -397,10 +465,25 @@ class Reader:
             p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
-        out = fork.generate(self.adapter, self.config, self.table.store, st, p_ids, at,
-                            max_new_tokens, set(stop_ids), self._take_scratch(session, st, at))
-        self._settle(session)
-        return dataclasses.replace(out, stale=st.stale) if st.stale else out
+        fw = fork.start(self.adapter, self.config, self.table.store, st, session, p_ids, at,
+                        max_new_tokens, self._take_scratch(session, st, at))
+        return fork.Pending(fw, len(p_ids), max_new_tokens=max_new_tokens,
+                            stop_ids=frozenset(stop_ids))
+
+    def finish_generate(self, pending: fork.Pending) -> fork.Generation:
+        """The Generation of a begun decoding (its remaining steps run here); its pages given
+        back."""
+        try:
+            while self.advance(pending, pending.max_new_tokens):
+                pass
+            return fork.generation(pending.decoding)
+        finally:
+            self.cancel(pending)
+            self._settle_known(pending.fw.session)
+
+    def summary_text(self, gen: fork.Generation) -> str:
+        """A generation's ids as text, without the stop ids."""
+        return self._tok().decode([i for i in gen.ids if i not in questions.STOP_IDS])
 
     def summarize(self, session: str,
                   instruction: str = "Summarize this session in a few sentences.",
@@ -408,8 +491,7 @@ class Reader:
                   at: int | None = None) -> tuple[str, fork.Generation]:
         """`generate` with an instruction; returns (text without the stop id, generation)."""
         gen = self.generate(session, instruction, max_tokens, at)
-        ids = [i for i in gen.ids if i not in questions.STOP_IDS]
-        return self._tok().decode(ids), gen
+        return self.summary_text(gen), gen
 
     def mark_outputs(self, session: str) -> bool | None:
         """Before the first outputs since the session's manifest was written, write it again

@@ -6,8 +6,9 @@ and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID
 SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTORY_S (the
 dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
 SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
-most ids a question reads first), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), SHADOW_THREADS
-(torch's CPU threads); the scheduler's
+most ids a question reads first), SHADOW_MAX_QUESTION_TOKENS and SHADOW_MAX_SUMMARY_TOKENS (the
+most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_POSITIONS_POLICY
+(refuse or cap), SHADOW_THREADS (torch's CPU threads); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
 kernel configs, read where fla is loaded: model.kernels, model.autotune). CLI flags override.
@@ -58,13 +59,16 @@ def default_threads() -> int:
 class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
-    disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours); api_key (None: no key); max_body_bytes; max_ids (per request);
+    disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours); api_key
+    (None: no key); max_body_bytes; max_ids (per request);
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
     served; on a loopback address the Host header must name the loopback); history_every_s,
     history_samples: the dashboard's history (server.history.History: one sample every
     history_every_s s, the last history_samples kept); ask_workers, ask_queue: questions run at
     once and waiting for a worker (server.ask_pool.AskPool); ask_max_catchup_tokens: the most
-    ids a question may read before its forward (None: no bound); max_positions_policy:
+    ids a question may read before its forward (None: no bound); max_question_tokens: the
+    most ids a question (or a summary's instruction) may render to (413 past it);
+    max_summary_tokens: the most tokens a summary may decode (400 past it); max_positions_policy:
     "refuse" a prompt past the model's positions, or "cap" it (the session holds the first
     max positions); threads: torch's CPU threads (default_threads())."""
 
@@ -87,6 +91,8 @@ class ServiceConfig:
     ask_workers: int = 2
     ask_queue: int = 32
     ask_max_catchup_tokens: int | None = 131_072
+    max_question_tokens: int = 32_768
+    max_summary_tokens: int = 4096
     max_positions_policy: str = "refuse"
     threads: int | None = None
 
@@ -111,6 +117,8 @@ class ServiceConfig:
                    ask_workers=_num(env, "ASK_WORKERS", 2, int),
                    ask_queue=_num(env, "ASK_QUEUE", 32, int),
                    ask_max_catchup_tokens=_catchup(env),
+                   max_question_tokens=_num(env, "MAX_QUESTION_TOKENS", 32_768, int),
+                   max_summary_tokens=_num(env, "MAX_SUMMARY_TOKENS", 4096, int),
                    max_positions_policy=(_get(env, "MAX_POSITIONS_POLICY") or "refuse").strip(),
                    threads=_num(env, "THREADS", None, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))

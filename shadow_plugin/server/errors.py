@@ -4,8 +4,8 @@ handler for KeyError or ValueError would change vLLM's own routes): KeyError -> 
 session), ValueError -> 400 (a bad value), WaitTimeout -> 504 with the backlog, NotReady -> 503
 (Retry-After while the model loads, none after a failed load), NotDurable -> 503 (Retry-After:
 the disk refused a manifest), conflicts.Conflict -> 409 (a stale session, outputs at another
-position), CatchUpTooLong -> 409 with the backlog, Busy -> 429 with Retry-After, ClientGone ->
-499 (nobody reads it: the client left)."""
+position), CatchUpTooLong -> 409 with the backlog, QuestionTooLong -> 413, Busy -> 429 with
+Retry-After, ClientGone -> 499 (nobody reads it: the client left)."""
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
@@ -54,6 +54,19 @@ class CatchUpTooLong(Exception):
         self.backlog, self.committed = backlog, committed
 
 
+class QuestionTooLong(ValueError):
+    """A question (or a summary's instruction) that renders to more ids than the bound
+    (SHADOW_MAX_QUESTION_TOKENS): refused before any of it is read (413)."""
+
+    def __init__(self, session: str, num_ids: int, bound: int):
+        super().__init__(session, num_ids, bound)
+        self.session, self.num_ids, self.bound = session, num_ids, bound
+
+    def __str__(self) -> str:
+        return (f"session {self.session!r}: the question renders to {self.num_ids} ids, over "
+                f"the limit of {self.bound} (SHADOW_MAX_QUESTION_TOKENS): ask a shorter one")
+
+
 class Busy(Exception):
     """The question pool and its queue are full (429 with Retry-After, in s)."""
 
@@ -96,6 +109,9 @@ def answer(exc: Exception) -> JSONResponse | None:
     if isinstance(exc, WaitTimeout):
         return JSONResponse({"detail": f"the reader has not caught up: {exc.why}",
                              "backlog": exc.backlog, "committed": exc.committed}, 504)
+    if isinstance(exc, QuestionTooLong):
+        return JSONResponse({"detail": str(exc), "num_ids": exc.num_ids, "limit": exc.bound},
+                            413)
     if isinstance(exc, KeyError):
         return JSONResponse({"detail": str(exc.args[0]) if exc.args else "unknown"}, 404)
     if isinstance(exc, ValueError):

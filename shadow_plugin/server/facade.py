@@ -2,8 +2,9 @@
 host interface's, which the idle loop takes for each chunk it reads), so no route touches the
 reader beside the idle thread. Existence checks look at a session's position (Reader.position)
 and restore nothing; a route that reads takes the lock one chunk at a time where it can
-(`catch_up`), so a host's call waits at most one chunk. The question calls are in
-below; waiting asks wait in the event loop (waits.py), holding nothing.
+(`catch_up`), so a host's call waits at most one chunk; a question's own ids are then read in
+grid pieces and a summary decodes in small bursts, one per hold (`ask`, `summarize`). The
+question calls are below; waiting asks wait in the event loop (waits.py), holding nothing.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from shadow_plugin import validate
 from shadow_plugin.reader.conflicts import PositionMismatch, StaleSession
 from shadow_plugin.reader.reader import FeedResult
 from shadow_plugin.scheduling.host import Host
-from shadow_plugin.server.errors import CatchUpTooLong, ClientGone, NotDurable
+from shadow_plugin.server.errors import CatchUpTooLong, ClientGone, NotDurable, QuestionTooLong
 from shadow_plugin.server.narrator import Narrator
 from shadow_plugin.server.router_journal import Profile, RouterJournal, insertion_point
 
@@ -58,13 +59,20 @@ class Shadow:
     journal, narrator: the service's router journal and narrator; profiles: name -> Profile;
     max_catchup_tokens: the most ids a question may read before its forward (None: no bound;
     CatchUpTooLong past it); positions_policy: past the model's positions, "refuse" a turn or
-    output (ValueError) or "cap" it (the session holds the first ids that fit)."""
+    output (ValueError) or "cap" it (the session holds the first ids that fit);
+    max_question_tokens: the most ids a question or a summary's instruction may render to
+    (QuestionTooLong, 413, past it); max_summary_tokens: the most tokens a summary may ask
+    for (ValueError, 400, past it); decode_burst_tokens: the most tokens a summary decodes
+    per hold of the gate (fewer when one chunk's time holds fewer, `_burst_tokens`)."""
 
     def __init__(self, host: Host, journal: RouterJournal, narrator: Narrator,
                  profiles: dict[str, Profile], max_catchup_tokens: int | None = None,
-                 positions_policy: str = "refuse"):
+                 positions_policy: str = "refuse", max_question_tokens: int = 32_768,
+                 max_summary_tokens: int = 4096, decode_burst_tokens: int = 8):
         self.host, self.reader = host, host.reader
         self.max_catchup_tokens, self.positions_policy = max_catchup_tokens, positions_policy
+        self.max_question_tokens, self.max_summary_tokens = max_question_tokens, max_summary_tokens
+        self.decode_burst_tokens = decode_burst_tokens
         self.max_positions = self.reader.adapter.max_positions
         self.journal, self.narrator, self.profiles = journal, narrator, profiles
         self.grid = self.reader.config.grid
@@ -329,27 +337,80 @@ class Shadow:
 
     def ask(self, session: str, question, choices, at: int | None, fork_at: int,
             cancelled: threading.Event | None = None):
-        """Reader.ask under the gate, after catch_up read toward `fork_at` (fork_position's
-        answer) chunk by chunk; the answer is kept for status and the latency histogram.
-        Raises as catch_up, and ClientGone before the forward once `cancelled` is set."""
+        """Reader.ask, a step per hold of the gate: after catch_up read toward `fork_at`
+        (fork_position's answer) chunk by chunk, the question is begun (rendered; past
+        max_question_tokens QuestionTooLong, nothing held), its ids read in grid pieces and
+        answered (Reader.begin_ask, advance, finish_ask), so a host's call waits at most one
+        chunk; the answer is kept for status and the latency histogram. Raises as catch_up,
+        and ClientGone between two steps once `cancelled` is set (the fork's pages given
+        back)."""
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         with self.gate():
-            ans = self.reader.ask(session, question, choices, at)
-            self.ask_ms.append(ans.ms)
-            line = {"session": session, "label": ans.label, "p": max(ans.probs),
-                    "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
-            self.answers.append(line)
-            self.last_answer[session] = line
-            return ans
+            pending = self.reader.begin_ask(session, question, choices, at)
+            if pending.num_extra_ids > self.max_question_tokens:
+                self.reader.cancel(pending)
+                raise QuestionTooLong(session, pending.num_extra_ids, self.max_question_tokens)
+        try:
+            self._advance(pending, cancelled)
+            with self.gate():
+                ans = self.reader.finish_ask(pending)
+                self.ask_ms.append(ans.ms)
+                line = {"session": session, "label": ans.label, "p": max(ans.probs),
+                        "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
+                self.answers.append(line)
+                self.last_answer[session] = line
+                return ans
+        finally:
+            with self.gate():
+                self.reader.cancel(pending)
+
+    def _advance(self, pending, cancelled: threading.Event | None) -> None:
+        """Reader.advance, one step (a grid piece, a burst of decode_burst_tokens) per hold
+        of the gate, until only the finish is left; ClientGone once `cancelled` is set."""
+        while True:
+            _check_cancel(cancelled)
+            with self.gate():
+                if not self.reader.advance(pending, self._burst_tokens(pending)):
+                    return
+
+    def _burst_tokens(self, pending) -> int:
+        """Tokens for a decode's next burst: as many as fit in the reader's mean chunk time
+        (Reader.totals), by the decode's own mean token time so far, 1 to
+        decode_burst_tokens (1 until both are known)."""
+        dec, totals = pending.decoding, self.reader.totals
+        if dec is None or not dec.num_steps or not totals["num_chunks"]:
+            return 1
+        chunk_ms = totals["read_ms"] / totals["num_chunks"]
+        token_ms = max(dec.decode_ms / dec.num_steps, 1e-3)
+        return max(1, min(self.decode_burst_tokens, int(chunk_ms // token_ms)))
 
     def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None,
                   cancelled: threading.Event | None = None):
-        """Reader.summarize under the gate, held for the whole decode (after catch_up)."""
+        """Reader.summarize, a step per hold of the gate (after catch_up): the instruction's
+        ids in grid pieces, then the decode in bursts of decode_burst_tokens, so a host's call
+        waits at most about one chunk (a burst is sized to one chunk's time). Raises ValueError (400) for max_tokens past
+        max_summary_tokens, QuestionTooLong for an instruction past max_question_tokens
+        (nothing held), as catch_up, and ClientGone between two steps once `cancelled` is
+        set."""
+        if max_tokens > self.max_summary_tokens:
+            raise ValueError(f"max_tokens = {max_tokens} is over the summary limit of "
+                             f"{self.max_summary_tokens} tokens (SHADOW_MAX_SUMMARY_TOKENS)")
         self.catch_up(session, self.fork_position(session, at), cancelled)
         _check_cancel(cancelled)
         with self.gate():
-            return self.reader.summarize(session, instruction, max_tokens, at)
+            pending = self.reader.begin_generate(session, instruction, max_tokens, at)
+            if pending.num_extra_ids > self.max_question_tokens:
+                self.reader.cancel(pending)
+                raise QuestionTooLong(session, pending.num_extra_ids, self.max_question_tokens)
+        try:
+            self._advance(pending, cancelled)
+            with self.gate():
+                gen = self.reader.finish_generate(pending)
+                return self.reader.summary_text(gen), gen
+        finally:
+            with self.gate():
+                self.reader.cancel(pending)
 
     def check_exact(self, session: str) -> bool:
         """Reader.check_exact under the lock (raises ExactnessError naming what differs)."""

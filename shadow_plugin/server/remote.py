@@ -13,12 +13,13 @@ from typing import Any, Callable
 
 from shadow_plugin.chat.questions import Answer
 from shadow_plugin.reader.fork import Generation
-from shadow_plugin.server.errors import NotReady
+from shadow_plugin.server.errors import NotReady, QuestionTooLong
 
 # The facade's methods a remote door may call, with the status (no model needed).
 CALLS = ("status", "fork_position", "position", "positions", "not_reading_why", "ask",
          "summarize", "narration", "sessions", "check", "metrics")
-ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady}
+ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady,
+          "QuestionTooLong": QuestionTooLong}
 TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result
 FIRST_POLL_S = 0.001        # the first wait: the looks back off from it, doubling, so a
 #                             question of a few ms is answered within about its own time
@@ -29,7 +30,8 @@ Call = Callable[[str, dict], Any]
 def serve_call(service, name: str, kwargs: dict, extra_status: dict | None = None):
     """Run call `name` on a server.service.Service (its status, or its facade's method) and
     return ("ok", result) or ("error", type name, args) for the shadow's errors (KeyError,
-    ValueError, NotReady); other exceptions propagate. ValueError for an unknown call."""
+    ValueError, NotReady, QuestionTooLong); other exceptions propagate. ValueError for an
+    unknown call."""
     if name not in CALLS:
         return ("error", "ValueError", (f"unknown call {name!r} (known: {', '.join(CALLS)})",))
     try:
@@ -38,6 +40,8 @@ def serve_call(service, name: str, kwargs: dict, extra_status: dict | None = Non
         return ("ok", plain(getattr(service.require(), name)(**kwargs)))
     except NotReady as e:
         return ("error", "NotReady", (e.why, e.failed))
+    except QuestionTooLong as e:                       # 413 on this side too
+        return ("error", "QuestionTooLong", e.args)
     except (KeyError, ValueError) as e:                # subclasses travel as their base
         return ("error", "KeyError" if isinstance(e, KeyError) else "ValueError", e.args)
 

@@ -47,6 +47,22 @@ def check_message(i: int, m: dict) -> None:
                          "a list of parts expected")
 
 
+def check_parts(i: int, content) -> None:
+    """A chat question's content parts: each an object whose `text`, when it has one, is a
+    string (ValueError naming messages[i].content[j]); parts of other types (images) are
+    taken and ignored."""
+    if not isinstance(content, list):
+        return
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if not isinstance(part, dict):
+            raise ValueError(f"{where}: {type(part).__name__} given, an object "
+                             "({\"type\": \"text\", \"text\": ...}) expected")
+        if "text" in part and not isinstance(part["text"], str):
+            raise ValueError(f"{where}.text: {type(part['text']).__name__} given, a string "
+                             "expected")
+
+
 class FeedOut(BaseModel):
     """followed: False when the turn's profile has the shadow off (nothing else is set then)."""
 
@@ -114,7 +130,8 @@ class SummarizeIn(Strict):
     session: str = Field(min_length=1, max_length=128)
     instruction: str = Field(default="Summarize this session in a few sentences.", min_length=1,
                              max_length=MAX_TEXT_CHARS)
-    max_tokens: StrictInt = Field(default=128, ge=1, le=4096)
+    max_tokens: StrictInt = Field(default=128, ge=1, description="at most "
+                                  "SHADOW_MAX_SUMMARY_TOKENS (4,096 by default; 400 past it)")
     at: StrictInt | None = Field(default=None, ge=0)
 
 
@@ -138,12 +155,14 @@ class ChatIn(BaseModel):
     session: str = Field(min_length=1, max_length=128)
     at: StrictInt | None = Field(default=None, ge=0)
     choices: list[str] | None = Field(default=None, min_length=2, max_length=26)
-    max_tokens: StrictInt = Field(default=128, ge=1, le=4096)
+    max_tokens: StrictInt = Field(default=128, ge=1, description="a summary's: at most "
+                                  "SHADOW_MAX_SUMMARY_TOKENS (400 past it)")
 
     @model_validator(mode="after")
     def a_question(self):
         for i, m in enumerate(self.messages):
             check_message(i, m)
+            check_parts(i, m.get("content"))
         for i, c in enumerate(self.choices or []):
             if len(c) > MAX_CHOICE_CHARS:
                 raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
@@ -160,5 +179,5 @@ class ChatIn(BaseModel):
             return ""
         content = users[-1].get("content") or ""
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "".join(p.get("text", "") for p in content)   # checked: check_parts
         return content

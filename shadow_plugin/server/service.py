@@ -61,7 +61,8 @@ def check_config(cfg: ServiceConfig) -> None:
 
 
 def check_limits(cfg: ServiceConfig) -> None:
-    """The question pool, the catch-up bound, the positions policy and the threads (ValueError
+    """The question pool, the catch-up bound, the question and summary limits, the positions
+    policy and the threads (ValueError
     naming the variable)."""
     if not 1 <= cfg.ask_workers <= 256:
         raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: 1 to 256 questions at once")
@@ -70,6 +71,10 @@ def check_limits(cfg: ServiceConfig) -> None:
     if cfg.ask_max_catchup_tokens is not None and cfg.ask_max_catchup_tokens < 1:
         raise ValueError(f"SHADOW_ASK_MAX_CATCHUP_TOKENS={cfg.ask_max_catchup_tokens}: must be "
                          "at least 1 (or none for no bound)")
+    for var, value in (("SHADOW_MAX_QUESTION_TOKENS", cfg.max_question_tokens),
+                       ("SHADOW_MAX_SUMMARY_TOKENS", cfg.max_summary_tokens)):
+        if not 1 <= value <= 2**20:
+            raise ValueError(f"{var}={value}: 1 to {2**20:,} ids")
     if cfg.max_positions_policy not in ("refuse", "cap"):
         raise ValueError(f"SHADOW_MAX_POSITIONS_POLICY={cfg.max_positions_policy!r}: refuse "
                          "or cap")
@@ -94,6 +99,7 @@ class Service:
         self.shadow: Shadow | None = None
         self.tokenizer = None
         self.busy = False                     # the host's own signal (POST /v1/shadow/host)
+        self.stop_write_errors = 0            # files the planned stop failed to write
         self.registry = CollectorRegistry()
         collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
         self.registry.register(collector)
@@ -133,7 +139,8 @@ class Service:
                              on_question=lambda s, at: self.journal.answer(self.reader, s, at),
                              idle_hook=lambda: self.narrator.run_one(self.reader))
             self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles,
-                                 cfg.ask_max_catchup_tokens, cfg.max_positions_policy)
+                                 cfg.ask_max_catchup_tokens, cfg.max_positions_policy,
+                                 cfg.max_question_tokens, cfg.max_summary_tokens)
             self.host.start_idle_loop()
             self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
         except Exception as e:                # reported by /healthz and status, not raised
@@ -158,7 +165,7 @@ class Service:
     def close(self) -> None:
         """A planned stop: let a load in progress finish (a process that exits while the
         loading thread is inside torch aborts), stop the idle loop, then park every resident
-        session."""
+        session (stop_write_errors: the writes of it that failed)."""
         if self._thread.ident is not None:
             self._thread.join()
         self.sampler.stop()
@@ -166,7 +173,9 @@ class Service:
             self.host.stop_idle_loop()
             with self.host.lock:
                 resident = len(self.reader.table.resident)
+                errors_before = self.reader.stats()["write_errors"]
                 self.reader.close()
+                self.stop_write_errors = self.reader.stats()["write_errors"] - errors_before
             where = (f"written to {self.cfg.disk_dir}" if self.cfg.disk_dir else
                      "dropped (SHADOW_DISK is off: a restart will not know them)")
             print(f"shadow-reader: stopped: {resident} resident sessions {where}; "

@@ -23,6 +23,10 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     ("SHADOW_ASK_QUEUE", "", "32", "questions that wait for a worker; past it 429"),
     ("SHADOW_ASK_MAX_CATCHUP_TOKENS", "", "131072", "the most ids a question reads before "
      "its forward (none: no bound); past it 409"),
+    ("SHADOW_MAX_QUESTION_TOKENS", "", "32768", "the most ids a question (or a summary's "
+     "instruction) may render to; past it 413"),
+    ("SHADOW_MAX_SUMMARY_TOKENS", "", "4096", "the most tokens a summary may decode "
+     "(max_tokens); past it 400"),
     ("SHADOW_MAX_POSITIONS_POLICY", "", "refuse", "refuse or cap a session past the model's "
      "positions"),
     ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),

@@ -7,7 +7,7 @@ its timeout (WaitTimeout, 504 with the backlog) or when its client disconnects (
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
@@ -22,12 +22,12 @@ WHY_FRESH_S = 1.0           # asks timing out together share one look at why (on
 @dataclass(eq=False)
 class Waiter:
     """One waiting ask: its session, `at` (None: all its ids), the future the poller sets, the
-    last (ids held, C) seen."""
+    last (ids held, C) seen (None before the poller's first look)."""
 
     session: str
     at: int | None
     done: asyncio.Future
-    seen: list[int] = field(default_factory=lambda: [0, 0])
+    seen: list[int] | None = None
 
 
 class Waits:
@@ -57,8 +57,7 @@ class Waits:
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
-                    n, c = w.seen
-                    raise WaitTimeout(n - c, c, await self._not_reading_why())
+                    raise await self._timeout(w, timeout_s)
                 try:
                     await asyncio.wait_for(asyncio.shield(w.done), min(left, DISCONNECT_POLL_S))
                     return w.done.result()
@@ -69,6 +68,20 @@ class Waits:
             self._waiters.discard(w)
             if w.done.done() and not w.done.cancelled():
                 w.done.exception()                    # seen: no "never retrieved" warning
+
+    async def _timeout(self, w: Waiter, timeout_s: float) -> WaitTimeout:
+        """The 504 of a wait that ended: the session's position as held now (looked at now
+        when the poller has not yet), how many ids it still had to read, and why."""
+        if w.seen is None:
+            shadow = self.door.require()
+            pos = (await run_in_threadpool(shadow.positions, [w.session])).get(w.session)
+            if pos is None:
+                return KeyError(f"unknown session {w.session!r}")
+            w.seen = list(pos)
+        n, c = w.seen
+        why = await self._not_reading_why()
+        return WaitTimeout(n - c, c, f"{n - c} ids were still unread after the {timeout_s} s "
+                           f"waited (timeout_s); {why}")
 
     async def _not_reading_why(self) -> str:
         """Why the reader is not reading, looked at once for the asks that time out within

@@ -51,6 +51,11 @@ def test_a_bad_profiles_file_and_a_taken_port(tmp_path):
     out = _serve({"SHADOW_MODEL": "random:tiny", "SHADOW_DIR": str(tmp_path),
                   "SHADOW_PROFILES": str(bad)})
     assert out.returncode == 2 and "SHADOW_PROFILES=" in out.stderr and "line 2" in out.stderr
+    bad.write_text("a:\n  shadow: {router_min_tokens: [1]}\n")       # issue 34: a traceback
+    out = _serve({"SHADOW_MODEL": "random:tiny", "SHADOW_DIR": str(tmp_path),
+                  "SHADOW_PROFILES": str(bad)})
+    assert out.returncode == 2 and "profile 'a': shadow.router_min_tokens" in out.stderr
+    assert "Traceback" not in out.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

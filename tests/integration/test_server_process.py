@@ -38,8 +38,9 @@ def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
         _wait_committed(url, "s", 5 * G)
     finally:
         proc.send_signal(signal.SIGTERM)
-        # uvicorn shuts down gracefully, then re-raises the captured SIGTERM
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        # a planned stop that wrote every session exits 0 (issue 34: it was -15, uvicorn
+        # raising the captured SIGTERM again)
+        assert proc.wait(timeout=60) == 0
     disk = tmp_path / "disk"
     assert len(list((disk / "sessions").rglob("*.safetensors"))) == 1          # one manifest
     assert len(list((disk / "pages").glob("*.safetensors"))) == 5             # its pages
@@ -54,4 +55,4 @@ def test_sigterm_writes_sessions_and_a_restart_continues(tmp_path):
         assert status["restores"] == 1 and s["num_ids"] == len(more)
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        assert proc.wait(timeout=60) == 0

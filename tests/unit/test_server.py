@@ -437,3 +437,16 @@ def test_the_openai_shaped_question_sessions_and_check(client):
     check = client.get("/v1/shadow/sessions/oa/check", headers=KEY).json()
     assert check["exact"] is True and check["committed"] % G == 0 and check["error"] is None
     assert client.get("/v1/shadow/sessions/nobody/check", headers=KEY).status_code == 404
+
+
+@pytest.mark.parametrize("part", [{"type": "text", "text": 7}, {"type": "text", "text": None},
+                                  {"type": "text", "text": ["x"]}, {"type": "text", "text": {}},
+                                  {"type": "text", "text": True}, 7, None, "x", [1]])
+def test_a_chat_content_part_of_any_json_type_is_a_4xx_naming_it(client, part):
+    """Issue 34: a part whose text is not a string was a 500 that dropped the connection."""
+    client.post("/v1/shadow/sessions/parts/turn", headers=KEY, json={"prompt_ids": [1000, 1001]})
+    r = client.post("/v1/shadow/chat/completions", headers=KEY, json={
+        "session": "parts", "messages": [{"role": "user", "content": [part]}]})
+    assert r.status_code == 422, r.text
+    assert "messages[0].content[0]" in r.json()["detail"]
+    assert client.get("/v1/shadow/status", headers=KEY).status_code == 200   # still served

@@ -45,6 +45,12 @@ def test_a_waiting_ask_never_calls_a_remote_door_on_the_event_loop():
                                            "timeout_s": 0.5})
     assert r.status_code == 504 and r.json()["backlog"] == 300, r.text
     assert "status" in calls and "positions" in calls
+    with TestClient(app) as c:               # issue 34: a wait shorter than the first look
+        r = c.post("/v1/shadow/ask", json={"session": "s", "question": "q",
+                                           "choices": ["a", "b"], "wait": True,
+                                           "timeout_s": 0.001})
+    assert r.status_code == 504 and (r.json()["backlog"], r.json()["committed"]) == (300, 0)
+    assert "300 ids were still unread after the 0.001 s waited" in r.json()["detail"]
 
 
 def test_a_question_whose_client_left_counts_until_it_ends():

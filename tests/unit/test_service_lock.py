@@ -2,16 +2,13 @@
 and bounded loops) with a cap small enough that sessions spill, then every session exact and
 holding exactly the ids the clients sent; existence checks restore nothing."""
 import random
-import socket
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
+from helpers import Server  # noqa: E402
 
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
-from shadow_plugin.server.app import create_app
 from shadow_plugin.server.config import ServiceConfig
 
 G = 64
@@ -24,39 +21,6 @@ def _cfg(tmp_path, resident_mb: float) -> ServiceConfig:
                          resident_gb=resident_mb / 1024, disk_dir=tmp_path / "disk",
                          scheduler=SchedulerConfig(grid=G, poll_s=0.02, idle_burst_s=0.2))
 
-
-class Server:
-    """create_app(cfg) served by uvicorn on 127.0.0.1 in a thread, until stop()."""
-
-    def __init__(self, cfg: ServiceConfig):
-        self.app = create_app(cfg)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz").json()["state"] == "ready":
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("the service did not become ready in 60 s")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "the server did not stop"
-
-    @property
-    def service(self):
-        return self.app.state.service
 
 
 def _client_loop(url: str, seed: int, sent: dict, errors: list, num_ops: int = 24) -> None:

@@ -77,3 +77,33 @@ def test_a_device_is_cpu_cuda_or_a_numbered_cuda_device(tmp_path, device, named)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="'cuda:0': no CUDA device"):
             check_paths(ServiceConfig.from_env({**base, "SHADOW_DEVICE": "cuda:0"}))
+
+
+@pytest.mark.parametrize("text, named", [
+    ("a:\n  shadow: {router_min_tokens: [1]}\n", "shadow.router_min_tokens"),
+    ("a:\n  shadow: {router_min_tokens: -5}\n", "shadow.router_min_tokens"),
+    ("a:\n  shadow: {router_min_tokens: true}\n", "shadow.router_min_tokens"),
+    ("a:\n  shadow: {mdoe: off}\n", "shadow.mdoe: unknown key"),
+    ("a:\n  shadow: {mode: off}\n  mode: off\n", "mode: unknown key (known: shadow)"),
+    ("a:\n  shadow: {mode: maybe}\n", "shadow.mode: expected on or off"),
+    ("a:\n  shadow: {router: on}\n", "shadow.router: expected off or shadow"),
+    ("a:\n  shadow: [1]\n", "shadow"),
+    ("a: 5\n", "expected a mapping")])
+def test_every_profile_key_is_checked_by_name_and_type(tmp_path, text, named):
+    """Issue 34: one line naming the file, the profile and the key; `serve` exits 2 on it."""
+    from shadow_plugin.server.router_journal import load_profiles
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_profiles(path)
+    assert str(path) in str(e.value) and "profile 'a'" in str(e.value)
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_good_profiles_load_with_their_defaults(tmp_path):
+    from shadow_plugin.server.router_journal import Profile, load_profiles
+    path = tmp_path / "p.yaml"
+    path.write_text("a:\n  shadow: {mode: off, narrator: on, router: shadow, "
+                    "router_min_tokens: 100}\nb:\nc:\n  shadow:\n")
+    assert load_profiles(path) == {"a": Profile(False, True, True, 100), "b": Profile(),
+                                   "c": Profile()}

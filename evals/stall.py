@@ -1,0 +1,173 @@
+"""How long one long question or one long summary makes another session's host calls wait (issue
+34): a real `serve` subprocess on a loopback port, one session read to its end, then, while one
+ask with a long question runs (and then one summary of many tokens), another session's `turn`,
+`output` and `end` and `/v1/shadow/status` are called back to back and each call timed. The
+figure is the longest wait of a `turn`; the time of one chunk (the reader's own mean read time
+a chunk, from status) is given beside it, and the ratio of the two.
+
+    python -m evals.stall [--model random:tiny] [--device cpu] [--grid 512] [--ids 4096]
+        [--question-chars 32000] [--summary-tokens 1024]
+
+The last line printed is one JSON object (with the machine, versions, commit and date). Its
+figures go in BENCHMARKS.md; nothing here asserts a latency.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import torch
+
+from evals.serve_proc import free_port, start_service
+
+OTHER = "stall-other"
+LONG = "stall-long"
+
+
+def question_text(num_chars: int, seed: int = 0) -> str:
+    """num_chars characters of seeded random words (about two characters an id)."""
+    rng, words = random.Random(seed), []
+    while sum(len(w) + 1 for w in words) < num_chars:
+        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                             for _ in range(rng.randrange(1, 6))))
+    return " ".join(words)[:num_chars]
+
+
+def start(args, tmp: str) -> tuple[subprocess.Popen, str]:
+    """The service, ready (limits raised so the long question and summary are let in)."""
+    env = {**os.environ, "SHADOW_MODEL": args.model, "SHADOW_DEVICE": args.device,
+           "SHADOW_GRID": str(args.grid), "SHADOW_DIR": tmp,
+           "SHADOW_MAX_QUESTION_TOKENS": str(4 * args.question_chars),
+           "SHADOW_MAX_SUMMARY_TOKENS": str(max(args.summary_tokens, 4096))}
+    try:
+        return start_service(env, free_port(), timeout_s=300, poll_s=0.2)
+    except TimeoutError:
+        raise RuntimeError("the service did not start") from None
+
+
+def fill(c: httpx.Client, args) -> float:
+    """The long session read to its end and the other session started; returns the reader's
+    mean time a chunk, in ms (status totals)."""
+    rng = random.Random(1)
+    ids = [rng.randrange(1000, 240000) for _ in range(args.ids)]
+    c.post(f"/v1/shadow/sessions/{LONG}/turn", json={"prompt_ids": ids}).raise_for_status()
+    c.post(f"/v1/shadow/sessions/{LONG}/end").raise_for_status()
+    c.post("/v1/shadow/ask", json={"session": LONG, "question": "Code?",
+                                   "choices": ["yes", "no"], "wait": True,
+                                   "timeout_s": 600}).raise_for_status()
+    totals = c.get("/v1/shadow/status").json()["totals"]
+    return totals["read_ms"] / max(totals["num_chunks"], 1)
+
+
+def host_calls(c: httpx.Client, done: threading.Event) -> dict[str, list[float]]:
+    """Another session's turn, output, end and the status, back to back until `done`: each
+    call's wall time in ms, by call."""
+    prompt = list(range(1000, 1100))
+    waits: dict[str, list[float]] = {"turn": [], "output": [], "end": [], "status": []}
+    calls = (("turn", "post", f"/v1/shadow/sessions/{OTHER}/turn", {"prompt_ids": prompt}),
+             ("output", "post", f"/v1/shadow/sessions/{OTHER}/output", {"ids": [1200, 1201]}),
+             ("end", "post", f"/v1/shadow/sessions/{OTHER}/end", None),
+             ("status", "get", "/v1/shadow/status", None))
+    while not done.is_set():
+        for name, method, path, body in calls:
+            t0 = time.perf_counter()
+            r = c.request(method.upper(), path, json=body)
+            waits[name].append((time.perf_counter() - t0) * 1e3)
+            r.raise_for_status()
+    return waits
+
+
+def stalled(c: httpx.Client, path: str, body: dict) -> dict:
+    """Run one question or summary (`path`, `body`) in a thread while host_calls runs; its own
+    wall time and answer, and the longest and median waits of each host call."""
+    done, out = threading.Event(), {}
+
+    def job():
+        t0 = time.perf_counter()
+        try:
+            r = c.post(path, json=body)
+            out.update(code=r.status_code, body=r.json())
+        finally:
+            out["s"] = time.perf_counter() - t0
+            done.set()
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    time.sleep(0.05)                       # the job holds the reader first
+    waits = host_calls(c, done)
+    worker.join()
+    res = {"code": out["code"], "job_s": round(out["s"], 2)}
+    for name, ms in waits.items():
+        ms = sorted(ms)
+        res[f"{name}_max_ms"] = round(ms[-1], 1)
+        res[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 1)
+        res[f"num_{name}_calls"] = len(ms)
+    return res, out["body"]
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(args) -> dict:
+    """The whole measurement (module doc); the service is stopped at the end."""
+    tmp = tempfile.mkdtemp(prefix="shadow-stall-")
+    proc, url = start(args, tmp)
+    try:
+        with httpx.Client(base_url=url, timeout=1200) as c:
+            chunk_ms = fill(c, args)
+            c.post(f"/v1/shadow/sessions/{OTHER}/turn",
+                   json={"prompt_ids": list(range(1000, 1100))}).raise_for_status()
+            question, ans = stalled(c, "/v1/shadow/ask", {
+                "session": LONG, "question": question_text(args.question_chars),
+                "choices": ["yes", "no"]})
+            question["num_forwarded_tokens"] = ans.get("num_forwarded_tokens")
+            print(f"question: {question}", file=sys.stderr, flush=True)
+            summary, gen = stalled(c, "/v1/shadow/summarize", {
+                "session": LONG, "max_tokens": args.summary_tokens})
+            summary["num_tokens"] = len(gen.get("ids", []))
+            print(f"summary: {summary}", file=sys.stderr, flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    for part in (question, summary):
+        part["turn_max_over_chunk"] = round(part["turn_max_ms"] / chunk_ms, 2)
+    return {"model": args.model, "device": args.device, "grid": args.grid,
+            "session_ids": args.ids, "question_chars": args.question_chars,
+            "summary_tokens": args.summary_tokens, "chunk_ms": round(chunk_ms, 1),
+            "question": question, "summary": summary, "commit": git_commit(),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": str(datetime.date.today())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random:tiny")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--ids", type=int, default=4096, help="ids of the session asked about")
+    ap.add_argument("--question-chars", type=int, default=32_000)
+    ap.add_argument("--summary-tokens", type=int, default=1024)
+    args = ap.parse_args(argv)
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
