@@ -103,7 +103,7 @@ class Reader:
                                   self.adapter.identity(), self.config.grid)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
 
-    # -- sessions -------------------------------------------------------------------------------
+    # -- sessions ------------------------------------------------------------------------------
     @property
     def model(self) -> Qwen35:
         """The weights the adapter runs (adapters.Qwen35)."""
@@ -184,7 +184,7 @@ class Reader:
         ones in full, its GDN states and entries). KeyError when unknown."""
         return state_bytes(self._get(session), self.table.store.pool.page_bytes)
 
-    # -- feeding --------------------------------------------------------------------------------
+    # -- feeding -------------------------------------------------------------------------------
     def feed(self, session: str, ids, kind: str, episode_start: bool | None = None) -> FeedResult:
         """Give the reader a new turn's whole prompt (`kind="prompt"`) or ids the host produced
         (`kind="output"`, appended). A prompt that differs from the held ids at position d rolls
@@ -273,7 +273,7 @@ class Reader:
         self.adapter.prepare(pool=self.table.store.pool)
         return time.perf_counter() - t0
 
-    # -- reading --------------------------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------------
     def read(self, session: str | None = None, max_chunks: int | None = None) -> ReadResult:
         """Advance whole chunks only: the given session, or every resident session with a
         backlog of a chunk or more, most recently used first; at most `max_chunks` chunks in
@@ -295,7 +295,7 @@ class Reader:
         self.totals["read_ms"] += result.ms
         return result
 
-    # -- exactness ------------------------------------------------------------------------------
+    # -- exactness -----------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
         """name -> tensor of the committed state (block_store.state_names): KV rows [0, C)
         (copies gathered from the session's pages) and the GDN states after token C (views:
@@ -314,7 +314,9 @@ class Reader:
         compare(self.state_tensors(session), want)
         return True
 
+    # -- forks: questions and generation -------------------------------------------------------
     def _tok(self):
+        """Qwen3.5's tokenizer, loaded on first use (questions, summaries, rewrite kinds)."""
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer()
         return self._tokenizer
@@ -493,6 +495,7 @@ class Reader:
         gen = self.generate(session, instruction, max_tokens, at)
         return self.summary_text(gen), gen
 
+    # -- files ---------------------------------------------------------------------------------
     def mark_outputs(self, session: str) -> bool | None:
         """Before the first outputs since the session's manifest was written, write it again
         marked stale (one write a turn), so a restart that finds it knows outputs came after

@@ -112,7 +112,7 @@ class Shadow:
     def _fed(self, session: str, result: FeedResult) -> Fed:
         return Fed(result, *self._position(session))
 
-    # -- host events ----------------------------------------------------------------------------
+    # -- host events ---------------------------------------------------------------------------
     def turn(self, session: str, ids: list[int], profile: str | None,
              router_label: str | None, require_durable: bool = True) -> Fed | None:
         """A new turn under its profile: None when the profile's mode is off (not followed);
@@ -226,7 +226,7 @@ class Shadow:
         with self.lock:
             return {"sessions": self.reader.stats()["sessions"]}
 
-    # -- reporting ------------------------------------------------------------------------------
+    # -- reporting -----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Reader.stats (each session with its last answer) and totals, the open turns, the host
         share (ration_ms, host_decode_ms), the last answers, the router journal's agreement and
@@ -292,6 +292,7 @@ class Shadow:
             return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
         return "the reader is reading other sessions or the backlog is large"
 
+    # -- questions -----------------------------------------------------------------------------
     def catch_up_tokens(self, session: str, at: int) -> int:
         """Ids a question at `at` must read first: up to the grid line at or below `at`, from
         C (at or above it) or from the newest checkpoint at or below `at` (below C). KeyError
@@ -389,10 +390,10 @@ class Shadow:
                   cancelled: threading.Event | None = None):
         """Reader.summarize, a step per hold of the gate (after catch_up): the instruction's
         ids in grid pieces, then the decode in bursts of decode_burst_tokens, so a host's call
-        waits at most about one chunk (a burst is sized to one chunk's time). Raises ValueError (400) for max_tokens past
-        max_summary_tokens, QuestionTooLong for an instruction past max_question_tokens
-        (nothing held), as catch_up, and ClientGone between two steps once `cancelled` is
-        set."""
+        waits at most about one chunk (a burst is sized to one chunk's time). Raises
+        ValueError (400) for max_tokens past max_summary_tokens, QuestionTooLong for an
+        instruction past max_question_tokens (nothing held), as catch_up, and ClientGone
+        between two steps once `cancelled` is set."""
         if max_tokens > self.max_summary_tokens:
             raise ValueError(f"max_tokens = {max_tokens} is over the summary limit of "
                              f"{self.max_summary_tokens} tokens (SHADOW_MAX_SUMMARY_TOKENS)")

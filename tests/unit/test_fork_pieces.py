@@ -46,7 +46,7 @@ def test_a_long_question_read_in_pieces_answers_as_one_forward(tiny):
 
 def _pieces_logits(reader: Reader, session: str, q_ids: list[int], letters: list[int]):
     """The letters' logits through the pieces (fork.start, forward_piece, the last forward)."""
-    from shadow_plugin import fork
+    from shadow_plugin.reader import fork
     st = reader._get(session)
     store, adapter = reader.table.store, reader.adapter
     at = len(st.ids)
