@@ -43,7 +43,8 @@ def manifest_of(st: SessionState, stale: bool | None = None) -> Manifest:
 
 
 def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
-                 pinned: bool | None = None, durable: bool = False) -> Path:
+                 pinned: bool | None = None, durable: bool = False,
+                 stale: bool | None = None) -> Path:
     """Write what `st` needs that the disk lacks (its pages, its states at C, its checkpoints'
     entries), then its manifest (fsynced). Pages leave the device GROUP_PAGES at a time
     (`pinned`: through page-locked host memory; default on CUDA) while the files of the
@@ -67,7 +68,10 @@ def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
         jobs += [pool.submit(disk.write_entry, key, *e, durable) for key, e in entries.items()]
         for j in jobs:
             j.result()                     # raises the first OSError
-    return disk.write_manifest(sid, manifest_of(st))
+    m = manifest_of(st, stale)
+    path = disk.write_manifest(sid, m, st.manifest_mark)
+    st.manifest_mark = m.mark
+    return path
 
 
 def _pinned(store: PageStore, pinned: bool | None) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 
 from block_store.checkpoints import resume
 from block_store.disk import files
-from block_store.disk.manifest import peek_session
+from block_store.disk.manifest import Superseded, peek_mark, peek_session
 from block_store.disk.store import DiskStore, Manifest
 from block_store.disk_io import load_checkpoints, manifest_of, save_session
 from block_store.pages import PageStore
@@ -40,13 +40,21 @@ class StoreConfig:
     (None: dropped instead); disk_bytes: cap on the folder's files, pages, GDN entries and
     manifests (None: no cap);
     disk_ttl_s: files older than this are deleted (48 h, as the seed's engine); gdn_bytes:
-    what unreferenced GDN table entries may keep (None: a quarter of resident_bytes)."""
+    what unreferenced GDN table entries may keep (None: a quarter of resident_bytes);
+    disk_shared: other servers use the folder too (several servers on one folder): every
+    manifest write also writes the pages and states the disk lacks, a caught-up session is
+    written, and a host's event first looks for a newer manifest on disk (Residency.sync);
+    disk_grace_s: files written or used within this many seconds are never deleted by the
+    TTL or the cap (another process may be about to read them; None: 60 s with disk_shared,
+    else 0)."""
 
     resident_bytes: int = 4 * 2**30
     disk_dir: Path | None = None
     disk_bytes: int | None = None
     disk_ttl_s: float = 48 * 3600
     gdn_bytes: int | None = None
+    disk_shared: bool = False
+    disk_grace_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.resident_bytes < 0:
@@ -55,6 +63,10 @@ class StoreConfig:
             object.__setattr__(self, "gdn_bytes", self.resident_bytes // 4)
         if self.gdn_bytes < 0:
             raise ValueError(f"gdn_bytes must be >= 0, got {self.gdn_bytes}")
+        if self.disk_grace_s is None:
+            object.__setattr__(self, "disk_grace_s", 60.0 if self.disk_shared else 0.0)
+        if not self.disk_grace_s >= 0:
+            raise ValueError(f"disk_grace_s must be >= 0 s, got {self.disk_grace_s}")
         if self.disk_dir is not None:
             object.__setattr__(self, "disk_dir", Path(self.disk_dir).expanduser())
 
@@ -63,7 +75,8 @@ class StoreConfig:
 class Parked:
     """A session that holds no device memory: its ids (int64), its manifest when written (None:
     dropped), the C its manifest holds, the furthest C it had committed, (dropped only) its
-    pending lines and shared line, and the session's flags (session.SessionState)."""
+    pending lines and shared line, the session's flags (session.SessionState), and the
+    version of its manifest (Manifest.mark) when written or adopted."""
 
     ids: np.ndarray
     manifest: Path | None
@@ -73,6 +86,7 @@ class Parked:
     shared_line: int = 0
     stale: bool = False
     unsaved_outputs: bool = False
+    mark: tuple[str, int] | None = None
 
 
 @dataclass
@@ -82,6 +96,7 @@ class Counters:
     restores: int = 0
     deleted_files: int = 0
     write_errors: int = 0
+    superseded: int = 0
 
 
 class Residency:
@@ -117,7 +132,7 @@ class Residency:
                 self.unusable[path] = (peek_session(path), why)
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
-                                  m.committed, stale=m.stale)
+                                  m.committed, stale=m.stale, mark=m.mark)
         return self.parked[sid]
 
     def record(self, sid: str) -> Parked | None:
@@ -166,6 +181,9 @@ class Residency:
         if self.disk is not None:       # also at C = 0: its ids outlive a restart
             try:
                 path = save_session(self.store, self.disk, sid, st)
+            except Superseded:         # another process moved it on: the folder's is newer
+                self._take_newer(sid, st)
+                return
             except Exception as e:     # disk full, folder gone, anything: dropped, ids kept
                 log.warning("could not write session %r (%s): dropped, its ids kept", sid, e)
                 self.counters.write_errors += 1
@@ -174,14 +192,53 @@ class Residency:
             self.upkeep(keep={path})
         else:
             self.counters.drops += 1
-        if st.committed:                 # findable while memory allows; handed over, not copied
-            gdn = self.store.gdn
-            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True))
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
                                   dict(st.pending_lines), st.shared_line, st.stale,
-                                  st.unsaved_outputs and path is None)
+                                  st.unsaved_outputs and path is None, st.manifest_mark)
+        self._release(st)
+
+    def _release(self, st: SessionState) -> None:
+        """Give back a session's pages and entries; its states at C stay findable as an
+        unreferenced entry while memory allows (handed over, not copied)."""
+        if st.committed:
+            gdn = self.store.gdn
+            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True))
         release_state(self.store, st)
+
+    def _take_newer(self, sid: str, st: SessionState) -> None:
+        """Another process wrote session `sid`'s manifest since this one last saw it: its
+        resident copy `st` (no longer in the resident sessions) is given back and the folder's
+        version becomes the parked record, restored on next use (counted in `superseded`);
+        when it does not load, the ids held here stay (dropped)."""
+        self.counters.superseded += 1
+        log.info("session %r: the folder holds a newer manifest (another server took it on)",
+                 sid)
+        if self._adopt(self.disk.manifest_path(sid), refuse=True) is None:
+            self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), None, 0,
+                                      st.furthest, dict(st.pending_lines), st.shared_line,
+                                      st.stale)
+        self._release(st)
+
+    def sync(self, sessions: dict[str, SessionState], sid: str) -> bool:
+        """With a shared folder (StoreConfig.disk_shared), whether resident session `sid`'s
+        manifest on disk is a version this process has not seen (another server wrote it
+        since: one header read); then the resident copy is given back and the folder's
+        version parked in its place (the next use restores it). False otherwise."""
+        st = sessions.get(sid)
+        if st is None or self.disk is None or not self.cfg.disk_shared:
+            return False
+        found = peek_mark(self.disk.manifest_path(sid))
+        if found is None or found == st.manifest_mark:
+            return False
+        del sessions[sid]
+        self._take_newer(sid, st)
+        return True
+
+    def supersede(self, sessions: dict[str, SessionState], sid: str) -> None:
+        """A manifest write of resident session `sid` found a newer version on disk
+        (Superseded): its copy is given back and the folder's parked in its place."""
+        self._take_newer(sid, sessions.pop(sid))
 
     def close(self, sessions: dict[str, SessionState]) -> None:
         """A planned stop: write every resident session (when there is a disk)."""
@@ -193,13 +250,23 @@ class Residency:
         outputs are appended; its pages are written when it is parked: a restart resumes at the
         deepest line whose pages and states are on disk). Returns whether it was written: False
         without a disk, or when the write failed (logged and counted in write_errors: the
-        session in memory is unchanged)."""
+        session in memory is unchanged). With a shared folder (StoreConfig.disk_shared) the
+        pages and states the disk lacks are written first (disk_io.save_session), so another
+        server resumes the session from them. Raises Superseded when another process wrote the
+        session's manifest since this one last saw it (nothing replaced)."""
         if self.disk is None:
             return False
         try:
-            self.disk.write_manifest(sid, manifest_of(st, stale or st.stale))
+            if self.cfg.disk_shared:       # its pages and states first, for another server
+                save_session(self.store, self.disk, sid, st, stale=stale or st.stale)
+            else:
+                m = manifest_of(st, stale or st.stale)
+                self.disk.write_manifest(sid, m, st.manifest_mark)
+                st.manifest_mark = m.mark
             st.unsaved_outputs = stale
             return True
+        except Superseded:
+            raise
         except Exception as e:
             log.warning("could not write the manifest of session %r (%s)", sid, e)
             self.counters.write_errors += 1
@@ -212,7 +279,8 @@ class Residency:
 
     def _manifest(self, sid: str, rec: Parked | None) -> Manifest | None:
         """The session's manifest when it has one this reader can use; a refused one is set
-        aside (counted, logged)."""
+        aside (counted, logged). With a shared folder a version another process wrote since
+        the record was made is taken (counted in `superseded`), whatever its ids."""
         if self.disk is None:
             return None
         path = rec.manifest if rec is not None else self.disk.manifest_path(sid)
@@ -220,7 +288,10 @@ class Residency:
             return None
         try:
             m = self.disk.read_manifest(sid)
-            if rec is not None and not np.array_equal(np.asarray(m.ids), rec.ids):
+            moved = rec is not None and self.cfg.disk_shared and m.mark != rec.mark
+            if moved:                    # another server wrote it since: the folder's is newer
+                self.counters.superseded += 1
+            elif rec is not None and not np.array_equal(np.asarray(m.ids), rec.ids):
                 raise files.RefusedFile("ids", "the manifest's ids differ from the session's",
                                         path)
             return m
@@ -247,6 +318,7 @@ class Residency:
             load_checkpoints(self.store, st, m)
             st.pending_lines, st.shared_line = m.pending_lines, m.shared_line
             st.stale, st.unsaved_outputs = m.stale, m.stale
+            st.manifest_mark = m.mark
         else:
             st.pending_lines, st.shared_line = rec.pending_lines, rec.shared_line
             st.stale, st.unsaved_outputs = rec.stale, rec.unsaved_outputs
@@ -287,7 +359,8 @@ class Residency:
         if self.disk is None:
             return
         self._swept_at = time.monotonic()
-        gone = self.disk.sweep(self.cfg.disk_ttl_s, self.cfg.disk_bytes, keep)
+        gone = self.disk.sweep(self.cfg.disk_ttl_s, self.cfg.disk_bytes, keep,
+                               self.cfg.disk_grace_s)
         self.counters.deleted_files += len(gone)
         lost = set(gone)
         for rec in self.parked.values():

@@ -56,7 +56,9 @@ class SessionState:
     count as reads into committed state (not a fork's scratch base);
     last_used: the table's LRU clock; unsaved_outputs: outputs were appended since its manifest
     was last written (that manifest says it is stale); stale: restored from a stale manifest,
-    so it holds a prefix of what the host sent until the host's next prompt.
+    so it holds a prefix of what the host sent until the host's next prompt; manifest_mark:
+    (writer, seq) of the manifest version this process last wrote or restored (None: none),
+    which its next manifest write must find on disk (DiskStore.write_manifest).
     """
 
     ids: list[int]
@@ -75,6 +77,7 @@ class SessionState:
     last_used: int = 0
     unsaved_outputs: bool = False
     stale: bool = False
+    manifest_mark: tuple[str, int] | None = None
 
     @property
     def backlog(self) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from block_store.disk.files import FileIdentity
+from block_store.disk.manifest import Superseded
 from block_store.disk.store import DiskStore
 from block_store.memory.keys import identity_key
 from block_store.memory.layout import StateSpec
@@ -161,14 +162,25 @@ class SessionTable:
         """Write the resident session's manifest (a turn's start or end; `stale`: before
         outputs, Residency.save_manifest) when there is a disk. Returns whether it was written
         (a failed write is logged and counted, never raised); for a parked session, whether
-        its park wrote it."""
+        its park wrote it. False also when another process wrote the session's manifest since
+        this one last saw it: the resident copy is given back and the folder's version parked
+        in its place (Residency.supersede)."""
         st = self.resident.get(sid)
         if st is None:
             rec = self.residency.parked.get(sid)
             if rec is None or rec.manifest is not None:
                 return rec is not None
             st = self.get(sid)           # dropped (its park's write failed): written now
-        return self.residency.save_manifest(sid, st, stale)
+        try:
+            return self.residency.save_manifest(sid, st, stale)
+        except Superseded:
+            self.residency.supersede(self.resident, sid)
+            return False
+
+    def sync(self, sid: str) -> bool:
+        """With a shared folder, whether the resident copy of `sid` was older than the
+        manifest on disk and was replaced by it (Residency.sync: restored on next use)."""
+        return self.residency.sync(self.resident, sid)
 
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one),
@@ -218,7 +230,8 @@ class SessionTable:
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
-                "deleted_files": c.deleted_files, "write_errors": c.write_errors + (
+                "deleted_files": c.deleted_files, "superseded": c.superseded,
+                "write_errors": c.write_errors + (
                     self.store.spill.counters.write_errors if self.store.spill else 0),
                 **_eviction_counts(self.store),
                 "refused_sessions": [{"session": s, "file": p.name, "reason": why}

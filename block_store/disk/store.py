@@ -22,9 +22,13 @@ cap, counts, temporaries): upkeep.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import secrets
+import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,7 +37,7 @@ from safetensors import safe_open
 
 from block_store.disk import upkeep
 from block_store.disk.files import FileIdentity, RefusedFile, atomic_save, checksum, difference
-from block_store.disk.manifest import Manifest, from_meta, to_meta
+from block_store.disk.manifest import Manifest, Superseded, from_meta, peek_mark, to_meta
 from block_store.memory.keys import identity_key
 from block_store.memory.layout import GdnState
 
@@ -52,6 +56,8 @@ class DiskStore:
         self.root, self.ident = Path(root).expanduser(), ident
         self.manifest_dir = self.root / "sessions" / identity_key(ident.as_meta()).hex()
         self.refusals: dict[str, int] = {}          # files set aside, by reason
+        # this process's token in the manifests it writes (Manifest.writer)
+        self.writer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         for folder in (self.root / "pages", self.root / "gdn", self.manifest_dir):
             folder.mkdir(parents=True, exist_ok=True)
             upkeep.clear_temporaries(folder)
@@ -159,16 +165,40 @@ class DiskStore:
         self._wrote("gdn_entries", path)
         return True
 
-    def write_manifest(self, session: str, m: Manifest) -> Path:
-        """The session's manifest, replacing the one before (atomically, fsynced). Raises
-        OSError when it cannot be written."""
-        tensors = {"ids": torch.tensor(m.ids, dtype=torch.int64)}
-        meta = self._meta("manifest", tensors, **to_meta(session, m))
+    def write_manifest(self, session: str, m: Manifest,
+                       expect: tuple[str, int] | None = None) -> Path:
+        """The session's manifest, replacing the one before (atomically, fsynced) when that
+        one is the version `expect` ((writer, seq), Manifest.mark: the one this process last
+        wrote or read; None: none) or there is none; `m` gets this process's writer token and
+        the version one past it. The compare and the rename are made under the manifests'
+        lock (flock on the identity's folder's `.lock`), so of two processes writing one
+        session one wins and the other learns of it. Raises Superseded when the folder holds
+        another version (nothing is written), OSError when it cannot be written."""
         path = self.manifest_path(session)
-        before = path.stat().st_size if path.is_file() else 0
-        atomic_save(tensors, path, meta)
+        with self._manifest_lock():
+            found = peek_mark(path)
+            if found is not None and found != expect:
+                raise Superseded(session, found)
+            m.writer, m.seq = self.writer, max(expect[1] if expect else 0,
+                                               found[1] if found else 0) + 1
+            tensors = {"ids": torch.tensor(m.ids, dtype=torch.int64)}
+            meta = self._meta("manifest", tensors, **to_meta(session, m))
+            before = path.stat().st_size if path.is_file() else 0
+            atomic_save(tensors, path, meta)
         self._wrote("manifests", path, before)
         return path
+
+    @contextmanager
+    def _manifest_lock(self):
+        """An exclusive flock on the manifests' folder's `.lock` (every process on the folder
+        with this identity), held while a manifest is compared and replaced."""
+        self.manifest_dir.mkdir(parents=True, exist_ok=True)   # a folder removed meanwhile
+        fd = os.open(self.manifest_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)                     # releases the lock
 
     # -- reading --------------------------------------------------------------------------------
     def _load(self, path: Path, kind: str) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
@@ -294,11 +324,11 @@ class DiskStore:
             self._counts[kind] -= 1
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
-    def sweep(self, ttl_s: float, cap_bytes: int | None, keep: set[Path] = frozenset()
-              ) -> list[Path]:
-        """upkeep.sweep over the folder; the index and counts listed again. Returns the
-        deleted paths."""
-        gone = upkeep.sweep(self.root, ttl_s, cap_bytes, set(keep))
+    def sweep(self, ttl_s: float, cap_bytes: int | None, keep: set[Path] = frozenset(),
+              grace_s: float = 0.0) -> list[Path]:
+        """upkeep.sweep over the folder (files younger than `grace_s` seconds kept); the index
+        and counts listed again. Returns the deleted paths."""
+        gone = upkeep.sweep(self.root, ttl_s, cap_bytes, set(keep), grace_s)
         self._relist(force=True)
         return gone
 

@@ -51,14 +51,21 @@ def scan(root: Path, manifest_dir: Path) -> dict[str, int]:
             "bytes": sum(st.st_size for fs in listed.values() for _, st in fs)}
 
 
-def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path]) -> list[Path]:
+def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path],
+          grace_s: float = 0.0) -> list[Path]:
     """Delete files older than `ttl_s` (every kind), then, past `cap_bytes`, the oldest
     refused files, then the oldest pages and GDN entries together; manifests only by age;
-    never those in `keep`. Returns the deleted paths."""
+    never those in `keep`, nor a file written or used (its time renewed: renew) within the
+    last `grace_s` seconds, which a process sharing the folder may be about to read (the
+    folder may then stay above the cap until they age). Returns the deleted paths."""
     now, gone, listed = time.time(), [], listing(root)
     total = sum(st.st_size for fs in listed.values() for _, st in fs)
+
+    def young(st: os.stat_result) -> bool:
+        return grace_s > 0 and now - st.st_mtime <= grace_s
+
     for path, st in [f for fs in listed.values() for f in fs]:
-        if now - st.st_mtime > ttl_s and path not in keep:
+        if now - st.st_mtime > ttl_s and not young(st) and path not in keep:
             path.unlink(missing_ok=True)
             total -= st.st_size
             gone.append(path)
@@ -67,7 +74,7 @@ def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path]) -> l
     for path, st in by_age:
         if cap_bytes is None or total <= cap_bytes:
             break
-        if path not in keep and path not in gone:
+        if path not in keep and path not in gone and not young(st):
             path.unlink(missing_ok=True)
             total -= st.st_size
             gone.append(path)

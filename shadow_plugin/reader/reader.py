@@ -67,7 +67,9 @@ class Reader:
     resumed from what memory still holds);
     disk_bytes (cap on the folder, None: none); disk_ttl_s (files older than this are
     deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
-    of resident_bytes); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
+    of resident_bytes); disk_shared (other servers use the folder: block_store.StoreConfig;
+    `sync`), disk_grace_s (files younger than this, s, are never deleted; None: 60 with
+    disk_shared, else 0); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
     summaries: ask, generate, summarize.
     On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
@@ -81,7 +83,8 @@ class Reader:
     def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
-                 gdn_bytes: int | None = None,
+                 gdn_bytes: int | None = None, disk_shared: bool = False,
+                 disk_grace_s: float | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
                  attn_split=None, attention: str | None = None):
         options = (cuda_graphs, fused_ops, attn_split, attention)
@@ -96,7 +99,7 @@ class Reader:
             self.config = ReaderConfig(512 if grid is None else grid, max_checkpoints)
             self.adapter = make_adapter(model, self.config.grid, *options)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
-                                        gdn_bytes)
+                                        gdn_bytes, disk_shared, disk_grace_s)
         self._tokenizer = tokenizer
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
         self.table = SessionTable(self.adapter.spec, self.store_config,
@@ -197,18 +200,22 @@ class Reader:
         written (mark_outputs). A prompt re-synchronises a stale session.
 
         Raises ValueError for bad ids, kind or session id (nothing changes), KeyError for output
-        to an unknown session, conflicts.StaleSession for output to a stale one.
+        to an unknown session, conflicts.StaleSession for output to a stale one (also one
+        another server on a shared folder took on since: `sync`).
         """
         validate.session_id(session)
         validate.flag(episode_start, "episode_start")
         if kind not in ("prompt", "output"):
             raise ValueError(f"kind must be 'prompt' or 'output', got {kind!r}")
         new = validate.token_ids(ids, self.adapter.vocab_size)
+        moved = self.table.sync(session)         # another server's newer manifest (shared)
         if kind == "output":
             st = self._get(session)
-            if st.stale:
+            if st.stale or moved:
                 raise StaleSession(session, len(st.ids))
             self.mark_outputs(session)
+            if self.table.resident.get(session) is not st:   # another server took it on
+                raise StaleSession(session, len(self.table.held_ids(session)))
             st.ids.extend(new)
             return FeedResult(None, None, None, st.backlog)
         if not new:
@@ -284,9 +291,12 @@ class Reader:
         t0, n = time.perf_counter(), 0
         for name in names:
             st = self._get(name)
+            before = n
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
                 read_chunk(self.adapter, self.config, self.table.store, st)
                 n += 1
+            if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
+                self.table.save(name)            # read up: its pages for another server
             self._settle(name)
         self.adapter.sync()
         result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
@@ -519,6 +529,13 @@ class Reader:
         if rec is None:
             raise self.table.unknown(session)
         return rec.stale
+
+    def sync(self, session: str) -> bool:
+        """With a shared disk folder (disk_shared), whether the session's manifest on disk was
+        written by another server since this reader last wrote or read it; then the copy held
+        here is given back and the folder's version is restored on next use (one header
+        read). False otherwise, and without a disk. Raises ValueError for a bad session id."""
+        return self.table.sync(validate.session_id(session))
 
     def refresh_disk_listing(self) -> None:
         """List the disk folder for its counts when due (DiskStore.refresh), outside the

@@ -3,6 +3,7 @@
 SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW_DIR (journal
 and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK
 ("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
+SHADOW_DISK_SHARED (1: other servers use the folder too), SHADOW_DISK_GRACE_S,
 SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTORY_S (the
 dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
 SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
@@ -36,6 +37,14 @@ def _num(env, key: str, default, kind=float):
         raise ValueError(f"SHADOW_{key}={raw!r} is not a number") from None
 
 
+def _flag(env, key: str) -> bool:
+    """SHADOW_{key}: 1/true/yes/on or 0/false/no/off (default off); ValueError else."""
+    raw = (_get(env, key) or "0").strip().lower()
+    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"SHADOW_{key}={raw!r} is not 0 or 1")
+    return raw in ("1", "true", "yes", "on")
+
+
 def _catchup(env) -> int | None:
     """SHADOW_ASK_MAX_CATCHUP_TOKENS: ids, or "none" for no bound (default 131,072)."""
     raw = _get(env, "ASK_MAX_CATCHUP_TOKENS")
@@ -59,8 +68,10 @@ def default_threads() -> int:
 class ServiceConfig:
     """model: a HF directory or random:NAME (empty: the service refuses to start); device: cpu,
     cuda or "" (auto); state_dir: journal folder; resident_gb; grid; disk_dir (None: off);
-    disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours); api_key
-    (None: no key); max_body_bytes; max_ids (per request);
+    disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours);
+    disk_shared (other servers use the folder too: StoreConfig.disk_shared); disk_grace_s
+    (files younger than this, s, are never deleted; None: 60 with disk_shared, else 0);
+    api_key (None: no key); max_body_bytes; max_ids (per request);
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
     served; on a loopback address the Host header must name the loopback); history_every_s,
     history_samples: the dashboard's history (server.history.History: one sample every
@@ -80,6 +91,8 @@ class ServiceConfig:
     disk_dir: Path | None = None
     disk_gb: float | None = None
     disk_ttl_h: float = 48.0
+    disk_shared: bool = False
+    disk_grace_s: float | None = None
     api_key: str | None = None
     max_body_bytes: int = 64 * 2**20
     max_ids: int = 4 * 2**20
@@ -109,6 +122,8 @@ class ServiceConfig:
                    state_dir=state_dir, resident_gb=_num(env, "GB", 4.0),
                    grid=grid, disk_dir=disk_dir, disk_gb=_num(env, "DISK_GB", None),
                    disk_ttl_h=_num(env, "DISK_TTL_H", 48.0),
+                   disk_shared=_flag(env, "DISK_SHARED"),
+                   disk_grace_s=_num(env, "DISK_GRACE_S", None),
                    api_key=_get(env, "API_KEY"),
                    max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
                    profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,

@@ -132,6 +132,7 @@ class Shadow:
                 self.unfollowed.add(session)
             return None
         with self.lock:
+            self.reader.sync(session)           # another server's newer manifest (shared)
             try:
                 n, c = self._position(session)
                 backlog = n - c                 # as the turn began (the router journal's)
@@ -154,14 +155,18 @@ class Shadow:
                require_durable: bool = True) -> Fed | None:
         """Ids the host produced (after `position` ids, when given); queues a narration at each
         </think> when the profile asks. Raises PositionMismatch when the session holds another
-        number of ids, StaleSession when it came back stale from a restart, NotDurable when
+        number of ids, StaleSession when it came back stale from a restart or another server
+        on a shared folder took the session on since this one held it, NotDurable when
         the manifest marking outputs could not be written (nothing is appended then; not with
         require_durable False: an engine's own events, which no host retries)."""
         validate.token_ids(ids, self.reader.adapter.vocab_size, "ids")
         with self.lock:
             if session in self.unfollowed and not self.reader.knows(session):
                 return None                  # its turn's profile has the shadow off
+            moved = self.reader.sync(session)   # another server took its turn (shared)
             start = self._position(session)[0]
+            if moved:
+                raise StaleSession(session, start)
             if self.reader.stale(session):
                 raise StaleSession(session, start)
             capped = self.positions_policy == "cap" and start >= self.max_positions

@@ -131,7 +131,8 @@ class Service:
             self.reader = Reader(model, grid=cfg.grid, tokenizer=self.tokenizer,
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
-                                 disk_ttl_s=cfg.disk_ttl_h * 3600)
+                                 disk_ttl_s=cfg.disk_ttl_h * 3600,
+                                 disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s)
             self.reader.adapter.bind_thread()
             self.reader.warm_up()
             self.warm_up_s = time.perf_counter() - t_warm

@@ -12,6 +12,11 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "the cap and at a stop are written there; off: dropped, and a restart remembers nothing"),
     ("SHADOW_DISK_GB", "", "no cap", "cap on the disk folder's bytes"),
     ("SHADOW_DISK_TTL_H", "", "48", "files older than this (hours) are deleted"),
+    ("SHADOW_DISK_SHARED", "", "0", "1: other servers use the folder too; a session's pages "
+     "go to disk at each turn's start and end and when read up, and a turn first takes a "
+     "newer manifest another server wrote"),
+    ("SHADOW_DISK_GRACE_S", "", "60 shared, else 0", "files written or used this recently "
+     "(s) are never deleted by the TTL or the cap"),
     ("SHADOW_DIR", "", "~/.shadow-reader", "the router journal (shadow.jsonl)"),
     ("SHADOW_API_KEY", "--api-key", "none", "bearer key on every route but /healthz and the "
      "dashboard's page (prefer the variable: a flag shows in ps)"),

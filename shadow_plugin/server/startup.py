@@ -51,6 +51,9 @@ def check_paths(cfg: ServiceConfig) -> None:
     if not cfg.disk_ttl_h > 0:
         raise ValueError(f"SHADOW_DISK_TTL_H={cfg.disk_ttl_h}: files must live a positive "
                          "number of hours")
+    if cfg.disk_grace_s is not None and not cfg.disk_grace_s >= 0:
+        raise ValueError(f"SHADOW_DISK_GRACE_S={cfg.disk_grace_s}: the grace period must be "
+                         "0 or more seconds")
     if cfg.disk_dir is not None:
         check_folder(cfg.disk_dir, "SHADOW_DISK")
     check_folder(cfg.state_dir, "SHADOW_DIR")

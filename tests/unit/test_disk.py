@@ -73,7 +73,8 @@ def test_manifests_round_trip_and_refuse_what_does_not_fit(tmp_path):
                                                       [(64, keys[0], True, False)], {192: False},
                                                       64)
     assert back.written_at > 0 and "s/1" not in str(store.manifest_path("s/1"))
-    store.write_manifest("s/1", Manifest(ids, 0, [], None))          # replaced
+    assert back.mark == (store.writer, 1)
+    store.write_manifest("s/1", Manifest(ids, 0, [], None), back.mark)     # replaced
     assert store.read_manifest("s/1").committed == 0
     store.write_manifest("bad", Manifest(ids, 128, keys[:1], keys[0]))
     with pytest.raises(RefusedFile) as e:
