@@ -176,7 +176,10 @@ class Residency:
             self.counters.drops += 1
         if st.committed:                 # findable while memory allows; handed over, not copied
             gdn = self.store.gdn
-            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True))
+            entry = gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True)
+            if entry.kind == "tip":      # its ring's newest line: now what a restore needs
+                entry.kind = "state"
+            gdn.release(entry)
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
                                   dict(st.pending_lines), st.shared_line, st.stale,
