@@ -186,7 +186,7 @@ def _advance(store: PageStore, st: SessionState, page: Page, key: bytes, gdn: Gd
 def push_tip(store: PageStore, st: SessionState, entry: GdnEntry) -> None:
     """Put `entry` (one reference, the caller's: the ring keeps it) into the session's tip
     ring as its newest line; past TIP_LINES the oldest is given up (GdnTable.give_up: gone at
-    once when nothing else references it and it never served a resume). An entry already in
+    once when nothing else references it). An entry already in
     the ring moves to its newest place and the extra reference is given back."""
     held = next((e for e in st.tip if e is entry), None)
     if held is not None:

@@ -10,15 +10,16 @@ recently used first within a rank (`rank`: what an entry is likely to save per b
 0.8B an entry is about 19 MB, three 512-row KV pages.
 
 The policy (issue 33): an entry a session gives up (`give_up`: a tip that rotated out of its
-session's ring, a checkpoint past its session's cap, a tip or checkpoint above a rewrite's
-first difference) that no one else references and that never
-served a resume goes at once, so one session's entries stay within its ring and checkpoints
-(checkpoints.TIP_LINES + max_checkpoints + 2); the loose entries that stay (a parked or dropped
-session's checkpoints and tips, its states at C, junctions, the shared line's, and any entry
-that served a resume) are evicted past the budget in rank order: never-used checkpoints and
-tips first, then the states at C and entries that served resumes, junctions and shared lines
-last. Referenced entries (a session's ring and checkpoints) are never evicted, so neither a
-question's reads nor another session's can cost a session its tips.
+session's ring, a checkpoint past its session's cap, a tip or checkpoint above a rewrite's first
+difference) that no one else references goes at once (written to disk first when it is worth it:
+spill.Spill.entry), so one session's entries stay within its ring and checkpoints
+(checkpoints.TIP_LINES + max_checkpoints + 2; the resumes an entry served earned it nothing once
+its session lets it go: kept, a long session's entries that served one BPE resume each piled up
+to the budget); the loose entries that stay (a parked or dropped session's checkpoints and tips,
+its states at C, junctions, the shared line's) are evicted past the budget in rank order:
+never-used checkpoints and tips first, then the states at C and entries that served resumes,
+junctions and shared lines last. Referenced entries (a session's ring and checkpoints) are never
+evicted, so neither a question's reads nor another session's can cost a session its tips.
 """
 from __future__ import annotations
 
@@ -145,15 +146,14 @@ class GdnTable:
         return e.nbytes
 
     def give_up(self, entry: GdnEntry, worth_writing: bool | None = None) -> None:
-        """`release` for an entry its session no longer keeps (a tip rotated out of the ring, a
-        checkpoint past the cap, either above a rewrite's first difference): when nothing
-        references it then and it never served a resume, and it is a tip or a checkpoint, it
-        goes at once (counted as evicted; `on_evict` sees it as any eviction, written to disk
-        when there is one, unless not `worth_writing`: GdnEntry.spill False, counted as not
-        written; default: a checkpoint is worth writing, a tip not). Raises ValueError as
-        release."""
+        """`release` for an entry its session no longer keeps (a tip rotated out of the
+        ring, a checkpoint past the cap, either above a rewrite's first difference): when
+        nothing references it then and it is a tip or a checkpoint, it goes at once (counted
+        as evicted; `on_evict` sees it as any eviction, written to disk when there is one,
+        unless not `worth_writing`: GdnEntry.spill False, counted as not written; default: a
+        checkpoint is worth writing, a tip not). Raises ValueError as release."""
         self.release(entry)
-        if entry.refs == 0 and entry.hits == 0 and entry.kind in ("tip", "checkpoint"):
+        if entry.refs == 0 and entry.kind in ("tip", "checkpoint"):
             if not (entry.kind == "checkpoint" if worth_writing is None else worth_writing):
                 entry.spill = False
             self._remove(entry)

@@ -66,8 +66,8 @@ def test_drop_refuses_a_referenced_entry_and_keeps_it():
 
 def test_an_entry_given_up_unused_goes_at_once_unless_held_or_earned():
     """GdnTable.give_up (issue 33): a tip or checkpoint its session gives up goes at once when
-    no one else holds it and it never served a resume (a tip marked not worth writing); one
-    another session holds, one that earned a hit, and a junction stay, loose or held."""
+    no one else holds it (a tip marked not worth writing, unless it served a resume: then the
+    disk tier writes it); one another session holds and a junction stay."""
     table = GdnTable(budget_bytes=10**9)
     seen = []
     table.on_evict = lambda e: seen.append((e.key, e.spill))
@@ -85,7 +85,8 @@ def test_an_entry_given_up_unused_goes_at_once_unless_held_or_earned():
     earned = table.put(b"e", 1536, _states(1, 2), kind="tip")
     earned.hits += 1                                         # a prompt resumed from it
     table.give_up(earned)
-    assert table.get(b"e") is earned and table.loose_bytes == earned.nbytes
+    assert b"e" not in table.entries and seen[-1] == (b"e", False) and earned.hits == 1
     junction = table.put(b"j", 2048, _states(1, 2), kind="junction")
     table.give_up(junction)
-    assert table.get(b"j") is junction and table.num_evicted == 2
+    assert table.get(b"j") is junction and table.num_evicted == 3 and table.loose_bytes == \
+        junction.nbytes
