@@ -18,7 +18,11 @@ from block_store.memory.pool import Page
 from block_store.pages import PageStore, Resume, find_resume, resume_states, served
 from block_store.session import Checkpoint, SessionState
 
-TIP_LINES = 2     # tip entries kept: the state a page below C after the last chunk
+# The tip ring: the GDN entries at the last TIP_LINES lines a session's C stood at (every chunk
+# committed, within one read too, and the line a prompt resumed at), so a rewrite whose first
+# difference lies within TIP_LINES - 1 pages below C resumes within a page of it (issue 33).
+# The 2,200-id read with a change at 1,500 needs the third line below C: 4 keeps one spare.
+TIP_LINES = 4
 MAX_LOOKUPS = 8   # lookups with the disk before one without (files refused one after another)
 
 
@@ -73,8 +77,8 @@ def take(store: PageStore, st: SessionState, episode_start: bool, max_checkpoint
     cps, dropped = add(st.checkpoints, Checkpoint(st.committed, entry, episode_start, kept),
                        max_checkpoints)
     st.checkpoints = cps
-    for c in dropped:
-        store.gdn.release(c.entry)
+    for c in dropped:                       # past the cap (or replaced at its line)
+        store.gdn.give_up(c.entry)
 
 
 def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
@@ -82,10 +86,11 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     """Move the session to where `prompt` (whose first difference from the held ids is d)
     resumes (pages.find_resume; what it found on disk loaded by disk_io.load_resume, counted
     under the 'disk' tier): its pages below the line, C = the line, the states there;
-    checkpoints above d and tip entries above the line go; where held pages end without a state
-    above the line, an entry is due at their end (the junction: the admission idea of vLLM PR
-    #37898). Counts the prompt's lookup; `cause` ('bpe', 'template', 'other') names what the
-    ids read again below the session's furthest C will be counted under."""
+    checkpoints above d and tip entries above the line go, the line's own entry joins the tip
+    ring; where held pages end without a state above the line, an entry is due at their end
+    (the junction: the admission idea of vLLM PR #37898). Counts the prompt's lookup; `cause`
+    ('bpe', 'template', 'other') names what the ids read again below the session's furthest C
+    will be counted under."""
     for attempt in range(MAX_LOOKUPS + 1):       # again when a file on disk was refused
         res = find_resume(store, st.pages, st.keys, st.committed, prompt, d,
                           use_disk=attempt < MAX_LOOKUPS)
@@ -95,13 +100,17 @@ def resume(store: PageStore, st: SessionState, prompt: list[int], d: int,
     new_pages = store.take_pages(res.pages)
     store.release_pages(st.pages)
     st.pages, st.keys, st.committed, st.gdn = new_pages, res.keys, res.line, gdn
+    # above d a checkpoint or tip holds the states of ids no prompt sends again (the host's
+    # own tokens of an output, a rendering the template dropped): given up
     for c in [c for c in st.checkpoints if c.pos > d]:
-        store.gdn.release(c.entry)
+        store.gdn.give_up(c.entry, worth_writing=False)
     st.checkpoints = [c for c in st.checkpoints if c.pos <= d]
-    keep = min(d, res.line)                      # above d a tip holds the old ids' states
+    keep = min(d, res.line)
     for e in [e for e in st.tip if e.line > keep]:
-        store.gdn.release(e)
+        store.gdn.give_up(e, worth_writing=False)
     st.tip = [e for e in st.tip if e.line <= keep]
+    if isinstance(res.state, GdnEntry) and st.counted:      # the line C stands at now
+        push_tip(store, st, store.gdn.put(res.state.key, res.line, res.state.states))
     st.junction = res.matched if res.matched > res.line else 0
     if res.line < st.furthest:
         st.reread_cause = cause
@@ -170,7 +179,19 @@ def _advance(store: PageStore, st: SessionState, page: Page, key: bytes, gdn: Gd
         take(store, st, False, max_checkpoints, kept=True)
     if st.committed == st.junction:          # for the next session with this prefix
         store.gdn.release(store.gdn.put(key, st.committed, gdn, "junction"))
-    if len(st.ids) - st.committed < TIP_LINES * g:       # near the end of the ids
-        st.tip.append(store.gdn.put(key, st.committed, gdn, "tip"))
-        while len(st.tip) > TIP_LINES:
-            store.gdn.rotated_out(st.tip.pop(0))
+    if st.counted:                          # not a fork's scratch base: its reads are a question's
+        push_tip(store, st, store.gdn.put(key, st.committed, gdn, "tip"))
+
+
+def push_tip(store: PageStore, st: SessionState, entry: GdnEntry) -> None:
+    """Put `entry` (one reference, the caller's: the ring keeps it) into the session's tip
+    ring as its newest line; past TIP_LINES the oldest is given up (GdnTable.give_up: gone at
+    once when nothing else references it). An entry already in
+    the ring moves to its newest place and the extra reference is given back."""
+    held = next((e for e in st.tip if e is entry), None)
+    if held is not None:
+        st.tip.remove(held)
+        store.gdn.release(entry)
+    st.tip.append(entry)
+    while len(st.tip) > TIP_LINES:
+        store.gdn.give_up(st.tip.pop(0))

@@ -46,12 +46,12 @@ def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
                  pinned: bool | None = None, durable: bool = False,
                  stale: bool | None = None) -> Path:
     """Write what `st` needs that the disk lacks (its pages, its states at C, its checkpoints'
-    entries), then its manifest (fsynced). Pages leave the device GROUP_PAGES at a time
-    (`pinned`: through page-locked host memory; default on CUDA) while the files of the
-    group before are written; page and entry files are fsynced only when `durable`
-    (DiskStore.write_page). Returns the manifest's path. Raises OSError (disk full, folder
-    gone; files.atomic_save turns safetensors' errors into it); a manifest is written only
-    after everything it names."""
+    and tip ring's entries: a restart finds them by key), then its manifest (fsynced). Pages
+    leave the device GROUP_PAGES at a time (`pinned`: through page-locked host memory; default
+    on CUDA) while the files of the group before are written; page and entry files are fsynced
+    only when `durable` (DiskStore.write_page). Returns the manifest's path. Raises OSError
+    (disk full, folder gone; files.atomic_save turns safetensors' errors into it); a manifest
+    is written only after everything it names."""
     g = store.grid
     todo = [i for i, k in enumerate(st.keys) if not disk.keep_page(k)]
     with ThreadPoolExecutor(IO_THREADS) as pool:
@@ -62,7 +62,9 @@ def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
                                 _pinned(store, pinned))
             jobs += [pool.submit(disk.write_page, st.keys[i], st.ids[i * g:(i + 1) * g],
                                  rows[j], durable) for j, i in enumerate(group)]
-        entries = {cp.entry.key: (cp.pos, cp.gdn, cp.entry.kind) for cp in st.checkpoints}
+        entries = {e.key: (e.line, e.states, e.kind)   # the tip ring too: a restart finds
+                   for e in st.tip}                      # the lines just below C (issue 33)
+        entries.update({cp.entry.key: (cp.pos, cp.gdn, cp.entry.kind) for cp in st.checkpoints})
         if st.committed:                   # the states at C (a checkpoint's when one is there)
             entries.setdefault(st.keys[-1], (st.committed, st.gdn, "state"))
         jobs += [pool.submit(disk.write_entry, key, *e, durable) for key, e in entries.items()]

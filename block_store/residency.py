@@ -203,7 +203,10 @@ class Residency:
         unreferenced entry while memory allows (handed over, not copied)."""
         if st.committed:
             gdn = self.store.gdn
-            gdn.release(gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True))
+            entry = gdn.put(st.keys[-1], st.committed, st.gdn, "state", owned=True)
+            if entry.kind == "tip":      # its ring's newest line: now what a restore needs
+                entry.kind = "state"
+            gdn.release(entry)
         release_state(self.store, st)
 
     def _take_newer(self, sid: str, st: SessionState) -> None:

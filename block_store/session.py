@@ -137,7 +137,9 @@ def check_layout(state: SessionState, spec: StateSpec, grid: int) -> None:
 
 def state_bytes(state: SessionState, page_bytes: int) -> int:
     """Bytes the session references: its pages (shared ones counted in full), its GDN
-    states, its checkpoints' and tip entries."""
+    states, its checkpoints' and tip entries (an entry both a checkpoint and in the tip ring
+    once)."""
     gdn = sum(c.nbytes + r.nbytes for c, r in state.gdn)
-    entries = sum(e.nbytes for e in [cp.entry for cp in state.checkpoints] + state.tip)
+    held = {id(e): e for e in [cp.entry for cp in state.checkpoints] + state.tip}
+    entries = sum(e.nbytes for e in held.values())
     return len(state.pages) * page_bytes + gdn + entries

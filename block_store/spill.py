@@ -1,7 +1,8 @@
 """What memory forgets goes to the disk tier first (issue 16, item 6): a cached page
 (unreferenced, keyed) whose memory the block manager hands out again (pool.PagePool.allocate),
 and a loose GDN entry the table evicts (gdn_table.GdnTable.evict; not a tip that rotated out
-of its session's ring unused, GdnTable.rotated_out), are written by key
+of its session's ring unused, nor an entry given up above a rewrite's first difference,
+GdnTable.give_up), are written by key
 (disk.DiskStore.write_page / write_entry) unless the disk holds them already, so a later
 prompt with that prefix, in any session or any process on the folder, resumes from disk
 through the one lookup (pages.find_resume).
@@ -53,7 +54,7 @@ def page_rows(pool: KvPool, index: int) -> torch.Tensor:
 class SpillCounters:
     """Since start: pages and GDN entries written on eviction (files that existed already are
     not counted: `on_disk` counts those), evicted entries not written (tips that rotated out
-    unused), writes that failed."""
+    unused, entries given up above a rewrite's first difference), writes that failed."""
 
     pages: int = 0
     entries: int = 0
@@ -103,11 +104,12 @@ class Spill:
 
     def entry(self, entry: GdnEntry) -> None:
         """Before `entry` leaves the GDN table: its states, line and kind queued for writing
-        under its key, unless the disk's index holds it, its write is queued, or it is a tip
-        that rotated out of its session's ring unused (GdnEntry.spill False, no hits: counted
-        in `entries_not_written`, nothing copied). Never raises."""
+        under its key, unless the disk's index holds it, its write is queued, or it is not
+        worth writing (GdnEntry.spill False, no hits: a tip that rotated out of its session's
+        ring unused, an entry given up above a rewrite's first difference; counted in
+        `entries_not_written`, nothing copied). Never raises."""
         key = entry.key
-        if not entry.spill and entry.hits == 0:      # a tip rotated out unused: not worth it
+        if not entry.spill and entry.hits == 0:      # given up unused: not worth it
             with self._lock:
                 self.counters.entries_not_written += 1
             return

@@ -225,6 +225,7 @@ class SessionTable:
                 "prefix_cache_hit_tokens": dict(pc.prefix_cache_hit_tokens),
                 "read_tokens": pc.read_tokens, "reread_tokens": dict(pc.reread_tokens),
                 "turn_starts": dict(pc.turn_starts), "gdn_entry_hits": dict(pc.gdn_entry_hits),
+                "gdn_entry_evictions": dict(gdn.evicted_by_kind),
                 "resident_cap_bytes": self.cfg.resident_bytes,
                 "disk_bytes": on_disk["bytes"],
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),

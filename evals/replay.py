@@ -55,14 +55,24 @@ class Totals:
 
 
 def bound_summary(rewrites: list[dict]) -> dict:
-    """Issue 16's re-read targets over the rewrite records: each BPE-boundary rewrite re-reads
-    at most one page; each other (template) rewrite at most the ids from its first difference
-    to the furthest C, plus one page. The worst of each kind and the records past the bound."""
+    """Issue 16's re-read targets over the rewrite records, as issue 33 states them with
+    questions: every rewrite re-reads at most the ids from its first difference d to the
+    furthest C (`changed`: they differ, or follow a difference, so any policy reads them
+    again) plus one page below d (what the checkpoints and the tip ring decide). Without
+    questions a BPE-boundary rewrite has nothing changed below the furthest C (C stood at or
+    below d), so its bound is one page, issue 16's; a question at the end of the ids commits
+    the output's whole chunks, which the next prompt's merge at the previous prompt's end then
+    changes. The worst of each kind and the records past the bound."""
     out = {}
     for kind in ("bpe", "template"):
         rows = [r for r in rewrites if (r["cause"] == "bpe") == (kind == "bpe")]
         out[f"max_reread_{kind}"] = max((r["reread"] for r in rows), default=0)
         out[f"num_over_bound_{kind}"] = sum(not r["within"] for r in rows)
+    # what the policy decides: ids re-read below the first difference (at most one page when
+    # the line at or below it is held), and the changed ids a question had committed
+    out["max_reread_below_difference"] = max(
+        (r["reread"] - r["changed"] for r in rewrites), default=0)
+    out["num_reread_changed"] = sum(min(r["reread"], r["changed"]) for r in rewrites)
     return out
 
 
@@ -95,7 +105,8 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     `out` (None: silent). A rewrite's record (Totals.rewrites): the turn, its cause, first
     difference d, the furthest C before it, the line it resumed at, the ids read again below
     that furthest C during the turn (the reader's reread counter), and whether they are
-    within bound_summary's bound. The totals' num_reread (by cause) are that counter's
+    within bound_summary's bound (`changed`: the ids from d to that furthest C). The totals'
+    num_reread (by cause) are that counter's
     increments over the turn; num_rolled_back the ids C gave back."""
     counters = reader.table.store.counters
     reread_before = dict(counters.reread_tokens)
@@ -132,6 +143,7 @@ def _turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Question,
     ans = reader.ask(sid, question.question, list(question.choices))
     totals.ask_ms.append(ans.ms)
     totals.num_read += ans.num_committed
+    totals.furthest = max(totals.furthest, reader.committed(sid))   # the ask's catch-up
     num += ans.num_committed
     label = question.labels[question.choices.index(ans.label)]
     if out:
@@ -143,11 +155,12 @@ def _turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Question,
 
 def _record_rewrite(reader: Reader, totals: Totals, n: int, res, reread: int) -> None:
     g, d, f = reader.config.grid, res.first_difference, totals.furthest
-    bound = g if res.rewrite == "bpe" else max(0, f - d) + g
+    changed = max(0, f - d)
+    bound = changed + g
     resumed = res.rolled_back_to if res.rolled_back_to is not None else None
     totals.rewrites.append({"turn": n, "cause": res.rewrite, "first_difference": d,
                             "furthest": f, "resumed_at": resumed, "reread": reread,
-                            "bound": bound, "within": reread <= bound})
+                            "changed": changed, "bound": bound, "within": reread <= bound})
 
 
 def replay_turns(reader: Reader, sid: str, turns: list[HostTurn], question: Question,

@@ -6,7 +6,20 @@ line after a rewrite, or another session's prefix).
 An entry: per GDN layer (conv [conv_dim, W] in the spec's dtype, recurrent [HV, K, V] fp32),
 copies never changed once stored. Entries are referenced by the sessions that keep them as
 checkpoints; unreferenced ones stay findable until the table's byte budget evicts them, least
-recently used first. On the 0.8B an entry is about 19 MB, three 512-row KV pages.
+recently used first within a rank (`rank`: what an entry is likely to save per byte). On the
+0.8B an entry is about 19 MB, three 512-row KV pages.
+
+The policy (issue 33): an entry a session gives up (`give_up`: a tip that rotated out of its
+session's ring, a checkpoint past its session's cap, a tip or checkpoint above a rewrite's first
+difference) that no one else references goes at once (written to disk first when it is worth it:
+spill.Spill.entry), so one session's entries stay within its ring and checkpoints
+(checkpoints.TIP_LINES + max_checkpoints + 2; the resumes an entry served earned it nothing once
+its session lets it go: kept, a long session's entries that served one BPE resume each piled up
+to the budget); the loose entries that stay (a parked or dropped session's checkpoints and tips,
+its states at C, junctions, the shared line's) are evicted past the budget in rank order:
+never-used checkpoints and tips first, then the states at C and entries that served resumes,
+junctions and shared lines last. Referenced entries (a session's ring and checkpoints) are never
+evicted, so neither a question's reads nor another session's can cost a session its tips.
 """
 from __future__ import annotations
 
@@ -16,14 +29,26 @@ from dataclasses import dataclass, field
 
 from block_store.memory.layout import GdnState, clone_gdn
 
+KINDS = ("checkpoint", "shared", "tip", "junction", "state")
+
+
+def rank(entry: "GdnEntry") -> int:
+    """Eviction rank of an unreferenced entry, lowest evicted first: 0 a checkpoint or tip
+    that never served a resume (an early turn's prompt-end checkpoint of a parked session);
+    1 a session's states at C ('state') or any entry that served a resume; 2 junctions and
+    the shared line's (what the next session with that prefix resumes at)."""
+    if entry.kind in ("junction", "shared"):
+        return 2
+    return 1 if entry.kind == "state" or entry.hits else 0
+
 
 @dataclass
 class GdnEntry:
     """key: the key of the page ending at `line`; states: the GDN states after ids[:line];
     refs: sessions keeping it; kind: why it was stored first ('checkpoint', 'shared', 'tip',
-    'junction'); hits: prompts that resumed from it (what the entry earned); spill: written to
-    disk when evicted (False for a tip that rotated out of its session's ring unreferenced and
-    unused: `rotated_out`; a new reference sets it again)."""
+    'junction', 'state'); hits: prompts that resumed from it (what the entry earned); spill:
+    written to disk when evicted (False for a tip that rotated out of its session's ring
+    unreferenced and unused: `give_up`; a new reference sets it again)."""
 
     key: bytes
     line: int
@@ -51,6 +76,8 @@ class GdnTable:
         self.budget_bytes = budget_bytes
         self.entries: OrderedDict[bytes, GdnEntry] = OrderedDict()
         self.num_evicted = 0
+        # entries evicted or given up, by kind (what each kind lost: stats' gdn_entry_evictions)
+        self.evicted_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
         # bytes of all entries and of the unreferenced ones, kept as entries and references
         # come and go (a chunk's make_room reads them; summing the entries each time cost
         # about 0.1 ms of host time a chunk at 100k on the H200, before the chunk's launch)
@@ -93,33 +120,43 @@ class GdnTable:
             self._loose_bytes += entry.nbytes
 
     def evict(self, budget_bytes: int | None = None) -> int:
-        """Drop unreferenced entries, least recently used first, while those hold more than
-        the budget (default the table's). Returns the bytes freed."""
+        """Drop unreferenced entries, lowest `rank` first and least recently used first within
+        a rank, while those hold more than the budget (default the table's). Returns the bytes
+        freed."""
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
         if self._loose_bytes <= budget:
             return 0
         freed = 0
-        for e in [e for e in self.entries.values() if e.refs == 0]:
+        loose = sorted((e for e in self.entries.values() if e.refs == 0), key=rank)  # stable:
+        for e in loose:                                        # LRU order within a rank
             if self._loose_bytes <= budget:
                 break
-            if self.on_evict is not None:
-                self.on_evict(e)
-            del self.entries[e.key]
-            self._bytes -= e.nbytes
-            self._loose_bytes -= e.nbytes
-            freed += e.nbytes
-            self.num_evicted += 1
+            freed += self._remove(e)
         return freed
 
-    def rotated_out(self, entry: GdnEntry) -> None:
-        """`release` for a tip entry leaving its session's ring (the session read on past it):
-        when nothing references it then and no prompt resumed from it, it stays findable in
-        memory but is not written to disk when evicted (spill.Spill.entry). Such tips were
-        most of what eviction wrote (a GDN entry is about 19 MB on the 0.8B), and a later
-        rewrite finds the session's checkpoints and its other entries as before."""
+    def _remove(self, e: GdnEntry) -> int:
+        """Forget unreferenced `e` after `on_evict`, counted as evicted; returns its bytes."""
+        if self.on_evict is not None:
+            self.on_evict(e)
+        del self.entries[e.key]
+        self._bytes -= e.nbytes
+        self._loose_bytes -= e.nbytes
+        self.num_evicted += 1
+        self.evicted_by_kind[e.kind] = self.evicted_by_kind.get(e.kind, 0) + 1
+        return e.nbytes
+
+    def give_up(self, entry: GdnEntry, worth_writing: bool | None = None) -> None:
+        """`release` for an entry its session no longer keeps (a tip rotated out of the
+        ring, a checkpoint past the cap, either above a rewrite's first difference): when
+        nothing references it then and it is a tip or a checkpoint, it goes at once (counted
+        as evicted; `on_evict` sees it as any eviction, written to disk when there is one,
+        unless not `worth_writing`: GdnEntry.spill False, counted as not written; default: a
+        checkpoint is worth writing, a tip not). Raises ValueError as release."""
         self.release(entry)
-        if entry.refs == 0 and entry.hits == 0:
-            entry.spill = False
+        if entry.refs == 0 and entry.kind in ("tip", "checkpoint"):
+            if not (entry.kind == "checkpoint" if worth_writing is None else worth_writing):
+                entry.spill = False
+            self._remove(entry)
 
     def drop(self, entry: GdnEntry) -> None:
         """Forget an unreferenced entry now (what `evict` does to the least recently used),
@@ -142,7 +179,8 @@ class GdnTable:
         return self._bytes
 
     def by_kind(self) -> dict[str, dict[str, int]]:
-        """Per kind: entries held, their bytes, and the resumes they served."""
+        """Per kind: entries held, their bytes, and the resumes they served (held entries only;
+        the counts since start are PageCounters.gdn_entry_hits and `evicted_by_kind`)."""
         out: dict[str, dict[str, int]] = {}
         for e in self.entries.values():
             k = out.setdefault(e.kind, {"entries": 0, "bytes": 0, "hits": 0})

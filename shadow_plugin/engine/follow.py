@@ -13,10 +13,14 @@ prompt once, then only the output ids not sent before.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from shadow_plugin.validate import HTTP_SESSION_RE
+
+log = logging.getLogger(__name__)
+MAX_NAMES_LOGGED = 1024       # names remembered as logged (then the set starts again)
 
 START, OUTPUT, FINISH = "start", "output", "finish"
 
@@ -79,6 +83,7 @@ class Follower:
     def __init__(self, door, grid: int):
         self.door, self.grid = door, grid
         self.sessions: dict[str, str] = {}         # running request id -> session
+        self.logged_names: set[str] = set()        # client names refused and logged once
 
     def apply(self, events: Sequence[RequestEvent]) -> None:
         """Apply events in order; a bad event (ids outside the vocabulary, an unknown request)
@@ -122,7 +127,23 @@ class Follower:
             named = f"{named}:{ev.request_id}"
         if named and HTTP_SESSION_RE.fullmatch(named):
             return named
-        return self.match(ev.ids) or f"req-{ev.request_id}"[:128]
+        session = self.match(ev.ids) or f"req-{ev.request_id}"[:128]
+        if named:
+            self._log_refused(ev.session, session)
+        return session
+
+    def _log_refused(self, name: str, session: str) -> None:
+        """A warning, once per client name, that the name was not used (MAX_NAMES_LOGGED
+        names remembered)."""
+        if name in self.logged_names:
+            return
+        if len(self.logged_names) >= MAX_NAMES_LOGGED:
+            self.logged_names.clear()
+        self.logged_names.add(name)
+        log.warning("shadow_session %r is not a name the shadow's routes can take "
+                    "([A-Za-z0-9._:-]{1,128}): its requests are followed as %r (or the "
+                    "session their prompt extends); this is logged once per name",
+                    name[:200], session)
 
     def match(self, prompt: Sequence[int]) -> str | None:
         """The session this prompt continues (module doc): its first difference from the

@@ -120,10 +120,14 @@ class ReaderPort(Protocol):
 
 @dataclass
 class Turn:
+    """An open turn's clock readings (s): started, first token (None: none yet), ration used
+    (ms), last host event, last round (None: no round yet)."""
+
     started_s: float
     first_token_s: float | None = None
     used_ms: float = 0.0
     last_event_s: float = 0.0
+    last_round_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,29 @@ class Scheduler:
         return (self.closed_ration_ms + sum(t.used_ms for t in open_turns),
                 self.closed_decode_ms + sum((now - t.first_token_s) * 1e3 for t in open_turns))
 
+    def stalled(self) -> dict | None:
+        """Why the idle window reads nothing now, or None when it may: `turn_open` (the idle
+        window waits for every open turn to finish; inside a turn the shadow reads only in the
+        ration between the host's rounds), with each open turn's session, seconds since it
+        opened, since its first token, since its last event, since its last round (None: none
+        yet), and until turn_timeout_s closes it as abandoned; or `host_busy` (the host's own signal says a
+        request it serves runs or waits)."""
+        now = self.clock()
+        if self.turns:
+            return {"why": "turn_open", "turns": [
+                {"session": sid, "open_s": round(now - t.started_s, 3),
+                 "since_first_token_s": None if t.first_token_s is None
+                 else round(now - t.first_token_s, 3),
+                 "since_last_event_s": round(now - t.last_event_s, 3),
+                 "since_last_round_s": None if t.last_round_s is None
+                 else round(now - t.last_round_s, 3),
+                 "closes_in_s": round(max(0.0, self.cfg.turn_timeout_s
+                                          - (now - t.last_event_s)), 3)}
+                for sid, t in sorted(self.turns.items(), key=lambda kv: kv[1].started_s)]}
+        if self.host_busy():
+            return {"why": "host_busy"}
+        return None
+
     def add_question(self, session: str, at: int) -> None:
         """A question at position `at`, answered when C reaches the grid line at or below it."""
         self.questions.append((session, at))
@@ -270,6 +293,8 @@ class Scheduler:
     def between_rounds(self, session: str) -> Slice:
         """One ration slice for the session of an open turn: whole chunks whose estimated cost
         fits in min(ration, slice_ms)."""
+        if session in self.turns:
+            self.turns[session].last_round_s = self.clock()
         budget = min(self.ration_ms(session), self.cfg.slice_ms)
         spent, done = [0.0], {}
         stop = "fresh"

@@ -233,7 +233,9 @@ class Shadow:
 
     # -- reporting -----------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Reader.stats (each session with its last answer) and totals, the open turns, the host
+        """Reader.stats (each session with its last answer) and totals, the open turns and why
+        the idle window reads nothing now (`reading_stalled`, Scheduler.stalled: a backlog
+        that does not move while a turn is open and no round comes), the host
         share (ration_ms, host_decode_ms), the last answers, the router journal's agreement and
         the narrator's latest narrations, in one hold (the idle loop's narrator writes them
         under the lock)."""
@@ -244,6 +246,7 @@ class Shadow:
                 s["last_answer"] = self.last_answer.get(sid)
             return {**stats, "totals": dict(self.reader.totals),
                     "open_turns": sorted(self.host.scheduler.turns),
+                    "reading_stalled": self.host.scheduler.stalled(),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
                     "chunks_by_window": dict(self.host.num_chunks),
                     "last_answers": list(self.answers),

@@ -84,8 +84,15 @@ def _page_metrics(stats: dict):
     yield _labelled(CounterMetricFamily, "shadow_gdn_entry_hits", "resumes and held chunks "
                     "served by GDN entries, by why the entry was stored", "kind",
                     stats["gdn_entry_hits"])
+    yield _labelled(CounterMetricFamily, "shadow_gdn_entry_evictions", "GDN entries evicted "
+                    "or given up (a tip rotated out of its ring, a checkpoint past its cap), "
+                    "by why the entry was stored", "kind", stats["gdn_entry_evictions"])
+    yield _labelled(GaugeMetricFamily, "shadow_gdn_entry_kind_bytes", "bytes of the GDN "
+                    "table's entries by why the entry was stored", "kind",
+                    {k: v["bytes"] for k, v in stats["gdn_entries_by_kind"].items()})
     yield CounterMetricFamily("shadow_gdn_entries_evicted", "GDN entries the table evicted "
-                              "(least recently used first, past its budget or the cap)",
+                              "(lowest rank, then least recently used first, past its budget "
+                              "or the cap; given-up entries included)",
                               stats["gdn_entries_evicted"])
     yield CounterMetricFamily("shadow_pages_reused", "cached pages whose memory was handed out "
                               "again (their content forgotten by memory)", stats["pages_reused"])

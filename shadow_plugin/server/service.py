@@ -98,7 +98,8 @@ class Service:
         self.host: Host | None = None
         self.shadow: Shadow | None = None
         self.tokenizer = None
-        self.busy = False                     # the host's own signal (POST /v1/shadow/host)
+        self._busy = False                    # the host's own signal (POST /v1/shadow/host)
+        self.busy_since: float | None = None  # when it last said busy (s since the epoch)
         self.stop_write_errors = 0            # files the planned stop failed to write
         self.registry = CollectorRegistry()
         collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
@@ -183,6 +184,19 @@ class Service:
                   f"{self.reader.stats()['write_errors']} write errors", file=sys.stderr,
                   flush=True)
 
+    @property
+    def busy(self) -> bool:
+        """The host's own busy signal (POST /v1/shadow/host, or the engine's steps)."""
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        if value and not self._busy:
+            self.busy_since = time.time()
+        elif not value:
+            self.busy_since = None
+        self._busy = bool(value)
+
     def status(self) -> dict:
         """The service's state and settings; once ready, the reader's stats, totals, open turns,
         router agreement and narrations, read under the one lock (Shadow.stats)."""
@@ -193,6 +207,7 @@ class Service:
         out = {"state": self.state, "stage": self.stage, "error": self.error,
                "model": self.cfg.model, "warm_up_s": self.warm_up_s,
                "grid": self.cfg.grid, "host_busy": self.busy,
+               "host_busy_since": self.busy_since,
                "scheduler": dataclasses.asdict(self.cfg.scheduler)}       # settings in effect
         if ready:
             for key in ("ration_ms", "host_decode_ms"):

@@ -37,8 +37,8 @@ def test_real_session_replays_exactly(tiny, path):
 
 
 def test_state_bytes_counts_every_tensor(tiny):
-    """state_bytes (KV capacity, GDN states, one copy of them per checkpoint) equals the sum
-    over every tensor the state holds."""
+    """state_bytes (KV capacity, GDN states, one copy of them per entry held, a checkpoint in
+    the tip ring once) equals the sum over every tensor the state holds."""
     import random
 
     from block_store.session import state_bytes
@@ -54,9 +54,10 @@ def test_state_bytes_counts_every_tensor(tiny):
     st = r.table.resident["s"]
     assert st.checkpoints
     page_bytes = r.table.store.pool.page_bytes
+    entries = {id(e): e for e in [cp.entry for cp in st.checkpoints] + st.tip}   # each once
+    assert len(entries) < len(st.checkpoints) + len(st.tip)      # the ring meets a checkpoint
     every = [*(x for g in st.gdn for x in g),
-             *(x for cp in st.checkpoints for g in cp.gdn for x in g),
-             *(x for e in st.tip for g in e.states for x in g)]
+             *(x for e in entries.values() for g in e.states for x in g)]
     assert state_bytes(st, page_bytes) == len(st.pages) * page_bytes + sum(x.nbytes for x in every)
     assert page_bytes == 2 * tiny.cfg.num_key_value_heads * tiny.cfg.head_dim * 64 * 4 * \
         len(tiny.cfg.full_layers)                           # K and V rows of a page, fp32

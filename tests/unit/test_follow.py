@@ -2,6 +2,7 @@
 (RequestTracker), their sessions (Follower's match rule), the shadow embedded in the engine's
 process (EmbeddedShadow: steps, the ration slot, the idle window), and the question routes
 reaching it through a remote door as vLLM's server does."""
+import logging
 import time
 
 import pytest
@@ -64,7 +65,7 @@ class _Door:
         self.calls.append(("end", session))
 
 
-def test_the_follower_matches_all_but_the_last_page_and_never_a_busy_session(tiny):
+def test_the_follower_matches_all_but_the_last_page_and_never_a_busy_session(tiny, caplog):
     from shadow_plugin import Reader
     door = _Door(Reader(tiny, grid=G))
     f = Follower(door, G)
@@ -106,8 +107,13 @@ def test_the_follower_matches_all_but_the_last_page_and_never_a_busy_session(tin
     fs.apply(t.take())
     assert fs.sessions["10"] == "named" and fs.sessions["11"] == "named:11"
     t.start("12", [1, 2], "bad name!")                         # not a name the routes take
-    fs.apply(t.take())
-    assert fs.sessions["12"] == "req-12"
+    with caplog.at_level(logging.WARNING, logger="shadow_plugin.engine.follow"):
+        fs.apply(t.take())
+        t.start("13", [7, 8], "bad name!")                     # the same name: not again
+        fs.apply(t.take())
+    assert fs.sessions["12"] == "req-12" and fs.sessions["13"] == "req-13"
+    logged = [r.getMessage() for r in caplog.records if r.name == "shadow_plugin.engine.follow"]
+    assert len(logged) == 1 and "'bad name!'" in logged[0] and "'req-12'" in logged[0]
 
 
 @pytest.fixture

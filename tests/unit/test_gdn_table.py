@@ -64,19 +64,29 @@ def test_drop_refuses_a_referenced_entry_and_keeps_it():
     assert table.get(b"a") is e and table.nbytes == e.nbytes
 
 
-def test_a_tip_rotated_out_unused_is_not_marked_for_disk_until_used_again():
+def test_an_entry_given_up_unused_goes_at_once_unless_held_or_earned():
+    """GdnTable.give_up (issue 33): a tip or checkpoint its session gives up goes at once when
+    no one else holds it (a tip marked not worth writing, unless it served a resume: then the
+    disk tier writes it); one another session holds and a junction stay."""
     table = GdnTable(budget_bytes=10**9)
+    seen = []
+    table.on_evict = lambda e: seen.append((e.key, e.spill))
     tip = table.put(b"t", 512, _states(1, 2), kind="tip")
-    table.rotated_out(tip)
-    assert tip.refs == 0 and tip.spill is False and table.loose_bytes == tip.nbytes
-    assert table.put(b"t", 512, _states(1, 2)) is tip and tip.spill is True   # used again
-    table.rotated_out(tip)
-    assert tip.spill is False
+    table.give_up(tip)
+    assert b"t" not in table.entries and seen == [(b"t", False)] and table.nbytes == 0
+    cp = table.put(b"c", 512, _states(1, 2), kind="checkpoint")
+    table.give_up(cp)
+    assert seen[-1] == (b"c", True) and table.evicted_by_kind == {
+        "checkpoint": 1, "shared": 0, "tip": 1, "junction": 0, "state": 0}
     shared = table.put(b"s", 1024, _states(1, 2), kind="tip")
     table.put(b"s", 1024, _states(1, 2))                    # another session holds it too
-    table.rotated_out(shared)
-    assert shared.refs == 1 and shared.spill is True
+    table.give_up(shared)
+    assert shared.refs == 1 and table.get(b"s") is shared
     earned = table.put(b"e", 1536, _states(1, 2), kind="tip")
     earned.hits += 1                                         # a prompt resumed from it
-    table.rotated_out(earned)
-    assert earned.spill is True
+    table.give_up(earned)
+    assert b"e" not in table.entries and seen[-1] == (b"e", False) and earned.hits == 1
+    junction = table.put(b"j", 2048, _states(1, 2), kind="junction")
+    table.give_up(junction)
+    assert table.get(b"j") is junction and table.num_evicted == 3 and table.loose_bytes == \
+        junction.nbytes

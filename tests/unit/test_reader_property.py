@@ -1,12 +1,17 @@
 """The test the project is built around: after any history of feeds (appends, rewrites),
 reads in any budgets and asks, the committed state equals a fresh prefill on the same grid, bit
-for bit; an ask changes no state byte and depends only on ids[:at] and the question."""
+for bit; an ask changes no state byte and depends only on ids[:at] and the question. With
+questions between steps and a small GDN budget (issue 33), a rewrite resumes at or above the
+deepest line at or below its first difference that the tip ring (the last TIP_LINES lines C
+stood at) or a checkpoint holds: within one page of the change when the ring holds the line
+below it."""
 import random
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from block_store.checkpoints import TIP_LINES
 from shadow_plugin.reader.reader import Reader
 
 G = 64
@@ -16,7 +21,7 @@ CHOICES = ["chat", "code_edit", "debug"]
 
 op = st.one_of(
     st.tuples(st.just("prompt"), st.sampled_from(["append", "zero", "checkpoint", "below_c",
-                                                  "tail"]), SIZES, st.booleans()),
+                                                  "tail", "ring"]), SIZES, st.booleans()),
     st.tuples(st.just("output"), SIZES),
     st.tuples(st.just("read"), st.one_of(st.none(), st.integers(0, 3))),
     st.tuples(st.just("turn"), SIZES, SIZES),       # prompt = held + new, read all, output
@@ -35,9 +40,50 @@ def _cut(reader, sid, mode, rng):
         return rng.randrange(p, c)
     if mode == "below_c" and c:
         return c - 1
+    if mode == "ring" and c:                         # within the tip ring's pages below C
+        return rng.randrange(max(0, c - (TIP_LINES - 1) * G), c)
     if mode == "tail":
         return rng.randrange(c, len(ids) + 1)
     return len(ids)
+
+
+class Ring:
+    """The test's own model of the tip ring: the lines C stood at, newest last (a chunk
+    committed, the line a prompt resumed at), the last TIP_LINES of them kept; lines above a
+    rewrite's first difference go (they hold the old ids' states)."""
+
+    def __init__(self):
+        self.lines: list[int] = []
+
+    def stood(self, line: int) -> None:
+        if line > 0:
+            self.lines = [x for x in self.lines if x != line][-(TIP_LINES - 1):] + [line]
+
+    def committed(self, before: int, after: int) -> None:
+        for line in range(before + G, after + 1, G):
+            self.stood(line)
+
+    def resumed(self, d: int, line: int, before: int) -> None:
+        self.lines = [x for x in self.lines if x <= min(d, line)]
+        if line != before:
+            self.stood(line)
+
+
+def _feed_prompt(reader, sid, ring, new, episode):
+    """Feed a prompt; assert where it resumed against the ring and the checkpoints held."""
+    known = reader.knows(sid)
+    c, cps = (reader.committed(sid), reader.checkpoint_positions(sid)) if known else (0, [])
+    res = reader.feed(sid, new, "prompt", episode_start=episode)
+    d, line = res.first_difference, reader.committed(sid)
+    if res.rolled_back_to is not None:
+        assert res.rolled_back_to <= d
+    if d < c:              # a change below C: the deepest line held at or below d at least
+        held = max([x for x in ring.lines + cps if x <= d], default=0)
+        assert line >= held
+        if d // G * G in ring.lines:           # the ring holds the line below the change:
+            assert d - line < G                # at most a page below it is read again
+    ring.resumed(d, line, c)
+    return res
 
 
 def _snapshot(reader, sid):
@@ -62,12 +108,18 @@ def _ask_checks(model, reader, sid, at):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(op, min_size=1, max_size=7), seed=st.integers(0, 2**32 - 1),
-       max_cps=st.sampled_from([1, 2, 6]))
-def test_any_history_equals_fresh_prefill(tiny, ops, seed, max_cps):
+       max_cps=st.sampled_from([1, 2, 6]), gdn_entries=st.sampled_from([None, 0, 2]),
+       questions=st.booleans())
+def test_any_history_equals_fresh_prefill(tiny, ops, seed, max_cps, gdn_entries, questions):
+    """gdn_entries: the GDN budget in entries of random:tiny (None: the default); questions:
+    a question at the end of the ids between steps half the time (it commits the backlog's
+    whole chunks, as replay's question after every turn does)."""
     rng = random.Random(seed)
-    reader = Reader(tiny, grid=G, max_checkpoints=max_cps)
-    sid = "s"
-    reader.feed(sid, [rng.randrange(248320) for _ in range(rng.randrange(1, 300))], "prompt")
+    budget = None if gdn_entries is None else gdn_entries * 61440
+    reader = Reader(tiny, grid=G, max_checkpoints=max_cps, gdn_bytes=budget)
+    sid, ring = "s", Ring()
+    _feed_prompt(reader, sid, ring, [rng.randrange(248320) for _ in range(rng.randrange(1, 300))],
+                 None)
     for _ in range(rng.randrange(0, 3)):             # a few whole turns, so checkpoints exist
         ops = [("turn", rng.randrange(1, 200), rng.randrange(0, 100))] + ops
     for o in ops:
@@ -76,15 +128,14 @@ def test_any_history_equals_fresh_prefill(tiny, ops, seed, max_cps):
             held = reader.ids(sid)
             d = _cut(reader, sid, mode, rng)
             new = held[:d] + [rng.randrange(248320) for _ in range(n)]
-            if not new:
-                new = [1]
-            res = reader.feed(sid, new, "prompt", episode_start=episode)
-            if res.rolled_back_to is not None:
-                assert res.rolled_back_to <= res.first_difference
+            _feed_prompt(reader, sid, ring, new or [1], episode)
         elif o[0] == "turn":
-            reader.feed(sid, reader.ids(sid) + [rng.randrange(248320) for _ in range(o[1])],
-                        "prompt", episode_start=rng.random() < 0.3)
+            _feed_prompt(reader, sid, ring, reader.ids(sid) + [rng.randrange(248320)
+                                                               for _ in range(o[1])],
+                         rng.random() < 0.3)
+            before = reader.committed(sid)
             reader.read(sid)
+            ring.committed(before, reader.committed(sid))
             reader.feed(sid, [rng.randrange(248320) for _ in range(o[2])], "output")
         elif o[0] == "output":
             reader.feed(sid, [rng.randrange(248320) for _ in range(o[1])], "output")
@@ -93,12 +144,18 @@ def test_any_history_equals_fresh_prefill(tiny, ops, seed, max_cps):
             r = reader.read(sid, max_chunks=o[1])
             assert reader.committed(sid) == before + r.num_read_tokens
             assert reader.backlog(sid) < G or o[1] is not None
+            ring.committed(before, reader.committed(sid))
         else:
             n, c = len(reader.ids(sid)), reader.committed(sid)
             at = {"end": n, "random": rng.randrange(0, n + 1), "below_c": max(0, c - 7),
                   "zero": 0}[o[1]]
             if at > 0:
                 _ask_checks(tiny, reader, sid, at)
+            ring.committed(c, reader.committed(sid))
+        if questions and rng.random() < 0.5:           # a question between steps
+            c = reader.committed(sid)
+            reader.ask(sid, [5, 6, 7], ["x", "y"])
+            ring.committed(c, reader.committed(sid))
         assert reader.committed(sid) % G == 0 and reader.committed(sid) <= len(reader.ids(sid))
         assert len(reader.checkpoint_positions(sid)) <= max_cps
         assert reader.check_exact(sid)

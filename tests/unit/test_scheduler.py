@@ -116,6 +116,32 @@ def test_no_idle_reading_while_busy_or_a_turn_is_open():
     assert sched.idle_burst().chunks == (("s", 4),)
 
 
+def test_stalled_says_why_the_idle_window_reads_nothing():
+    """Issue 33: a turn open and no round coming (its session, since when), or the host's busy
+    signal; None once the idle window may read."""
+    busy = [False]
+    sched, reader, clock = make(busy=lambda: busy[0], turn_timeout_s=600.0)
+    reader.add("s", 4 * G)
+    assert sched.stalled() is None
+    clock.t = 10.0
+    sched.turn_started("s")
+    clock.t = 12.0
+    sched.output("s")
+    clock.t = 15.0
+    sched.between_rounds("s")
+    clock.t = 45.0
+    (turn,) = sched.stalled()["turns"]
+    assert sched.stalled()["why"] == "turn_open"
+    assert turn == {"session": "s", "open_s": 35.0, "since_first_token_s": 33.0,
+                    "since_last_event_s": 33.0, "since_last_round_s": 30.0,
+                    "closes_in_s": 567.0}
+    sched.turn_finished("s")
+    busy[0] = True
+    assert sched.stalled() == {"why": "host_busy"}
+    busy[0] = False
+    assert sched.stalled() is None
+
+
 def test_back_to_back_requests_leave_only_the_ration():
     busy = [False]
     sched, reader, clock = make(busy=lambda: busy[0])

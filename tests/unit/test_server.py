@@ -69,6 +69,10 @@ def test_a_scripted_session(client):
     assert f'shadow_pages{{state="pinned"}} {float(st["pages"]["pinned"])}' in metrics
     assert st["pages"]["pinned"] >= 5
     assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
+    for kind, n in st["gdn_entry_evictions"].items():           # issue 33: per kind
+        assert f'shadow_gdn_entry_evictions_total{{kind="{kind}"}} {float(n)}' in metrics
+    for kind, k in st["gdn_entries_by_kind"].items():
+        assert f'shadow_gdn_entry_kind_bytes{{kind="{kind}"}} {float(k["bytes"])}' in metrics
     assert f"shadow_disk_bytes {float(st['disk_bytes'])}" in metrics
     for key in ("spills", "restores", "drops", "refusals", "deleted_files", "write_errors",
                 "gdn_entries_evicted", "pages_reused"):
@@ -140,9 +144,16 @@ def test_wait_times_out_with_the_backlog(client):
         "session": "w", "question": "q", "choices": ["a", "b"], "wait": True, "timeout_s": 0.3})
     assert r.status_code == 504 and r.json()["backlog"] == 4 * G
     assert "open turns" in r.json()["detail"] and "w" in r.json()["detail"]
-    assert "w" in client.get("/v1/shadow/status", headers=KEY).json()["open_turns"]
+    status = client.get("/v1/shadow/status", headers=KEY).json()
+    assert "w" in status["open_turns"] and status["host_busy"] is True
+    assert isinstance(status["host_busy_since"], float)      # why the backlog does not move:
+    stalled = status["reading_stalled"]                       # a turn open, no round yet
+    assert stalled["why"] == "turn_open" and stalled["turns"][0]["session"] == "w"
+    assert stalled["turns"][0]["since_last_round_s"] is None
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/w/end", headers=KEY)
+    status = client.get("/v1/shadow/status", headers=KEY).json()
+    assert status["host_busy_since"] is None and status["reading_stalled"] is None
 
 
 def test_service_refuses_an_empty_model():

@@ -78,7 +78,7 @@ def test_an_evicted_loose_entry_is_on_disk_with_its_line_and_kind(tiny, tmp_path
     store.gdn.evict(0)
     assert not store.gdn.entries
     store.spill.flush()
-    assert store.spill.counters.entries == len(kinds) == 2
+    assert store.spill.counters.entries == len(kinds) == 3    # the ring's G, 2G; 3G's
     for key, (line, kind) in kinds.items():
         got_line, _, got_kind = store.disk.read_entry(key)
         assert (got_line, got_kind) == (line, kind)
@@ -151,20 +151,21 @@ def test_the_write_behind_is_bounded(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("disk", [False, True])
 def test_a_park_hands_its_states_over_without_a_copy(tiny, tmp_path, disk):
-    """The states at C of a parked session become the GDN table's entry as they are (the
-    same tensors; nothing changes them: reads return new states); the restore resumes from a
-    copy of them, exact."""
+    """The states at C of a parked session are its tip ring's newest entry (no copy at the
+    park), marked 'state' (what a restore resumes from), unreferenced; the restore resumes
+    from a copy of them, exact."""
     rng = random.Random(6)
     r = disk_reader(tiny, tmp_path if disk else None, G)
     r.feed("a", rand_ids(6 * G + 5, rng), "prompt")
-    r.read("a", max_chunks=2)                    # C = 2 G: no checkpoint or tip entry there
+    r.read("a", max_chunks=2)                    # C = 2 G: no checkpoint there, a tip
     st = r.table.resident["a"]
-    key, gdn = st.keys[-1], list(st.gdn)
-    assert key not in r.table.store.gdn.entries
+    key, newest = st.keys[-1], st.tip[-1]
+    assert newest.key == key and newest.kind == "tip"
+    num_entries = len(r.table.store.gdn.entries)
     r.table.park("a")
     entry = r.table.store.gdn.entries[key]
+    assert entry is newest and len(r.table.store.gdn.entries) == num_entries
     assert entry.kind == "state" and entry.line == 2 * G and entry.refs == 0
-    assert all(a is c and b is d for (a, b), (c, d) in zip(entry.states, gdn))
     assert r.committed("a") == 2 * G             # restored: memory's pages and entry
     back = r.table.resident["a"]
     assert all(a is not c for (a, _), (c, _) in zip(back.gdn, entry.states))
@@ -173,14 +174,15 @@ def test_a_park_hands_its_states_over_without_a_copy(tiny, tmp_path, disk):
 
 
 def test_tips_that_rotated_out_unused_are_not_written(tiny, tmp_path, monkeypatch):
-    """A session followed turn by turn leaves tips behind its ring; evicted, they are counted
-    and not copied or written (GdnTable.rotated_out); its checkpoints still are, and the state
-    stays exact. Without the policy every rotated tip would be a file (about 19 MB on 0.8B)."""
+    """A session followed turn by turn gives up tips behind its ring; unused, they go at once,
+    counted and not copied or written (GdnTable.give_up); its checkpoints still are, and the
+    state stays exact. Without the policy every rotated tip would be a file (about 19 MB on
+    0.8B)."""
     from block_store.memory.gdn_table import GdnTable
-    rotated = []
-    rotate = GdnTable.rotated_out
-    monkeypatch.setattr(GdnTable, "rotated_out",
-                        lambda self, e: (rotated.append(e), rotate(self, e))[1])
+    given = []
+    give_up = GdnTable.give_up
+    monkeypatch.setattr(GdnTable, "give_up",
+                        lambda self, e: (given.append(e), give_up(self, e))[1])
     r = disk_reader(tiny, tmp_path, G, resident_bytes=CAP)
     rng = random.Random(6)
     ids = rand_ids(14 * G, rng)
@@ -190,11 +192,11 @@ def test_tips_that_rotated_out_unused_are_not_written(tiny, tmp_path, monkeypatc
     store = r.table.store
     store.spill.flush()
     st = r.stats()
-    # (a rotated tip still held as a checkpoint then stays marked for disk: spill True)
-    unused = [e for e in rotated if not e.spill and e.hits == 0 and e.refs == 0]
-    gone = [e for e in unused if e.key not in store.gdn.entries]
+    gone = [e for e in given if e.kind == "tip" and not e.spill and e.hits == 0
+            and e.key not in store.gdn.entries]
     assert gone and st["gdn_entries_not_written"] == len(gone)
     assert not any(store.disk.has_entry(e.key, look=True) for e in gone)
     written = st["evicted_written"]["gdn_entry"]
     assert written + st["gdn_entries_not_written"] <= st["gdn_entries_evicted"]
+    assert st["gdn_entry_evictions"]["tip"] >= len(gone)
     assert r.check_exact("a")
