@@ -108,7 +108,7 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
     within bound_summary's bound (`changed`: the ids from d to that furthest C). The totals'
     num_reread (by cause) are that counter's
     increments over the turn; num_rolled_back the ids C gave back."""
-    counters = reader.table.store.counters
+    counters = reader.table.counters
     reread_before = dict(counters.reread_tokens)
     _turn(reader, sid, n, turn, question, totals, out, reread_before)
     delta = {c: ids - reread_before.get(c, 0) for c, ids in counters.reread_tokens.items()}
@@ -119,7 +119,7 @@ def replay_turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Ques
 
 def _turn(reader: Reader, sid: str, n: int, turn: HostTurn, question: Question,
           totals: Totals, out, reread_before: dict) -> None:
-    counters = reader.table.store.counters
+    counters = reader.table.counters
     res = reader.feed(sid, turn.prompt_ids, "prompt")
     if res.rewrite == "bpe":
         totals.rewrites_bpe += 1

@@ -118,6 +118,17 @@ class Reader:
         spilled files carry it."""
         return self.adapter.path
 
+    @property
+    def store(self):
+        """The page store the sessions share (block_store.PageStore: the KV pool, the GDN table,
+        the disk tier, the counters)."""
+        return self.table.store
+
+    @property
+    def has_disk(self) -> bool:
+        """Whether a disk tier holds spilled sessions and pages (disk_dir was given)."""
+        return self.store.disk is not None
+
     def _get(self, session) -> SessionState:
         """The session's state (SessionTable.get: restored from disk when parked, the most
         recently used). Raises ValueError for a bad session id, KeyError for an unknown one."""
@@ -138,7 +149,7 @@ class Reader:
     def drop(self, session: str) -> None:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""
         self.table.drop(validate.session_id(session))
-        fork.drop_scratch(self.table.store, self._scratch.pop(session, None))
+        fork.drop_scratch(self.store, self._scratch.pop(session, None))
 
     def stats(self) -> dict:
         """Residency and counters (block_store.SessionTable.stats), each session also flagged
@@ -151,7 +162,7 @@ class Reader:
     def close(self) -> None:
         """A planned stop: park every resident session (written to disk when there is one)."""
         for sid in list(self._scratch):
-            fork.drop_scratch(self.table.store, self._scratch.pop(sid))
+            fork.drop_scratch(self.store, self._scratch.pop(sid))
         self.table.close()
 
     def position(self, session: str) -> tuple[int, int]:
@@ -185,7 +196,7 @@ class Reader:
     def state_bytes(self, session: str) -> int:
         """Bytes the session references (block_store.session.state_bytes: its pages, shared
         ones in full, its GDN states and entries). KeyError when unknown."""
-        return state_bytes(self._get(session), self.table.store.pool.page_bytes)
+        return state_bytes(self._get(session), self.store.pool.page_bytes)
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, session: str, ids, kind: str, episode_start: bool | None = None) -> FeedResult:
@@ -230,11 +241,11 @@ class Reader:
                 st = self.table.create(session)
         behind = st.backlog >= self.config.grid          # a chunk or more unread as it began
         result = self._feed_prompt(st, new, episode_start)
-        self.table.store.counters.turn_starts["false" if behind else "true"] += 1
+        self.store.counters.turn_starts["false" if behind else "true"] += 1
         st.stale = False                         # the host's whole prompt: in step again
         saved = self.table.save(session)         # the manifest a restart trusts (with a disk)
         self._settle(session)
-        return dataclasses.replace(result, durable=saved if self.table.store.disk else None)
+        return dataclasses.replace(result, durable=saved if self.has_disk else None)
 
     def _feed_prompt(self, st: SessionState, prompt: list[int], episode: bool | None) -> FeedResult:
         """Resume where the prompt can (block_store.checkpoints.resume: the deepest line whose
@@ -245,13 +256,13 @@ class Reader:
         d = first_difference(st.ids, prompt)
         before = st.committed
         kind = self._rewrite_kind(st.ids, prompt, d)
-        resume(self.table.store, st, prompt, d, kind or "other")
+        resume(self.store, st, prompt, d, kind or "other")
         rolled = st.committed < before
         st.ids = prompt
         st.pending_lines = {p: e for p, e in st.pending_lines.items() if st.committed < p <= d}
         episode = lines.is_episode_start(prompt) if episode is None else bool(episode)
         line = lines.prompt_line(prompt, self.config.grid)
-        store, cap = self.table.store, self.config.max_checkpoints
+        store, cap = self.store, self.config.max_checkpoints
         if line == st.committed:
             take(store, st, episode, cap)
         elif line > st.committed:
@@ -277,7 +288,7 @@ class Reader:
         instead of inside the first read, question or decode; returns the seconds it took
         (about 0 on the CPU or without graphs)."""
         t0 = time.perf_counter()
-        self.adapter.prepare(pool=self.table.store.pool)
+        self.adapter.prepare(pool=self.store.pool)
         return time.perf_counter() - t0
 
     # -- reading -------------------------------------------------------------------------------
@@ -293,7 +304,7 @@ class Reader:
             st = self._get(name)
             before = n
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
-                read_chunk(self.adapter, self.config, self.table.store, st)
+                read_chunk(self.adapter, self.config, self.store, st)
                 n += 1
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
@@ -312,7 +323,7 @@ class Reader:
         clone before changing the session)."""
         st = self._get(session)
         check_layout(st, self.adapter.spec, self.config.grid)
-        rows = kv_view(self.table.store, st).gather(st.committed)
+        rows = kv_view(self.store, st).gather(st.committed)
         return pack(self.adapter.spec, rows, st.gdn, st.committed)
 
     def check_exact(self, session: str) -> bool:
@@ -366,7 +377,7 @@ class Reader:
             if not q_ids:
                 raise ValueError("question ids must not be empty")
         letters = questions.letter_ids(self._tok(), len(choices))
-        fw = fork.start(self.adapter, self.config, self.table.store, st, session, q_ids, at,
+        fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
                         fork.question_padding(self.adapter, at, len(q_ids)),
                         self._take_scratch(session, st, at))
         return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
@@ -377,13 +388,13 @@ class Reader:
         Returns whether steps remain before `finish_*`. A step never takes much longer than
         one chunk (or one burst)."""
         fw = pending.fw
-        if fork.forward_piece(self.adapter, self.table.store, fw):
+        if fork.forward_piece(self.adapter, self.store, fw):
             self.adapter.sync()
             return True
         if pending.letters is not None:
             return False
         if pending.decoding is None:
-            pending.decoding = fork.start_decoding(self.adapter, self.table.store, fw,
+            pending.decoding = fork.start_decoding(self.adapter, self.store, fw,
                                                    pending.max_new_tokens,
                                                    set(pending.stop_ids))
         else:
@@ -394,7 +405,7 @@ class Reader:
         """The answer of a begun question (its remaining steps run here); its pages given
         back."""
         try:
-            return fork.finish_answer(self.adapter, self.table.store, pending.fw,
+            return fork.finish_answer(self.adapter, self.store, pending.fw,
                                       pending.letters, pending.choices)
         finally:
             self.cancel(pending)
@@ -403,7 +414,7 @@ class Reader:
     def cancel(self, pending: fork.Pending) -> None:
         """Give up a begun question or decoding: its pages given back (once; a finished one's
         already are)."""
-        fork.release(self.table.store, pending.fw)
+        fork.release(self.store, pending.fw)
 
     def _settle_known(self, session: str) -> None:
         """_settle sparing the session, when it is still held (it may have gone between the
@@ -427,7 +438,7 @@ class Reader:
         if at >= st.committed:
             return 0
         # taken out first: a read that raises gives the base back, and none stays behind
-        sc, done = fork.advance_scratch(self.adapter, self.config, self.table.store, st,
+        sc, done = fork.advance_scratch(self.adapter, self.config, self.store, st,
                                         session, line, self._scratch.pop(session, None),
                                         max_chunks)
         self._scratch[session] = sc
@@ -441,7 +452,7 @@ class Reader:
         line = at // self.config.grid * self.config.grid
         if at < st.committed and fork.scratch_valid(sc, session, st, line):
             return sc
-        fork.drop_scratch(self.table.store, sc)
+        fork.drop_scratch(self.store, sc)
         return None
 
     def generate(self, session: str, prompt, max_new_tokens: int = 64, at: int | None = None,
@@ -477,7 +488,7 @@ class Reader:
             p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
-        fw = fork.start(self.adapter, self.config, self.table.store, st, session, p_ids, at,
+        fw = fork.start(self.adapter, self.config, self.store, st, session, p_ids, at,
                         max_new_tokens, self._take_scratch(session, st, at))
         return fork.Pending(fw, len(p_ids), max_new_tokens=max_new_tokens,
                             stop_ids=frozenset(stop_ids))
@@ -512,7 +523,7 @@ class Reader:
         it. Returns True when the disk's manifest says so (now or already), False when the
         write failed (logged, counted), None without a disk. Raises KeyError when unknown."""
         st = self._get(session)
-        disk = self.table.store.disk
+        disk = self.store.disk
         if disk is None:
             return None
         if st.unsaved_outputs and disk.manifest_path(session).is_file():   # one stat: the
@@ -541,8 +552,8 @@ class Reader:
         """List the disk folder for its counts when due (DiskStore.refresh), outside the
         reader's lock, so stats() under it does not list a large folder; nothing without a
         disk."""
-        if self.table.store.disk is not None:
-            self.table.store.disk.refresh()
+        if self.store.disk is not None:
+            self.store.disk.refresh()
 
     def refused(self, session: str) -> str | None:
         """Why the session's manifest was refused when the reader started (it is listed in

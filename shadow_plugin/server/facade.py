@@ -202,7 +202,7 @@ class Shadow:
                 return False
             self._position(session)
             saved = self.host.turn_finished(session)
-            if not saved and self.reader.table.store.disk and require_durable:
+            if not saved and self.reader.has_disk and require_durable:
                 raise NotDurable(session, "the turn's end is held in memory")
             return True
 
