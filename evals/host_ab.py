@@ -153,8 +153,8 @@ def run_arms(engine: Engine, host: Host, shadow: Reader, ids: list[int], a, tag:
                 r["held"] = len(shadow.ids(session))
     off = [r["tok_s"] for r in runs if r["arm"] == "off"]
     on = [r["tok_s"] for r in runs if r["arm"] == "on"]
-    return {"share": host.scheduler.cfg.share, "idle_trust": host.scheduler.cfg.idle_trust,
-            "idle_at_finish": host.scheduler.cfg.idle_at_finish, "warm_turns": a.warm_turns,
+    return {"share": host.config.share, "idle_trust": host.config.idle_trust,
+            "idle_at_finish": host.config.idle_at_finish, "warm_turns": a.warm_turns,
             "tok_s_off_median": statistics.median(off),
             "tok_s_on_median": statistics.median(on),
             "delta_pct_median": 100 * (statistics.median(on) / statistics.median(off) - 1),

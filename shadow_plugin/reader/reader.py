@@ -125,6 +125,11 @@ class Reader:
         return self.table.store
 
     @property
+    def num_resident(self) -> int:
+        """Sessions whose states are in memory (the others parked on disk or dropped)."""
+        return len(self.table.resident)
+
+    @property
     def has_disk(self) -> bool:
         """Whether a disk tier holds spilled sessions and pages (disk_dir was given)."""
         return self.store.disk is not None

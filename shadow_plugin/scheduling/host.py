@@ -80,6 +80,7 @@ class Host:
                                    CostModel(DEFAULT_MS_PER_1K, reader.config.grid),
                                    lock=self.lock)
         self.idle_hook = idle_hook
+        self.config = cfg                 # the scheduler's (SchedulerConfig), frozen
         self.num_chunks = {"ration": 0, "idle": 0}   # chunks read in each window, since start
         self._stop = threading.Event()
         self._wake = threading.Event()            # set: the idle loop polls now

@@ -174,7 +174,7 @@ class Service:
         if self.host is not None:
             self.host.stop_idle_loop()
             with self.host.lock:
-                resident = len(self.reader.table.resident)
+                resident = self.reader.num_resident
                 errors_before = self.reader.stats()["write_errors"]
                 self.reader.close()
                 self.stop_write_errors = self.reader.stats()["write_errors"] - errors_before
