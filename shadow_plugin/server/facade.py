@@ -8,6 +8,7 @@ question calls are below; waiting asks wait in the event loop (waits.py), holdin
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -80,12 +81,37 @@ class Shadow:
         self.unfollowed: set[str] = set()               # turned with a profile that is off
         self.answers: deque = deque(maxlen=20)          # the last answers, for status
         self.last_answer: dict[str, dict] = {}          # each session's last answer
+        self._num_waiting = 0                           # host calls waiting for the lock
+        self._waiting_lock = threading.Lock()
         self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
 
     @property
     def lock(self):
         """The one lock: the host interface's (read at each use, so it can be instrumented)."""
         return self.host.lock
+
+    @contextlib.contextmanager
+    def _held(self):
+        """The lock for a host's call or a report, counted while it waits, so a question's
+        steps let it in first (`_let_waiters_in`)."""
+        with self._waiting_lock:
+            self._num_waiting += 1
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self.lock)
+            finally:
+                with self._waiting_lock:
+                    self._num_waiting -= 1
+            yield
+
+    def _let_waiters_in(self, max_wait_s: float = 0.05) -> None:
+        """Between two holds of the gate by one question or summary: the host's calls waiting
+        for the lock take it first (at most max_wait_s). Python's locks are not fair: a thread
+        that lets go and takes the lock again at once kept a waiting `turn` out for a whole
+        summary (1.6 s, with chunks of 27 ms, tests/integration/test_service_stall.py)."""
+        deadline = time.monotonic() + max_wait_s
+        while self._num_waiting and time.monotonic() < deadline:
+            time.sleep(0.0002)
 
     def gate(self):
         """The hold for a question's heavy work (catch_up's chunks, its forward, a decode, a
@@ -125,13 +151,13 @@ class Shadow:
         prof = self.profiles.get(profile, Profile())
         validate.token_ids(ids, self.reader.adapter.vocab_size, "prompt_ids")
         if not prof.mode:                    # not followed: what was held no longer holds
-            with self.lock:
+            with self._held():
                 if self.reader.knows(session):
                     self.host.forget(session)
                     self.last_answer.pop(session, None)
                 self.unfollowed.add(session)
             return None
-        with self.lock:
+        with self._held():
             self.reader.sync(session)           # another server's newer manifest (shared)
             try:
                 n, c = self._position(session)
@@ -160,7 +186,7 @@ class Shadow:
         the manifest marking outputs could not be written (nothing is appended then; not with
         require_durable False: an engine's own events, which no host retries)."""
         validate.token_ids(ids, self.reader.adapter.vocab_size, "ids")
-        with self.lock:
+        with self._held():
             if session in self.unfollowed and not self.reader.knows(session):
                 return None                  # its turn's profile has the shadow off
             moved = self.reader.sync(session)   # another server took its turn (shared)
@@ -183,7 +209,7 @@ class Shadow:
     def between_rounds(self, session: str):
         """The ration slice (host.Slice), then one narration if the narrator's share covers
         its cost."""
-        with self.lock:
+        with self._held():
             self._position(session)
             sl = self.host.between_rounds(session)
             turn = self.host.scheduler.turns.get(session)
@@ -197,7 +223,7 @@ class Shadow:
         """The turn ended (the session stays); False for a session not followed (its turn's
         profile has the shadow off). Raises NotDurable when the reader has a disk and the
         manifest holding all the session's ids could not be written."""
-        with self.lock:
+        with self._held():
             if session in self.unfollowed and not self.reader.knows(session):
                 return False
             self._position(session)
@@ -208,7 +234,7 @@ class Shadow:
 
     def delete(self, session: str) -> None:
         """Forget the session in the reader and the scheduler, its file included."""
-        with self.lock:
+        with self._held():
             try:
                 self._position(session)
             except KeyError:                 # listed as refused at start-up, or not followed
@@ -219,7 +245,7 @@ class Shadow:
             self.unfollowed.discard(session)
 
     def narration(self, session: str) -> dict:
-        with self.lock:
+        with self._held():
             self._position(session)
             return {"session": session,
                     "narrations": list(self.narrator.narrations.get(session, [])),
@@ -228,7 +254,7 @@ class Shadow:
     def sessions(self) -> dict:
         """Every session held: ids, C, backlog, residency, bytes (Reader.stats's), restoring
         nothing."""
-        with self.lock:
+        with self._held():
             return {"sessions": self.reader.stats()["sessions"]}
 
     # -- reporting -----------------------------------------------------------------------------
@@ -239,7 +265,7 @@ class Shadow:
         share (ration_ms, host_decode_ms), the last answers, the router journal's agreement and
         the narrator's latest narrations, in one hold (the idle loop's narrator writes them
         under the lock)."""
-        with self.lock:
+        with self._held():
             ration_ms, decode_ms = self.host.scheduler.host_share()
             stats = self.reader.stats()
             for sid, s in stats["sessions"].items():
@@ -255,7 +281,7 @@ class Shadow:
     def metrics(self) -> dict:
         """stats() and the questions' latency histogram (question_ms: cumulative counts at
         ASK_BUCKETS_MS, and their sum): what server.metrics.Collector reports."""
-        with self.lock:
+        with self._held():
             ms = list(self.ask_ms)
         return {**self.stats(), "question_ms": {
             "buckets": [[b, sum(x <= b for x in ms)] for b in ASK_BUCKETS_MS],
@@ -264,7 +290,7 @@ class Shadow:
     def fork_position(self, session: str, at: int | None) -> int:
         """The position a question or summary forks at: `at`, or all the session's ids. KeyError
         (404) for an unknown session, ValueError (400) for an `at` past its ids."""
-        with self.lock:
+        with self._held():
             n = self._position(session)[0]
         if at is not None and at > n:
             raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
@@ -272,14 +298,14 @@ class Shadow:
 
     def position(self, session: str) -> tuple[int, int]:
         """(ids held, C) under the lock, restoring nothing; KeyError for an unknown session."""
-        with self.lock:
+        with self._held():
             return self._position(session)
 
     def positions(self, sessions: list[str]) -> dict[str, list[int] | None]:
         """{session: [ids held, C], or None when unknown} in one hold of the lock (what the
         waiting asks look at, server.waits.Waits)."""
         out: dict[str, list[int] | None] = {}
-        with self.lock:
+        with self._held():
             for s in sessions:
                 try:
                     out[s] = list(self._position(s))
@@ -289,7 +315,7 @@ class Shadow:
 
     def not_reading_why(self) -> str:
         """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
-        with self.lock:
+        with self._held():
             turns = sorted(self.host.scheduler.turns)
             busy = self.host.scheduler.host_busy()
         if turns:
@@ -305,7 +331,7 @@ class Shadow:
         """Ids a question at `at` must read first: up to the grid line at or below `at`, from
         C (at or above it) or from the newest checkpoint at or below `at` (below C). KeyError
         for an unknown session."""
-        with self.lock:
+        with self._held():
             n, c = self._position(session)
             line = at // self.grid * self.grid
             if at >= c:
@@ -327,6 +353,7 @@ class Shadow:
         line, done = at // self.grid * self.grid, 0
         for _ in range(2 * line // self.grid + 2):   # bounded: another call may restart it
             _check_cancel(cancelled)
+            self._let_waiters_in()
             with self.gate():
                 r = self.reader
                 try:
@@ -379,6 +406,7 @@ class Shadow:
         of the gate, until only the finish is left; ClientGone once `cancelled` is set."""
         while True:
             _check_cancel(cancelled)
+            self._let_waiters_in()
             with self.gate():
                 if not self.reader.advance(pending, self._burst_tokens(pending)):
                     return
@@ -423,7 +451,7 @@ class Shadow:
 
     def check_exact(self, session: str) -> bool:
         """Reader.check_exact under the lock (raises ExactnessError naming what differs)."""
-        with self.lock:
+        with self._held():
             return self.reader.check_exact(session)
 
     def check(self, session: str) -> dict:
