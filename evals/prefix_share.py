@@ -89,8 +89,8 @@ def main(argv=None, prog: str | None = None) -> int:
                     "exact": together["sessions"][sid]["exact"]}
         met = met and got <= bound
     s = reader.stats()
-    own = sum(len(st.pages) for st in reader.table.resident.values())
-    live = sum(c.nbytes + r.nbytes for st in reader.table.resident.values() for c, r in st.gdn)
+    own = sum(len(st.pages) for st in reader.resident_states())
+    live = sum(c.nbytes + r.nbytes for st in reader.resident_states() for c, r in st.gdn)
     held_once = s["resident_bytes"] <= (own - shared_pages) * s["page_bytes"] + \
         s["gdn_entry_bytes"] + live
     print(json.dumps({

@@ -129,6 +129,11 @@ class Reader:
         """Sessions whose states are in memory (the others parked on disk or dropped)."""
         return len(self.table.resident)
 
+    def resident_states(self) -> list[SessionState]:
+        """The states of the sessions in memory (block_store.SessionState: pages, GDN states at
+        C, checkpoints), for reports that count what memory holds; not to be changed."""
+        return list(self.table.resident.values())
+
     @property
     def has_disk(self) -> bool:
         """Whether a disk tier holds spilled sessions and pages (disk_dir was given)."""
