@@ -382,11 +382,8 @@ class Shadow:
         back)."""
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
-        with self.gate():
-            pending = self.reader.begin_ask(session, question, choices, at)
-            if pending.num_extra_ids > self.max_question_tokens:
-                self.reader.cancel(pending)
-                raise QuestionTooLong(session, pending.num_extra_ids, self.max_question_tokens)
+        pending = self._begin(session, lambda: self.reader.begin_ask(session, question,
+                                                                    choices, at))
         try:
             self._advance(pending, cancelled)
             with self.gate():
@@ -400,6 +397,17 @@ class Shadow:
         finally:
             with self.gate():
                 self.reader.cancel(pending)
+
+    def _begin(self, session: str, begin):
+        """begin() under the gate (Reader.begin_ask or begin_generate: the fork of a question
+        or a summary's instruction, nothing read yet); QuestionTooLong past
+        max_question_tokens, the fork's pages given back."""
+        with self.gate():
+            pending = begin()
+            if pending.num_extra_ids > self.max_question_tokens:
+                self.reader.cancel(pending)
+                raise QuestionTooLong(session, pending.num_extra_ids, self.max_question_tokens)
+        return pending
 
     def _advance(self, pending, cancelled: threading.Event | None) -> None:
         """Reader.advance, one step (a grid piece, a burst of decode_burst_tokens) per hold
@@ -435,11 +443,8 @@ class Shadow:
                              f"{self.max_summary_tokens} tokens (SHADOW_MAX_SUMMARY_TOKENS)")
         self.catch_up(session, self.fork_position(session, at), cancelled)
         _check_cancel(cancelled)
-        with self.gate():
-            pending = self.reader.begin_generate(session, instruction, max_tokens, at)
-            if pending.num_extra_ids > self.max_question_tokens:
-                self.reader.cancel(pending)
-                raise QuestionTooLong(session, pending.num_extra_ids, self.max_question_tokens)
+        pending = self._begin(session, lambda: self.reader.begin_generate(
+            session, instruction, max_tokens, at))
         try:
             self._advance(pending, cancelled)
             with self.gate():
