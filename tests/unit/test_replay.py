@@ -17,9 +17,14 @@ G = 64
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 7}  # step {i}" for i in range(30))
 
 
+def _call(i: int, name: str, args: dict) -> dict:
+    """A tool call of an assistant message, as the host's chat format holds it."""
+    return {"id": f"c{i}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}
+
+
 def _session():
-    call = lambda i, name, args: {"id": f"c{i}", "type": "function",
-                                  "function": {"name": name, "arguments": json.dumps(args)}}
+    call = _call
     msgs = [{"role": "system", "content": "You are a coding agent. Use the tools. " * 20},
             {"role": "user", "content": "The function f3 returns the wrong value; fix it."}]
     for i in range(4):
