@@ -191,7 +191,9 @@ class SessionTable:
 
     def stats(self) -> dict:
         """Per session: residency ("resident", "disk" or "dropped"), bytes it references
-        (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids; totals
+        (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids, whether C
+        is verified (held in memory; a parked session's C is its manifest's until a restore
+        checks its files, and a damaged file lowers it then); totals
         against the cap (resident_bytes counts a shared page once); pages by state, GDN
         entries, the page store's counters; counts of spills, drops, restores, refusals and
         deleted files; what memory forgot and what the disk got of it first
@@ -200,13 +202,14 @@ class SessionTable:
         per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
                      "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
-                     "num_ids": len(st.ids), "stale": st.stale}
+                     "num_ids": len(st.ids), "stale": st.stale, "verified": True}
                for sid, st in self.resident.items()}
         for sid, rec in self.residency.parked.items():
             per[sid] = {"residency": "disk" if rec.manifest else "dropped", "bytes": 0,
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
-                        "num_ids": len(rec.ids), "stale": rec.stale}
+                        "num_ids": len(rec.ids), "stale": rec.stale,
+                        "verified": False}    # C as its manifest says, checked at the restore
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
         pc, on_disk = self.store.counters, self.residency.disk_counts()
         refusals = self.residency.refusals()

@@ -170,3 +170,23 @@ def test_a_rewrite_of_a_resident_session_lists_nothing_on_disk(tiny, tmp_path, m
     monkeypatch.setattr(disk, "entry_path", count("entry", entry_path))
     r.feed("a", ids[:35 * G] + rand_ids(G + 30, rng), "prompt")
     assert calls == {"page": 1, "entry": 0}
+
+
+def test_status_says_a_parked_sessions_c_is_unverified_until_its_restore(tiny, tmp_path):
+    """After a restart a session's C is its manifest's (verified: false); a damaged page file
+    found at the restore lowers it, and the session then says what it holds (verified)."""
+    rng = random.Random(5)
+    r = disk_reader(tiny, tmp_path, G)
+    ids = rand_ids(4 * G + 5, rng)
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    r.close()
+    for path in sorted((tmp_path / "pages").rglob("*.safetensors")):
+        _flip_meta(path, "checksums")
+    r = disk_reader(tiny, tmp_path, G)
+    before = r.stats()["sessions"]["a"]
+    assert (before["committed"], before["verified"]) == (4 * G, False)
+    assert r.backlog("a") == len(ids) - r.committed("a")          # the restore: files checked
+    after = r.stats()["sessions"]["a"]
+    assert after["verified"] is True and after["committed"] == r.committed("a") < 4 * G
+    assert r.check_exact("a")
