@@ -70,14 +70,16 @@ def fill(c: httpx.Client, args) -> float:
     return totals["read_ms"] / max(totals["num_chunks"], 1)
 
 
-def host_calls(c: httpx.Client, done: threading.Event) -> dict[str, list[float]]:
-    """Another session's turn, output, end and the status, back to back until `done`: each
-    call's wall time in ms, by call."""
-    prompt = list(range(1000, 1100))
+def host_calls(c: httpx.Client, done: threading.Event, session: str = OTHER,
+               prompt_ids: list[int] | None = None) -> dict[str, list[float]]:
+    """Session `session`'s turn (prompt_ids, by default ids 1000-1099), output (2 ids), end
+    and the status, back to back until `done`: each call's wall time in ms, by call. Raises
+    httpx.HTTPStatusError for a call that is not answered 2xx."""
+    prompt = list(range(1000, 1100)) if prompt_ids is None else prompt_ids
     waits: dict[str, list[float]] = {"turn": [], "output": [], "end": [], "status": []}
-    calls = (("turn", "post", f"/v1/shadow/sessions/{OTHER}/turn", {"prompt_ids": prompt}),
-             ("output", "post", f"/v1/shadow/sessions/{OTHER}/output", {"ids": [1200, 1201]}),
-             ("end", "post", f"/v1/shadow/sessions/{OTHER}/end", None),
+    calls = (("turn", "post", f"/v1/shadow/sessions/{session}/turn", {"prompt_ids": prompt}),
+             ("output", "post", f"/v1/shadow/sessions/{session}/output", {"ids": [1200, 1201]}),
+             ("end", "post", f"/v1/shadow/sessions/{session}/end", None),
              ("status", "get", "/v1/shadow/status", None))
     while not done.is_set():
         for name, method, path, body in calls:
@@ -88,32 +90,39 @@ def host_calls(c: httpx.Client, done: threading.Event) -> dict[str, list[float]]
     return waits
 
 
-def stalled(c: httpx.Client, path: str, body: dict) -> dict:
-    """Run one question or summary (`path`, `body`) in a thread while host_calls runs; its own
-    wall time and answer, and the longest and median waits of each host call."""
+def beside_host_calls(c: httpx.Client, path: str, body: dict,
+                      **host_kw) -> tuple[httpx.Response, float, dict[str, list[float]]]:
+    """Run one question or summary (`path`, `body`) in a thread while host_calls(**host_kw)
+    runs: (its reply, its wall time in ms, each host call's waits in ms, by call)."""
     done, out = threading.Event(), {}
 
     def job():
         t0 = time.perf_counter()
         try:
-            r = c.post(path, json=body)
-            out.update(code=r.status_code, body=r.json())
+            out["reply"] = c.post(path, json=body)
         finally:
-            out["s"] = time.perf_counter() - t0
+            out["ms"] = (time.perf_counter() - t0) * 1e3
             done.set()
 
     worker = threading.Thread(target=job)
     worker.start()
     time.sleep(0.05)                       # the job holds the reader first
-    waits = host_calls(c, done)
+    waits = host_calls(c, done, **host_kw)
     worker.join()
-    res = {"code": out["code"], "job_s": round(out["s"], 2)}
+    return out["reply"], out["ms"], waits
+
+
+def stalled(c: httpx.Client, path: str, body: dict) -> dict:
+    """beside_host_calls, summed up: the job's code and wall time, and the longest and median
+    waits of each host call (ms); and the job's answer."""
+    reply, job_ms, waits = beside_host_calls(c, path, body)
+    res = {"code": reply.status_code, "job_s": round(job_ms / 1e3, 2)}
     for name, ms in waits.items():
         ms = sorted(ms)
         res[f"{name}_max_ms"] = round(ms[-1], 1)
         res[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 1)
         res[f"num_{name}_calls"] = len(ms)
-    return res, out["body"]
+    return res, reply.json()
 
 
 def git_commit() -> str:

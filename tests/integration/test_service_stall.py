@@ -14,6 +14,7 @@ import httpx
 import pytest
 from helpers import Server, rand_ids  # noqa: E402
 
+from evals.stall import beside_host_calls  # noqa: E402
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
 from shadow_plugin.server.config import ServiceConfig
 
@@ -68,33 +69,11 @@ def _words(num_chars: int) -> str:
 
 def _host_calls_during(c: httpx.Client, path: str, body: dict) -> tuple[dict, float, dict]:
     """Run the question or summary in a thread while another session's turn, output, end and
-    the status are called back to back: (its reply, its wall time in ms, the longest wait of
-    each call in ms)."""
-    done, out = threading.Event(), {}
-
-    def job():
-        t0 = time.perf_counter()
-        try:
-            out["reply"] = c.post(path, json=body)
-        finally:
-            out["ms"] = (time.perf_counter() - t0) * 1e3
-            done.set()
-
-    worker = threading.Thread(target=job)
-    worker.start()
-    time.sleep(0.05)
-    longest = {"turn": 0.0, "output": 0.0, "end": 0.0, "status": 0.0}
-    calls = (("turn", "POST", "/v1/shadow/sessions/other/turn", {"prompt_ids": rand_ids(50)}),
-             ("output", "POST", "/v1/shadow/sessions/other/output", {"ids": rand_ids(2, 1)}),
-             ("end", "POST", "/v1/shadow/sessions/other/end", None),
-             ("status", "GET", "/v1/shadow/status", None))
-    while not done.is_set():
-        for name, method, route, payload in calls:
-            t0 = time.perf_counter()
-            assert c.request(method, route, json=payload).status_code == 200
-            longest[name] = max(longest[name], (time.perf_counter() - t0) * 1e3)
-    worker.join()
-    return out["reply"], out["ms"], longest
+    the status are called back to back (evals.stall.beside_host_calls): (its reply, its wall
+    time in ms, the longest wait of each call in ms)."""
+    reply, job_ms, waits = beside_host_calls(c, path, body, session="other",
+                                             prompt_ids=rand_ids(50))
+    return reply, job_ms, {name: max(ms) for name, ms in waits.items()}
 
 
 def _chunk_ms(c: httpx.Client) -> float:
