@@ -1,12 +1,14 @@
-"""How long one long question or one long summary makes another session's host calls wait (issue
-34): a real `serve` subprocess on a loopback port, one session read to its end, then, while one
-ask with a long question runs (and then one summary of many tokens), another session's `turn`,
+"""How long a long question, summary or check makes another session's host calls wait.
+
+Issue 34: a real `serve` subprocess on a loopback port, one session read to its end, then,
+while one ask with a long question runs (then one summary of many tokens, then the session's
+`/check`: a fresh prefill of its ids), another session's `turn`,
 `output` and `end` and `/v1/shadow/status` are called back to back and each call timed. The
 figure is the longest wait of a `turn`; the time of one chunk (the reader's own mean read time
 a chunk, from status) is given beside it, and the ratio of the two.
 
     python -m evals.stall [--model random:tiny] [--device cpu] [--grid 512] [--ids 4096]
-        [--question-chars 32000] [--summary-tokens 1024]
+        [--question-chars 32000] [--summary-tokens 1024] [--cases question,summary,check]
 
 The last line printed is one JSON object (with the machine, versions, commit and date). Its
 figures go in BENCHMARKS.md; nothing here asserts a latency.
@@ -33,6 +35,7 @@ from evals.serve_proc import free_port, start_service
 
 OTHER = "stall-other"
 LONG = "stall-long"
+CASES = ("question", "summary", "check")
 
 
 def question_text(num_chars: int, seed: int = 0) -> str:
@@ -90,16 +93,17 @@ def host_calls(c: httpx.Client, done: threading.Event, session: str = OTHER,
     return waits
 
 
-def beside_host_calls(c: httpx.Client, path: str, body: dict,
+def beside_host_calls(c: httpx.Client, path: str, body: dict | None,
                       **host_kw) -> tuple[httpx.Response, float, dict[str, list[float]]]:
-    """Run one question or summary (`path`, `body`) in a thread while host_calls(**host_kw)
-    runs: (its reply, its wall time in ms, each host call's waits in ms, by call)."""
+    """Run one question or summary (POST `path` with `body`), or a check (GET `path`: `body`
+    None), in a thread while host_calls(**host_kw) runs: (its reply, its wall time in ms,
+    each host call's waits in ms, by call)."""
     done, out = threading.Event(), {}
 
     def job():
         t0 = time.perf_counter()
         try:
-            out["reply"] = c.post(path, json=body)
+            out["reply"] = c.post(path, json=body) if body is not None else c.get(path)
         finally:
             out["ms"] = (time.perf_counter() - t0) * 1e3
             done.set()
@@ -112,7 +116,7 @@ def beside_host_calls(c: httpx.Client, path: str, body: dict,
     return out["reply"], out["ms"], waits
 
 
-def stalled(c: httpx.Client, path: str, body: dict) -> dict:
+def stalled(c: httpx.Client, path: str, body: dict | None) -> tuple[dict, dict]:
     """beside_host_calls, summed up: the job's code and wall time, and the longest and median
     waits of each host call (ms); and the job's answer."""
     reply, job_ms, waits = beside_host_calls(c, path, body)
@@ -133,6 +137,25 @@ def git_commit() -> str:
         return "unknown"
 
 
+def measure(c: httpx.Client, case: str, args) -> dict:
+    """One case beside the host calls (`stalled`), with what it did: the question's forwarded
+    ids, the summary's tokens, the check's ids and whether it was exact."""
+    if case == "question":
+        res, ans = stalled(c, "/v1/shadow/ask", {
+            "session": LONG, "question": question_text(args.question_chars),
+            "choices": ["yes", "no"]})
+        res["num_forwarded_tokens"] = ans.get("num_forwarded_tokens")
+    elif case == "summary":
+        res, gen = stalled(c, "/v1/shadow/summarize", {
+            "session": LONG, "max_tokens": args.summary_tokens})
+        res["num_tokens"] = len(gen.get("ids", []))
+    else:
+        res, report = stalled(c, f"/v1/shadow/sessions/{LONG}/check", None)
+        res["committed"], res["exact"] = report.get("committed"), report.get("exact")
+    print(f"{case}: {res}", file=sys.stderr, flush=True)
+    return res
+
+
 def run(args) -> dict:
     """The whole measurement (module doc); the service is stopped at the end."""
     tmp = tempfile.mkdtemp(prefix="shadow-stall-")
@@ -142,24 +165,16 @@ def run(args) -> dict:
             chunk_ms = fill(c, args)
             c.post(f"/v1/shadow/sessions/{OTHER}/turn",
                    json={"prompt_ids": list(range(1000, 1100))}).raise_for_status()
-            question, ans = stalled(c, "/v1/shadow/ask", {
-                "session": LONG, "question": question_text(args.question_chars),
-                "choices": ["yes", "no"]})
-            question["num_forwarded_tokens"] = ans.get("num_forwarded_tokens")
-            print(f"question: {question}", file=sys.stderr, flush=True)
-            summary, gen = stalled(c, "/v1/shadow/summarize", {
-                "session": LONG, "max_tokens": args.summary_tokens})
-            summary["num_tokens"] = len(gen.get("ids", []))
-            print(f"summary: {summary}", file=sys.stderr, flush=True)
+            cases = {case: measure(c, case, args) for case in args.cases}
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
-    for part in (question, summary):
+    for part in cases.values():
         part["turn_max_over_chunk"] = round(part["turn_max_ms"] / chunk_ms, 2)
     return {"model": args.model, "device": args.device, "grid": args.grid,
             "session_ids": args.ids, "question_chars": args.question_chars,
             "summary_tokens": args.summary_tokens, "chunk_ms": round(chunk_ms, 1),
-            "question": question, "summary": summary, "commit": git_commit(),
+            **cases, "commit": git_commit(),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "torch": torch.__version__, "python": platform.python_version(),
             "date": str(datetime.date.today())}
@@ -173,7 +188,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ids", type=int, default=4096, help="ids of the session asked about")
     ap.add_argument("--question-chars", type=int, default=32_000)
     ap.add_argument("--summary-tokens", type=int, default=1024)
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"which to measure, in order (of {', '.join(CASES)})")
     args = ap.parse_args(argv)
+    args.cases = [case.strip() for case in args.cases.split(",") if case.strip()]
+    if not args.cases or set(args.cases) - set(CASES):
+        ap.error(f"--cases: one or more of {', '.join(CASES)}")
     print(json.dumps(run(args)))
     return 0
 
