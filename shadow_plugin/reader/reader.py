@@ -18,7 +18,8 @@ import torch
 from adapters import Adapter, Qwen35, make_adapter
 from block_store import SessionState, SessionTable, StoreConfig, compare, pack
 from block_store.checkpoints import first_difference, resume, take
-from block_store.session import check_layout, kv_view, state_bytes
+from block_store.memory.layout import clone_gdn
+from block_store.session import check_layout, kv_view, release_state, state_bytes
 from shadow_plugin import validate
 from shadow_plugin.chat import questions
 from shadow_plugin.chat.tokenizer import load_tokenizer
@@ -53,6 +54,21 @@ class ReadResult:
     num_read_tokens: int
     num_chunks: int
     ms: float
+
+
+@dataclass
+class Check:
+    """A check of a session's committed state in progress (Reader.begin_check): the session,
+    its ids and C when it began (num_ids, committed), `state`: a snapshot of the session as
+    it began (its ids[:C], references to its pages below C, a copy of its GDN states at C;
+    not in the session table; emptied once given back), `fresh`: the fresh prefill of those
+    ids."""
+
+    session: str
+    num_ids: int
+    committed: int
+    state: SessionState
+    fresh: exact.FreshPrefill
 
 
 class Reader:
@@ -339,11 +355,60 @@ class Reader:
     def check_exact(self, session: str) -> bool:
         """Compare the committed state with a fresh prefill of ids[:C] on the same grid (run by
         exact.fresh_prefill's own loop, through the same adapter). Returns True; raises
-        block_store.ExactnessError naming the first differing tensor and index."""
+        block_store.ExactnessError naming the first differing tensor and index, KeyError for
+        an unknown session. The steps of begin_check, advance_check and finish_check in one
+        call."""
+        chk = self.begin_check(session)
+        try:
+            while self.advance_check(chk):
+                pass
+            return self.finish_check(chk)
+        finally:
+            self.cancel_check(chk)
+
+    def begin_check(self, session: str) -> Check:
+        """check_exact begun: the session as it is now (restored when parked) held in a
+        snapshot (its ids[:C], references to its pages below C, a copy of its GDN states at
+        C) and a fresh prefill of those ids, nothing read yet. `advance_check` reads the
+        prefill a chunk at a time (a caller may let its lock go between two chunks: what
+        happens to the session meanwhile changes nothing the check compares),
+        `finish_check` compares, `cancel_check` gives the snapshot's pages back. KeyError for
+        an unknown session."""
         st = self._get(session)
-        want = exact.fresh_prefill(self.adapter, st.ids[:st.committed])
-        compare(self.state_tensors(session), want)
-        return True
+        check_layout(st, self.adapter.spec, self.config.grid)
+        fresh = exact.begin_fresh(self.adapter, st.ids[:st.committed])   # may raise: first
+        snap = SessionState(ids=fresh.ids, committed=st.committed,
+                            pages=self.store.take_pages(st.pages), keys=list(st.keys),
+                            gdn=clone_gdn(st.gdn), counted=False)
+        return Check(session, len(st.ids), st.committed, snap, fresh)
+
+    def advance_check(self, chk: Check) -> bool:
+        """The check's next chunk of its fresh prefill (about one chunk's time); returns
+        whether chunks are left."""
+        more = exact.fresh_step(self.adapter, chk.fresh)
+        self.adapter.sync()
+        return more
+
+    def finish_check(self, chk: Check) -> bool:
+        """The check's comparison (its chunks left are read first): the snapshot's committed
+        state against the fresh prefill, bit for bit. Returns True; raises ExactnessError as
+        check_exact. The snapshot's pages are given back."""
+        try:
+            while exact.fresh_step(self.adapter, chk.fresh):
+                pass
+            want = exact.fresh_state(self.adapter, chk.fresh)
+            snap = chk.state
+            check_layout(snap, self.adapter.spec, self.config.grid)
+            got = pack(self.adapter.spec, kv_view(self.store, snap).gather(snap.committed),
+                       snap.gdn, snap.committed)
+            compare(got, want)
+            return True
+        finally:
+            self.cancel_check(chk)
+
+    def cancel_check(self, chk: Check) -> None:
+        """Give up a begun check: the snapshot's pages given back (once)."""
+        release_state(self.store, chk.state)
 
     # -- forks: questions and generation -------------------------------------------------------
     def _tok(self):

@@ -455,20 +455,41 @@ class Shadow:
                 self.reader.cancel(pending)
 
     def check_exact(self, session: str) -> bool:
-        """Reader.check_exact under the lock (raises ExactnessError naming what differs)."""
+        """Reader.check_exact under the lock, in one hold (raises ExactnessError naming what
+        differs); `check` lets the lock go between its chunks."""
         with self._held():
             return self.reader.check_exact(session)
 
-    def check(self, session: str) -> dict:
+    def check(self, session: str, cancelled: threading.Event | None = None) -> dict:
         """check_exact as a report: {session, num_ids, committed, exact, error, ids_xxh3 (the
         xxh3-64 hex of the ids as int64 little-endian bytes, for a host to compare with what
-        it served)}. KeyError for an unknown session."""
+        it served), moved}, of the session as it was when the check began: its state is held
+        in a snapshot (Reader.begin_check) and the fresh prefill read one chunk per hold of
+        the gate, so a host's call waits at most about one chunk; `moved` says whether the
+        session's ids or C changed (or it went) while the check ran. KeyError for an unknown
+        session; ClientGone between two chunks once `cancelled` is set (nothing held
+        stays)."""
         with self.gate():
-            n, c = self._position(session)
+            chk = self.reader.begin_check(session)
             digest = ids_digest(self.reader.ids(session))
-            try:
-                exact, error = self.reader.check_exact(session), None
-            except ExactnessError as e:
-                exact, error = False, str(e)
-            return {"session": session, "num_ids": n, "committed": c, "exact": exact,
-                    "error": error, "ids_xxh3": digest}
+        try:
+            while True:
+                _check_cancel(cancelled)
+                self._let_waiters_in()
+                with self.gate():
+                    if not self.reader.advance_check(chk):
+                        break
+            with self.gate():
+                try:
+                    exact, error = self.reader.finish_check(chk), None
+                except ExactnessError as e:
+                    exact, error = False, str(e)
+                try:
+                    moved = self._position(session) != (chk.num_ids, chk.committed)
+                except KeyError:
+                    moved = True
+        finally:
+            with self.gate():
+                self.reader.cancel_check(chk)
+        return {"session": session, "num_ids": chk.num_ids, "committed": chk.committed,
+                "exact": exact, "error": error, "ids_xxh3": digest, "moved": moved}

@@ -142,5 +142,7 @@ class RemoteShadow:
     def sessions(self) -> dict:
         return self._run("sessions")
 
-    def check(self, session: str) -> dict:
+    def check(self, session: str, cancelled=None) -> dict:
+        """The worker's report (facade.Shadow.check; a client that leaves stops the wait for
+        it here, the check itself runs to its end in the worker)."""
         return self._run("check", session=session)

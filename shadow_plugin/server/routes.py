@@ -178,9 +178,9 @@ def question_router(door, pool: AskPool) -> APIRouter:
     @answered_async
     async def check(request: Request, sid: str = Depends(session_id)):
         """The session's committed state against a fresh prefill of its ids (a diagnostic: it
-        reads the session again from 0, holding the shadow meanwhile; in the question pool)."""
+        reads the session again from 0, a chunk per hold of the shadow's lock, comparing the
+        session as it was when the check began; in the question pool)."""
         shadow = door.require()
-        return await pool.run(lambda s, cancelled: shadow.check(s), sid,
-                              disconnected=request.is_disconnected)
+        return await pool.run(shadow.check, sid, disconnected=request.is_disconnected)
 
     return r

@@ -1,11 +1,11 @@
-"""Issue 34: one long question or one long summary does not stall the host. While it runs on a
-real server (loopback, uvicorn in a thread, seeded), the service's lock is never held longer
-than a few chunks' time, and another session's turn, output and end and the status complete
-within a bound in chunks too (looser: on a loaded 2-core machine a thread waits for a core as
-well), one chunk's time measured in the same run (the reader's mean read time a chunk, or the
-question's or summary's own mean time a step when the machine's load made that longer): a
-ratio, no absolute bound. Past the limits on a
-question's ids and a summary's tokens: 413 and 400, nothing held."""
+"""Issue 34: one long question, one long summary or one check of a long session does not stall
+the host. While it runs on a real server (loopback, uvicorn in a thread, seeded), the service's
+lock is never held longer than a few chunks' time, and another session's turn, output and end
+and the status complete within a bound in chunks too (looser: on a loaded 2-core machine a
+thread waits for a core as well), one chunk's time measured in the same run (the reader's mean
+read time a chunk, or the question's, summary's or check's own mean time a step when the
+machine's load made that longer): a ratio, no absolute bound. Past the limits on a question's
+ids and a summary's tokens: 413 and 400, nothing held."""
 import random
 import threading
 import time
@@ -67,10 +67,12 @@ def _words(num_chars: int) -> str:
                     for _ in range(num_chars // 3))[:num_chars]
 
 
-def _host_calls_during(c: httpx.Client, path: str, body: dict) -> tuple[dict, float, dict]:
-    """Run the question or summary in a thread while another session's turn, output, end and
-    the status are called back to back (evals.stall.beside_host_calls): (its reply, its wall
-    time in ms, the longest wait of each call in ms)."""
+def _host_calls_during(c: httpx.Client, path: str,
+                       body: dict | None) -> tuple[dict, float, dict]:
+    """Run the question or summary (or the check: `body` None) in a thread while another
+    session's turn, output, end and the status are called back to back
+    (evals.stall.beside_host_calls): (its reply, its wall time in ms, the longest wait of each
+    call in ms)."""
     reply, job_ms, waits = beside_host_calls(c, path, body, session="other",
                                              prompt_ids=rand_ids(50))
     return reply, job_ms, {name: max(ms) for name, ms in waits.items()}
@@ -81,7 +83,7 @@ def _chunk_ms(c: httpx.Client) -> float:
     return totals["read_ms"] / totals["num_chunks"]
 
 
-def test_a_long_question_and_a_long_summary_leave_other_sessions_calls_within_a_few_chunks(
+def test_a_long_question_summary_and_check_leave_other_sessions_calls_within_a_few_chunks(
         tmp_path):
     with Server(_cfg(tmp_path)) as srv, httpx.Client(base_url=srv.url, timeout=300) as c:
         timed = srv.service.host.lock = TimedLock(srv.service.host.lock)
@@ -119,6 +121,19 @@ def test_a_long_question_and_a_long_summary_leave_other_sessions_calls_within_a_
             assert ms < MAX_WAIT_CHUNKS * chunk_ms, (name, ms, chunk_ms, job_ms)
             assert ms < job_ms / 3, (name, ms, chunk_ms, job_ms)
         assert c.get("/v1/shadow/status").json()["pages"]["pinned"] == pinned  # given back
+
+        timed.holds.clear()                   # a check re-reads the session from 0
+        reply, job_ms, longest = _host_calls_during(c, "/v1/shadow/sessions/long/check", None)
+        assert reply.status_code == 200, reply.text
+        report = reply.json()
+        assert (report["exact"], report["committed"], report["moved"]) == (True, 100 * G, False)
+        chunk_ms = max(_chunk_ms(c), job_ms / 100)
+        assert job_ms > 10 * MAX_HOLD_CHUNKS * chunk_ms, (job_ms, chunk_ms)  # it bites
+        assert max(timed.holds) < MAX_HOLD_CHUNKS * chunk_ms, (max(timed.holds), chunk_ms)
+        for name, ms in longest.items():
+            assert ms < MAX_WAIT_CHUNKS * chunk_ms, (name, ms, chunk_ms, job_ms)
+            assert ms < job_ms / 3, (name, ms, chunk_ms, job_ms)
+        assert c.get("/v1/shadow/status").json()["pages"]["pinned"] == pinned
         assert srv.service.reader.check_exact("long")
 
 

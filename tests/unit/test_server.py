@@ -447,6 +447,7 @@ def test_the_openai_shaped_question_sessions_and_check(client):
     assert listed["oa"]["num_ids"] == 2 * G + 3
     check = client.get("/v1/shadow/sessions/oa/check", headers=KEY).json()
     assert check["exact"] is True and check["committed"] % G == 0 and check["error"] is None
+    assert check["moved"] is False and check["num_ids"] == 2 * G + 3
     assert client.get("/v1/shadow/sessions/nobody/check", headers=KEY).status_code == 404
 
 
