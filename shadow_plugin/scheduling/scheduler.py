@@ -179,6 +179,20 @@ class Scheduler:
                 return session
         return None
 
+    def ahead_of(self, session: str) -> list[str]:
+        """The sessions the idle window reads before `session`, in pick's order (each with a
+        chunk of backlog or more): those with a question whose line they have not reached,
+        then, unless `session` has such a question, those of more recent turns. A session
+        the scheduler has seen no turn or output of comes after all the others."""
+        pending = [s for s, at in self.questions
+                   if self.port.committed(s) < self._line(at) and self._readable(s)]
+        first = list(dict.fromkeys(s for s in pending if s != session))
+        if session in pending:
+            return first
+        newer = self.recency[self.recency.index(session) + 1:] \
+            if session in self.recency else self.recency
+        return first + [s for s in reversed(newer) if s not in first and self._readable(s)]
+
     def _read(self, session: str, spent: list, done: dict) -> None:
         context = self.port.committed(session)
         ms = self.port.read_chunk(session)

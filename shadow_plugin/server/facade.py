@@ -46,6 +46,38 @@ def narration_status(narrator: Narrator, journal: RouterJournal) -> dict:
             "narrator_jobs_pending": len(narrator.jobs)}
 
 
+def _listed(names: list[str], most: int = 5) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def not_read_why(session: str | None, num_chunks: int, turns: list[str], busy: bool,
+                 ahead: dict[str, int], chunk_ms: float | None) -> str:
+    """The reason a 504 gives (Shadow.not_reading_why): session (None: the idle window in
+    general) with num_chunks whole chunks unread; the open turns' sessions; the host's busy
+    signal; the sessions the idle window reads first, with their whole chunks of backlog
+    (Scheduler.ahead_of); the reader's mean ms a chunk (None: none read yet)."""
+    others = [t for t in turns if t != session]
+    if session is not None and session in turns:
+        why = (f"its own turn is open (POST /v1/shadow/sessions/{session}/end ends it): in a "
+               f"turn it is read only in the ration between the host's rounds, and the idle "
+               f"window reads after every open turn has ended")
+        return why + (f"; other open turns: {_listed(others)}" if others else "")
+    if turns:
+        return (f"the idle window waits for other sessions' open turns to end (POST "
+                f".../end): {_listed(others)}")
+    if busy:
+        return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
+    if session is None:
+        return "the reader is reading other sessions or the backlog is large"
+    cost = "" if chunk_ms is None else \
+        f" (about {num_chunks * chunk_ms / 1e3:.1f} s at the reader's {chunk_ms:.0f} ms a chunk)"
+    if not ahead:
+        return f"the idle window is reading it: {num_chunks} chunks were left{cost}"
+    return (f"the idle window reads {len(ahead)} other sessions first ({_listed(list(ahead))}: "
+            f"{sum(ahead.values())} chunks), then its {num_chunks} chunks{cost}")
+
+
 @dataclass(frozen=True)
 class Fed:
     """A feed's result and the session's position after it (ids held, C)."""
@@ -313,18 +345,28 @@ class Shadow:
                     out[s] = None
         return out
 
-    def not_reading_why(self) -> str:
-        """Why the idle window is not reading (for a 504): the open turns, the busy flag."""
+    def not_reading_why(self, session: str | None = None) -> str:
+        """Why the reader has not read `session`'s backlog (for a 504; without a session, why
+        the idle window reads nothing): its own turn open, other sessions' open turns, the
+        host's busy signal, or the idle window reading other sessions first (`not_read_why`)."""
         with self._held():
-            turns = sorted(self.host.scheduler.turns)
-            busy = self.host.scheduler.host_busy()
-        if turns:
-            more = f" and {len(turns) - 5} more" if len(turns) > 5 else ""
-            return (f"the idle window waits for open turns to end (POST .../end): "
-                    f"{', '.join(turns[:5])}{more}")
-        if busy:
-            return "the host reports busy (POST /v1/shadow/host {\"busy\": false} to free it)"
-        return "the reader is reading other sessions or the backlog is large"
+            sched = self.host.scheduler
+            turns, busy = sorted(sched.turns), sched.host_busy()
+            try:
+                n, c = self._position(session) if session is not None else (0, 0)
+            except KeyError:
+                session, n, c = None, 0, 0
+            ahead = {}
+            if session is not None and not turns and not busy:
+                for s in sched.ahead_of(session):
+                    try:
+                        num, com = self._position(s)
+                    except KeyError:             # gone meanwhile
+                        continue
+                    ahead[s] = (num - com) // self.grid
+            totals = self.reader.totals
+            chunk_ms = totals["read_ms"] / totals["num_chunks"] if totals["num_chunks"] else None
+        return not_read_why(session, (n - c) // self.grid, turns, busy, ahead, chunk_ms)
 
     # -- questions -----------------------------------------------------------------------------
     def catch_up_tokens(self, session: str, at: int) -> int:

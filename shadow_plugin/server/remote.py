@@ -119,8 +119,8 @@ class RemoteShadow:
         """{session: [ids held, C] or None}, as the facade's (facade.Shadow.positions)."""
         return self._run("positions", sessions=list(sessions))
 
-    def not_reading_why(self) -> str:
-        return self._run("not_reading_why")
+    def not_reading_why(self, session: str | None = None) -> str:
+        return self._run("not_reading_why", session=session)
 
     def ask(self, session: str, question, choices, at: int | None, fork_at: int,
             cancelled=None) -> Answer:

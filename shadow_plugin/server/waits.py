@@ -16,7 +16,9 @@ from shadow_plugin.server.errors import ClientGone, WaitTimeout
 
 POLL_S = 0.05               # how often the poller looks at the waited sessions' C
 DISCONNECT_POLL_S = 0.25    # how often a waiting ask looks whether its client left
-WHY_FRESH_S = 1.0           # asks timing out together share one look at why (one lock hold)
+WHY_FRESH_S = 0.1           # asks on one session timing out together share one look at why
+#                             (one lock hold, one call to an engine's worker); short, so a
+#                             reason is never older than what it explains by much
 
 
 @dataclass(eq=False)
@@ -32,21 +34,22 @@ class Waiter:
 
 class Waits:
     """Args: door (server.routes' door: `require()` gives the shadow, whose `positions(sessions)`
-    answers {session: [ids held, C] or None} and `not_reading_why()` the reason for a 504, and
-    whose `grid` is G); poll_s."""
+    answers {session: [ids held, C] or None} and `not_reading_why(session)` the reason for a
+    504, and whose `grid` is G); poll_s."""
 
     def __init__(self, door, poll_s: float = POLL_S):
         self.door, self.poll_s = door, poll_s
         self._waiters: set[Waiter] = set()
         self._task: asyncio.Task | None = None
-        self._why: tuple[float, str] | None = None       # (loop time, text)
+        self._why: dict[str, tuple[float, str]] = {}     # session -> (loop time, text)
         self._why_lock: asyncio.Lock | None = None
 
     async def wait(self, session: str, at: int | None, timeout_s: float,
                    disconnected: Callable[[], Awaitable[bool]] | None = None) -> None:
-        """Return once the session's C reaches the grid line at or below `at`. Raises
-        WaitTimeout after timeout_s (with the backlog and why the reader is not reading),
-        KeyError when the session goes away, ClientGone when `disconnected()` says so."""
+        """Return once the session's C reaches the grid line at or below `at` (looked at once
+        more at the end of timeout_s). Raises WaitTimeout after timeout_s (with the backlog
+        and C held then and why the reader has not read them), KeyError when the session goes
+        away, ClientGone when `disconnected()` says so."""
         loop = asyncio.get_running_loop()
         w = Waiter(session, at, loop.create_future())
         self._waiters.add(w)
@@ -57,7 +60,10 @@ class Waits:
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise await self._timeout(w, timeout_s)
+                    error = await self._timeout(w, timeout_s)
+                    if error is None:
+                        return None
+                    raise error
                 try:
                     await asyncio.wait_for(asyncio.shield(w.done), min(left, DISCONNECT_POLL_S))
                     return w.done.result()
@@ -69,31 +75,39 @@ class Waits:
             if w.done.done() and not w.done.cancelled():
                 w.done.exception()                    # seen: no "never retrieved" warning
 
-    async def _timeout(self, w: Waiter, timeout_s: float) -> WaitTimeout:
-        """The 504 of a wait that ended: the session's position as held now (looked at now
-        when the poller has not yet), how many ids it still had to read, and why."""
-        if w.seen is None:
-            shadow = self.door.require()
-            pos = (await run_in_threadpool(shadow.positions, [w.session])).get(w.session)
-            if pos is None:
-                return KeyError(f"unknown session {w.session!r}")
-            w.seen = list(pos)
-        n, c = w.seen
-        why = await self._not_reading_why()
+    async def _timeout(self, w: Waiter, timeout_s: float) -> Exception | None:
+        """At the end of a wait: None when the session's C has reached its line after all
+        (looked at now: the poller may not have looked since, or at all with a tiny
+        timeout_s); else the 504 with the session's position as held now, how many ids it
+        still had to read, and why they were not read (KeyError: the session went)."""
+        shadow = self.door.require()
+        seen, grid = await run_in_threadpool(lambda: (shadow.positions([w.session]),
+                                                      shadow.grid))
+        pos = seen.get(w.session)
+        if pos is None:
+            return KeyError(f"unknown session {w.session!r}")
+        w.seen = list(pos)
+        n, c = pos
+        if c >= (n if w.at is None else w.at) // grid * grid:
+            return None
+        why = await self._not_reading_why(w.session)
         return WaitTimeout(n - c, c, f"{n - c} ids were still unread after the {timeout_s} s "
                            f"waited (timeout_s); {why}")
 
-    async def _not_reading_why(self) -> str:
-        """Why the reader is not reading, looked at once for the asks that time out within
-        WHY_FRESH_S of each other."""
+    async def _not_reading_why(self, session: str) -> str:
+        """Why the reader has not read the session's ids, looked at once for the asks on it
+        that time out within WHY_FRESH_S of each other."""
         loop = asyncio.get_running_loop()
         if self._why_lock is None:
             self._why_lock = asyncio.Lock()
         async with self._why_lock:
-            if self._why is None or loop.time() - self._why[0] > WHY_FRESH_S:
-                text = await run_in_threadpool(self.door.require().not_reading_why)
-                self._why = (loop.time(), text)
-            return self._why[1]
+            seen = self._why.get(session)
+            if seen is None or loop.time() - seen[0] > WHY_FRESH_S:
+                text = await run_in_threadpool(self.door.require().not_reading_why, session)
+                seen = self._why[session] = (loop.time(), text)
+                for s in [s for s, (t, _) in self._why.items() if loop.time() - t > WHY_FRESH_S]:
+                    del self._why[s]
+            return seen[1]
 
     async def _poll(self) -> None:
         """While asks wait: one look at all their sessions, then wake those that are done."""
