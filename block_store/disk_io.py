@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from block_store.disk.files import RefusedFile
-from block_store.disk.page_read import read_page_into
+from block_store.disk.page_read import read_page_into, whole
 from block_store.disk.store import DiskStore, Manifest
 from block_store.memory.kv_pool import pages_to_cpu, put_pages
 from block_store.pages import PageStore, Resume
@@ -74,6 +74,35 @@ def save_session(store: PageStore, disk: DiskStore, sid: str, st: SessionState,
     path = disk.write_manifest(sid, m, st.manifest_mark)
     st.manifest_mark = m.mark
     return path
+
+
+def line_on_disk(store: PageStore, ids, most: int, seen: dict[Path, bool] | None = None) -> int:
+    """The deepest grid line at or below `most` where a restore of `ids` could resume from
+    the disk alone (as pages.find_resume looks: its pages from 0 in order, and a GDN entry at
+    the end of one of them), by the files being there and whole (page_read.whole: sizes
+    from their headers, no data read, no checksum: damaged bytes are found by the restore);
+    0 without a disk. `seen`: path -> whole, shared between sessions (a common prefix's pages
+    are looked at once)."""
+    disk, g = store.disk, store.grid
+    if disk is None:
+        return 0
+    seen = {} if seen is None else seen
+
+    def ok(path: Path) -> bool:
+        if path not in seen:
+            seen[path] = whole(path)
+        return seen[path]
+
+    keys: list[bytes] = []
+    for i in range(min(most, len(ids)) // g):
+        key = store.key_after(keys, [int(x) for x in ids[i * g:(i + 1) * g]])
+        if not ok(disk.page_path(key)):
+            break
+        keys.append(key)
+    for n in range(len(keys), 0, -1):           # the deepest state first
+        if ok(disk.entry_path(keys[n - 1])):
+            return n * g
+    return 0
 
 
 def _pinned(store: PageStore, pinned: bool | None) -> bool:

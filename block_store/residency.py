@@ -26,7 +26,7 @@ from block_store.checkpoints import resume
 from block_store.disk import files
 from block_store.disk.manifest import Superseded, peek_mark, peek_session
 from block_store.disk.store import DiskStore, Manifest
-from block_store.disk_io import load_checkpoints, manifest_of, save_session
+from block_store.disk_io import line_on_disk, load_checkpoints, manifest_of, save_session
 from block_store.pages import PageStore
 from block_store.session import SessionState, new_state, release_state
 
@@ -74,7 +74,9 @@ class StoreConfig:
 @dataclass
 class Parked:
     """A session that holds no device memory: its ids (int64), its manifest when written (None:
-    dropped), the C its manifest holds, the furthest C it had committed, (dropped only) its
+    dropped), the C its manifest holds (after a restart lowered to the deepest line whose
+    files are there and whole, disk_io.line_on_disk: what a restore finds unless a checksum
+    fails), the furthest C it had committed, (dropped only) its
     pending lines and shared line, the session's flags (session.SessionState), and the
     version of its manifest (Manifest.mark) when written or adopted."""
 
@@ -114,8 +116,12 @@ class Residency:
         self._swept_at = 0.0
         if self.disk is not None:
             self.sweep()
+            seen: dict[Path, bool] = {}
             for path in self.disk.manifests():     # what an earlier process parked here
-                self._adopt(path)
+                rec = self._adopt(path)
+                if rec is not None:                # C as far as its files are there, whole
+                    rec.committed_on_disk = line_on_disk(self.store, rec.ids,
+                                                         rec.committed_on_disk, seen)
 
     def _adopt(self, path: Path, refuse: bool = False) -> Parked | None:
         """Record a manifest this reader could use (its ids read, its pages left on disk) as

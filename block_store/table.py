@@ -192,8 +192,9 @@ class SessionTable:
     def stats(self) -> dict:
         """Per session: residency ("resident", "disk" or "dropped"), bytes it references
         (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids, whether C
-        is verified (held in memory; a parked session's C is its manifest's until a restore
-        checks its files, and a damaged file lowers it then); totals
+        is verified (held in memory; a parked session's C is its manifest's, after a restart
+        lowered to the deepest line whose files are there and whole, until a restore checks
+        its files, and a damaged file lowers it then); totals
         against the cap (resident_bytes counts a shared page once); pages by state, GDN
         entries, the page store's counters; counts of spills, drops, restores, refusals and
         deleted files; what memory forgot and what the disk got of it first

@@ -106,6 +106,20 @@ def read_page_into(disk: DiskStore, key: bytes, ids, out: torch.Tensor,
     disk._used(path)
 
 
+def whole(path) -> bool:
+    """Whether the safetensors file at `path` is there and whole: its size is what its header
+    says (8 + the header's length + the data its tensors' offsets tile), read from the
+    header alone (one stat and a read of a few KB; no data read, no checksum: a file whose
+    bytes are damaged is found when it is read). False for a file that is missing, truncated
+    or not of that form."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            _header(f)
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _header(f) -> tuple[dict[str, str], dict[str, tuple], int]:
     """(metadata, {name: (torch dtype, shape, begin, end)} with offsets from the data's start,
     the data's start) of the safetensors file open as `f`. Raises ValueError (TypeError or

@@ -190,3 +190,46 @@ def test_status_says_a_parked_sessions_c_is_unverified_until_its_restore(tiny, t
     after = r.stats()["sessions"]["a"]
     assert after["verified"] is True and after["committed"] == r.committed("a") < 4 * G
     assert r.check_exact("a")
+
+
+@pytest.mark.parametrize("damage,want_status,want_restored", [
+    ("page deleted", 2 * G, 2 * G), ("page truncated", 2 * G, 2 * G),
+    ("entry truncated", 3 * G, 3 * G), ("page byte flipped", 4 * G, 2 * G)])
+def test_after_a_restart_status_says_the_c_its_files_hold(tiny, tmp_path, damage, want_status,
+                                                          want_restored):
+    """Issue 34, item 5: a start-up looks at a parked session's files (there, and of the size
+    their headers say: no data read) and status lowers its C to the deepest line they hold,
+    still unverified; the restore lands there, or lower when a checksum fails (a flipped
+    byte inside a page's data: only the restore's read finds it), and is then verified."""
+    rng = random.Random(13)
+    r = disk_reader(tiny, tmp_path, G)
+    ids = rand_ids(4 * G + 5, rng)
+    r.feed("a", ids, "prompt")
+    r.read("a")
+    keys = list(r.table.resident["a"].keys)
+    r.close()
+    disk = r.table.store.disk
+    on_disk = {k for k in keys if disk.entry_path(k).is_file()}
+    assert on_disk == set(keys)                 # the tip ring: a state at every line
+    page, entry = disk.page_path(keys[2]), disk.entry_path(keys[3])
+    if damage == "page deleted":
+        page.unlink()
+    elif damage == "page truncated":
+        os.truncate(page, page.stat().st_size - 100)
+    elif damage == "entry truncated":
+        os.truncate(entry, entry.stat().st_size // 2)
+    else:
+        raw = bytearray(page.read_bytes())
+        raw[-G * 8 - 50] ^= 0x10                # inside the kv rows: a checksum fails
+        page.write_bytes(bytes(raw))
+    r = disk_reader(tiny, tmp_path, G)
+    s = r.stats()["sessions"]["a"]
+    assert (s["committed"], s["backlog"], s["verified"]) == (want_status, len(ids) - want_status,
+                                                            False)
+    assert r.position("a") == (len(ids), want_status)
+    assert r.backlog("a") == len(ids) - want_restored              # the restore: checked
+    s = r.stats()["sessions"]["a"]
+    assert (s["committed"], s["verified"]) == (want_restored, True)
+    assert r.stats()["refusals"] == (damage != "page deleted")     # set aside, counted
+    r.read("a")
+    assert r.committed("a") == 4 * G and r.check_exact("a")
