@@ -3,7 +3,8 @@
 # minutes with warm FA4 caches; the first FA4 compiles take 100-123 s more), after
 # evals/device/fa4_stash.sh in the call before (within the tool's 30 s warm window) and
 # evals/device/prepare.sh here once:
-#   bash evals/device/gpu_tests.sh            tests/gpu (FA4 on Hopper, the CUDA identity)
+#   bash evals/device/gpu_tests.sh            tests/gpu (FA4 on Hopper, the CUDA identity, a
+#       question longer than a grid in pieces against a fresh reader's, bit for bit)
 #       and tests/kernels natively on the GPU (Triton, not its interpreter), then
 #       `python -m evals.gpu_exact` over the 85k session: every committed state equals a
 #       fresh prefill on the GPU (docs/gpu-check.md)
