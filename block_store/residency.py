@@ -132,10 +132,11 @@ class Residency:
         except files.RefusedFile as e:
             if refuse:
                 log.warning("refused manifest %s: %s", path.name, e)
-                self.disk.set_aside(e.path or path, e.reason)
-            else:                        # listed (status) until its session is deleted
+                self.disk.set_aside(e.path or path, e.reason, counted=path in self.unusable)
+            elif path not in self.unusable:  # listed (status) until its session is deleted
                 why = str(e) if str(e).startswith(e.reason) else f"{e.reason}: {e}"
                 self.unusable[path] = (peek_session(path), why)
+                self.disk.count_refusal(e.reason)      # once, here: left where it is
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
                                   m.committed, stale=m.stale, mark=m.mark)
@@ -306,7 +307,7 @@ class Residency:
             return m
         except files.RefusedFile as e:
             log.warning("refused manifest of session %r: %s", sid, e)
-            self.disk.set_aside(e.path or path, e.reason)
+            self.disk.set_aside(e.path or path, e.reason, counted=path in self.unusable)
             return None
 
     def restore(self, sid: str) -> SessionState | None:
@@ -383,5 +384,6 @@ class Residency:
         return self.disk.counts()
 
     def refusals(self) -> dict[str, int]:
-        """Files set aside, by reason."""
+        """Files refused since start, by reason: set aside, or (manifests found at start-up)
+        left in place and listed in `unusable` (DiskStore.refusals, the one count)."""
         return dict(self.disk.refusals) if self.disk is not None else {}

@@ -213,11 +213,7 @@ class SessionTable:
                         "verified": False}    # C as its manifest says, checked at the restore
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
         pc, on_disk = self.store.counters, self.residency.disk_counts()
-        refusals = self.residency.refusals()
-        for path, (_, why) in self.residency.unusable.items():
-            if path.is_file():                     # listed, not set aside (counted there)
-                reason = why.split(":", 1)[0]
-                refusals[reason] = refusals.get(reason, 0) + 1
+        refusals = self.residency.refusals()     # every refusal, the listed ones included
         return {"sessions": per,
                 "resident_bytes": self.residency.resident_bytes(self.resident),
                 "pages": {"pinned": m.num_pinned, "cached": m.num_cached, "free": m.num_free,

@@ -303,10 +303,16 @@ class DiskStore:
         return [p for p, _ in upkeep.files(self.manifest_dir)]
 
     # -- upkeep ---------------------------------------------------------------------------------
-    def set_aside(self, path: Path | None, reason: str) -> None:
+    def count_refusal(self, reason: str) -> None:
+        """Count one refused file under `reason` in `refusals` (since start: the one count of
+        files refused, set aside or left in place and listed)."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def set_aside(self, path: Path | None, reason: str, counted: bool = False) -> None:
         """Move a refused file to D/refused/ (named with its folder, the reason, the time and
-        this process) and count it under the reason in `refusals`; nothing for a file already
-        gone (deleted or set aside by another reader)."""
+        this process) and count it under the reason in `refusals` (not when `counted`: its
+        refusal was counted when it was listed); nothing for a file already gone (deleted or
+        set aside by another reader)."""
         if path is None or not path.is_file():
             return
         aside = self.root / "refused"
@@ -322,7 +328,8 @@ class DiskStore:
                 self.manifest_dir: "manifests"}.get(path.parent)
         if kind and self._counts:            # its bytes stay counted: refused/ is the folder's
             self._counts[kind] -= 1
-        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        if not counted:
+            self.count_refusal(reason)
 
     def sweep(self, ttl_s: float, cap_bytes: int | None, keep: set[Path] = frozenset(),
               grace_s: float = 0.0) -> list[Path]:

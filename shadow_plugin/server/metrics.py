@@ -31,7 +31,8 @@ class Collector:
                          ("restores", "sessions brought back"),
                          ("drops", "sessions parked without files (no disk, or the write "
                                    "failed)"),
-                         ("refusals", "files set aside as not fitting (this process)"),
+                         ("refusals", "files refused as not fitting, set aside or listed under "
+                                      "refused_sessions (this process)"),
                          ("deleted_files", "files the disk's TTL or cap deleted"),
                          ("write_errors", "disk writes that failed")):
             yield CounterMetricFamily(f"shadow_{key}", doc, stats[key])

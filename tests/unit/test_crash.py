@@ -89,13 +89,18 @@ def test_a_manifest_damaged_while_down_is_listed_until_dropped(tiny, tmp_path):
     b = disk_reader(tiny, tmp_path, G)
     listed = {r["session"]: r for r in b.stats()["refused_sessions"]}
     assert set(listed) == {"bad", "gone"} and "checksum" in listed["bad"]["reason"]
-    assert b.stats()["refusals"] == 2          # issue 34: 0 while 2 were listed
+    s = b.stats()                              # issue 34: 0 while 2 were listed
+    assert (s["refusals"], s["refusal_reasons"]) == (2, {"checksum": 2})
     assert b.position("good")[0] == G + 5
     with pytest.raises(KeyError, match="refused at start-up"):
-        b.position("bad")
-    assert b.refused("bad") is not None
+        b.position("bad")                         # touched: counted once, still listed
+    assert b.refused("bad") is not None and b.stats()["refusals"] == 2
+    b.table.store.disk.manifest_path("gone").unlink()     # the TTL took it: still listed
+    s = b.stats()
+    assert s["refusals"] == len(s["refused_sessions"]) == 2
     b.drop("bad")                                 # DELETE: no longer listed
     assert {r["session"] for r in b.stats()["refused_sessions"]} == {"gone"}
-    assert b.stats()["refusals"] == 1          # the deleted one no longer counts
+    assert b.stats()["refusals"] == 2          # a count since start: it never goes down
     b.feed("gone", [1, 2, 3], "prompt")           # started again: no longer listed
     assert b.stats()["refused_sessions"] == [] and b.ids("gone") == [1, 2, 3]
+    assert b.stats()["refusals"] == 2
