@@ -265,6 +265,9 @@ def test_vllm_data_parallel_ranks_follow_an_agent_whose_turns_move_between_them(
             assert committed - committed_before <= read[rank] <= \
                 committed - committed_before + G, (turn, committed_before, committed, read)
             assert read[1 - rank] == 0, read
+            print(f"turn {turn} on rank {rank}: {len(ids)} ids, C {committed_before} -> "
+                  f"{committed}, read {read[rank]} (the move's re-read: "
+                  f"{read[rank] - (committed - committed_before)} ids)")
             assert status["read_tokens"] == sum(r["read_tokens"] for r in status["ranks"])
             committed_before = committed
         assert [r["superseded"] for r in status["ranks"]] == [1, 1]     # each gave its copy up
