@@ -117,6 +117,21 @@ class SessionTable:
             raise self.unknown(sid)
         return len(rec.ids), rec.committed_on_disk
 
+    def holding(self, sid: str) -> tuple[int, int, bool, int | None]:
+        """(ids held, C, resident, manifest version) without restoring the session or making
+        it the most recently used: `resident` whether its state is in memory here, the
+        version the number of the manifest this copy was written as or read from
+        (disk.manifest.Manifest.seq; None before its first write). What tells, among servers
+        on one folder, which holds a session's newest state. KeyError as `position`."""
+        st = self.resident.get(sid)
+        if st is not None:
+            mark = st.manifest_mark
+            return len(st.ids), st.committed, True, mark[1] if mark else None
+        rec = self.residency.record(sid)
+        if rec is None:
+            raise self.unknown(sid)
+        return len(rec.ids), rec.committed_on_disk, False, rec.mark[1] if rec.mark else None
+
     def unknown(self, sid: str) -> KeyError:
         """The KeyError for a session not held: unknown, or its manifest refused at start-up
         (with the reason)."""
@@ -194,7 +209,7 @@ class SessionTable:
         (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids, whether C
         is verified (held in memory; a parked session's C is its manifest's, after a restart
         lowered to the deepest line whose files are there and whole, until a restore checks
-        its files, and a damaged file lowers it then); totals
+        its files, and a damaged file lowers it then), its manifest's version (`holding`); totals
         against the cap (resident_bytes counts a shared page once); pages by state, GDN
         entries, the page store's counters; counts of spills, drops, restores, refusals and
         deleted files; what memory forgot and what the disk got of it first
@@ -203,14 +218,16 @@ class SessionTable:
         per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
                      "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
-                     "num_ids": len(st.ids), "stale": st.stale, "verified": True}
+                     "num_ids": len(st.ids), "stale": st.stale, "verified": True,
+                     "version": st.manifest_mark[1] if st.manifest_mark else None}
                for sid, st in self.resident.items()}
         for sid, rec in self.residency.parked.items():
             per[sid] = {"residency": "disk" if rec.manifest else "dropped", "bytes": 0,
                         "committed": rec.committed_on_disk,
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
                         "num_ids": len(rec.ids), "stale": rec.stale,
-                        "verified": False}    # C as its manifest says, checked at the restore
+                        "verified": False,    # C as its manifest says, checked at the restore
+                        "version": rec.mark[1] if rec.mark else None}
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
         pc, on_disk = self.store.counters, self.residency.disk_counts()
         refusals = self.residency.refusals()     # every refusal, the listed ones included

@@ -197,6 +197,11 @@ class Reader:
         unknown."""
         return self.table.position(validate.session_id(session))
 
+    def holding(self, session: str) -> tuple[int, int, bool, int | None]:
+        """(ids held, C, resident, manifest version) of a session, restoring nothing
+        (block_store.SessionTable.holding). KeyError when unknown."""
+        return self.table.holding(validate.session_id(session))
+
     def held_starts_with(self, session: str, ids) -> bool:
         """Whether the session's ids begin with `ids`, restoring nothing. KeyError when
         unknown."""

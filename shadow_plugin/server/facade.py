@@ -345,6 +345,23 @@ class Shadow:
                     out[s] = None
         return out
 
+    def holds(self, sessions: list[str]) -> dict[str, dict | None]:
+        """{session: {num_ids, committed, resident, version}, or None when unknown} in one
+        hold of the lock, restoring nothing (Reader.holding): what a door over several
+        shadows on one folder compares to find the one holding a session's newest state
+        (server.ranks)."""
+        out: dict[str, dict | None] = {}
+        with self._held():
+            for s in sessions:
+                try:
+                    n, c, resident, version = self.reader.holding(s)
+                except (KeyError, ValueError):
+                    out[s] = None
+                    continue
+                out[s] = {"num_ids": n, "committed": c, "resident": resident,
+                          "version": version}
+        return out
+
     def not_reading_why(self, session: str | None = None) -> str:
         """Why the reader has not read `session`'s backlog (for a 504; without a session, why
         the idle window reads nothing): its own turn open, other sessions' open turns, the

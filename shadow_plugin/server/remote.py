@@ -16,8 +16,8 @@ from shadow_plugin.reader.fork import Generation
 from shadow_plugin.server.errors import NotReady, QuestionTooLong
 
 # The facade's methods a remote door may call, with the status (no model needed).
-CALLS = ("status", "fork_position", "position", "positions", "not_reading_why", "ask",
-         "summarize", "narration", "sessions", "check", "metrics")
+CALLS = ("status", "fork_position", "position", "positions", "holds", "not_reading_why",
+         "ask", "summarize", "narration", "sessions", "check", "metrics")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady,
           "QuestionTooLong": QuestionTooLong}
 TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result

@@ -11,11 +11,18 @@ and relaxes multimodal input checks).
   it finishes) and its end, as request events (shadow_plugin.engine.follow.RequestTracker)
   shipped to the worker half in each step's metadata. `has_pending_push_work` keeps the engine
   stepping until the events of finished requests have gone out.
-- Worker half (rank 0 only; the engine's worker, on the host's device): the shadow
+- Worker half (the engine's rank 0 only: with tensor or pipeline parallelism the other
+  ranks carry nothing; the engine's worker, on the host's device): the shadow
   (shadow_plugin.engine.embedded.EmbeddedShadow) told when a step begins
   (`bind_connector_metadata`), given the per-step slot (`wait_for_save`) and told when it ends
   (`clear_connector_metadata`); calls from the endpoint plugin reach it through the worker
   method the general plugin installs (`shadow_call`).
+
+Data parallelism (`--data-parallel-size N`): each DP rank is an engine with its own connector,
+which follows the requests vLLM's balancer gives that engine, and its own shadow in its rank 0's
+worker, on that worker's device. The ranks share one SHADOW_DISK folder with sharing on
+(`for_data_parallel`: refused without SHADOW_DISK), so a session that moves to another rank
+resumes there from the pages and states on disk (docs/vllm.md, "Data parallelism").
 
 Settings: the standalone service's SHADOW_* variables; `kv_connector_extra_config` may set any
 of them too (`{"SHADOW_MODEL": "random:tiny"}` or `{"model": "random:tiny"}`), over the
@@ -31,7 +38,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -99,7 +107,8 @@ def host_info(vllm_config) -> dict[str, Any]:
     """What the host runs, as this vLLM reports it (each probed: None where a version lacks
     it): vllm (its version), model_runner ("v1" or "v2"), cudagraph_mode (e.g.
     FULL_AND_PIECEWISE; NONE without CUDA graphs), compilation_mode, async_scheduling,
-    enforce_eager, data_parallel_size, tensor_parallel_size."""
+    enforce_eager, data_parallel_size (as this engine's process sees it: 1 for each rank of a
+    dense host), data_parallel_rank (this engine's: `data_parallel`), tensor_parallel_size."""
     import vllm
     comp = getattr(vllm_config, "compilation_config", None)
     sched = getattr(vllm_config, "scheduler_config", None)
@@ -118,16 +127,54 @@ def host_info(vllm_config) -> dict[str, Any]:
             "async_scheduling": getattr(sched, "async_scheduling", None),
             "enforce_eager": getattr(model, "enforce_eager", None),
             "data_parallel_size": getattr(parallel, "data_parallel_size", None),
+            "data_parallel_rank": data_parallel(vllm_config)[0] if parallel is not None
+            else None,
             "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None)}
 
 
-def _rank() -> int:
-    """This worker's global rank (0 without distributed state)."""
+def _rank(parallel_config) -> int:
+    """This worker's rank within its engine (0 without distributed state): its world rank,
+    which with a MoE host's data parallelism counts the workers of every DP rank
+    (dp_rank * world_size + local rank), modulo the engine's world size (TP x PP x PCP)."""
     try:
         from vllm.distributed.parallel_state import get_world_group
-        return get_world_group().rank
+        rank = get_world_group().rank
     except (AssertionError, ImportError):
         return 0
+    world = getattr(parallel_config, "world_size", None)
+    return rank % world if isinstance(world, int) and world > 0 else rank
+
+
+def data_parallel(vllm_config) -> tuple[int, bool]:
+    """(this engine's data-parallel rank, whether data parallelism is on), as vLLM 0.26
+    through 0.33 leave them in an engine's processes (probed). vLLM runs each DP rank of a
+    dense host as an engine of its own, with data_parallel_size and data_parallel_rank reset
+    to 1 and 0, keeping the rank as `data_parallel_index`, and gives each DP engine's KV
+    connector the engine id `<id>_dp<rank>`. So the rank is `data_parallel_index` (else the
+    id's, else `data_parallel_rank`), and it is on when data_parallel_size > 1 (a MoE host),
+    the rank is past 0, or the engine id names a DP rank (rank 0 of a dense host)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    engine_id = getattr(getattr(vllm_config, "kv_transfer_config", None), "engine_id", None)
+    named = re.search(r"_dp(\d+)$", engine_id) if isinstance(engine_id, str) else None
+    rank = getattr(parallel, "data_parallel_index", None)
+    if not isinstance(rank, int):
+        rank = int(named.group(1)) if named else getattr(parallel, "data_parallel_rank", 0) or 0
+    size = getattr(parallel, "data_parallel_size", 1) or 1
+    return rank, size > 1 or rank > 0 or named is not None
+
+
+def for_data_parallel(cfg: ServiceConfig, dp_rank: int) -> ServiceConfig:
+    """The settings of one data-parallel rank's shadow: the ranks share SHADOW_DISK, so it must
+    be set (ValueError naming it otherwise), and sharing is on (disk_shared) whatever
+    SHADOW_DISK_SHARED says: a session vLLM's balancer moves to another rank resumes there
+    from the pages and states the first wrote."""
+    if cfg.disk_dir is None:
+        raise ValueError(
+            f"ShadowConnector with data parallelism (this is DP rank {dp_rank}): the ranks' "
+            "shadows share one page folder, so SHADOW_DISK must name it (a path, or auto for "
+            "~/.cache/shadow-reader; in the environment or kv_connector_extra_config); "
+            "SHADOW_DISK is off")
+    return replace(cfg, disk_shared=True)
 
 
 def _worker_settings(extra: dict | None) -> ServiceConfig:
@@ -145,23 +192,25 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        num_dp = vllm_config.parallel_config.data_parallel_size
-        if num_dp > 1:
-            raise ValueError(f"ShadowConnector follows one engine: data parallelism "
-                             f"(data_parallel_size={num_dp}) is not supported")
         extra = self._kv_transfer_config.kv_connector_extra_config
+        dp_rank, dp_on = data_parallel(vllm_config)
+        if dp_on:                           # refused at once, in the engine's own process
+            for_data_parallel(settings(extra), dp_rank)
         self._tracker: RequestTracker | None = None
         self._requests: dict[str, Any] = {}             # scheduler: live vLLM requests
         self._shadow: EmbeddedShadow | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._tracker = RequestTracker()
-        elif _rank() == 0:                  # the model loads at the first step (start)
+        elif _rank(vllm_config.parallel_config) == 0:   # the model loads at the first step
             host = host_info(vllm_config)
             log.warning("shadow: following vLLM %s: model runner %s, CUDA graphs %s, "
-                        "compilation %s, async scheduling %s", host["vllm"],
-                        host["model_runner"], host["cudagraph_mode"], host["compilation_mode"],
-                        host["async_scheduling"])
-            self._shadow = EmbeddedShadow(_worker_settings(extra), host)
+                        "compilation %s, async scheduling %s, data-parallel rank %s",
+                        host["vllm"], host["model_runner"], host["cudagraph_mode"],
+                        host["compilation_mode"], host["async_scheduling"],
+                        dp_rank if dp_on else "- (off)")
+            cfg = _worker_settings(extra)
+            self._shadow = EmbeddedShadow(for_data_parallel(cfg, dp_rank) if dp_on else cfg,
+                                          host)
             atexit.register(self._shadow.close)        # a stop that skips `shutdown`
 
     @property

@@ -26,7 +26,7 @@ from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.dashboard import dashboard_router
 from shadow_plugin.server.history import History, flatten
 from shadow_plugin.server.metrics import Collector
-from shadow_plugin.server.remote import RemoteService
+from shadow_plugin.server.ranks import RankedService, merge_metrics
 from shadow_plugin.server.routes import question_router
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,37 @@ METRICS_EVERY_S = 1.0      # also the dashboard's sampling interval
 HISTORY_SAMPLES = 3600
 METRICS_IDLE_S = 30.0       # the next look when the shadow does not run
 STOP_TIMEOUT_S = 120.0      # how long a planned stop waits for the shadow to write its sessions
+NOT_UP = ("error", "NotReady", ("vLLM's engine is not up", False))
 NOT_RUNNING = ("the shadow does not run in vLLM's worker: start vLLM with --kv-transfer-config "
                "'{\"kv_connector\": \"ShadowConnector\", \"kv_role\": \"kv_producer\"}' and "
                "VLLM_PLUGINS=shadow")
 
 
+def engine_identities(engine_client) -> list:
+    """The ZMQ identities of the engines the client talks to, in data-parallel rank order,
+    when it can call one of them alone (vLLM 0.26 through 0.33: `engine_core.core_engines` and
+    `engine_core._call_utility_async(..., engine=)`, probed); [] with one engine, or when this
+    vLLM cannot (then `collective_rpc` reaches the first engine's shadow only)."""
+    core = getattr(engine_client, "engine_core", None)
+    engines = getattr(core, "core_engines", None)
+    if not callable(getattr(core, "_call_utility_async", None)) or \
+            not isinstance(engines, list) or len(engines) < 2:
+        return []
+    return list(engines)
+
+
+def data_parallel_size(engine_client) -> int:
+    """The server's --data-parallel-size, as the API server's config says (1 when unknown)."""
+    parallel = getattr(getattr(engine_client, "vllm_config", None), "parallel_config", None)
+    size = getattr(parallel, "data_parallel_size", 1)
+    return size if isinstance(size, int) and size > 0 else 1
+
+
 class ShadowEndpoint:
-    """vLLM's EndpointPlugin protocol: name, required_tasks, attach_router, init_state."""
+    """vLLM's EndpointPlugin protocol: name, required_tasks, attach_router, init_state. With
+    data parallelism (several engines behind this API server) each engine's shadow is reached
+    on its own (`call_async(..., rank=)`), and the routes' door merges them
+    (server.ranks.RankedService)."""
 
     name = "shadow"
     required_tasks = ("generate",)
@@ -55,35 +79,70 @@ class ShadowEndpoint:
         self._loop_thread: int | None = None
         self._stopped = False                    # the shadow was told to stop (once)
         self._stopping: asyncio.Task | None = None   # that stop, which later callers await
+        self.engines: list = []                  # the DP engines' identities (engine_identities)
+
+    @property
+    def num_ranks(self) -> int:
+        """The engines whose shadows the routes reach one by one (1 without data
+        parallelism)."""
+        return max(1, len(self.engines))
 
     # -- the door's call, from a route's worker thread ------------------------------------------
-    async def call_async(self, name: str, kwargs: dict):
-        """serve_call's reply from rank 0's worker (the first reply that is not None)."""
+    async def call_async(self, name: str, kwargs: dict, rank: int | None = None):
+        """serve_call's reply from the shadow of data-parallel rank `rank` (None: the only
+        engine, or the first) : the first reply of its engine's workers that is not None (its
+        rank 0's)."""
         if self.engine_client is None:
             return ("error", "NotReady", ("vLLM's engine is not up", False))
         try:
-            replies = await self.engine_client.collective_rpc("shadow_call",
-                                                              args=(name, kwargs))
+            if self.engines and rank is not None:
+                replies = await self.engine_client.engine_core._call_utility_async(
+                    "collective_rpc", "shadow_call", None, (name, kwargs), None,
+                    engine=self.engines[rank])
+            else:
+                replies = await self.engine_client.collective_rpc("shadow_call",
+                                                                  args=(name, kwargs))
         except Exception as e:                # the engine dead or stopping: 503, not 500
             return ("error", "NotReady", (f"vLLM's engine did not answer: {e}", False))
         reply = next((r for r in replies or () if r is not None), None)
         return reply if reply is not None else ("error", "NotReady", (NOT_RUNNING, True))
 
-    def call(self, name: str, kwargs: dict):
-        """call_async from a worker thread (a route's, or the question pool's: any thread but
-        the event loop's), run in the event loop vLLM's server runs."""
+    async def call_all_async(self, name: str, kwargs: dict) -> list:
+        """One reply per rank, in rank order (the calls made at once)."""
+        if not self.engines:
+            return [await self.call_async(name, kwargs)]
+        return list(await asyncio.gather(*(self.call_async(name, kwargs, rank)
+                                           for rank in range(len(self.engines)))))
+
+    def _in_loop(self, coro, not_up):
+        """Run `coro` in vLLM's event loop from a worker thread (a route's, or the question
+        pool's: any thread but the event loop's) and return its result."""
         if self._loop is None:
-            return ("error", "NotReady", ("vLLM's engine is not up", False))
+            coro.close()
+            return not_up
         if threading.get_ident() == self._loop_thread:
+            coro.close()
             raise RuntimeError("ShadowEndpoint.call on the event loop's own thread would wait "
                                "for itself: call it from a worker thread (or call_async)")
-        return asyncio.run_coroutine_threadsafe(self.call_async(name, kwargs), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, name: str, kwargs: dict, rank: int | None = None):
+        """call_async from a worker thread."""
+        return self._in_loop(self.call_async(name, kwargs, rank), NOT_UP)
+
+    def call_rank(self, rank: int, name: str, kwargs: dict):
+        """call on data-parallel rank `rank` (server.ranks.RankCall)."""
+        return self.call(name, kwargs, rank if self.engines else None)
+
+    def call_all(self, name: str, kwargs: dict) -> list:
+        """call_all_async from a worker thread (server.ranks.AllCall)."""
+        return self._in_loop(self.call_all_async(name, kwargs), [NOT_UP])
 
     # -- vLLM's hooks ---------------------------------------------------------------------------
     def attach_router(self, app) -> None:
         cfg = ServiceConfig.from_env()
-        app.include_router(question_router(RemoteService(self.call),
-                                           AskPool(cfg.ask_workers, cfg.ask_queue)))
+        door = RankedService(self.call_rank, self.call_all, lambda: self.num_ranks)
+        app.include_router(question_router(door, AskPool(cfg.ask_workers, cfg.ask_queue)))
         app.include_router(dashboard_router(self.history))
         self._stop_at_lifespan_end(app)
 
@@ -117,10 +176,13 @@ class ShadowEndpoint:
         await asyncio.shield(self._stopping)
 
     async def _stop_call(self) -> None:
+        """"stop" to every rank's shadow, at once."""
         try:
-            reply = await asyncio.wait_for(self.call_async("stop", {}), STOP_TIMEOUT_S)
-            if reply[0] != "ok":
-                log.warning("shadow: sessions not written at the stop: %s", reply)
+            replies = await asyncio.wait_for(self.call_all_async("stop", {}), STOP_TIMEOUT_S)
+            for rank, reply in enumerate(replies):
+                if reply[0] != "ok":
+                    log.warning("shadow: sessions not written at the stop (rank %d): %s",
+                                rank, reply)
         except Exception as e:                   # the stop goes on without the shadow's files
             log.warning("shadow: sessions not written at the stop: %r", e)
 
@@ -129,6 +191,15 @@ class ShadowEndpoint:
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
+        self.engines = engine_identities(engine_client)
+        num_dp = data_parallel_size(engine_client)
+        if num_dp > 1 and not self.engines:
+            log.warning("shadow: data parallelism (%d ranks), but this vLLM's engine client "
+                        "offers no call to one engine (engine_core._call_utility_async): the "
+                        "shadow's routes reach the first engine's shadow only", num_dp)
+        elif self.engines:
+            log.info("shadow: the routes reach %d data-parallel ranks' shadows",
+                     len(self.engines))
         try:
             REGISTRY.register(self.collector)
         except ValueError:                   # registered by an earlier init in this process
@@ -160,9 +231,13 @@ class ShadowEndpoint:
         engine_client.shutdown = shutdown
 
     async def _refresh_metrics(self) -> None:
+        """Every METRICS_EVERY_S: the shadows' metrics (the ranks' merged: server.ranks) and a
+        history sample."""
         while True:
-            reply = await self.call_async("metrics", {})
-            self.metrics = reply[1] if reply[0] == "ok" else None
+            replies = await self.call_all_async("metrics", {})
+            reply = replies[0]
+            self.metrics = merge_metrics(replies) if self.engines else \
+                (reply[1] if reply[0] == "ok" else None)
             try:
                 self.history.add(flatten(self.collector))
             except Exception:                # a sample lost; the refresh goes on

