@@ -375,8 +375,18 @@ class Reader:
         between them: the fork holds what it needs, whatever happens to the session
         meanwhile) and `finish_ask` answers; `cancel` gives it up. Raises as `ask`."""
         st = self._get(session)
-        choices = validate.choices(choices)
         at = validate.position(at, len(st.ids))
+        q_ids, letters, choices = self._question(st, question, choices, at)
+        fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
+                        fork.question_padding(self.adapter, at, len(q_ids)),
+                        self._take_scratch(session, st, at))
+        return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
+
+    def _question(self, st: SessionState, question, choices, at: int):
+        """A question as ids after ids[:at] (text rendered as a user turn, or ids checked),
+        the letters' ids and the choices: (q_ids, letters, choices). Raises ValueError as
+        `ask`."""
+        choices = validate.choices(choices)
         if isinstance(question, str):
             if not question.strip():
                 raise ValueError("question must not be empty")
@@ -386,11 +396,73 @@ class Reader:
             q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
             if not q_ids:
                 raise ValueError("question ids must not be empty")
-        letters = questions.letter_ids(self._tok(), len(choices))
-        fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
-                        fork.question_padding(self.adapter, at, len(q_ids)),
-                        self._take_scratch(session, st, at))
-        return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
+        return q_ids, questions.letter_ids(self._tok(), len(choices)), choices
+
+    def ask_many(self, session: str, items, at: int | None = None) -> list[questions.Answer]:
+        """Several letter-choice questions about ids[:at] of one session in one forward
+        (items: a sequence of (question, choices), each as `ask` takes them): forks sharing
+        the session's pages and state at the grid line, their pieces and last forwards
+        batched (Adapter.read_chunks, fork_logits_batch). Each Answer's probs are those `ask`
+        gives the same question alone, bit for bit. Raises as `ask` (ValueError naming the
+        item), ValueError for no items; nothing is held after a raise. The same steps as
+        begin_ask_many, advance_many and finish_ask_many, in one call."""
+        pendings = self.begin_ask_many(session, items, at)
+        try:
+            while self.advance_many(pendings):
+                pass
+            return self.finish_ask_many(pendings)
+        finally:
+            self.cancel_many(pendings)
+
+    def begin_ask_many(self, session: str, items, at: int | None = None) -> list[fork.Pending]:
+        """Several questions as `ask_many` takes them, begun: every item validated and
+        rendered before anything is read, the base brought to the grid line at or below `at`
+        once, then one fork a question (fork.start_many). Then `advance_many` reads their
+        pieces in batches and `finish_ask_many` answers; `cancel_many` gives them up. Raises
+        as `ask_many`."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        items = list(items) if not isinstance(items, (str, bytes)) else None
+        if not items:
+            raise ValueError("questions must be a non-empty list of (question, choices)")
+        rendered = []
+        for i, item in enumerate(items):
+            try:
+                question, choices = item
+                rendered.append(self._question(st, question, choices, at))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"questions[{i}]: {e}") from None
+        fws = fork.start_many(self.adapter, self.config, self.store, st, session,
+                              [r[0] for r in rendered], at,
+                              [fork.question_padding(self.adapter, at, len(r[0]))
+                               for r in rendered], self._take_scratch(session, st, at))
+        return [fork.Pending(fw, len(q), letters=lt, choices=ch)
+                for fw, (q, lt, ch) in zip(fws, rendered)]
+
+    def advance_many(self, pendings: list[fork.Pending]) -> bool:
+        """One step of begun questions (begin_ask_many): the next grid piece of each that has
+        one, in one batch. Returns whether steps remain before `finish_ask_many`."""
+        if fork.forward_pieces(self.adapter, self.store, [p.fw for p in pendings]):
+            self.adapter.sync()
+            return True
+        return False
+
+    def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
+        """The answers of begun questions, in order (their last forwards in one batch); their
+        pages given back."""
+        try:
+            return fork.finish_answers(self.adapter, self.store, [p.fw for p in pendings],
+                                       [p.letters for p in pendings],
+                                       [p.choices for p in pendings])
+        finally:
+            self.cancel_many(pendings)
+            if pendings:
+                self._settle_known(pendings[0].fw.session)
+
+    def cancel_many(self, pendings: list[fork.Pending]) -> None:
+        """cancel for each."""
+        for p in pendings:
+            self.cancel(p)
 
     def advance(self, pending: fork.Pending, max_new_tokens: int = 8) -> bool:
         """One step of a begun question or decoding: its next grid piece, or (a decoding whose
