@@ -32,6 +32,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "instruction) may render to; past it 413"),
     ("SHADOW_MAX_SUMMARY_TOKENS", "", "4096", "the most tokens a summary may decode "
      "(max_tokens); past it 400"),
+    ("SHADOW_MAX_QUESTIONS", "", "8", "the most questions one ask may hold (answered in one "
+     "forward); past it 400"),
     ("SHADOW_MAX_POSITIONS_POLICY", "", "refuse", "refuse or cap a session past the model's "
      "positions"),
     ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),
