@@ -24,7 +24,7 @@ from shadow_plugin.chat import questions
 from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader import exact, fork, lines, rewrites
 from shadow_plugin.reader.conflicts import StaleSession
-from shadow_plugin.reader.step import ReaderConfig, read_chunk
+from shadow_plugin.reader.step import ReaderConfig, read_chunk, read_chunks
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,13 @@ class FeedResult:
 
 @dataclass(frozen=True)
 class ReadResult:
-    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync."""
+    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync;
+    sessions: (read_batch) the sessions that advanced a chunk, in order."""
 
     num_read_tokens: int
     num_chunks: int
     ms: float
+    sessions: tuple[str, ...] = ()
 
 
 class Reader:
@@ -325,6 +327,40 @@ class Reader:
         self.totals["num_chunks"] += n
         self.totals["read_ms"] += result.ms
         return result
+
+    def read_batch(self, sessions) -> ReadResult:
+        """One grid chunk of each of several sessions in one forward (step.read_chunks,
+        adapter.read_chunks): each committed exactly as `read(session, max_chunks=1)` commits
+        it alone, whatever else was in the batch. Sessions with less than a chunk of
+        backlog, given twice, or parked again by restoring a later one (a tight cap) are left
+        out (the last one restored always stays, so each call reads at least one chunk when one
+        is due); a chunk whose content another session of the batch reads now is left for the
+        next call (its page is held then). Returns ReadResult with the sessions that advanced.
+        Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
+        names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
+        t0, g = time.perf_counter(), self.config.grid
+        due = [n for n in names if self._backlog_held(n) >= g]
+        pairs = [(name, self._get(name)) for name in due]      # restored when parked
+        pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
+        done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
+        advanced = tuple(n for n, st in pairs if any(st is d for d in done))
+        for name, st in pairs:
+            if st.backlog < g and self.store_config.disk_shared and name in advanced:
+                self.table.save(name)            # read up: its pages for another server
+        self._settle(advanced[0] if advanced else None)
+        self.adapter.sync()
+        n = len(advanced)
+        result = ReadResult(n * g, n, (time.perf_counter() - t0) * 1e3, advanced)
+        self.totals["num_read_tokens"] += result.num_read_tokens
+        self.totals["num_chunks"] += n
+        self.totals["read_ms"] += result.ms
+        return result
+
+    def _backlog_held(self, session: str) -> int:
+        """len(ids) - C without restoring the session (Reader.position). KeyError when
+        unknown."""
+        n, c = self.table.position(session)
+        return n - c
 
     # -- exactness -----------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:

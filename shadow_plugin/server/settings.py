@@ -44,6 +44,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     ("SHADOW_TURN_TIMEOUT_S", "", "600", "a turn left open longer is closed"),
     ("SHADOW_IDLE_TRUST", "", "0.5", "how much of the backlog the ration leaves to idle gaps"),
     ("SHADOW_IDLE_AT_FINISH", "", "1", "open the idle window when a turn finishes"),
+    ("SHADOW_BATCH_SESSIONS", "", "1", "the idle window reads one chunk of each of up to this "
+     "many sessions in one forward (1-64; each committed as if read alone)"),
     ("SHADOW_AUTOTUNE_DIR", "", "~/.cache/shadow-reader/autotune", "fla's and FA4's kernel "
      "caches (off: none)"),
 )
