@@ -10,7 +10,8 @@
   are checked against a fresh prefill afterwards.
 
     python -m evals.batch_bench [--model random:tiny] [--device cpu] [--grid 512]
-        [--contexts 16384,32768] [--questions 4] [--tail 330] [--batches 1,2,4,8] [--repeats 5]
+        [--contexts 16384,32768] [--read-contexts ...] [--questions 4] [--tail 330]
+        [--batches 1,2,4,8] [--repeats 5]
         [--threads 1] [--parts ask,read]
 
 Figures are medians over `repeats` rounds, the arms taken in turns within a round. The last
@@ -109,7 +110,7 @@ def read_part(model, args) -> dict:
     forward (two readers, the same ids)."""
     out = {}
     g = args.grid
-    for context in args.contexts:
+    for context in args.read_contexts or args.contexts:
         for b in args.batches:
             readers = [Reader(model, grid=g) for _ in range(2)]
             names = [f"s{i}" for i in range(b)]
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--grid", type=int, default=512)
     ap.add_argument("--contexts", type=_ints, default=[16384, 32768])
+    ap.add_argument("--read-contexts", type=_ints, default=None,
+                    help="the read part's contexts (default: --contexts)")
     ap.add_argument("--questions", type=int, default=4)
     ap.add_argument("--tail", type=int, default=330, help="ids past the context's grid line "
                     "(the ask's tail, forwarded with each question)")
