@@ -5,8 +5,8 @@ ReferenceAdapter uses the pure-torch kernels (adapters.model.ref: chunked GDN in
 attention) on any device: the CPU path, and the oracle the fast paths are tested against.
 Both take `path` 'eager'; the kernel set's name tells them apart in a file's identity.
 
-Batches (`read_chunks`, `fork_logits_batch`) run in one forward (Qwen35.forward_batch) when the
-machine's GEMMs give a row the same bits whatever the batch (`batches`: Qwen35.rows_invariant,
+Batches (`read_chunks`, `fork_logits_batch`) run in one forward (Qwen35.forward_batch) on the
+CPU when its GEMMs give a row the same bits whatever the batch (`batches`: Qwen35.rows_invariant,
 checked once per thread count with the model's own weights), else one at a time. Either way
 each chunk gets the bits read_chunk gives it alone, so a batched read keeps the path 'eager'
 and the committed states, page keys and spilled files of reads one at a time. A question
@@ -59,8 +59,12 @@ class EagerAdapter(Adapter):
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
 
     def batches(self) -> bool:
-        """Whether a batch runs in one forward here (Qwen35.rows_invariant at the grid's rows,
-        with the threads torch uses now; checked once per thread count)."""
+        """Whether a batch runs in one forward here: on the CPU, where the facts batching
+        rests on were measured (model.batch), when Qwen35.rows_invariant holds at the grid's
+        rows with the threads torch uses now (checked once per thread count); on CUDA not
+        yet (cuBLAS picks its kernels by the row count: batch-invariant GEMMs come first)."""
+        if self.model.device.type != "cpu":
+            return False
         threads = torch.get_num_threads()
         if threads not in self._batches:
             self._batches[threads] = self.model.rows_invariant(self.grid)

@@ -148,6 +148,12 @@ class Adapter(ABC):
         [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
 
+    def batches(self) -> bool:
+        """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at
+        a time, this default; a caller that must bound how long it holds the device then
+        hands them one item at a time)."""
+        return False
+
     def read_chunks(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState]]
                     ) -> list[GdnState]:
         """read_chunk for each item (ids, pos, kv, gdn), in order: grid chunks of several

@@ -251,15 +251,28 @@ def finish_answer(adapter: Adapter, store: PageStore, fw: Forward, letters: list
 
 
 def finish_answers(adapter: Adapter, store: PageStore, fws: list[Forward],
-                   letters: list[list[int]], choices: list[list[str]]) -> list[Answer]:
+                   letters: list[list[int]], choices: list[list[str]],
+                   logits: list[torch.Tensor | None] | None = None) -> list[Answer]:
     """finish_answer for several forks: their pieces left in batches (forward_pieces), their
-    last forwards in one adapter.fork_logits_batch; each Answer as finish_answer gives it
-    alone (bit for bit in its logits). The caller releases the forks."""
+    last forwards in one adapter.fork_logits_batch (those whose `logits` were not computed
+    already, last_logits); each Answer as finish_answer gives it alone (bit for bit in its
+    logits). The caller releases the forks."""
     while forward_pieces(adapter, store, fws):
         pass
-    logits = adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
-                                        for fw, lt in zip(fws, letters)])
+    logits = list(logits or [None] * len(fws))
+    todo = [i for i, lg in enumerate(logits) if lg is None]
+    got = adapter.fork_logits_batch([(fws[i].rest, fws[i].pos, kv(store, fws[i], fws[i].rows),
+                                      fws[i].gdn, letters[i]) for i in todo]) if todo else []
+    for i, lg in zip(todo, got):
+        logits[i] = lg
     return [to_answer(adapter, fw, lg, ch) for fw, lg, ch in zip(fws, logits, choices)]
+
+
+def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
+                letters: list[int]) -> torch.Tensor:
+    """A fork's last forward alone (its pieces read): its letters' logits, what
+    finish_answers would compute for it."""
+    return adapter.fork_logits(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, letters)
 
 
 def to_answer(adapter: Adapter, fw: Forward, logits: torch.Tensor,
@@ -383,6 +396,7 @@ class Pending:
     max_new_tokens: int = 0
     stop_ids: frozenset = frozenset()
     decoding: Decoding | None = None
+    logits: torch.Tensor | None = None     # a question's letters' logits, once forwarded
 
 
 def generate(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,

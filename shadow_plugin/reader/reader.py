@@ -335,11 +335,16 @@ class Reader:
         backlog, given twice, or parked again by restoring a later one (a tight cap) are left
         out (the last one restored always stays, so each call reads at least one chunk when one
         is due); a chunk whose content another session of the batch reads now is left for the
-        next call (its page is held then). Returns ReadResult with the sessions that advanced.
+        next call (its page is held then). With an adapter that runs batches one at a time
+        (Adapter.batches false: the CUDA-graph adapter for now) only the first session due is
+        read, so a call never holds the device longer than one chunk. Returns ReadResult with
+        the sessions that advanced.
         Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
         t0, g = time.perf_counter(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
+        if not self.adapter.batches():           # one at a time: one chunk a call
+            due = due[:1]
         pairs = [(name, self._get(name)) for name in due]      # restored when parked
         pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
         done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
@@ -477,11 +482,23 @@ class Reader:
 
     def advance_many(self, pendings: list[fork.Pending]) -> bool:
         """One step of begun questions (begin_ask_many): the next grid piece of each that has
-        one, in one batch. Returns whether steps remain before `finish_ask_many`."""
-        if fork.forward_pieces(self.adapter, self.store, [p.fw for p in pendings]):
+        one, in one batch; with an adapter that runs batches one at a time
+        (Adapter.batches false), one piece of one question, then the last forward of one
+        question a step, so a step is one forward either way. Returns whether steps remain
+        before `finish_ask_many`."""
+        fws = [p.fw for p in pendings]
+        if self.adapter.batches():
+            moved = fork.forward_pieces(self.adapter, self.store, fws)
+        else:
+            moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
+            if not moved and len(pendings) > 1:
+                p = next((p for p in pendings if p.logits is None), None)
+                if p is not None:
+                    p.logits = fork.last_logits(self.adapter, self.store, p.fw, p.letters)
+                moved = any(p.logits is None for p in pendings)
+        if moved:
             self.adapter.sync()
-            return True
-        return False
+        return moved
 
     def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
         """The answers of begun questions, in order (their last forwards in one batch); their
@@ -489,7 +506,8 @@ class Reader:
         try:
             return fork.finish_answers(self.adapter, self.store, [p.fw for p in pendings],
                                        [p.letters for p in pendings],
-                                       [p.choices for p in pendings])
+                                       [p.choices for p in pendings],
+                                       [p.logits for p in pendings])
         finally:
             self.cancel_many(pendings)
             if pendings:

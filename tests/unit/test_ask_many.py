@@ -89,6 +89,24 @@ def test_without_batch_invariant_gemms_the_batch_runs_one_at_a_time(tiny, monkey
     monkeypatch.setattr(r.adapter, "batches", lambda: False)
     monkeypatch.setattr(tiny, "forward_batch", lambda *a, **k: pytest.fail("batched"))
     assert [a.probs for a in r.ask_many("s", items)] == want
+    forwards = []                         # one forward a step: a piece or one last forward
+    for name in ("read_chunk", "fork_logits"):
+        real = getattr(r.adapter, name)
+        monkeypatch.setattr(r.adapter, name, lambda *a, _real=real, **k:
+                            forwards.append(1) or _real(*a, **k))
+    pendings = r.begin_ask_many("s", items)
+    steps = []
+    while True:
+        before = len(forwards)
+        more = r.advance_many(pendings)
+        steps.append(len(forwards) - before)
+        if not more:
+            break
+    assert set(steps) == {1} and len(steps) == len(forwards)
+    got = r.finish_ask_many(pendings)
+    assert len(forwards) == len(steps)                  # nothing left for the finish
+    assert [a.probs for a in got] == want
+    check_refs(r)
 
 
 def test_bad_lists_are_refused_with_nothing_held(tiny):
@@ -103,4 +121,17 @@ def test_bad_lists_are_refused_with_nothing_held(tiny):
     with pytest.raises(KeyError):
         r.ask_many("nobody", [ROUTER])
     assert r.committed("s") == c                        # nothing read on the way
+    check_refs(r)
+
+
+def test_the_graph_adapter_answers_a_list_one_forward_at_a_time(tiny):
+    """The CUDA-graph adapter (its bodies run eagerly on the CPU) does not batch yet: a list
+    of questions goes one forward a step, each answer its question's alone."""
+    r, rng = _reader(tiny, seed=7, cuda_graphs=True)
+    assert not r.adapter.batches()
+    items = _items(rng)
+    many = r.ask_many("s", items)
+    assert [a.probs for a in many] == [r.ask("s", q, c).probs for q, c in items]
+    r.feed("s", vocab_ids(rng, G), "output")
+    assert r.read_batch(["s"]).sessions == ("s",) and r.check_exact("s")
     check_refs(r)

@@ -102,3 +102,14 @@ def test_the_idle_window_reads_in_batches_and_every_state_is_exact(tiny):
     for s in ("a", "b", "c", "d"):
         assert r.backlog(s) < G and r.check_exact(s)
     assert host.num_chunks["idle"] == 10
+
+
+def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
+    """An adapter that runs batches one at a time (Adapter.batches false: the CUDA-graph
+    adapter for now) gets one session's chunk a call, so the host's wait stays one chunk."""
+    r, ids = _fed(tiny, [2 * G, 3 * G, G], seed=6)
+    monkeypatch.setattr(r.adapter, "batches", lambda: False)
+    names = list(ids)
+    got = [r.read_batch(names).sessions for _ in range(7)]
+    assert got == [("s0",), ("s0",), ("s1",), ("s1",), ("s1",), ("s2",), ()]
+    assert all(r.check_exact(s) for s in names)
