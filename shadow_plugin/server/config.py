@@ -12,8 +12,9 @@ most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_Q
 most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY
 (refuse or cap), SHADOW_THREADS (torch's CPU threads); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
-SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
-kernel configs, read where fla is loaded: model.kernels, model.autotune). CLI flags override.
+SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
+SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
+model.autotune). CLI flags override.
 """
 from __future__ import annotations
 
