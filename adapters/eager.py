@@ -4,6 +4,15 @@ EagerAdapter uses the model's own kernel set (fla on CUDA, the pure-torch kernel
 ReferenceAdapter uses the pure-torch kernels (adapters.model.ref: chunked GDN in fp32, SDPA
 attention) on any device: the CPU path, and the oracle the fast paths are tested against.
 Both take `path` 'eager'; the kernel set's name tells them apart in a file's identity.
+
+Batches (`read_chunks`, `fork_logits_batch`) run in one forward (Qwen35.forward_batch) on the
+CPU when its GEMMs give a row the same bits whatever the batch (`batches`: Qwen35.rows_invariant,
+checked once per thread count with the model's own weights), else one at a time. Either way
+each chunk gets the bits read_chunk gives it alone, so a batched read keeps the path 'eager'
+and the committed states, page keys and spilled files of reads one at a time. A question
+alone runs its projections over rows padded to a multiple of model.batch.ROW_TILE (what it
+meets in a batch): the same bits as before for questions of 12 ids or more on the CPUs
+measured (model.batch), other bits below that (no committed state depends on them).
 """
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.interface import Adapter
+from adapters.model.batch import ROW_TILE
 from adapters.model.kernels import TORCH, KernelSet
 from adapters.model.qwen35 import Qwen35
 from block_store import PagedKv
@@ -25,6 +35,7 @@ class EagerAdapter(Adapter):
     def __init__(self, model: Qwen35, grid: int, kernels: KernelSet | None = None):
         super().__init__(model, grid)
         self._kernels = kernels or model.kernels
+        self._batches: dict[int, bool] = {}        # torch's threads -> rows_invariant
 
     @property
     def kernels(self) -> KernelSet:
@@ -40,8 +51,41 @@ class EagerAdapter(Adapter):
 
     def fork_logits(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                     token_ids: Sequence[int]) -> torch.Tensor:
-        hidden, _ = self.model(self._ids(ids), pos, kv, gdn, self._kernels)
+        hidden, _ = self.model(self._ids(ids), pos, kv, gdn, self._kernels, row_tile=ROW_TILE)
+        return self._letters(hidden, token_ids)
+
+    def _letters(self, hidden: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+        """The last row's logits for token_ids: [len(token_ids)] fp32."""
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
+
+    def batches(self) -> bool:
+        """Whether a batch runs in one forward here: on the CPU, where the facts batching
+        rests on were measured (model.batch), when Qwen35.rows_invariant holds at the grid's
+        rows with the threads torch uses now (checked once per thread count); on CUDA not
+        yet (cuBLAS picks its kernels by the row count: batch-invariant GEMMs come first)."""
+        if self.model.device.type != "cpu":
+            return False
+        threads = torch.get_num_threads()
+        if threads not in self._batches:
+            self._batches[threads] = self.model.rows_invariant(self.grid)
+        return self._batches[threads]
+
+    def read_chunks(self, items) -> list[GdnState]:
+        """One forward for all (Qwen35.forward_batch) when `batches`, else one at a time."""
+        if len(items) < 2 or not self.batches():
+            return super().read_chunks(items)
+        _, states = self.model.forward_batch(
+            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels)
+        return states
+
+    def fork_logits_batch(self, items) -> list[torch.Tensor]:
+        """One forward for all (Qwen35.forward_batch) when `batches`, else one at a time; each
+        fork's logits from its own last row."""
+        if len(items) < 2 or not self.batches():
+            return super().fork_logits_batch(items)
+        hidden, _ = self.model.forward_batch(
+            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn, _ in items], self._kernels)
+        return [self._letters(h, item[4]) for h, item in zip(hidden, items)]
 
 
 class ReferenceAdapter(EagerAdapter):

@@ -4,7 +4,9 @@ single-token runner and its device-fed decode loop). On CUDA each runner replays
 with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
 run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
-reference on CUDA.
+reference on CUDA. Batches (`read_chunks`, `fork_logits_batch`) run one at a time here for
+now (the Adapter's default): cuBLAS picks its GEMM kernels by the row count, so a batched
+forward on CUDA needs GEMMs with fixed tiles and no split-K, and graphs per batch shape.
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 An adapter runs Qwen3.5 over state it is handed (block_store's layouts, `spec`):
 - `read_chunk`: one grid chunk of exactly `grid` ids at `pos` (what commits state);
 - `fork_logits`: a fork's ids above C (a question), logits of the last id only;
-- `decode`: a fork's prompt above C, then up to n tokens greedily, stopping at a stop id.
+- `decode`: a fork's prompt above C, then up to n tokens greedily, stopping at a stop id;
+- `read_chunks`, `fork_logits_batch`: several of those, of other sequences, at once, each with
+  the bits it gets alone (by default one at a time; the eager adapters run them in one
+  forward, Qwen35.forward_batch, where the machine's GEMMs allow it).
 KV rows at and above `pos` are written into the pages given (a block_store.PagedKv: the pool's
 pages [num_pages, G, Hkv, D] per attention layer and a sequence's page table); GDN states are
 returned new, never changed in place. `path` names what the bits depend on beyond the weights
@@ -144,6 +147,28 @@ class Adapter(ABC):
         [pos, pos + grid) of the sequence `kv` (its pages hold rows >= pos + grid, rows
         [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
+
+    def batches(self) -> bool:
+        """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at
+        a time, this default; a caller that must bound how long it holds the device then
+        hands them one item at a time)."""
+        return False
+
+    def read_chunks(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState]]
+                    ) -> list[GdnState]:
+        """read_chunk for each item (ids, pos, kv, gdn), in order: grid chunks of several
+        sequences (no two writing one page), each with the bits read_chunk gives it alone, so
+        a state read in a batch is the state read alone (the same `path`). Returns the GDN
+        states after each chunk. By default one at a time (the graph adapter keeps this on
+        CUDA for now: its GEMMs need fixed tiles to be batch-invariant there)."""
+        return [self.read_chunk(*item) for item in items]
+
+    def fork_logits_batch(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState,
+                                                      Sequence[int]]]) -> list[torch.Tensor]:
+        """fork_logits for each item (ids, pos, kv, gdn, token_ids), in order: forks of one
+        session or several (no two writing one page), each with the logits fork_logits gives
+        it alone ([len(token_ids)] fp32 each). By default one at a time."""
+        return [self.fork_logits(*item) for item in items]
 
     def fork_rows(self, num_ids: int) -> int:
         """KV rows at and above pos that a fork_logits of num_ids ids writes (>= num_ids: a

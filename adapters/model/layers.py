@@ -52,10 +52,15 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, op: Ops = EAGER, gate_up=None) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; gate_up: the fused [2I, hidden] weight (model.fuse)
         for one GEMM instead of two."""
-        if gate_up is None:
-            return self.down_proj(op.swiglu(self.gate_proj(x), self.up_proj(x)))
-        g, u = op.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
+        g, u = self.gate_up(x, op, gate_up)
         return op.linear(op.swiglu(g, u), self.down_proj.weight)
+
+    def gate_up(self, x: torch.Tensor, op: Ops = EAGER, gate_up=None):
+        """The gate and up projections of x [T, hidden]: (g, u), each [T, intermediate]
+        (with the fused weight: column slices of one GEMM's output)."""
+        if gate_up is None:
+            return op.linear(x, self.gate_proj.weight), op.linear(x, self.up_proj.weight)
+        return op.linear(x, gate_up).split(self.gate_proj.out_features, dim=-1)
 
 
 def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
@@ -93,12 +98,23 @@ class Attention(nn.Module):
         """x [T, hidden] -> q [T, H, D] (normed, rotated), k [T, Hkv, D] (normed, rotated),
         v [T, Hkv, D], gate [T, H, D] (a strided view). qkv: the fused [2HD + 2HkvD, hidden] weight
         (model.fuse) for one GEMM instead of three."""
-        cfg, t = self.cfg, x.shape[0]
+        return self.heads(*self.project_rows(x, op, qkv), rope, op)
+
+    def project_rows(self, x: torch.Tensor, op: Ops = EAGER, qkv=None):
+        """The q/k/v projections of x [T, hidden]: (qg [T, 2HD], k [T, HkvD], v [T, HkvD])."""
+        cfg = self.cfg
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if qkv is None:
-            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            qg, k, v = op.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
+            return (op.linear(x, self.q_proj.weight), op.linear(x, self.k_proj.weight),
+                    op.linear(x, self.v_proj.weight))
+        return op.linear(x, qkv).split([2 * h * d, hkv * d, hkv * d], dim=-1)
+
+    def heads(self, qg, k, v, rope, op: Ops = EAGER):
+        """project_rows' outputs of T rows (rows whose last dim is contiguous) as heads: q
+        [T, H, D] (normed, rotated by rope: cos, sin [T, rotary_dim]), k [T, Hkv, D] (normed,
+        rotated), v [T, Hkv, D], gate [T, H, D] (a strided view)."""
+        cfg, t = self.cfg, qg.shape[0]
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qg = qg.view(t, h, 2 * d)                          # per head: [query 256 | gate 256]
         q, gate = qg[..., :d], qg[..., d:]                 # strided views: no copies
         q = op.norm_rope(q, self.q_norm.weight, self.q_norm.eps, *rope)
@@ -128,12 +144,19 @@ class Attention(nn.Module):
         """o [T, H * D] gated by sigmoid(gate [T, H, D]) -> o_proj -> [T, hidden]."""
         return op.linear(op.sigmoid_gate(o, gate), self.o_proj.weight)
 
-    def forward(self, x, pos: int, pages, rope) -> torch.Tensor:
+    def forward(self, x, pos: int, pages, rope, op: Ops = EAGER) -> torch.Tensor:
         """x [T, hidden] at absolute positions [pos, pos + T); pages: the layer's
         attention.paged.LayerPages holding rows >= pos + T. Writes KV rows [pos, pos + T), returns
         [T, hidden] (see `attend`)."""
-        q, k, v, gate = self.project(x, rope)
-        return self.output(self.attend(q, k, v, pos, pages), gate)
+        q, k, v, gate = self.project(x, rope, op)
+        return self.output(self.attend(q, k, v, pos, pages), gate, op)
+
+    def mix(self, qg, k, v, pos: int, pages, rope, op: Ops = EAGER) -> torch.Tensor:
+        """One sequence's part between the projections (project_rows' outputs of its T rows):
+        heads, attention over its pages (writes KV rows [pos, pos + T)), the output gate:
+        [T, H * D], what o_proj takes."""
+        q, k, v, gate = self.heads(qg, k, v, rope, op)
+        return op.sigmoid_gate(self.attend(q, k, v, pos, pages), gate)
 
 
 class GatedDeltaNet(nn.Module):
@@ -159,15 +182,27 @@ class GatedDeltaNet(nn.Module):
         proj: the fused [conv_dim + value_dim + 2HV, hidden] weight (model.fuse) for one GEMM
         instead of four. Returns (out [T, hidden], new conv_state, new rec_state); the inputs
         are not modified."""
-        cfg, t = self.cfg, x.shape[0]
+        o, conv_state, rec_state = self.mix(*self.project(x, op, proj), conv_state, rec_state,
+                                            kernels, op)
+        return op.linear(o, self.out_proj.weight), conv_state, rec_state
+
+    def project(self, x, op: Ops = EAGER, proj=None):
+        """The input projections of x [T, hidden]: (qkv [T, conv_dim], z [T, value_dim], b, a
+        [T, HV]); with the fused weight, strided column slices of one GEMM's output (the conv
+        and the compiled gates read them as they lie)."""
+        cfg, hv = self.cfg, self.cfg.linear_num_value_heads
+        if proj is None:
+            return (op.linear(x, self.in_proj_qkv.weight), op.linear(x, self.in_proj_z.weight),
+                    op.linear(x, self.in_proj_b.weight), op.linear(x, self.in_proj_a.weight))
+        return op.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
+
+    def mix(self, qkv, z, b, a, conv_state, rec_state, kernels: KernelSet, op: Ops = EAGER):
+        """One sequence's part between the projections (project's outputs of its T rows): the
+        conv, the gates, the gated delta rule from (conv_state, rec_state), the gated norm.
+        Returns (o [T, value_dim], new conv_state, new rec_state), what out_proj takes."""
+        cfg, t = self.cfg, qkv.shape[0]
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        if proj is None:
-            qkv, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), \
-                self.in_proj_a(x)
-        else:
-            # strided column slices: the conv and the compiled gates read them as they lie
-            qkv, z, b, a = op.linear(x, proj).split([cfg.conv_dim, cfg.value_dim, hv, hv], dim=-1)
         weight = self.conv1d.weight[:, 0, :]
         if op.conv_gates is not None:            # the fused op set: conv and gates compiled
             q, k, v, g, beta, conv_state = op.conv_gates(qkv, weight, conv_state, b, a,
@@ -179,4 +214,4 @@ class GatedDeltaNet(nn.Module):
         o, rec_state = gdn(q, k, v, g, beta, rec_state)
         z = z.reshape(t, hv, vd)
         o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
-        return op.linear(o, self.out_proj.weight), conv_state, rec_state
+        return o, conv_state, rec_state

@@ -6,15 +6,18 @@ the recurrent and conv states.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from adapters.attention.paged import layer_pages
+from adapters.model import batch
 from adapters.model.config import FULL, ModelConfig
 from adapters.model.kernels import TORCH, KernelSet
 from adapters.model.layers import MLP, Attention, GatedDeltaNet, RMSNorm, rope_cos_sin
+from adapters.model.ops import EAGER
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,10 @@ class Qwen35(nn.Module):
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: int, kv: list, gdn: list,
-                kernels: KernelSet | None = None):
-        """Run one chunk (GDN through `kernels`, default the model's own set).
+                kernels: KernelSet | None = None, row_tile: int | None = None):
+        """Run one chunk (GDN through `kernels`, default the model's own set). row_tile: every
+        projection over the rows padded to a multiple of it (model.batch.tiled_linear: the
+        GEMMs a sequence's rows meet in forward_batch; no change for T a multiple of it).
 
         Args:
             ids: [T] int64 on the model's device, absolute positions [pos, pos + T).
@@ -86,22 +91,88 @@ class Qwen35(nn.Module):
         Returns:
             (hidden [T, hidden] before the final norm, new gdn list of (conv, rec) pairs).
         """
-        cfg = self.cfg
+        op = EAGER if row_tile is None else replace(EAGER, linear=batch.tiled_linear(row_tile))
         x = self.embed_tokens(ids)
-        positions = torch.arange(pos, pos + ids.shape[0], device=ids.device)
-        rope = rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, x.dtype)
+        rope = self._rope(pos, ids.shape[0], x.dtype)
         kv_iter, gdn_iter, new_gdn = iter(layer_pages(kv)), iter(gdn), []
         for layer in self.layers:
             h = layer.input_layernorm(x)
             if layer.layer_type == FULL:
-                h = layer.self_attn(h, pos, next(kv_iter), rope)
+                h = layer.self_attn(h, pos, next(kv_iter), rope, op)
             else:
                 conv, rec = next(gdn_iter)
-                h, conv, rec = layer.linear_attn(h, conv, rec, kernels or self.kernels)
+                h, conv, rec = layer.linear_attn(h, conv, rec, kernels or self.kernels, op)
                 new_gdn.append((conv, rec))
             x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.mlp(layer.post_attention_layernorm(x), op)
         return x, new_gdn
+
+    def _rope(self, pos: int, t: int, dtype: torch.dtype):
+        """cos, sin [t, rotary_dim] for positions [pos, pos + t)."""
+        positions = torch.arange(pos, pos + t, device=self.device)
+        return rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, dtype)
+
+    @torch.no_grad()
+    def forward_batch(self, seqs: Sequence[tuple], kernels: KernelSet | None = None,
+                      row_tile: int = batch.ROW_TILE):
+        """Several sequences in one forward (GDN through `kernels`, default the model's own):
+        the embedding, the norms, the residual adds and every projection over all their rows
+        at once (one buffer, each sequence's rows padded to a multiple of row_tile:
+        model.batch.RowTiles); RoPE, attention, the GDN conv, gates and recurrence, the gated
+        norms and the MLP's SiLU per sequence through its own pages and states. Each
+        sequence's results have the bits of forward(ids_b, pos_b, kv_b, gdn_b,
+        row_tile=row_tile) alone (model.batch says why; tests/unit/test_batch_forward.py), and
+        of forward(...) without it for a length that is a multiple of row_tile when
+        rows_invariant holds.
+
+        Args:
+            seqs: per sequence (ids [T_b] int64 on the model's device, pos_b, kv_b a
+                block_store.PagedKv holding rows >= pos_b + T_b, gdn_b as forward's); KV rows
+                [pos_b, pos_b + T_b) of kv_b are written. No two may write the same page.
+        Returns:
+            ([hidden [T_b, hidden] before the final norm, per sequence], [new gdn list per
+            sequence]); the gdn inputs are not modified.
+        Raises ValueError for no sequence or an empty one."""
+        kernels = kernels or self.kernels
+        tiles = batch.RowTiles(tuple(int(s[0].shape[0]) for s in seqs), row_tile)
+        x = self.embed_tokens(tiles.pad([s[0] for s in seqs]))
+        ropes = [self._rope(pos, ids.shape[0], x.dtype) for ids, pos, _, _ in seqs]
+        pages = [iter(layer_pages(kv)) for _, _, kv, _ in seqs]
+        states = [iter(g) for *_, g in seqs]
+        new_gdn: list[list] = [[] for _ in seqs]
+        for layer in self.layers:
+            h = layer.input_layernorm(x)
+            if layer.layer_type == FULL:
+                attn = layer.self_attn
+                parts = tiles.split_all(attn.project_rows(h))
+                outs = [attn.mix(*parts[b], seqs[b][1], next(pages[b]), ropes[b])
+                        for b in range(len(seqs))]
+                h = EAGER.linear(tiles.pad(outs), attn.o_proj.weight)
+            else:
+                gdn = layer.linear_attn
+                parts = tiles.split_all(gdn.project(h))
+                outs = []
+                for b in range(len(seqs)):
+                    o, conv, rec = gdn.mix(*parts[b], *next(states[b]), kernels)
+                    new_gdn[b].append((conv, rec))
+                    outs.append(o)
+                h = EAGER.linear(tiles.pad(outs), gdn.out_proj.weight)
+            x = x + h
+            mlp = layer.mlp
+            parts = tiles.split_all(mlp.gate_up(layer.post_attention_layernorm(x)))
+            act = tiles.pad([EAGER.swiglu(g, u) for g, u in parts])
+            x = x + EAGER.linear(act, mlp.down_proj.weight)
+        return tiles.split(x), new_gdn
+
+    def rows_invariant(self, rows: int, row_tile: int = batch.ROW_TILE) -> bool:
+        """Whether this machine's GEMMs give a row of a sequence of `rows` rows (a multiple of
+        row_tile) the same bits in forward and in forward_batch with others
+        (batch.linear_rows_invariant over one weight of each shape the model has: with the
+        threads torch uses now)."""
+        shapes = {}
+        for w in (m.weight for m in self.modules() if isinstance(m, nn.Linear)):
+            shapes.setdefault((tuple(w.shape), w.dtype), w)
+        return batch.linear_rows_invariant(list(shapes.values()), rows, tile=row_tile)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:

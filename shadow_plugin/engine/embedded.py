@@ -39,7 +39,8 @@ from shadow_plugin.server.remote import serve_call
 from shadow_plugin.server.service import Service
 
 log = logging.getLogger(__name__)
-QUESTIONS = ("ask", "summarize", "check")     # answered by ticket, in the question thread
+QUESTIONS = ("ask", "ask_many", "summarize", "check")   # answered by ticket, in the question
+#                                                         thread
 MAX_JOBS = 1000                               # tickets kept for their results at most
 
 

@@ -163,17 +163,37 @@ def start(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionSta
     pieces need them, `kv`, for its ids and `extra_rows` more: its last forward's padding, a
     decode's tokens). The scratch base, if any, is given back at once (the fork holds what
     it needs). Raises as fork_base."""
+    return start_many(adapter, rcfg, store, st, session, [extra_ids], at, [extra_rows],
+                      scratch)[0]
+
+
+def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
+               session: str, extra_ids: list[list[int]], at: int, extra_rows: list[int],
+               scratch: Scratch | None = None) -> list[Forward]:
+    """`start` for several forks at one `at` over one base (several questions over one
+    session): the base brought to the grid line once, then each fork its own references to
+    the base's pages below the line and the base's GDN states (shared: no forward changes a
+    state in place), its scratch pages its own. A fork gives each the bits it gets started
+    alone. Raises as fork_base (no fork is held then)."""
     t0 = time.perf_counter()
     backlog = st.backlog
     sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
     base = sc.state if sc else st
-    fwd = st.ids[line:at] + list(extra_ids)
+    out: list[Forward] = []
     try:
-        pinned = store.take_pages(base.pages[:line // rcfg.grid])
+        for extra, rows in zip(extra_ids, extra_rows):
+            fwd = st.ids[line:at] + list(extra)
+            pinned = store.take_pages(base.pages[:line // rcfg.grid])
+            out.append(Forward(session, at, line, line, fwd, base.gdn, pinned, [],
+                               line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
+                               backlog, t0, st.stale))
+    except BaseException:
+        for fw in out:
+            release(store, fw)
+        raise
     finally:
         drop_scratch(store, sc)
-    return Forward(session, at, line, line, fwd, base.gdn, pinned, [], line + len(fwd) + extra_rows,
-                   len(fwd), num_committed, num_scratch, backlog, t0, st.stale)
+    return out
 
 
 def kv(store: PageStore, fw: Forward, rows: int) -> PagedKv:
@@ -197,6 +217,22 @@ def forward_piece(adapter: Adapter, store: PageStore, fw: Forward) -> bool:
     return True
 
 
+def forward_pieces(adapter: Adapter, store: PageStore, fws: list[Forward]) -> bool:
+    """forward_piece for every fork that has a piece due, in one adapter.read_chunks (each
+    piece with the bits forward_piece gives it); returns whether one was read. Raises
+    PoolFull when no page can be had (release the forks then)."""
+    g = adapter.grid
+    due = [fw for fw in fws if num_pieces(len(fw.rest), g) > 0]
+    if not due:
+        return False
+    items = [(fw.rest[:g], fw.pos, kv(store, fw, fw.pos + g), fw.gdn) for fw in due]
+    for fw, gdn in zip(due, adapter.read_chunks(items)):
+        fw.gdn = gdn
+        fw.pos += g
+        fw.rest = fw.rest[g:]
+    return True
+
+
 def release(store: PageStore, fw: Forward) -> None:
     """Give back the fork's page references (once; later calls do nothing)."""
     pages = fw.pinned + fw.scratch
@@ -211,6 +247,37 @@ def finish_answer(adapter: Adapter, store: PageStore, fw: Forward, letters: list
     while forward_piece(adapter, store, fw):   # pieces the caller left: read them now
         pass
     logits = adapter.fork_logits(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, letters)
+    return to_answer(adapter, fw, logits, choices)
+
+
+def finish_answers(adapter: Adapter, store: PageStore, fws: list[Forward],
+                   letters: list[list[int]], choices: list[list[str]],
+                   logits: list[torch.Tensor | None] | None = None) -> list[Answer]:
+    """finish_answer for several forks: their pieces left in batches (forward_pieces), their
+    last forwards in one adapter.fork_logits_batch (those whose `logits` were not computed
+    already, last_logits); each Answer as finish_answer gives it alone (bit for bit in its
+    logits). The caller releases the forks."""
+    while forward_pieces(adapter, store, fws):
+        pass
+    logits = list(logits or [None] * len(fws))
+    todo = [i for i, lg in enumerate(logits) if lg is None]
+    got = adapter.fork_logits_batch([(fws[i].rest, fws[i].pos, kv(store, fws[i], fws[i].rows),
+                                      fws[i].gdn, letters[i]) for i in todo]) if todo else []
+    for i, lg in zip(todo, got):
+        logits[i] = lg
+    return [to_answer(adapter, fw, lg, ch) for fw, lg, ch in zip(fws, logits, choices)]
+
+
+def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
+                letters: list[int]) -> torch.Tensor:
+    """A fork's last forward alone (its pieces read): its letters' logits, what
+    finish_answers would compute for it."""
+    return adapter.fork_logits(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, letters)
+
+
+def to_answer(adapter: Adapter, fw: Forward, logits: torch.Tensor,
+              choices: list[str]) -> Answer:
+    """The Answer of a fork's letters' logits [len(choices)] (the device synchronised)."""
     probs = torch.softmax(logits, dim=-1).tolist()
     adapter.sync()
     best = max(range(len(probs)), key=probs.__getitem__)
@@ -329,6 +396,7 @@ class Pending:
     max_new_tokens: int = 0
     stop_ids: frozenset = frozenset()
     decoding: Decoding | None = None
+    logits: torch.Tensor | None = None     # a question's letters' logits, once forwarded
 
 
 def generate(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,

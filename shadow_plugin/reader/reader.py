@@ -25,7 +25,7 @@ from shadow_plugin.chat import questions
 from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader import exact, fork, lines, rewrites
 from shadow_plugin.reader.conflicts import StaleSession
-from shadow_plugin.reader.step import ReaderConfig, read_chunk
+from shadow_plugin.reader.step import ReaderConfig, read_chunk, read_chunks
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,13 @@ class FeedResult:
 
 @dataclass(frozen=True)
 class ReadResult:
-    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync."""
+    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync;
+    sessions: (read_batch) the sessions that advanced a chunk, in order."""
 
     num_read_tokens: int
     num_chunks: int
     ms: float
+    sessions: tuple[str, ...] = ()
 
 
 @dataclass
@@ -347,6 +349,45 @@ class Reader:
         self.totals["read_ms"] += result.ms
         return result
 
+    def read_batch(self, sessions) -> ReadResult:
+        """One grid chunk of each of several sessions in one forward (step.read_chunks,
+        adapter.read_chunks): each committed exactly as `read(session, max_chunks=1)` commits
+        it alone, whatever else was in the batch. Sessions with less than a chunk of
+        backlog, given twice, or parked again by restoring a later one (a tight cap) are left
+        out (the last one restored always stays, so each call reads at least one chunk when one
+        is due); a chunk whose content another session of the batch reads now is left for the
+        next call (its page is held then). With an adapter that runs batches one at a time
+        (Adapter.batches false: the CUDA-graph adapter for now) only the first session due is
+        read, so a call never holds the device longer than one chunk. Returns ReadResult with
+        the sessions that advanced.
+        Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
+        names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
+        t0, g = time.perf_counter(), self.config.grid
+        due = [n for n in names if self._backlog_held(n) >= g]
+        if not self.adapter.batches():           # one at a time: one chunk a call
+            due = due[:1]
+        pairs = [(name, self._get(name)) for name in due]      # restored when parked
+        pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
+        done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
+        advanced = tuple(n for n, st in pairs if any(st is d for d in done))
+        for name, st in pairs:
+            if st.backlog < g and self.store_config.disk_shared and name in advanced:
+                self.table.save(name)            # read up: its pages for another server
+        self._settle(advanced[0] if advanced else None)
+        self.adapter.sync()
+        n = len(advanced)
+        result = ReadResult(n * g, n, (time.perf_counter() - t0) * 1e3, advanced)
+        self.totals["num_read_tokens"] += result.num_read_tokens
+        self.totals["num_chunks"] += n
+        self.totals["read_ms"] += result.ms
+        return result
+
+    def _backlog_held(self, session: str) -> int:
+        """len(ids) - C without restoring the session (Reader.position). KeyError when
+        unknown."""
+        n, c = self.table.position(session)
+        return n - c
+
     # -- exactness -----------------------------------------------------------------------------
     def state_tensors(self, session: str) -> dict[str, torch.Tensor]:
         """name -> tensor of the committed state (block_store.state_names): KV rows [0, C)
@@ -445,8 +486,18 @@ class Reader:
         between them: the fork holds what it needs, whatever happens to the session
         meanwhile) and `finish_ask` answers; `cancel` gives it up. Raises as `ask`."""
         st = self._get(session)
-        choices = validate.choices(choices)
         at = validate.position(at, len(st.ids))
+        q_ids, letters, choices = self._question(st, question, choices, at)
+        fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
+                        fork.question_padding(self.adapter, at, len(q_ids)),
+                        self._take_scratch(session, st, at))
+        return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
+
+    def _question(self, st: SessionState, question, choices, at: int):
+        """A question as ids after ids[:at] (text rendered as a user turn, or ids checked),
+        the letters' ids and the choices: (q_ids, letters, choices). Raises ValueError as
+        `ask`."""
+        choices = validate.choices(choices)
         if isinstance(question, str):
             if not question.strip():
                 raise ValueError("question must not be empty")
@@ -456,11 +507,86 @@ class Reader:
             q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
             if not q_ids:
                 raise ValueError("question ids must not be empty")
-        letters = questions.letter_ids(self._tok(), len(choices))
-        fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
-                        fork.question_padding(self.adapter, at, len(q_ids)),
-                        self._take_scratch(session, st, at))
-        return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
+        return q_ids, questions.letter_ids(self._tok(), len(choices)), choices
+
+    def ask_many(self, session: str, items, at: int | None = None) -> list[questions.Answer]:
+        """Several letter-choice questions about ids[:at] of one session in one forward
+        (items: a sequence of (question, choices), each as `ask` takes them): forks sharing
+        the session's pages and state at the grid line, their pieces and last forwards
+        batched (Adapter.read_chunks, fork_logits_batch). Each Answer's probs are those `ask`
+        gives the same question alone, bit for bit. Raises as `ask` (ValueError naming the
+        item), ValueError for no items; nothing is held after a raise. The same steps as
+        begin_ask_many, advance_many and finish_ask_many, in one call."""
+        pendings = self.begin_ask_many(session, items, at)
+        try:
+            while self.advance_many(pendings):
+                pass
+            return self.finish_ask_many(pendings)
+        finally:
+            self.cancel_many(pendings)
+
+    def begin_ask_many(self, session: str, items, at: int | None = None) -> list[fork.Pending]:
+        """Several questions as `ask_many` takes them, begun: every item validated and
+        rendered before anything is read, the base brought to the grid line at or below `at`
+        once, then one fork a question (fork.start_many). Then `advance_many` reads their
+        pieces in batches and `finish_ask_many` answers; `cancel_many` gives them up. Raises
+        as `ask_many`."""
+        st = self._get(session)
+        at = validate.position(at, len(st.ids))
+        items = list(items) if not isinstance(items, (str, bytes)) else None
+        if not items:
+            raise ValueError("questions must be a non-empty list of (question, choices)")
+        rendered = []
+        for i, item in enumerate(items):
+            try:
+                question, choices = item
+                rendered.append(self._question(st, question, choices, at))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"questions[{i}]: {e}") from None
+        fws = fork.start_many(self.adapter, self.config, self.store, st, session,
+                              [r[0] for r in rendered], at,
+                              [fork.question_padding(self.adapter, at, len(r[0]))
+                               for r in rendered], self._take_scratch(session, st, at))
+        return [fork.Pending(fw, len(q), letters=lt, choices=ch)
+                for fw, (q, lt, ch) in zip(fws, rendered)]
+
+    def advance_many(self, pendings: list[fork.Pending]) -> bool:
+        """One step of begun questions (begin_ask_many): the next grid piece of each that has
+        one, in one batch; with an adapter that runs batches one at a time
+        (Adapter.batches false), one piece of one question, then the last forward of one
+        question a step, so a step is one forward either way. Returns whether steps remain
+        before `finish_ask_many`."""
+        fws = [p.fw for p in pendings]
+        if self.adapter.batches():
+            moved = fork.forward_pieces(self.adapter, self.store, fws)
+        else:
+            moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
+            if not moved and len(pendings) > 1:
+                p = next((p for p in pendings if p.logits is None), None)
+                if p is not None:
+                    p.logits = fork.last_logits(self.adapter, self.store, p.fw, p.letters)
+                moved = any(p.logits is None for p in pendings)
+        if moved:
+            self.adapter.sync()
+        return moved
+
+    def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
+        """The answers of begun questions, in order (their last forwards in one batch); their
+        pages given back."""
+        try:
+            return fork.finish_answers(self.adapter, self.store, [p.fw for p in pendings],
+                                       [p.letters for p in pendings],
+                                       [p.choices for p in pendings],
+                                       [p.logits for p in pendings])
+        finally:
+            self.cancel_many(pendings)
+            if pendings:
+                self._settle_known(pendings[0].fw.session)
+
+    def cancel_many(self, pendings: list[fork.Pending]) -> None:
+        """cancel for each."""
+        for p in pendings:
+            self.cancel(p)
 
     def advance(self, pending: fork.Pending, max_new_tokens: int = 8) -> bool:
         """One step of a begun question or decoding: its next grid piece, or (a decoding whose

@@ -50,3 +50,39 @@ def read_chunk(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
         store.manager.release(page)
         raise
     commit_chunk(store, st, page, gdn, rcfg.max_checkpoints, key)
+
+
+def read_chunks(adapter: Adapter, rcfg: ReaderConfig, store: PageStore,
+                states: list[SessionState]) -> list[SessionState]:
+    """Advance C by one grid chunk in each of several sessions (each a backlog of at least G)
+    with one forward for those that need one (adapter.read_chunks), each committed exactly as
+    read_chunk commits it alone: a chunk whose page and end states are held is taken without a
+    forward; a chunk with the same key as another's in this call is left for the next call
+    (it is held then); the rest go into new pages, forwarded together, committed in order.
+    Returns the states that advanced. Nothing changes when the forward raises (the new pages
+    are given back)."""
+    g, todo, keys, done = rcfg.grid, [], set(), []
+    for st in states:
+        assert st.backlog >= g, "read_chunks needs a whole chunk of backlog in each"
+        key, held, entry = held_chunk(store, st)
+        if held is not None:
+            commit_held(store, st, key, held, entry, rcfg.max_checkpoints)
+            done.append(st)
+        elif key not in keys:
+            keys.add(key)
+            todo.append((st, key))
+    pages = []
+    try:
+        for _ in todo:
+            pages.append(store.allocate())
+        items = [(st.ids[st.committed:st.committed + g], st.committed,
+                  store.view(st.pages, [page]), st.gdn) for (st, _), page in zip(todo, pages)]
+        states_after = adapter.read_chunks(items) if items else []
+    except BaseException:
+        for page in pages:
+            store.manager.release(page)
+        raise
+    for (st, key), page, gdn in zip(todo, pages, states_after):
+        commit_chunk(store, st, page, gdn, rcfg.max_checkpoints, key)
+        done.append(st)
+    return done

@@ -14,6 +14,12 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
 - Which session: one with a pending question whose grid line it has not reached, then the
   session of the most recent turn, then the others by recency. A question asked at position p is
   answered when its session's C reaches the grid line at or below p, before C moves past it.
+- Batches (`batch_sessions` > 1, SHADOW_BATCH_SESSIONS): the idle window reads one chunk of
+  each of up to that many sessions with whole chunks waiting, in that order, in one forward
+  (the port's read_chunks, Reader.read_batch: each session committed as if read alone), so a
+  host request waits at most one batched chunk; the batch is cut to what the burst's budget
+  holds by the cost model's batch estimate. The ration stays one session's chunks (its turn's
+  share), one at a time.
 """
 from __future__ import annotations
 
@@ -193,6 +199,37 @@ class Scheduler:
             if session in self.recency else self.recency
         return first + [s for s in reversed(newer) if s not in first and self._readable(s)]
 
+    def pick_many(self, limit: int) -> list[str]:
+        """Up to `limit` sessions to read a chunk of, in `pick`'s order: those with a pending
+        question below its line first, then by recency; each with a whole chunk waiting."""
+        out: list[str] = []
+        for session, at in self.questions:
+            if self.port.committed(session) < self._line(at) and self._readable(session) and \
+                    session not in out:
+                out.append(session)
+        for session in reversed(self.recency):
+            if session not in out and self._readable(session):
+                out.append(session)
+        return out[:limit]
+
+    def _batch_estimate(self, sessions: list[str]) -> float:
+        """The cost model's estimate for one chunk of each (one forward; context: the
+        longest)."""
+        context = max(self.port.committed(s) for s in sessions)
+        return self.cost.estimate(context, len(sessions))
+
+    def _read_many(self, sessions: list[str], spent: list, done: dict) -> None:
+        context = max(self.port.committed(s) for s in sessions)
+        ms, read = self.port.read_chunks(sessions)
+        self.idle_memo = None
+        if read:
+            self.cost.observe(context, ms, len(read))
+        spent[0] += ms
+        for session in read:
+            done[session] = done.get(session, 0) + 1
+        for session in sessions:
+            self._answer_due(session)
+
     def _read(self, session: str, spent: list, done: dict) -> None:
         context = self.port.committed(session)
         ms = self.port.read_chunk(session)
@@ -230,6 +267,8 @@ class Scheduler:
         """Read one chunk of the burst, or say why the burst stops."""
         if self.turns or self.host_busy():
             return "host"
+        if self.cfg.batch_sessions > 1:
+            return self._idle_batch(start, spent, done)
         session = self.pick()
         if session is None:
             return "fresh"
@@ -237,6 +276,24 @@ class Scheduler:
         if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
             return "budget"
         self._read(session, spent, done)
+        return None
+
+    def _idle_batch(self, start: float, spent: list, done: dict) -> str | None:
+        """_idle_step's batch: up to batch_sessions sessions (pick_many), fewer while their
+        batch estimate passes what the burst has left; one at a time through the port's
+        read_chunk when one is left."""
+        sessions = self.pick_many(self.cfg.batch_sessions)
+        if not sessions:
+            return "fresh"
+        left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
+        while len(sessions) > 1 and self._batch_estimate(sessions) > left_ms + EPS_MS:
+            sessions.pop()
+        if len(sessions) == 1:
+            if self.cost.estimate(self.port.committed(sessions[0])) > left_ms + EPS_MS:
+                return "budget"
+            self._read(sessions[0], spent, done)
+        else:
+            self._read_many(sessions, spent, done)
         return None
 
     def ration_ms(self, session: str) -> float:

@@ -8,11 +8,13 @@ SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTOR
 dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
 SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
 most ids a question reads first), SHADOW_MAX_QUESTION_TOKENS and SHADOW_MAX_SUMMARY_TOKENS (the
-most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_POSITIONS_POLICY
+most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_QUESTIONS (the
+most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY
 (refuse or cap), SHADOW_THREADS (torch's CPU threads); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
-SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH (scheduler.SchedulerConfig); SHADOW_AUTOTUNE_DIR (fla's
-kernel configs, read where fla is loaded: model.kernels, model.autotune). CLI flags override.
+SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
+SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
+model.autotune). CLI flags override.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
+
+MAX_QUESTIONS = 256      # the ceiling of SHADOW_MAX_QUESTIONS, and the request schema's bound
 
 
 def _get(env, key: str) -> str | None:
@@ -79,7 +83,8 @@ class ServiceConfig:
     once and waiting for a worker (server.ask_pool.AskPool); ask_max_catchup_tokens: the most
     ids a question may read before its forward (None: no bound); max_question_tokens: the
     most ids a question (or a summary's instruction) may render to (413 past it);
-    max_summary_tokens: the most tokens a summary may decode (400 past it); max_positions_policy:
+    max_summary_tokens: the most tokens a summary may decode (400 past it); max_questions: the
+    most questions one ask may hold (answered in one forward; 400 past it); max_positions_policy:
     "refuse" a prompt past the model's positions, or "cap" it (the session holds the first
     max positions); threads: torch's CPU threads (default_threads())."""
 
@@ -106,6 +111,7 @@ class ServiceConfig:
     ask_max_catchup_tokens: int | None = 131_072
     max_question_tokens: int = 32_768
     max_summary_tokens: int = 4096
+    max_questions: int = 8
     max_positions_policy: str = "refuse"
     threads: int | None = None
 
@@ -134,6 +140,7 @@ class ServiceConfig:
                    ask_max_catchup_tokens=_catchup(env),
                    max_question_tokens=_num(env, "MAX_QUESTION_TOKENS", 32_768, int),
                    max_summary_tokens=_num(env, "MAX_SUMMARY_TOKENS", 4096, int),
+                   max_questions=_num(env, "MAX_QUESTIONS", 8, int),
                    max_positions_policy=(_get(env, "MAX_POSITIONS_POLICY") or "refuse").strip(),
                    threads=_num(env, "THREADS", None, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))

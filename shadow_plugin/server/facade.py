@@ -101,11 +101,12 @@ class Shadow:
     def __init__(self, host: Host, journal: RouterJournal, narrator: Narrator,
                  profiles: dict[str, Profile], max_catchup_tokens: int | None = None,
                  positions_policy: str = "refuse", max_question_tokens: int = 32_768,
-                 max_summary_tokens: int = 4096, decode_burst_tokens: int = 8):
+                 max_summary_tokens: int = 4096, decode_burst_tokens: int = 8,
+                 max_questions: int = 8):
         self.host, self.reader = host, host.reader
         self.max_catchup_tokens, self.positions_policy = max_catchup_tokens, positions_policy
         self.max_question_tokens, self.max_summary_tokens = max_question_tokens, max_summary_tokens
-        self.decode_burst_tokens = decode_burst_tokens
+        self.decode_burst_tokens, self.max_questions = decode_burst_tokens, max_questions
         self.max_positions = self.reader.adapter.max_positions
         self.journal, self.narrator, self.profiles = journal, narrator, profiles
         self.grid = self.reader.config.grid
@@ -447,15 +448,58 @@ class Shadow:
             self._advance(pending, cancelled)
             with self.gate():
                 ans = self.reader.finish_ask(pending)
-                self.ask_ms.append(ans.ms)
-                line = {"session": session, "label": ans.label, "p": max(ans.probs),
-                        "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
-                self.answers.append(line)
-                self.last_answer[session] = line
+                self._record(session, ans)
                 return ans
         finally:
             with self.gate():
                 self.reader.cancel(pending)
+
+    def _record(self, session: str, ans) -> None:
+        """An answer kept for status and the latency histogram (under the gate)."""
+        self.ask_ms.append(ans.ms)
+        line = {"session": session, "label": ans.label, "p": max(ans.probs),
+                "ms": round(ans.ms, 2), "at": ans.at, "time": time.time()}
+        self.answers.append(line)
+        self.last_answer[session] = line
+
+    def ask_many(self, session: str, items, at: int | None, fork_at: int,
+                 cancelled: threading.Event | None = None):
+        """Several questions about one session (items: (question, choices) pairs, answered
+        in order) in one forward: Reader.ask_many, held the way `ask` holds the gate (after
+        catch_up, one batched grid piece of the questions a hold, then their last forwards in
+        one), so a host's call waits at most one batched piece. Each answer equals the same
+        question asked alone, bit for bit. Raises ValueError (400) for no question or more
+        than max_questions (nothing read), QuestionTooLong for a question past
+        max_question_tokens (nothing held), as `ask` otherwise."""
+        items = list(items)
+        if not items:
+            raise ValueError("questions: give at least one question")
+        if len(items) > self.max_questions:
+            raise ValueError(f"{len(items)} questions in one ask, over the limit of "
+                             f"{self.max_questions} (SHADOW_MAX_QUESTIONS)")
+        self.catch_up(session, fork_at, cancelled)
+        _check_cancel(cancelled)
+        with self.gate():
+            pendings = self.reader.begin_ask_many(session, items, at)
+            longest = max(p.num_extra_ids for p in pendings)
+            if longest > self.max_question_tokens:
+                self.reader.cancel_many(pendings)
+                raise QuestionTooLong(session, longest, self.max_question_tokens)
+        try:
+            while True:
+                _check_cancel(cancelled)
+                self._let_waiters_in()
+                with self.gate():
+                    if not self.reader.advance_many(pendings):
+                        break
+            with self.gate():
+                answers = self.reader.finish_ask_many(pendings)
+                for ans in answers:
+                    self._record(session, ans)
+                return answers
+        finally:
+            with self.gate():
+                self.reader.cancel_many(pendings)
 
     def _begin(self, session: str, begin):
         """begin() under the gate (Reader.begin_ask or begin_generate: the fork of a question

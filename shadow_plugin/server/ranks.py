@@ -255,11 +255,16 @@ class RankedShadow:
 
     def ask(self, session: str, question, choices, at: int | None, fork_at: int,
             cancelled=None):
-        return self.on(session).ask(session, question, choices, at, fork_at)
+        return self.on(session).ask(session, question, choices, at, fork_at, cancelled)
+
+    def ask_many(self, session: str, items: list, at: int | None, fork_at: int,
+                 cancelled=None):
+        """Several questions over the session in one forward, on its holder."""
+        return self.on(session).ask_many(session, items, at, fork_at, cancelled)
 
     def summarize(self, session: str, instruction: str, max_tokens: int, at: int | None,
                   cancelled=None):
-        return self.on(session).summarize(session, instruction, max_tokens, at)
+        return self.on(session).summarize(session, instruction, max_tokens, at, cancelled)
 
     def narration(self, session: str) -> dict:
         return self.on(session).narration(session)

@@ -17,7 +17,7 @@ from shadow_plugin.server.errors import NotReady, QuestionTooLong
 
 # The facade's methods a remote door may call, with the status (no model needed).
 CALLS = ("status", "fork_position", "position", "positions", "holds", "not_reading_why",
-         "ask", "summarize", "narration", "sessions", "check", "metrics")
+         "ask", "ask_many", "summarize", "narration", "sessions", "check", "metrics")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady,
           "QuestionTooLong": QuestionTooLong}
 TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result
@@ -129,6 +129,13 @@ class RemoteShadow:
         d = self._run("ask", session=session, question=question, choices=choices, at=at,
                       fork_at=fork_at)
         return Answer(**{**d, "probs": tuple(d["probs"])})
+
+    def ask_many(self, session: str, items: list, at: int | None, fork_at: int,
+                 cancelled=None) -> list[Answer]:
+        """The worker's answers, in order (facade.Shadow.ask_many)."""
+        out = self._run("ask_many", session=session, items=[list(x) for x in items], at=at,
+                        fork_at=fork_at)
+        return [Answer(**{**d, "probs": tuple(d["probs"])}) for d in out]
 
     def summarize(self, session: str, instruction: str, max_tokens: int,
                   at: int | None, cancelled=None) -> tuple[str, Generation]:

@@ -75,6 +75,16 @@ def ask_out(ans) -> schemas.AskOut:
                           stale=ans.stale)
 
 
+def letter_choice(index: int, ans) -> dict:
+    """An answer as a chat.completion choice: the label as the message, the letters'
+    logprobs."""
+    lps = [{"token": chr(65 + i), "logprob": math.log(max(p, 1e-45))}
+           for i, p in enumerate(ans.probs)]
+    best = next(x for x in lps if x["token"] == ans.letter)
+    return {"index": index, "message": {"role": "assistant", "content": ans.label},
+            "finish_reason": "stop", "logprobs": {"content": [{**best, "top_logprobs": lps}]}}
+
+
 class Questions:
     """What the question routes share: the door, its waits and its pool."""
 
@@ -95,6 +105,19 @@ class Questions:
         return await self.pool.run(shadow.ask, session, question, choices, at, fork_at,
                                    disconnected=gone)
 
+    async def ask_many(self, request: Request | None, session: str, items: list,
+                       at: int | None, wait: bool = False, timeout_s: float = 10.0):
+        """As `ask`, for several (question, choices) pairs about one session: their answers
+        in order, from one forward (facade.Shadow.ask_many; one place in the pool)."""
+        shadow = self.door.require()
+        body_session(session)
+        fork_at = await run_in_threadpool(shadow.fork_position, session, at)
+        gone = request.is_disconnected if request is not None else None
+        if wait:
+            await self.waits.wait(session, at, timeout_s, gone)
+        return await self.pool.run(shadow.ask_many, session, items, at, fork_at,
+                                   disconnected=gone)
+
     async def summarize(self, request: Request | None, session: str, instruction: str,
                         max_tokens: int, at: int | None):
         shadow = self.door.require()
@@ -105,42 +128,55 @@ class Questions:
 
     async def chat_completion(self, request: Request, body: schemas.ChatIn) -> dict:
         """A chat.completion: with choices, the label as the message and the letters'
-        logprobs; without, a summary decoded with the question as its instruction."""
+        logprobs; without, a summary decoded with the question as its instruction; `n` equal
+        choices of it (computed once); with `questions`, choice i the answer to questions[i]
+        (one forward for all; `shadow.answers` the AskOut of each)."""
         status = await run_in_threadpool(self.door.status)
         created, model = int(time.time()), f"shadow:{status.get('model', '')}"
         out = {"id": f"shadowcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                "created": created, "model": model}
-        if body.choices:
+        if body.questions is not None:
+            answers = await self.ask_many(request, body.session,
+                                          [[q.question, q.choices] for q in body.questions],
+                                          body.at)
+            choices = [letter_choice(i, ans) for i, ans in enumerate(answers)]
+            out["shadow"] = schemas.AskManyOut(answers=[ask_out(a) for a in answers]).model_dump()
+            usage = {"prompt_tokens": sum(a.num_forwarded_tokens for a in answers),
+                     "completion_tokens": len(answers)}
+        elif body.choices:
             ans = await self.ask(request, body.session, body.question(), body.choices, body.at)
-            lps = [{"token": chr(65 + i), "logprob": math.log(max(p, 1e-45))}
-                   for i, p in enumerate(ans.probs)]
-            best = next(x for x in lps if x["token"] == ans.letter)
-            choice = {"index": 0, "message": {"role": "assistant", "content": ans.label},
-                      "finish_reason": "stop",
-                      "logprobs": {"content": [{**best, "top_logprobs": lps}]}}
+            choices = [letter_choice(i, ans) for i in range(body.n or 1)]
             usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
             out["shadow"] = ask_out(ans).model_dump()
         else:
             text, gen = await self.summarize(request, body.session, body.question(),
                                              body.max_tokens, body.at)
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
-                      "logprobs": None}
+            choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop" if len(gen.ids) < body.max_tokens else "length",
+                        "logprobs": None} for i in range(body.n or 1)]
             out["shadow"] = {"stale": gen.stale, "at": gen.at}
             usage = {"prompt_tokens": max(gen.num_forwarded_tokens - (len(gen.ids) - 1), 0),
                      "completion_tokens": len(gen.ids)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {**out, "choices": [choice], "usage": usage}
+        return {**out, "choices": choices, "usage": usage}
 
 
 def question_router(door, pool: AskPool) -> APIRouter:
     """The shared routes over `door` (module doc), questions through `pool`."""
     r, q = APIRouter(), Questions(door, pool)
 
-    @r.post("/v1/shadow/ask", response_model=schemas.AskOut)
-    @r.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut, include_in_schema=False)
+    @r.post("/v1/shadow/ask", response_model=schemas.AskOut | schemas.AskManyOut)
+    @r.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut | schemas.AskManyOut,
+            include_in_schema=False)
     @answered_async
     async def ask_route(body: schemas.AskIn, request: Request):
+        """One question (question, choices: an AskOut), or several about one session
+        (questions: an AskManyOut, answers in order, from one forward)."""
+        if body.questions is not None:
+            answers = await q.ask_many(request, body.session,
+                                       [[x.question, x.choices] for x in body.questions],
+                                       body.at, body.wait, body.timeout_s)
+            return schemas.AskManyOut(answers=[ask_out(a) for a in answers])
         ans = await q.ask(request, body.session, body.question, body.choices, body.at,
                           body.wait, body.timeout_s)
         return ask_out(ans)

@@ -5,8 +5,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
+from shadow_plugin.server.config import MAX_QUESTIONS
+
 MAX_TEXT_CHARS = 32_000       # a question or an instruction (about 8k tokens at most)
 MAX_CHOICE_CHARS = 1_000
+QUESTIONS_WHAT = ("at most SHADOW_MAX_QUESTIONS (8 by default; 400 past it), answered in "
+                  "order in one forward, each as if asked alone")
 
 
 class Strict(BaseModel):
@@ -95,20 +99,47 @@ class SliceOut(BaseModel):
     stop: str
 
 
-class AskIn(Strict):
-    session: str = Field(min_length=1, max_length=128)
+def check_choices(choices: list[str] | None, where: str = "choices") -> None:
+    for i, c in enumerate(choices or []):
+        if len(c) > MAX_CHOICE_CHARS:
+            raise ValueError(f"{where}[{i}] is over {MAX_CHOICE_CHARS} characters")
+
+
+class QuestionIn(Strict):
+    """One letter-choice question of a list (AskIn.questions, ChatIn.questions)."""
+
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     choices: list[str] = Field(min_length=2, max_length=26)
+
+    @model_validator(mode="after")
+    def short_choices(self):
+        check_choices(self.choices)
+        return self
+
+
+class AskIn(Strict):
+    """One question (`question` and `choices`: the answer is an AskOut), or a list of them
+    about the same session and `at` (`questions`: the answer is an AskManyOut)."""
+
+    session: str = Field(min_length=1, max_length=128)
+    question: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT_CHARS)
+    choices: list[str] | None = Field(default=None, min_length=2, max_length=26)
+    questions: list[QuestionIn] | None = Field(default=None, min_length=1,
+                                               max_length=MAX_QUESTIONS,
+                                               description=QUESTIONS_WHAT)
     at: StrictInt | None = Field(default=None, ge=0)
     wait: StrictBool = False
     timeout_s: float = Field(default=10.0, gt=0, le=600)
 
-
     @model_validator(mode="after")
-    def short_choices(self):
-        for i, c in enumerate(self.choices):
-            if len(c) > MAX_CHOICE_CHARS:
-                raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
+    def one_form(self):
+        single = self.question is not None or self.choices is not None
+        if single == (self.questions is not None):
+            raise ValueError("give question and choices, or questions (a list of them), "
+                             "not both")
+        if single and (self.question is None or self.choices is None):
+            raise ValueError("a question needs both question and choices")
+        check_choices(self.choices)
         return self
 
 
@@ -124,6 +155,12 @@ class AskOut(BaseModel):
     stale: bool = Field(default=False, description="the session came back from a restart "
                         "holding a prefix of what the host sent (`at` of it) until its next "
                         "turn")
+
+
+class AskManyOut(BaseModel):
+    """The answers of AskIn.questions, in their order."""
+
+    answers: list[AskOut]
 
 
 class SummarizeIn(Strict):
@@ -147,34 +184,53 @@ class SummarizeOut(BaseModel):
 class ChatIn(BaseModel):
     """The questions in the OpenAI shape: `messages` (the last user message is the question),
     `session`, optional `at`; with `choices` a letter-choice answer, else a summary decoded
-    with the question as its instruction (at most `max_tokens`). Other OpenAI fields (model,
-    temperature, ...) are accepted and ignored: the answer is greedy and exact."""
+    with the question as its instruction (at most `max_tokens`). `n` (OpenAI's): that many
+    choices of the one answer, all equal (the answer is greedy and exact, so n samples are n
+    copies: it is computed once). `questions` (an extension, as `session`, `at` and `choices`
+    are): several letter-choice questions about the session, answered in one forward, choice i
+    answering questions[i] (`messages` may then be left out; `n`, if given, is their count).
+    Other OpenAI fields (model, temperature, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow")
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
     session: str = Field(min_length=1, max_length=128)
     at: StrictInt | None = Field(default=None, ge=0)
     choices: list[str] | None = Field(default=None, min_length=2, max_length=26)
     max_tokens: StrictInt = Field(default=128, ge=1, description="a summary's: at most "
                                   "SHADOW_MAX_SUMMARY_TOKENS (400 past it)")
+    n: StrictInt | None = Field(default=None, ge=1, le=MAX_QUESTIONS, description="choices "
+                                "of the one answer, all equal (computed once); with "
+                                "`questions`: their count")
+    questions: list[QuestionIn] | None = Field(default=None, min_length=1,
+                                               max_length=MAX_QUESTIONS,
+                                               description=QUESTIONS_WHAT)
 
     @model_validator(mode="after")
     def a_question(self):
-        for i, m in enumerate(self.messages):
+        if self.questions is not None:
+            if self.choices is not None:
+                raise ValueError("with questions each question has its own choices: leave "
+                                 "out choices")
+            if self.n is not None and self.n != len(self.questions):
+                raise ValueError(f"n = {self.n} but {len(self.questions)} questions: n is "
+                                 "their count (or leave it out)")
+        elif self.messages is None:
+            raise ValueError("give messages (the last user message is the question), or "
+                             "questions")
+        for i, m in enumerate(self.messages or []):
             check_message(i, m)
             check_parts(i, m.get("content"))
-        for i, c in enumerate(self.choices or []):
-            if len(c) > MAX_CHOICE_CHARS:
-                raise ValueError(f"choices[{i}] is over {MAX_CHOICE_CHARS} characters")
-        text = self.question()
-        if not text.strip() or len(text) > MAX_TEXT_CHARS:
-            raise ValueError(f"the last user message must hold 1 to {MAX_TEXT_CHARS} "
-                             "characters of text")
+        check_choices(self.choices)
+        if self.questions is None:
+            text = self.question()
+            if not text.strip() or len(text) > MAX_TEXT_CHARS:
+                raise ValueError(f"the last user message must hold 1 to {MAX_TEXT_CHARS} "
+                                 "characters of text")
         return self
 
     def question(self) -> str:
         """The text of the last user message (text parts joined)."""
-        users = [m for m in self.messages if m.get("role") == "user"]
+        users = [m for m in self.messages or [] if m.get("role") == "user"]
         if not users:
             return ""
         content = users[-1].get("content") or ""

@@ -18,7 +18,7 @@ from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader.reader import Reader
 from shadow_plugin.reader.step import ReaderConfig
 from shadow_plugin.scheduling.host import Host
-from shadow_plugin.server.config import ServiceConfig, default_threads
+from shadow_plugin.server.config import MAX_QUESTIONS, ServiceConfig, default_threads
 from shadow_plugin.server.errors import NotReady
 from shadow_plugin.server.facade import Shadow, narration_status
 from shadow_plugin.server.history import EVERY_S_RANGE, MAX_SAMPLES, History, Sampler
@@ -75,6 +75,9 @@ def check_limits(cfg: ServiceConfig) -> None:
                        ("SHADOW_MAX_SUMMARY_TOKENS", cfg.max_summary_tokens)):
         if not 1 <= value <= 2**20:
             raise ValueError(f"{var}={value}: 1 to {2**20:,} ids")
+    if not 1 <= cfg.max_questions <= MAX_QUESTIONS:
+        raise ValueError(f"SHADOW_MAX_QUESTIONS={cfg.max_questions}: 1 to {MAX_QUESTIONS} "
+                         "questions in one ask")
     if cfg.max_positions_policy not in ("refuse", "cap"):
         raise ValueError(f"SHADOW_MAX_POSITIONS_POLICY={cfg.max_positions_policy!r}: refuse "
                          "or cap")
@@ -142,7 +145,8 @@ class Service:
                              idle_hook=lambda: self.narrator.run_one(self.reader))
             self.shadow = Shadow(self.host, self.journal, self.narrator, self.profiles,
                                  cfg.ask_max_catchup_tokens, cfg.max_positions_policy,
-                                 cfg.max_question_tokens, cfg.max_summary_tokens)
+                                 cfg.max_question_tokens, cfg.max_summary_tokens,
+                                 max_questions=cfg.max_questions)
             self.host.start_idle_loop()
             self.state, self.loaded_s, self.stage = "ready", time.perf_counter() - t0, "ready"
         except Exception as e:                # reported by /healthz and status, not raised

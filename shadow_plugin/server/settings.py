@@ -32,6 +32,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "instruction) may render to; past it 413"),
     ("SHADOW_MAX_SUMMARY_TOKENS", "", "4096", "the most tokens a summary may decode "
      "(max_tokens); past it 400"),
+    ("SHADOW_MAX_QUESTIONS", "", "8", "the most questions one ask may hold (answered in one "
+     "forward); past it 400"),
     ("SHADOW_MAX_POSITIONS_POLICY", "", "refuse", "refuse or cap a session past the model's "
      "positions"),
     ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),
@@ -42,6 +44,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     ("SHADOW_TURN_TIMEOUT_S", "", "600", "a turn left open longer is closed"),
     ("SHADOW_IDLE_TRUST", "", "0.5", "how much of the backlog the ration leaves to idle gaps"),
     ("SHADOW_IDLE_AT_FINISH", "", "1", "open the idle window when a turn finishes"),
+    ("SHADOW_BATCH_SESSIONS", "", "1", "the idle window reads one chunk of each of up to this "
+     "many sessions in one forward (1-64; each committed as if read alone)"),
     ("SHADOW_AUTOTUNE_DIR", "", "~/.cache/shadow-reader/autotune", "fla's and FA4's kernel "
      "caches (off: none)"),
 )

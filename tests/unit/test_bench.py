@@ -45,3 +45,17 @@ def test_bench_refuses_bad_grids_context_and_files(capsys, tmp_path):
     assert main(base + ["--out", str(tmp_path / "missing" / "r.json")]) == 2
     assert "--out" in capsys.readouterr().err
 
+
+
+def test_batch_bench_smoke(capsys):
+    """evals.batch_bench on the CPU: questions in one forward and batched reads, every answer
+    and state exact (its timings are for the device; only their presence is checked)."""
+    from evals import batch_bench
+    assert batch_bench.main(["--grid", "64", "--contexts", "128", "--batches", "1,2",
+                             "--repeats", "1", "--questions", "2", "--tail", "10"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ask = res["ask"]["128"]
+    assert ask["exact"] is True and ask["batched"] is True and ask["committed"] == 128
+    assert ask["2_in_one_forward_ms"] > 0 and ask["2_one_at_a_time_ms"] > 0
+    assert [res["read"][f"128x{b}"]["exact"] for b in (1, 2)] == [True, True]
+    assert res["read"]["128x2"]["ids_per_s_one_forward"] > 0 and res["date"]

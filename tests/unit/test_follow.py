@@ -213,6 +213,14 @@ def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embe
             "session": "q", "messages": [{"role": "user", "content": "Code?"}],
             "choices": ["yes", "no"]}).json()
         assert chat["choices"][0]["message"]["content"] == local.label
+        many = c.post("/v1/shadow/ask", json={"session": "q", "questions": [
+            {"question": "Code?", "choices": ["yes", "no"]},
+            {"question": "Kind?", "choices": ["a", "b", "c"]}]})
+        assert many.status_code == 200, many.text
+        assert many.json()["answers"][0]["probs"] == list(local.probs)
+        too_many = c.post("/v1/shadow/ask", json={"session": "q", "questions": [
+            {"question": "Code?", "choices": ["yes", "no"]}] * 9})
+        assert too_many.status_code == 400 and "SHADOW_MAX_QUESTIONS" in too_many.text
 
 
 def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(embedded):

@@ -1,6 +1,9 @@
 """The test the project is built around: after any history of feeds (appends, rewrites),
 reads in any budgets and asks, the committed state equals a fresh prefill on the same grid, bit
-for bit; an ask changes no state byte and depends only on ids[:at] and the question. With
+for bit; an ask changes no state byte and depends only on ids[:at] and the question. Its
+batched arm (issue 36): several sessions read together in random batches (one forward for a
+chunk of each), asked several questions in one forward, sharing prefixes, parked and restored,
+each equal to its fresh prefill after every step. With
 questions between steps and a small GDN budget (issue 33), a rewrite resumes at or above the
 deepest line at or below its first difference that the tip ring (the last TIP_LINES lines C
 stood at) or a checkpoint holds: within one page of the change when the ring holds the line
@@ -159,3 +162,92 @@ def test_any_history_equals_fresh_prefill(tiny, ops, seed, max_cps, gdn_entries,
         assert reader.committed(sid) % G == 0 and reader.committed(sid) <= len(reader.ids(sid))
         assert len(reader.checkpoint_positions(sid)) <= max_cps
         assert reader.check_exact(sid)
+
+
+# -- the batched arm (issue 36): several sessions read together in random batches ------------
+NUM_SESSIONS = 3
+SESSION = st.integers(0, NUM_SESSIONS - 1)
+batch_op = st.one_of(
+    st.tuples(st.just("prompt"), SESSION, st.sampled_from(["append", "zero", "below_c",
+                                                           "share"]), SIZES),
+    st.tuples(st.just("output"), SESSION, SIZES),
+    st.tuples(st.just("batch"), st.lists(SESSION, min_size=2, max_size=4),
+              st.integers(1, 3)),                   # read_batch of these, n calls
+    st.tuples(st.just("read"), SESSION),
+    st.tuples(st.just("ask"), SESSION, st.integers(2, 4), st.sampled_from(["end", "random"])),
+    st.tuples(st.just("park"), SESSION),
+)
+
+
+def _batch_prompt(reader, sids, i, mode, n, rng):
+    """A prompt for session i: its ids extended, cut at 0 or below C, or another session's
+    ids (a shared prefix: its pages found by key) plus new ones."""
+    sid = sids[i]
+    held = reader.ids(sid) if reader.knows(sid) else []
+    c = reader.committed(sid) if held else 0
+    if mode == "share":
+        other = reader.ids(sids[(i + 1) % len(sids)])
+        held, cut = other, rng.randrange(0, len(other) + 1)
+    else:
+        cut = {"append": len(held), "zero": 0, "below_c": max(0, c - 1)}[mode]
+    new = held[:cut] + [rng.randrange(248320) for _ in range(n)]
+    reader.feed(sid, new or [1], "prompt")
+
+
+def _asks_equal_alone(reader, sid, k, where, rng):
+    """k questions asked in one forward (ask_many) at `where`: each answer the question asked
+    alone, bit for bit, and no committed byte changed."""
+    n = len(reader.ids(sid))
+    at = n if where == "end" else rng.randrange(1, n + 1)
+    items = [([rng.randrange(248320) for _ in range(rng.choice([1, 3, 40, G + 10]))],
+              CHOICES[:rng.randrange(2, 4)]) for _ in range(k)]
+    c = reader.committed(sid)
+    many = reader.ask_many(sid, items, at=at)
+    before = _snapshot(reader, sid) if reader.committed(sid) == c else None
+    for (q, ch), ans in zip(items, many):
+        assert reader.ask(sid, q, ch, at=at).probs == ans.probs
+    if before is not None:
+        after = reader.state_tensors(sid)
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(batch_op, min_size=2, max_size=8), seed=st.integers(0, 2**32 - 1),
+       disk=st.booleans(), gdn_entries=st.sampled_from([None, 2]))
+def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, disk,
+                                                             gdn_entries):
+    """Random sessions fed, rewritten, sharing prefixes, read together in random batches
+    (Reader.read_batch: one forward for the chunks of several) or alone, asked several
+    questions in one forward, parked to disk and restored: after every step every session's
+    committed state equals its fresh prefill, bit for bit."""
+    import tempfile
+    rng = random.Random(seed)
+    budget = None if gdn_entries is None else gdn_entries * 61440
+    folder = tempfile.mkdtemp(prefix="shadow-batch-prop-") if disk else None
+    reader = Reader(tiny, grid=G, max_checkpoints=2, gdn_bytes=budget, disk_dir=folder)
+    sids = [f"b{i}" for i in range(NUM_SESSIONS)]
+    for sid in sids:
+        reader.feed(sid, [rng.randrange(248320) for _ in range(rng.randrange(1, 6 * G))],
+                    "prompt")
+    for o in ops:
+        if o[0] == "prompt":
+            _batch_prompt(reader, sids, o[1], o[2], o[3], rng)
+        elif o[0] == "output":
+            reader.feed(sids[o[1]], [rng.randrange(248320) for _ in range(o[2])], "output")
+        elif o[0] == "batch":
+            names = [sids[i] for i in o[1]]
+            for _ in range(o[2]):
+                before = {s: reader.committed(s) for s in set(names)}
+                res = reader.read_batch(names)
+                for s in set(names):
+                    assert reader.committed(s) == before[s] + G * (s in res.sessions)
+        elif o[0] == "read":
+            reader.read(sids[o[1]], max_chunks=rng.randrange(1, 3))
+        elif o[0] == "ask":
+            _asks_equal_alone(reader, sids[o[1]], o[2], o[3], rng)
+        elif o[0] == "park" and sids[o[1]] in reader.table.resident:
+            reader.table.park(sids[o[1]])
+        for sid in sids:
+            assert reader.committed(sid) % G == 0
+            assert reader.committed(sid) <= len(reader.ids(sid))
+            assert reader.check_exact(sid)

@@ -324,3 +324,78 @@ def test_a_request_the_shadow_does_not_follow_ends_the_gap():
     clock.t = 10.5
     sched.turn_started("s")
     assert list(sched.gaps) == [1.0, 1.5]
+
+
+class BatchReader(FakeReader):
+    """FakeReader with read_chunks: a batch of k chunks costs chunk_ms x (1 + (k - 1) / 4)
+    of virtual time (one forward); `batches` records each call's sessions."""
+
+    def __init__(self, clock, chunk_ms=5.0):
+        super().__init__(clock, chunk_ms)
+        self.batches = []
+
+    def read_chunks(self, sessions):
+        read = [s for s in sessions if self.backlog(s) >= G]
+        for s in read:
+            self.c[s] += G
+        ms = self.chunk_ms * (1 + (len(read) - 1) / 4)
+        self.clock.t += ms / 1e3
+        self.batches.append(list(sessions))
+        return ms, read
+
+
+def make_batch(chunk_ms=100.0, **cfg):
+    clock = VirtualClock()
+    reader = BatchReader(clock, chunk_ms)
+    sched = Scheduler(SchedulerConfig(**cfg), reader, clock, lambda: False,
+                      CostModel(chunk_ms / G * 1000, G))
+    return sched, reader, clock
+
+
+def test_the_idle_window_reads_a_chunk_of_several_sessions_in_one_forward():
+    sched, reader, clock = make_batch(batch_sessions=4, idle_burst_s=2.0)
+    for s, n in (("a", 2 * G), ("b", 3 * G), ("c", 2 * G + 7)):
+        reader.add(s, n)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    burst = sched.idle_burst()
+    assert reader.batches == [["c", "b", "a"], ["c", "b", "a"]]      # newest first
+    assert burst.stop == "fresh" and dict(burst.chunks) == {"a": 2, "b": 3, "c": 2}
+    assert burst.ms == pytest.approx(2 * 150.0 + 100.0)              # the last one alone
+    assert sched.cost.estimate(0, 3) == pytest.approx(150.0)         # learnt for batches of 3
+    assert sched.cost.estimate(0) == pytest.approx(100.0)
+
+
+def test_a_batch_is_cut_to_the_burst_left_and_a_question_goes_first():
+    sched, reader, clock = make_batch(batch_sessions=8, idle_burst_s=0.25)
+    for s in ("a", "b", "c", "d"):
+        reader.add(s, 4 * G)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    sched.add_question("a", 2 * G)
+    burst = sched.idle_burst()
+    # no batch seen yet: a batch of k is estimated at k chunks (100 ms each), so 2 of the 4
+    # fit in 250 ms, the session with a question first; that batch cost 125 ms, learnt, so the
+    # next batch of 2 fits the 125 ms left; then nothing does
+    assert reader.batches == [["a", "d"], ["a", "d"]]
+    assert burst == Slice("idle", (("a", 2), ("d", 2)), 250.0, "budget")
+    assert reader.answers == [("a", 2 * G, 2 * G)]
+
+
+def test_cost_model_batches_fall_back_to_their_chunks():
+    cost = CostModel(100.0, G)
+    assert cost.estimate(0, 4) == pytest.approx(4 * 51.2)
+    cost.observe(0, 30.0)
+    assert cost.estimate(100, 4) == pytest.approx(120.0)
+    cost.observe(0, 50.0, 4)
+    assert cost.estimate(100, 4) == 50.0 and cost.estimate(100) == 30.0
+    assert cost.estimate(9000, 4) == pytest.approx(4 * 51.2)          # another band
+
+
+@pytest.mark.parametrize("value,match", [("0", "1, 64"), ("65", "1, 64"),
+                                         ("x", "not an integer"), ("2.5", "not an integer")])
+def test_batch_sessions_from_the_environment(value, match):
+    assert SchedulerConfig.from_env({"SHADOW_BATCH_SESSIONS": "4"}).batch_sessions == 4
+    assert SchedulerConfig.from_env({}).batch_sessions == 1
+    with pytest.raises(ValueError, match=match):
+        SchedulerConfig.from_env({"SHADOW_BATCH_SESSIONS": value})

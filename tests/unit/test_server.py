@@ -462,3 +462,71 @@ def test_a_chat_content_part_of_any_json_type_is_a_4xx_naming_it(client, part):
     assert r.status_code == 422, r.text
     assert "messages[0].content[0]" in r.json()["detail"]
     assert client.get("/v1/shadow/status", headers=KEY).status_code == 200   # still served
+
+
+def test_a_list_of_questions_is_answered_in_order_as_each_alone(client):
+    """POST /v1/shadow/ask with `questions`: the answers in order, each with the probabilities
+    the same question gets alone; the single-question body unchanged; the OpenAI-shaped route
+    takes the list as an extension (choice i answers questions[i]) and `n` as n equal
+    choices."""
+    client.post("/v1/shadow/sessions/qs/turn", json={"prompt_ids": rand_ids(3 * G + 5, 31)},
+                headers=KEY)
+    items = [{"question": "Is this code?", "choices": ["yes", "no"]},
+             {"question": "Which kind of turn is this?", "choices": ["chat", "edit", "debug"]},
+             {"question": "Is the user upset?", "choices": ["yes", "no", "unsure"]}]
+    r = client.post("/v1/shadow/ask", json={"session": "qs", "questions": items}, headers=KEY)
+    assert r.status_code == 200, r.text
+    answers = r.json()["answers"]
+    assert len(answers) == 3
+    for item, got in zip(items, answers):
+        alone = client.post("/v1/shadow/ask", json={"session": "qs", **item},
+                            headers=KEY).json()
+        assert got["probs"] == alone["probs"] and got["label"] == alone["label"]
+    assert len(answers[1]["probs"]) == 3
+    chat = client.post("/v1/shadow/chat/completions", headers=KEY,
+                       json={"session": "qs", "questions": items, "model": "any"}).json()
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in chat["choices"]] == [a["label"] for a in answers]
+    assert [a["probs"] for a in chat["shadow"]["answers"]] == [a["probs"] for a in answers]
+    one = {"session": "qs", "messages": [{"role": "user", "content": "Is this code?"}],
+           "choices": ["yes", "no"]}
+    n3 = client.post("/v1/shadow/chat/completions", headers=KEY, json={**one, "n": 3}).json()
+    assert [c["index"] for c in n3["choices"]] == [0, 1, 2]
+    assert len({str(c["logprobs"]) for c in n3["choices"]}) == 1
+    assert n3["choices"][0]["message"]["content"] == answers[0]["label"]
+    s2 = client.post("/v1/shadow/chat/completions", headers=KEY,
+                     json={**one, "choices": None, "max_tokens": 2, "n": 2}).json()
+    assert len(s2["choices"]) == 2 and s2["choices"][0]["message"] == s2["choices"][1]["message"]
+
+
+@pytest.mark.parametrize("body,code,match", [
+    ({"questions": []}, 422, "at least 1"),
+    ({"questions": [{"question": "q", "choices": ["a", "b"]}] * 9}, 400,
+     "SHADOW_MAX_QUESTIONS"),
+    ({"questions": [{"question": "q", "choices": ["a"]}]}, 422, "questions.0.choices"),
+    ({"questions": [{"question": "q", "choices": ["a", "b"]}], "question": "q",
+      "choices": ["a", "b"]}, 422, "not both"),
+    ({"question": "q"}, 422, "both question and choices"),
+    ({}, 422, "give question and choices"),
+    ({"questions": [{"question": "q", "choices": ["a", "b"], "extra": 1}]}, 422, "extra"),
+])
+def test_bad_question_lists_get_a_4xx_naming_what_is_wrong(client, body, code, match):
+    client.post("/v1/shadow/sessions/ql/turn", json={"prompt_ids": rand_ids(2 * G, 32)},
+                headers=KEY)
+    reader = client.app.state.service.reader
+    before = reader.committed("ql")
+    r = client.post("/v1/shadow/ask", json={"session": "ql", **body}, headers=KEY)
+    assert r.status_code == code and match in r.text, r.text
+    assert reader.committed("ql") == before
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"n": 2}, "n is their count"),
+    ({"choices": ["a", "b"]}, "leave out choices"),
+])
+def test_bad_openai_batches_are_refused(client, extra, match):
+    r = client.post("/v1/shadow/chat/completions", headers=KEY, json={
+        "session": "qs", "questions": [{"question": "q", "choices": ["a", "b"]}] * 3, **extra})
+    assert r.status_code == 422 and match in r.text, r.text
+    r = client.post("/v1/shadow/chat/completions", headers=KEY, json={"session": "qs"})
+    assert r.status_code == 422 and "give messages" in r.text

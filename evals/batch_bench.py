@@ -1,0 +1,196 @@
+"""Batched forwards against one at a time, in process (issue 36):
+
+- `ask`: several letter-choice questions over one session at a long context (the router
+  question and other classifications, at the end of the session: its `tail` ids past the
+  context's grid line plus each question) asked in one forward (Reader.ask_many) against the
+  same questions asked one at a time (Reader.ask) and against one question alone; every
+  batched answer is checked equal to its question asked alone, bit for bit ("exact").
+- `read`: one grid chunk of each of B sessions read in one forward (Reader.read_batch)
+  against the same chunks read one at a time (Reader.read), at a context; the committed states
+  are checked against a fresh prefill afterwards.
+
+    python -m evals.batch_bench [--model random:tiny] [--device cpu] [--grid 512]
+        [--contexts 16384,32768] [--read-contexts ...] [--questions 4] [--tail 330]
+        [--batches 1,2,4,8] [--repeats 5]
+        [--threads 1] [--parts ask,read]
+
+Figures are medians over `repeats` rounds, the arms taken in turns within a round. The last
+line printed is one JSON object (with the machine, versions, commit and date). Its figures go
+in BENCHMARKS.md (marked CPU when run on the CPU); nothing here asserts a speed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.reader.reader import Reader
+
+OTHER_QUESTIONS = (
+    ("Is the user asking for code to be written or changed?", ["yes", "no"]),
+    ("How did the assistant's last action end?", ["success", "error", "no action yet",
+                                                  "unclear"]),
+    ("Is the user frustrated?", ["yes", "no", "unsure"]),
+    ("Which language is the code mostly in?", ["Python", "TypeScript", "Rust", "Go", "other"]),
+)
+
+
+def questions(n: int) -> list[tuple[str, list[str]]]:
+    """n questions: the router question first, then the others in turn."""
+    out = [(ROUTER.question, list(ROUTER.choices))]
+    while len(out) < n:
+        out.append(OTHER_QUESTIONS[(len(out) - 1) % len(OTHER_QUESTIONS)])
+    return out[:n]
+
+
+def session_ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> tuple[float, object]:
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def ask_part(model, args) -> dict:
+    """The `ask` arms at each context (module doc)."""
+    out = {}
+    items = questions(args.questions)
+    for context in args.contexts:
+        reader = Reader(model, grid=args.grid)
+        reader.feed("s", session_ids(context + args.tail, context), "prompt")
+        reader.read("s")
+        reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
+        one, seq, many, exact = [], [], [], True
+        for _ in range(args.repeats):
+            ms, alone = timed(lambda: [reader.ask("s", q, c) for q, c in items], args.device)
+            seq.append(ms)
+            ms, _ = timed(lambda: reader.ask("s", *items[0]), args.device)
+            one.append(ms)
+            ms, batched = timed(lambda: reader.ask_many("s", items), args.device)
+            many.append(ms)
+            exact = exact and all(a.probs == b.probs for a, b in zip(alone, batched))
+        med = {k: statistics.median(v) for k, v in (("one", one), ("seq", seq), ("many", many))}
+        out[str(context)] = {
+            "num_ids": context, "committed": reader.committed("s"),
+            "num_question_ids": [a.num_forwarded_tokens for a in batched],
+            "one_ms": round(med["one"], 2),
+            f"{len(items)}_one_at_a_time_ms": round(med["seq"], 2),
+            f"{len(items)}_in_one_forward_ms": round(med["many"], 2),
+            "batched_over_one": round(med["many"] / med["one"], 3),
+            "one_at_a_time_over_one": round(med["seq"] / med["one"], 3),
+            "batched": bool(getattr(reader.adapter, "batches", lambda: False)()),
+            "exact": exact}
+        print(f"ask {context}: {out[str(context)]}", file=sys.stderr, flush=True)
+    return out
+
+
+def read_part(model, args) -> dict:
+    """The `read` arms at each context and batch size (module doc): per round, B sessions
+    that each hold `context` ids read plus one chunk, read once one at a time and once in one
+    forward (two readers, the same ids)."""
+    out = {}
+    g = args.grid
+    for context in args.read_contexts or args.contexts:
+        for b in args.batches:
+            readers = [Reader(model, grid=g) for _ in range(2)]
+            names = [f"s{i}" for i in range(b)]
+            ids = {s: session_ids(context + g * (args.repeats + 1), 100 * i + context)
+                   for i, s in enumerate(names)}
+            for r in readers:
+                for s in names:
+                    r.feed(s, ids[s][:context + g], "prompt")
+                    r.read(s)
+            alone, batched = [], []
+            for k in range(args.repeats):
+                for r in readers:                      # one more chunk waiting in each
+                    for s in names:
+                        r.feed(s, ids[s][context + g * (k + 1):context + g * (k + 2)],
+                               "output")
+                ms, _ = timed(lambda: [readers[0].read(s, max_chunks=1) for s in names],
+                              args.device)
+                alone.append(ms)
+                ms, res = timed(lambda: readers[1].read_batch(names), args.device)
+                assert res.num_chunks == b
+                batched.append(ms)
+            exact = all(r.check_exact(s) for r in readers for s in names)
+            a, m = statistics.median(alone), statistics.median(batched)
+            row = {"context": context, "sessions": b, "one_at_a_time_ms": round(a, 2),
+                   "one_forward_ms": round(m, 2),
+                   "ids_per_s_one_at_a_time": round(b * g / a * 1e3),
+                   "ids_per_s_one_forward": round(b * g / m * 1e3),
+                   "speedup": round(a / m, 3), "exact": exact}
+            out[f"{context}x{b}"] = row
+            print(f"read {row}", file=sys.stderr, flush=True)
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(args) -> dict:
+    from adapters import load_model
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model, device=args.device)
+    res = {"model": args.model, "device": args.device, "grid": args.grid,
+           "threads": args.threads, "repeats": args.repeats}
+    if "ask" in args.parts:
+        res["ask"] = ask_part(model, args)
+    if "read" in args.parts:
+        res["read"] = read_part(model, args)
+    return {**res, "commit": git_commit(), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "date": str(datetime.date.today())}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random:tiny")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--contexts", type=_ints, default=[16384, 32768])
+    ap.add_argument("--read-contexts", type=_ints, default=None,
+                    help="the read part's contexts (default: --contexts)")
+    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--tail", type=int, default=330, help="ids past the context's grid line "
+                    "(the ask's tail, forwarded with each question)")
+    ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--parts", default="ask,read")
+    args = ap.parse_args(argv)
+    args.parts = args.parts.split(",")
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

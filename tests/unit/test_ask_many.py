@@ -1,0 +1,137 @@
+"""Several questions over one session in one forward (Reader.ask_many): each answer equal to the
+same question asked alone, bit for bit; the forks share the session's pages and state and give
+back what they took; bad lists refused with nothing held."""
+import random
+
+import pytest
+import torch
+from helpers import check_refs, vocab_ids
+
+from adapters.eager import EagerAdapter
+from shadow_plugin.reader.reader import Reader
+
+G = 64
+ROUTER = ("Which kind of turn is this?", ["chat", "code_edit", "debug", "plan"])
+
+
+def _items(rng):
+    """A text question, a short id question, and questions longer than a grid (read in
+    pieces), with other choices each."""
+    return [ROUTER, ([5, 6, 7], ["x", "y"]),
+            (vocab_ids(rng, 150), ["a", "b", "c"]),
+            ("Is the user asking for code?", ["yes", "no"]),
+            (vocab_ids(rng, 70), ["p", "q"])]
+
+
+def _reader(tiny, n=500, seed=0, **kw):
+    rng = random.Random(seed)
+    r = Reader(tiny, grid=G, **kw)
+    r.feed("s", vocab_ids(rng, n), "prompt")
+    return r, rng
+
+
+@pytest.mark.parametrize("where", ["end", "mid", "below_c", "line"])
+def test_each_answer_equals_the_question_asked_alone(tiny, where, monkeypatch):
+    r, rng = _reader(tiny, seed=len(where))
+    r.read("s", max_chunks=5)
+    n, c = len(r.ids("s")), r.committed("s")
+    at = {"end": n, "mid": c + 37, "below_c": c - 90, "line": 4 * G}[where]
+    items = _items(rng)
+    calls = []
+    forward_batch = tiny.forward_batch
+    monkeypatch.setattr(tiny, "forward_batch",
+                        lambda seqs, *a, **k: calls.append(len(seqs)) or forward_batch(seqs, *a,
+                                                                                       **k))
+    many = r.ask_many("s", items, at=at)
+    assert calls and max(calls) == len(items)          # one forward for all of them
+    check_refs(r)
+    monkeypatch.setattr(tiny, "forward_batch", forward_batch)
+    fresh = Reader(tiny, grid=G)                        # another history, the same ids[:at]
+    fresh.feed("f", r.ids("s")[:at], "prompt")
+    for i, ((question, choices), ans) in enumerate(zip(items, many)):
+        alone = r.ask("s", question, choices, at=at)
+        assert ans.probs == alone.probs and ans.label == alone.label and ans.at == at
+        if i % 2 == 0:
+            assert fresh.ask("f", question, choices, at=at).probs == alone.probs
+    assert r.check_exact("s")
+    check_refs(r)
+
+
+def test_asking_many_changes_no_state_byte(tiny):
+    r, rng = _reader(tiny, seed=3)
+    r.read("s")
+    before = {k: v.clone() for k, v in r.state_tensors("s").items()}
+    r.ask_many("s", _items(rng))
+    after = r.state_tensors("s")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_batch_of_one_and_the_steps(tiny):
+    """ask_many of one question is ask; begin/advance/finish give ask_many's answers."""
+    r, rng = _reader(tiny, seed=4)
+    items = _items(rng)
+    assert r.ask_many("s", items[:1])[0].probs == r.ask("s", *items[0]).probs
+    pendings = r.begin_ask_many("s", items)
+    steps = 0
+    while r.advance_many(pendings):
+        steps += 1
+    assert steps >= 1                                   # the long ones read pieces
+    got = r.finish_ask_many(pendings)
+    assert [a.probs for a in got] == [a.probs for a in r.ask_many("s", items)]
+    check_refs(r)
+
+
+def test_without_batch_invariant_gemms_the_batch_runs_one_at_a_time(tiny, monkeypatch):
+    r, rng = _reader(tiny, seed=5)
+    items = _items(rng)
+    want = [a.probs for a in r.ask_many("s", items)]
+    assert isinstance(r.adapter, EagerAdapter)
+    monkeypatch.setattr(r.adapter, "batches", lambda: False)
+    monkeypatch.setattr(tiny, "forward_batch", lambda *a, **k: pytest.fail("batched"))
+    assert [a.probs for a in r.ask_many("s", items)] == want
+    forwards = []                         # one forward a step: a piece or one last forward
+    for name in ("read_chunk", "fork_logits"):
+        real = getattr(r.adapter, name)
+        monkeypatch.setattr(r.adapter, name, lambda *a, _real=real, **k:
+                            forwards.append(1) or _real(*a, **k))
+    pendings = r.begin_ask_many("s", items)
+    steps = []
+    while True:
+        before = len(forwards)
+        more = r.advance_many(pendings)
+        steps.append(len(forwards) - before)
+        if not more:
+            break
+    assert set(steps) == {1} and len(steps) == len(forwards)
+    got = r.finish_ask_many(pendings)
+    assert len(forwards) == len(steps)                  # nothing left for the finish
+    assert [a.probs for a in got] == want
+    check_refs(r)
+
+
+def test_bad_lists_are_refused_with_nothing_held(tiny):
+    r, _ = _reader(tiny, seed=6)
+    c = r.committed("s")
+    with pytest.raises(ValueError, match="non-empty list"):
+        r.ask_many("s", [])
+    with pytest.raises(ValueError, match=r"questions\[1\]"):
+        r.ask_many("s", [ROUTER, ("q", ["only one"])])
+    with pytest.raises(ValueError, match=r"questions\[0\]"):
+        r.ask_many("s", ["not a pair"])
+    with pytest.raises(KeyError):
+        r.ask_many("nobody", [ROUTER])
+    assert r.committed("s") == c                        # nothing read on the way
+    check_refs(r)
+
+
+def test_the_graph_adapter_answers_a_list_one_forward_at_a_time(tiny):
+    """The CUDA-graph adapter (its bodies run eagerly on the CPU) does not batch yet: a list
+    of questions goes one forward a step, each answer its question's alone."""
+    r, rng = _reader(tiny, seed=7, cuda_graphs=True)
+    assert not r.adapter.batches()
+    items = _items(rng)
+    many = r.ask_many("s", items)
+    assert [a.probs for a in many] == [r.ask("s", q, c).probs for q, c in items]
+    r.feed("s", vocab_ids(rng, G), "output")
+    assert r.read_batch(["s"]).sessions == ("s",) and r.check_exact("s")
+    check_refs(r)

@@ -1,0 +1,115 @@
+"""One chunk of each of several sessions in one forward (Reader.read_batch, the scheduler's
+batches): every session committed exactly as read alone, whatever else was in the batch."""
+import random
+
+import pytest
+import torch
+from helpers import check_refs, parking_reader, vocab_ids
+
+from shadow_plugin.reader.reader import Reader
+from shadow_plugin.scheduling.host import Host
+from shadow_plugin.scheduling.scheduler import SchedulerConfig
+
+G = 64
+
+
+def _fed(tiny, sizes, seed=0, **kw):
+    rng = random.Random(seed)
+    r = Reader(tiny, grid=G, **kw)
+    ids = {f"s{i}": vocab_ids(rng, n) for i, n in enumerate(sizes)}
+    for s, x in ids.items():
+        r.feed(s, x, "prompt")
+    return r, ids
+
+
+def _same_state(a, b, sid):
+    x, y = a.state_tensors(sid), b.state_tensors(sid)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_batch_commits_each_session_as_read_alone(tiny, monkeypatch):
+    sizes = [3 * G + 5, 2 * G, 5 * G + 63, G - 1, 4 * G]
+    batched, ids = _fed(tiny, sizes, seed=1)
+    alone, _ = _fed(tiny, sizes, seed=1)
+    calls = []
+    forward_batch = tiny.forward_batch
+    monkeypatch.setattr(tiny, "forward_batch",
+                        lambda seqs, *a, **k: calls.append(len(seqs)) or forward_batch(seqs, *a,
+                                                                                       **k))
+    names = list(ids)
+    res = batched.read_batch(names)
+    assert res.sessions == ("s0", "s1", "s2", "s4") and res.num_chunks == 4   # s3: no chunk
+    assert calls == [4]
+    while batched.read_batch(names).num_chunks:
+        pass
+    for s in names:
+        alone.read(s)
+        assert batched.committed(s) == alone.committed(s) == len(ids[s]) // G * G
+        assert _same_state(batched, alone, s) and batched.check_exact(s)
+    check_refs(batched)
+    assert batched.totals["num_chunks"] == alone.totals["num_chunks"]
+
+
+def test_a_shared_chunk_is_read_once_and_taken_by_the_other(tiny):
+    rng = random.Random(2)
+    prefix = vocab_ids(rng, 2 * G)
+    r = Reader(tiny, grid=G)
+    r.feed("a", prefix + vocab_ids(rng, G), "prompt")
+    r.feed("b", prefix + vocab_ids(rng, G + 3), "prompt")
+    first = r.read_batch(["a", "b"])
+    assert first.sessions == ("a",)                  # b's chunk has a's key: next call
+    second = r.read_batch(["a", "b"])
+    assert second.sessions == ("a", "b")             # b took a's page without a forward
+    assert r.store.counters.prefix_cache_hit_tokens["memory"] >= G
+    while r.read_batch(["a", "b"]).num_chunks:
+        pass
+    assert r.committed("a") == r.committed("b") == 3 * G
+    assert r.check_exact("a") and r.check_exact("b")
+    check_refs(r)
+
+
+def test_bad_batches_read_nothing(tiny):
+    r, ids = _fed(tiny, [2 * G, 2 * G], seed=3)
+    with pytest.raises(KeyError):
+        r.read_batch(["s0", "nobody"])
+    with pytest.raises(ValueError):
+        r.read_batch(["s0", ""])
+    assert r.committed("s0") == 0
+    assert r.read_batch([]).num_chunks == 0
+    assert r.read_batch(["s0", "s0"]).sessions == ("s0",)      # once each
+
+
+def test_sessions_parked_by_a_tight_cap_are_left_out_and_stay_exact(tiny, tmp_path):
+    r = parking_reader(tiny, tmp_path)
+    rng = random.Random(4)
+    for s in ("a", "b", "c"):
+        r.feed(s, vocab_ids(rng, 3 * G), "prompt")
+    for _ in range(12):
+        r.read_batch(["a", "b", "c"])
+    for s in ("a", "b", "c"):
+        assert r.committed(s) == 3 * G and r.check_exact(s)
+
+
+def test_the_idle_window_reads_in_batches_and_every_state_is_exact(tiny):
+    rng = random.Random(5)
+    r = Reader(tiny, grid=G)
+    host = Host(r, cfg=SchedulerConfig(grid=G, batch_sessions=3, idle_burst_s=60.0))
+    for s, n in (("a", 4 * G + 1), ("b", 2 * G), ("c", 3 * G), ("d", G)):
+        host.turn_started(s, vocab_ids(rng, n))
+        host.turn_finished(s)
+    out = host.idle_once()
+    assert out.stop == "fresh" and dict(out.chunks) == {"a": 4, "b": 2, "c": 3, "d": 1}
+    for s in ("a", "b", "c", "d"):
+        assert r.backlog(s) < G and r.check_exact(s)
+    assert host.num_chunks["idle"] == 10
+
+
+def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
+    """An adapter that runs batches one at a time (Adapter.batches false: the CUDA-graph
+    adapter for now) gets one session's chunk a call, so the host's wait stays one chunk."""
+    r, ids = _fed(tiny, [2 * G, 3 * G, G], seed=6)
+    monkeypatch.setattr(r.adapter, "batches", lambda: False)
+    names = list(ids)
+    got = [r.read_batch(names).sessions for _ in range(7)]
+    assert got == [("s0",), ("s0",), ("s1",), ("s1",), ("s1",), ("s2",), ()]
+    assert all(r.check_exact(s) for s in names)
