@@ -75,8 +75,10 @@ class StoreConfig:
 class Parked:
     """A session that holds no device memory: its ids (int64), its manifest when written (None:
     dropped), the C its manifest holds, the furthest C it had committed, (dropped only) its
-    pending lines and shared line, the session's flags (session.SessionState), and the
-    version of its manifest (Manifest.mark) when written or adopted."""
+    pending lines and shared line, the session's flags (session.SessionState), the
+    version of its manifest (Manifest.mark) when written or adopted, and the keys of its
+    pages [0, C) as it was parked or as its manifest names them (16 bytes each: what status
+    looks up in memory and in the disk's listing, block_store.warmth)."""
 
     ids: np.ndarray
     manifest: Path | None
@@ -87,6 +89,7 @@ class Parked:
     stale: bool = False
     unsaved_outputs: bool = False
     mark: tuple[str, int] | None = None
+    keys: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -132,7 +135,8 @@ class Residency:
                 self.unusable[path] = (peek_session(path), why)
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
-                                  m.committed, stale=m.stale, mark=m.mark)
+                                  m.committed, stale=m.stale, mark=m.mark,
+                                  keys=[bytes.fromhex(k) for k in m.page_keys])
         return self.parked[sid]
 
     def record(self, sid: str) -> Parked | None:
@@ -195,7 +199,8 @@ class Residency:
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
                                   dict(st.pending_lines), st.shared_line, st.stale,
-                                  st.unsaved_outputs and path is None, st.manifest_mark)
+                                  st.unsaved_outputs and path is None, st.manifest_mark,
+                                  list(st.keys))
         self._release(st)
 
     def _release(self, st: SessionState) -> None:
@@ -220,7 +225,7 @@ class Residency:
         if self._adopt(self.disk.manifest_path(sid), refuse=True) is None:
             self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), None, 0,
                                       st.furthest, dict(st.pending_lines), st.shared_line,
-                                      st.stale)
+                                      st.stale, keys=list(st.keys))
         self._release(st)
 
     def sync(self, sessions: dict[str, SessionState], sid: str) -> bool:

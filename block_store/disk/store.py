@@ -56,12 +56,12 @@ class DiskStore:
         self.root, self.ident = Path(root).expanduser(), ident
         self.manifest_dir = self.root / "sessions" / identity_key(ident.as_meta()).hex()
         self.refusals: dict[str, int] = {}          # files set aside, by reason
-        # this process's token in the manifests it writes (Manifest.writer)
-        self.writer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.writer = writer_token()     # this store's token in its manifests (Manifest.writer)
         for folder in (self.root / "pages", self.root / "gdn", self.manifest_dir):
             folder.mkdir(parents=True, exist_ok=True)
             upkeep.clear_temporaries(folder)
         self._entries: set[bytes] = set()
+        self._pages: set[bytes] = set()
         self._counts: dict[str, int] = {}
         self._listed_at = -INDEX_MAX_AGE_S
 
@@ -94,6 +94,14 @@ class DiskStore:
             self._entries.add(key)
         return key in self._entries
 
+    def page_listed(self, key: bytes) -> bool:
+        """Whether page `key` is in the folder's listing (no stat: listed at most every
+        INDEX_MAX_AGE_S, with this process's own writes; another process's appear within that
+        time, and a file deleted since may still be counted): what status reports, not what
+        a resume trusts (has_page)."""
+        self._relist()
+        return key in self._pages
+
     def counts(self) -> dict[str, int]:
         """Files held: pages, GDN entries, this identity's manifests, and every file's bytes
         (listed at most every INDEX_MAX_AGE_S, with this process's writes counted since)."""
@@ -109,13 +117,9 @@ class DiskStore:
 
     def _relist(self, force: bool = False, max_age_s: float = INDEX_MAX_AGE_S) -> None:
         if force or time.monotonic() - self._listed_at > max_age_s:
-            self._counts = upkeep.scan(self.root, self.manifest_dir)
-            self._entries = set()
-            for path, _ in upkeep.files(self.root / "gdn"):
-                try:
-                    self._entries.add(bytes.fromhex(path.stem))
-                except ValueError:           # not one of ours: never looked up
-                    pass
+            listed = upkeep.listing(self.root)
+            self._counts = upkeep.counts(listed, self.manifest_dir)
+            self._entries, self._pages = _keys(listed["gdn"]), _keys(listed["pages"])
             self._listed_at = time.monotonic()
 
     def _wrote(self, kind: str, path: Path, before: int = 0) -> None:
@@ -140,10 +144,12 @@ class DiskStore:
         when the file cannot be written."""
         path = self.page_path(key)
         if upkeep.renew(path):
+            self._pages.add(key)
             return False
         tensors = {"kv": kv.detach().to("cpu").contiguous(),
                    "ids": torch.tensor(list(ids), dtype=torch.int64)}
         atomic_save(tensors, path, self._meta("page", tensors, key=key.hex()), durable)
+        self._pages.add(key)
         self._wrote("pages", path)
         return True
 
@@ -316,8 +322,9 @@ class DiskStore:
                                  f"{os.getpid()}{path.suffix}")
         except FileNotFoundError:
             return
-        if path.parent == self.root / "gdn":
-            self._entries.discard(bytes.fromhex(path.stem))
+        if path.parent in (self.root / "gdn", self.root / "pages"):
+            index = self._entries if path.parent.name == "gdn" else self._pages
+            index.discard(bytes.fromhex(path.stem))
         kind = {self.root / "pages": "pages", self.root / "gdn": "gdn_entries",
                 self.manifest_dir: "manifests"}.get(path.parent)
         if kind and self._counts:            # its bytes stay counted: refused/ is the folder's
@@ -331,6 +338,23 @@ class DiskStore:
         gone = upkeep.sweep(self.root, ttl_s, cap_bytes, set(keep), grace_s)
         self._relist(force=True)
         return gone
+
+
+def writer_token() -> str:
+    """A token naming this process and one store or reader in it: host, process id and 8 random
+    hex digits (Manifest.writer; a router's name for the server, SessionTable.writer)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _keys(listed: list[tuple[Path, os.stat_result]]) -> set[bytes]:
+    """The keys of listed page or entry files (their names' hex stems; others skipped)."""
+    out = set()
+    for path, _ in listed:
+        try:
+            out.add(bytes.fromhex(path.stem))
+        except ValueError:                   # not one of ours: never looked up
+            pass
+    return out
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> dict[str, list]:
