@@ -100,6 +100,7 @@ class Counters:
     deleted_files: int = 0
     write_errors: int = 0
     superseded: int = 0
+    restore_ms: float = 0.0      # wall time of the restores (manifest read, pages and states)
 
 
 class Residency:
@@ -312,7 +313,15 @@ class Residency:
         """The parked (or on-disk, from an earlier process) session `sid`, resident again:
         its ids, resumed at the deepest line whose pages and states are held (memory, then
         disk), its checkpoints whose entries are found; None when it is unknown. A refused
-        manifest is set aside and the session starts again from 0 with its ids (when known)."""
+        manifest is set aside and the session starts again from 0 with its ids (when known).
+        Its wall time is counted in `restore_ms`."""
+        t0 = time.perf_counter()
+        try:
+            return self._restore(sid)
+        finally:
+            self.counters.restore_ms += (time.perf_counter() - t0) * 1000
+
+    def _restore(self, sid: str) -> SessionState | None:
         rec = self.parked.pop(sid, None)
         m = self._manifest(sid, rec)
         if m is None and rec is None:

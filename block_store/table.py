@@ -250,6 +250,7 @@ class SessionTable:
                 "disk_bytes": on_disk["bytes"],
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
+                "restore_ms": c.restore_ms,
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
                 "deleted_files": c.deleted_files, "superseded": c.superseded,
                 "write_errors": c.write_errors + (

@@ -52,6 +52,9 @@ class Collector:
                          ("deleted_files", "files the disk's TTL or cap deleted"),
                          ("write_errors", "disk writes that failed")):
             yield CounterMetricFamily(f"shadow_{key}", doc, stats[key])
+        yield CounterMetricFamily("shadow_restore_ms", "ms the restores took (a manifest read, "
+                                  "pages and states found in memory or loaded from disk)",
+                                  stats["restore_ms"])
         yield GaugeMetricFamily("shadow_disk_bytes", "bytes of the disk folder's files",
                                 stats["disk_bytes"])
         yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",

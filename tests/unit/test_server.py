@@ -74,8 +74,8 @@ def test_a_scripted_session(client):
     for kind, k in st["gdn_entries_by_kind"].items():
         assert f'shadow_gdn_entry_kind_bytes{{kind="{kind}"}} {float(k["bytes"])}' in metrics
     assert f"shadow_disk_bytes {float(st['disk_bytes'])}" in metrics
-    for key in ("spills", "restores", "drops", "refusals", "deleted_files", "write_errors",
-                "gdn_entries_evicted", "pages_reused"):
+    for key in ("spills", "restores", "restore_ms", "drops", "refusals", "deleted_files",
+                "write_errors", "gdn_entries_evicted", "pages_reused"):
         assert f"shadow_{key}_total {float(st[key])}" in metrics
     for kind in ("page", "gdn_entry"):
         for key in ("evicted_written", "evicted_already_on_disk"):

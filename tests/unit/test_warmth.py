@@ -69,7 +69,9 @@ def test_a_parked_session_is_warm_while_memory_holds_its_pages_then_held_on_disk
     assert (s["warm_tokens"], s["held_tokens"], s["num_pages_memory"], s["num_pages_disk"],
             s["kv_bytes"], s["num_gdn_entries"], s["gdn_bytes"]) == (0, 320, 0, 5, 0, 0, 0)
     r.feed("a", r.ids("a"), "prompt")        # the hint held: the restore read nothing
-    assert r.committed("a") == 320 and r.stats()["read_tokens"] == 320
+    st = r.stats()
+    assert r.committed("a") == 320 and st["read_tokens"] == 320
+    assert st["restores"] == 1 and st["restore_ms"] > 0 and st["sessions"]["a"]["verified"]
 
 
 def test_a_parked_session_is_warm_only_up_to_its_deepest_state_with_every_page_below(
