@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +63,10 @@ class DiskStore:
             upkeep.clear_temporaries(folder)
         self._entries: set[bytes] = set()
         self._pages: set[bytes] = set()
+        # the indexes' writes and listings (writers run in the spill's threads); the keys this
+        # process wrote while a listing ran, which the listing may have missed (None: none runs)
+        self._index_lock = threading.Lock()
+        self._during: set[tuple[str, bytes]] | None = None
         self._counts: dict[str, int] = {}
         self._listed_at = -INDEX_MAX_AGE_S
 
@@ -83,7 +88,10 @@ class DiskStore:
     def keep_page(self, key: bytes) -> bool:
         """Whether page `key`'s file exists; its time is renewed when it does (a spill that
         finds it need not write it, and the TTL counts from now)."""
-        return upkeep.renew(self.page_path(key))
+        there = upkeep.renew(self.page_path(key))
+        if there:
+            self._note("pages", key)
+        return there
 
     def has_entry(self, key: bytes, look: bool = False) -> bool:
         """Whether entry `key` is on disk, by the index (no stat); with `look`, a file the
@@ -91,7 +99,7 @@ class DiskStore:
         for (one stat)."""
         self._relist()
         if key not in self._entries and look and self.entry_path(key).is_file():
-            self._entries.add(key)
+            self._note("gdn", key)
         return key in self._entries
 
     def page_listed(self, key: bytes) -> bool:
@@ -117,10 +125,25 @@ class DiskStore:
 
     def _relist(self, force: bool = False, max_age_s: float = INDEX_MAX_AGE_S) -> None:
         if force or time.monotonic() - self._listed_at > max_age_s:
+            with self._index_lock:
+                self._during = set()
             listed = upkeep.listing(self.root)
-            self._counts = upkeep.counts(listed, self.manifest_dir)
-            self._entries, self._pages = _keys(listed["gdn"]), _keys(listed["pages"])
+            counts = upkeep.counts(listed, self.manifest_dir)
+            with self._index_lock:          # what this process wrote meanwhile stays listed
+                during, self._during = self._during, None
+                self._entries = _keys(listed["gdn"]) | {k for d, k in during if d == "gdn"}
+                self._pages = _keys(listed["pages"]) | {k for d, k in during if d == "pages"}
+            self._counts = counts
             self._listed_at = time.monotonic()
+
+    def _note(self, kind: str, key: bytes, there: bool = True) -> None:
+        """Index `key` ('pages' or 'gdn') as on disk (`there`) or not, also in a listing
+        running in another thread."""
+        with self._index_lock:
+            index = self._pages if kind == "pages" else self._entries
+            (index.add if there else index.discard)(key)
+            if self._during is not None:
+                (self._during.add if there else self._during.discard)((kind, key))
 
     def _wrote(self, kind: str, path: Path, before: int = 0) -> None:
         if self._counts:
@@ -144,12 +167,12 @@ class DiskStore:
         when the file cannot be written."""
         path = self.page_path(key)
         if upkeep.renew(path):
-            self._pages.add(key)
+            self._note("pages", key)
             return False
         tensors = {"kv": kv.detach().to("cpu").contiguous(),
                    "ids": torch.tensor(list(ids), dtype=torch.int64)}
         atomic_save(tensors, path, self._meta("page", tensors, key=key.hex()), durable)
-        self._pages.add(key)
+        self._note("pages", key)
         self._wrote("pages", path)
         return True
 
@@ -159,7 +182,7 @@ class DiskStore:
         exists. Returns whether it was written. Not fsynced unless `durable`, as pages."""
         path = self.entry_path(key)
         if upkeep.renew(path):
-            self._entries.add(key)
+            self._note("gdn", key)
             return False
         tensors = {}
         for j, (conv, rec) in enumerate(states):
@@ -167,7 +190,7 @@ class DiskStore:
             tensors[f"layers.{j}.recurrent"] = rec.detach().to("cpu").contiguous()
         atomic_save(tensors, path, self._meta("gdn", tensors, key=key.hex(), line=line,
                                               entry_kind=kind), durable)
-        self._entries.add(key)
+        self._note("gdn", key)
         self._wrote("gdn_entries", path)
         return True
 
@@ -278,10 +301,10 @@ class DiskStore:
             states = [(t[f"layers.{j}.conv"], t[f"layers.{j}.recurrent"]) for j in range(n)]
             line = int(meta["line"])
         except RefusedFile:
-            self._entries.discard(key)
+            self._note("gdn", key, there=False)
             raise
         except (KeyError, ValueError) as e:
-            self._entries.discard(key)
+            self._note("gdn", key, there=False)
             raise RefusedFile("unreadable", f"{type(e).__name__}: {e}", path) from e
         self._used(path)
         return line, states, meta.get("entry_kind", "checkpoint")
@@ -323,8 +346,7 @@ class DiskStore:
         except FileNotFoundError:
             return
         if path.parent in (self.root / "gdn", self.root / "pages"):
-            index = self._entries if path.parent.name == "gdn" else self._pages
-            index.discard(bytes.fromhex(path.stem))
+            self._note(path.parent.name, bytes.fromhex(path.stem), there=False)
         kind = {self.root / "pages": "pages", self.root / "gdn": "gdn_entries",
                 self.manifest_dir: "manifests"}.get(path.parent)
         if kind and self._counts:            # its bytes stay counted: refused/ is the folder's

@@ -128,6 +128,24 @@ def test_the_disk_listing_names_another_stores_pages(tmp_path):
     assert not two.page_listed(bytes(16))
 
 
+def test_a_page_written_while_the_folder_is_listed_stays_listed(tmp_path, monkeypatch):
+    from helpers import DISK_IDENT, disk_page
+
+    from block_store.disk import upkeep
+    store, key = DiskStore(tmp_path, DISK_IDENT), bytes(range(16))
+    real = upkeep.listing
+
+    def listing_then_a_write(root):            # a spill thread writes after the scan
+        listed = real(root)
+        assert store.write_page(key, list(range(G)), disk_page(1))
+        return listed
+
+    monkeypatch.setattr(upkeep, "listing", listing_then_a_write)
+    store.refresh()                          # the first listing
+    monkeypatch.setattr(upkeep, "listing", real)
+    assert store.page_listed(key)
+
+
 def _stats(sessions: dict) -> dict:
     return {"server": {"writer": "h:1:abcd0123", "identity": "00" * 16, "disk": True,
                        "disk_shared": True}, "sessions": sessions}
