@@ -69,7 +69,7 @@ def read_up(url: str, sid: str, prompt: list[int], output: list[int], args) -> d
     the line it resumed at (C at the end less the ids read) and C at the end."""
     before = status(url)
     turn_s = turn(url, sid, prompt, output)
-    after = caught_up(url, sid, len(prompt) + len(output), args.grid, args.timeout_s)
+    after = caught_up(url, sid, len(prompt) + len(output), args.grid, args.timeout_s, 0.5)
     committed = after["sessions"][sid]["committed"]
     num_read = after["read_tokens"] - before["read_tokens"]
     return {"turn_s": round(turn_s, 4), "committed": committed,
