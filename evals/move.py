@@ -154,7 +154,7 @@ def recorded(path: str) -> list[tuple[list[int], list[int]]]:
 
 def table(res: dict) -> str:
     """The moves as a Markdown table."""
-    rows = ["| session | ids | A's cold read (ids, s) | B: restore ms (MB/s) | B: /turn s | "
+    rows = ["| session | ids | A read (ids, s) | B: restore ms (MB/s) | B: /turn s | "
             "B resumed at | read on B (again) | staying reads | exact |",
             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | --- |"]
     for m in res["moves"]:
