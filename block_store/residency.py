@@ -77,8 +77,10 @@ class Parked:
     dropped), the C its manifest holds (after a restart lowered to the deepest line whose
     files are there and whole, disk_io.line_on_disk: what a restore finds unless a checksum
     fails), the furthest C it had committed, (dropped only) its
-    pending lines and shared line, the session's flags (session.SessionState), and the
-    version of its manifest (Manifest.mark) when written or adopted."""
+    pending lines and shared line, the session's flags (session.SessionState), the
+    version of its manifest (Manifest.mark) when written or adopted, and the keys of its
+    pages [0, C) as it was parked or as its manifest names them (16 bytes each: what status
+    looks up in memory and in the disk's listing, block_store.warmth)."""
 
     ids: np.ndarray
     manifest: Path | None
@@ -89,6 +91,7 @@ class Parked:
     stale: bool = False
     unsaved_outputs: bool = False
     mark: tuple[str, int] | None = None
+    keys: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Counters:
     deleted_files: int = 0
     write_errors: int = 0
     superseded: int = 0
+    restore_ms: float = 0.0      # wall time of the restores (manifest read, pages and states)
 
 
 class Residency:
@@ -139,7 +143,8 @@ class Residency:
                 self.disk.count_refusal(e.reason)      # once, here: left where it is
             return None
         self.parked[sid] = Parked(np.asarray(m.ids, dtype=np.int64), path, m.committed,
-                                  m.committed, stale=m.stale, mark=m.mark)
+                                  m.committed, stale=m.stale, mark=m.mark,
+                                  keys=[bytes.fromhex(k) for k in m.page_keys])
         return self.parked[sid]
 
     def record(self, sid: str) -> Parked | None:
@@ -202,7 +207,8 @@ class Residency:
         self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), path,
                                   st.committed if path else 0, st.furthest,
                                   dict(st.pending_lines), st.shared_line, st.stale,
-                                  st.unsaved_outputs and path is None, st.manifest_mark)
+                                  st.unsaved_outputs and path is None, st.manifest_mark,
+                                  list(st.keys))
         self._release(st)
 
     def _release(self, st: SessionState) -> None:
@@ -227,7 +233,7 @@ class Residency:
         if self._adopt(self.disk.manifest_path(sid), refuse=True) is None:
             self.parked[sid] = Parked(np.asarray(st.ids, dtype=np.int64), None, 0,
                                       st.furthest, dict(st.pending_lines), st.shared_line,
-                                      st.stale)
+                                      st.stale, keys=list(st.keys))
         self._release(st)
 
     def sync(self, sessions: dict[str, SessionState], sid: str) -> bool:
@@ -314,7 +320,15 @@ class Residency:
         """The parked (or on-disk, from an earlier process) session `sid`, resident again:
         its ids, resumed at the deepest line whose pages and states are held (memory, then
         disk), its checkpoints whose entries are found; None when it is unknown. A refused
-        manifest is set aside and the session starts again from 0 with its ids (when known)."""
+        manifest is set aside and the session starts again from 0 with its ids (when known).
+        Its wall time is counted in `restore_ms`."""
+        t0 = time.perf_counter()
+        try:
+            return self._restore(sid)
+        finally:
+            self.counters.restore_ms += (time.perf_counter() - t0) * 1000
+
+    def _restore(self, sid: str) -> SessionState | None:
         rec = self.parked.pop(sid, None)
         m = self._manifest(sid, rec)
         if m is None and rec is None:

@@ -10,12 +10,13 @@ import numpy as np
 
 from block_store.disk.files import FileIdentity
 from block_store.disk.manifest import Superseded
-from block_store.disk.store import DiskStore
+from block_store.disk.store import DiskStore, writer_token
 from block_store.memory.keys import identity_key
 from block_store.memory.layout import StateSpec
 from block_store.pages import PageStore
 from block_store.residency import Residency, StoreConfig
 from block_store.session import SessionState, new_state, release_state, state_bytes
+from block_store.warmth import parked, resident
 
 
 class SessionTable:
@@ -35,6 +36,8 @@ class SessionTable:
         self.resident: dict[str, SessionState] = {}
         self.residency = Residency(cfg, self.store)
         self._clock = 0
+        # this server's name for routers: the token its manifests carry (one without a disk)
+        self.writer = disk.writer if disk is not None else writer_token()
 
     @property
     def counters(self):
@@ -204,6 +207,15 @@ class SessionTable:
         if self.store.spill is not None:
             self.store.spill.flush()
 
+    def server(self) -> dict:
+        """This server as a router names it: `writer` (the token its manifests carry,
+        DiskStore.writer; a token of the same form without a disk), `identity` (the hex key
+        every page key is rooted in, the manifests' subfolder: servers with the same one can
+        resume each other's sessions from a shared folder), `disk_shared` and `disk` (whether
+        it has a disk tier)."""
+        return {"writer": self.writer, "identity": self.store.root.hex(),
+                "disk": self.store.disk is not None, "disk_shared": self.cfg.disk_shared}
+
     def stats(self) -> dict:
         """Per session: residency ("resident", "disk" or "dropped"), bytes it references
         (session.state_bytes: shared pages in full), C, backlog, checkpoints, ids, whether C
@@ -213,13 +225,17 @@ class SessionTable:
         against the cap (resident_bytes counts a shared page once); pages by state, GDN
         entries, the page store's counters; counts of spills, drops, restores, refusals and
         deleted files; what memory forgot and what the disk got of it first
-        (`_eviction_counts`)."""
+        (`_eviction_counts`); each session's warmth (warmth.Warmth: where its next turn
+        resumes from memory, or memory and disk, its pages and GDN entries and their bytes)
+        and this server's name for routers (`server`)."""
         page_bytes = self.store.pool.page_bytes
+        on_disk = self.residency.disk_counts()        # lists the folder first when due
         per = {sid: {"residency": "resident", "bytes": state_bytes(st, page_bytes),
                      "committed": st.committed,
                      "backlog": st.backlog, "checkpoints": [cp.pos for cp in st.checkpoints],
                      "num_ids": len(st.ids), "stale": st.stale, "verified": True,
-                     "version": st.manifest_mark[1] if st.manifest_mark else None}
+                     "version": st.manifest_mark[1] if st.manifest_mark else None,
+                     **resident(self.store, st).as_dict()}
                for sid, st in self.resident.items()}
         for sid, rec in self.residency.parked.items():
             per[sid] = {"residency": "disk" if rec.manifest else "dropped", "bytes": 0,
@@ -227,11 +243,12 @@ class SessionTable:
                         "backlog": len(rec.ids) - rec.committed_on_disk, "checkpoints": [],
                         "num_ids": len(rec.ids), "stale": rec.stale,
                         "verified": False,    # C as its manifest says, checked at the restore
-                        "version": rec.mark[1] if rec.mark else None}
+                        "version": rec.mark[1] if rec.mark else None,
+                        **parked(self.store, rec.keys).as_dict()}
         c, m, gdn = self.residency.counters, self.store.manager, self.store.gdn
-        pc, on_disk = self.store.counters, self.residency.disk_counts()
+        pc = self.store.counters
         refusals = self.residency.refusals()     # every refusal, the listed ones included
-        return {"sessions": per,
+        return {"sessions": per, "server": self.server(),
                 "resident_bytes": self.residency.resident_bytes(self.resident),
                 "pages": {"pinned": m.num_pinned, "cached": m.num_cached, "free": m.num_free,
                           "disk": on_disk["pages"]},
@@ -247,6 +264,7 @@ class SessionTable:
                 "disk_bytes": on_disk["bytes"],
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
+                "restore_ms": c.restore_ms,
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
                 "deleted_files": c.deleted_files, "superseded": c.superseded,
                 "write_errors": c.write_errors + (

@@ -4,10 +4,9 @@ waited for until /healthz says ready, and stopped with SIGTERM (SIGKILL if it ha
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 
-from evals.serve_proc import free_port, start_service  # noqa: F401 (tests use free_port)
+from evals.serve_proc import free_port, start_service, stop_service  # noqa: F401 (free_port)
 
 BASE = {"SHADOW_MODEL": "random:tiny", "SHADOW_DEVICE": "cpu", "SHADOW_POLL_S": "0.02"}
 
@@ -24,8 +23,4 @@ def start(settings: dict[str, str], port: int, timeout_s: float = 120.0
 
 def stop(proc: subprocess.Popen) -> None:
     """A planned stop (SIGTERM), then SIGKILL after 30 s."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_service(proc, 30)

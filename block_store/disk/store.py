@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,12 +57,16 @@ class DiskStore:
         self.root, self.ident = Path(root).expanduser(), ident
         self.manifest_dir = self.root / "sessions" / identity_key(ident.as_meta()).hex()
         self.refusals: dict[str, int] = {}          # files set aside, by reason
-        # this process's token in the manifests it writes (Manifest.writer)
-        self.writer = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.writer = writer_token()     # this store's token in its manifests (Manifest.writer)
         for folder in (self.root / "pages", self.root / "gdn", self.manifest_dir):
             folder.mkdir(parents=True, exist_ok=True)
             upkeep.clear_temporaries(folder)
         self._entries: set[bytes] = set()
+        self._pages: set[bytes] = set()
+        # the indexes' writes and listings (writers run in the spill's threads); the keys this
+        # process wrote while a listing ran, which the listing may have missed (None: none runs)
+        self._index_lock = threading.Lock()
+        self._during: set[tuple[str, bytes]] | None = None
         self._counts: dict[str, int] = {}
         self._listed_at = -INDEX_MAX_AGE_S
 
@@ -83,7 +88,10 @@ class DiskStore:
     def keep_page(self, key: bytes) -> bool:
         """Whether page `key`'s file exists; its time is renewed when it does (a spill that
         finds it need not write it, and the TTL counts from now)."""
-        return upkeep.renew(self.page_path(key))
+        there = upkeep.renew(self.page_path(key))
+        if there:
+            self._note("pages", key)
+        return there
 
     def has_entry(self, key: bytes, look: bool = False) -> bool:
         """Whether entry `key` is on disk, by the index (no stat); with `look`, a file the
@@ -91,8 +99,16 @@ class DiskStore:
         for (one stat)."""
         self._relist()
         if key not in self._entries and look and self.entry_path(key).is_file():
-            self._entries.add(key)
+            self._note("gdn", key)
         return key in self._entries
+
+    def page_listed(self, key: bytes) -> bool:
+        """Whether page `key` is in the folder's listing (no stat: listed at most every
+        INDEX_MAX_AGE_S, with this process's own writes; another process's appear within that
+        time, and a file deleted since may still be counted): what status reports, not what
+        a resume trusts (has_page)."""
+        self._relist()
+        return key in self._pages
 
     def counts(self) -> dict[str, int]:
         """Files held: pages, GDN entries, this identity's manifests, and every file's bytes
@@ -109,14 +125,25 @@ class DiskStore:
 
     def _relist(self, force: bool = False, max_age_s: float = INDEX_MAX_AGE_S) -> None:
         if force or time.monotonic() - self._listed_at > max_age_s:
-            self._counts = upkeep.scan(self.root, self.manifest_dir)
-            self._entries = set()
-            for path, _ in upkeep.files(self.root / "gdn"):
-                try:
-                    self._entries.add(bytes.fromhex(path.stem))
-                except ValueError:           # not one of ours: never looked up
-                    pass
+            with self._index_lock:
+                self._during = set()
+            listed = upkeep.listing(self.root)
+            counts = upkeep.counts(listed, self.manifest_dir)
+            with self._index_lock:          # what this process wrote meanwhile stays listed
+                during, self._during = self._during, None
+                self._entries = _keys(listed["gdn"]) | {k for d, k in during if d == "gdn"}
+                self._pages = _keys(listed["pages"]) | {k for d, k in during if d == "pages"}
+            self._counts = counts
             self._listed_at = time.monotonic()
+
+    def _note(self, kind: str, key: bytes, there: bool = True) -> None:
+        """Index `key` ('pages' or 'gdn') as on disk (`there`) or not, also in a listing
+        running in another thread."""
+        with self._index_lock:
+            index = self._pages if kind == "pages" else self._entries
+            (index.add if there else index.discard)(key)
+            if self._during is not None:
+                (self._during.add if there else self._during.discard)((kind, key))
 
     def _wrote(self, kind: str, path: Path, before: int = 0) -> None:
         if self._counts:
@@ -140,10 +167,12 @@ class DiskStore:
         when the file cannot be written."""
         path = self.page_path(key)
         if upkeep.renew(path):
+            self._note("pages", key)
             return False
         tensors = {"kv": kv.detach().to("cpu").contiguous(),
                    "ids": torch.tensor(list(ids), dtype=torch.int64)}
         atomic_save(tensors, path, self._meta("page", tensors, key=key.hex()), durable)
+        self._note("pages", key)
         self._wrote("pages", path)
         return True
 
@@ -153,7 +182,7 @@ class DiskStore:
         exists. Returns whether it was written. Not fsynced unless `durable`, as pages."""
         path = self.entry_path(key)
         if upkeep.renew(path):
-            self._entries.add(key)
+            self._note("gdn", key)
             return False
         tensors = {}
         for j, (conv, rec) in enumerate(states):
@@ -161,7 +190,7 @@ class DiskStore:
             tensors[f"layers.{j}.recurrent"] = rec.detach().to("cpu").contiguous()
         atomic_save(tensors, path, self._meta("gdn", tensors, key=key.hex(), line=line,
                                               entry_kind=kind), durable)
-        self._entries.add(key)
+        self._note("gdn", key)
         self._wrote("gdn_entries", path)
         return True
 
@@ -272,10 +301,10 @@ class DiskStore:
             states = [(t[f"layers.{j}.conv"], t[f"layers.{j}.recurrent"]) for j in range(n)]
             line = int(meta["line"])
         except RefusedFile:
-            self._entries.discard(key)
+            self._note("gdn", key, there=False)
             raise
         except (KeyError, ValueError) as e:
-            self._entries.discard(key)
+            self._note("gdn", key, there=False)
             raise RefusedFile("unreadable", f"{type(e).__name__}: {e}", path) from e
         self._used(path)
         return line, states, meta.get("entry_kind", "checkpoint")
@@ -322,8 +351,8 @@ class DiskStore:
                                  f"{os.getpid()}{path.suffix}")
         except FileNotFoundError:
             return
-        if path.parent == self.root / "gdn":
-            self._entries.discard(bytes.fromhex(path.stem))
+        if path.parent in (self.root / "gdn", self.root / "pages"):
+            self._note(path.parent.name, bytes.fromhex(path.stem), there=False)
         kind = {self.root / "pages": "pages", self.root / "gdn": "gdn_entries",
                 self.manifest_dir: "manifests"}.get(path.parent)
         if kind and self._counts:            # its bytes stay counted: refused/ is the folder's
@@ -338,6 +367,23 @@ class DiskStore:
         gone = upkeep.sweep(self.root, ttl_s, cap_bytes, set(keep), grace_s)
         self._relist(force=True)
         return gone
+
+
+def writer_token() -> str:
+    """A token naming this process and one store or reader in it: host, process id and 8 random
+    hex digits (Manifest.writer; a router's name for the server, SessionTable.writer)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _keys(listed: list[tuple[Path, os.stat_result]]) -> set[bytes]:
+    """The keys of listed page or entry files (their names' hex stems; others skipped)."""
+    out = set()
+    for path, _ in listed:
+        try:
+            out.add(bytes.fromhex(path.stem))
+        except ValueError:                   # not one of ours: never looked up
+            pass
+    return out
 
 
 def _layout(tensors: dict[str, torch.Tensor]) -> dict[str, list]:

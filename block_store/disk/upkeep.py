@@ -43,9 +43,10 @@ def listing(root: Path) -> dict[str, list[tuple[Path, os.stat_result]]]:
             "refused": files(root / "refused")}
 
 
-def scan(root: Path, manifest_dir: Path) -> dict[str, int]:
-    """Files held: pages, GDN entries, this identity's manifests, and every file's bytes."""
-    listed = listing(root)
+def counts(listed: dict[str, list[tuple[Path, os.stat_result]]],
+           manifest_dir: Path) -> dict[str, int]:
+    """Files held in a `listing`: pages, GDN entries, this identity's manifests, and every
+    file's bytes."""
     return {"pages": len(listed["pages"]), "gdn_entries": len(listed["gdn"]),
             "manifests": sum(p.parent == manifest_dir for p, _ in listed["sessions"]),
             "bytes": sum(st.st_size for fs in listed.values() for _, st in fs)}

@@ -264,7 +264,9 @@ class Scheduler:
                 return Slice("idle", tuple(done.items()), spent[0], why)
 
     def _idle_step(self, start: float, spent: list, done: dict) -> str | None:
-        """Read one chunk of the burst, or say why the burst stops."""
+        """Read one chunk of the burst, or say why the burst stops. A burst's first chunk is
+        read whatever its estimate: one estimated past the whole burst (a loaded CPU, a long
+        context) would otherwise never be read, and its estimate never corrected."""
         if self.turns or self.host_busy():
             return "host"
         if self.cfg.batch_sessions > 1:
@@ -273,7 +275,7 @@ class Scheduler:
         if session is None:
             return "fresh"
         left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
-        if self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
+        if done and self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
             return "budget"
         self._read(session, spent, done)
         return None

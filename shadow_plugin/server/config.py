@@ -10,7 +10,8 @@ SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATC
 most ids a question reads first), SHADOW_MAX_QUESTION_TOKENS and SHADOW_MAX_SUMMARY_TOKENS (the
 most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_QUESTIONS (the
 most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY
-(refuse or cap), SHADOW_THREADS (torch's CPU threads); the scheduler's
+(refuse or cap), SHADOW_THREADS (torch's CPU threads), SHADOW_METRICS_SESSIONS (sessions
+with /metrics series of their own); the scheduler's
 SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
 SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
+from shadow_plugin.server.metrics import MAX_SESSION_SERIES
 
 MAX_QUESTIONS = 256      # the ceiling of SHADOW_MAX_QUESTIONS, and the request schema's bound
 
@@ -86,7 +88,9 @@ class ServiceConfig:
     max_summary_tokens: the most tokens a summary may decode (400 past it); max_questions: the
     most questions one ask may hold (answered in one forward; 400 past it); max_positions_policy:
     "refuse" a prompt past the model's positions, or "cap" it (the session holds the first
-    max positions); threads: torch's CPU threads (default_threads())."""
+    max positions); threads: torch's CPU threads (default_threads()); metrics_sessions: how
+    many sessions get /metrics series of their own (server.metrics: the warmest, the largest
+    backlogs; 0: none)."""
 
     model: str = ""
     device: str = ""
@@ -114,6 +118,7 @@ class ServiceConfig:
     max_questions: int = 8
     max_positions_policy: str = "refuse"
     threads: int | None = None
+    metrics_sessions: int = MAX_SESSION_SERIES
 
     @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":
@@ -143,6 +148,7 @@ class ServiceConfig:
                    max_questions=_num(env, "MAX_QUESTIONS", 8, int),
                    max_positions_policy=(_get(env, "MAX_POSITIONS_POLICY") or "refuse").strip(),
                    threads=_num(env, "THREADS", None, int),
+                   metrics_sessions=_num(env, "METRICS_SESSIONS", MAX_SESSION_SERIES, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 
     def with_overrides(self, **kw) -> "ServiceConfig":

@@ -7,7 +7,9 @@ A sample is {"seq": its number in this process (from 1), "t": unix time in s, "v
 {"name{label=\"v\"}": value}}: counters with their
 `_total` suffix, gauges, the question-latency histogram's `_sum` and `_count` (no buckets), and
 the backlog of at most MAX_BACKLOG_SERIES sessions (the largest), so a sample's size does not
-grow with the number of sessions.
+grow with the number of sessions. The sessions' warmth (`shadow_session_*`) and the server's
+name (`shadow_server_info`), for routers and Prometheus, are not sampled: the dashboard draws
+neither, and they would multiply a sample's size.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from collections import deque
 log = logging.getLogger(__name__)
 MAX_BACKLOG_SERIES = 32        # sessions whose backlog a sample keeps (the largest): its size
 BACKLOG = "shadow_backlog_ids"
+NOT_SAMPLED = ("shadow_session_", "shadow_server_info")   # for routers, not the dashboard
 EVERY_S_RANGE = (0.1, 3600.0)  # the sampling intervals a history takes (s)
 MAX_SAMPLES = 86_400           # the largest ring a history takes (a day at 1 s)
 STOP_JOIN_S = 5.0              # how long a stop waits for a sample in progress
@@ -39,7 +42,7 @@ def flatten(collector) -> dict[str, float] | None:
     out, backlog = {}, []
     for family in collector.collect():
         for s in family.samples:
-            if s.name.endswith(("_bucket", "_created")):
+            if s.name.endswith(("_bucket", "_created")) or s.name.startswith(NOT_SAMPLED):
                 continue
             if s.name == BACKLOG:
                 backlog.append((s.value, s.labels.get("session", "")))

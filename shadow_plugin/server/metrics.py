@@ -1,17 +1,37 @@
 """Prometheus metrics, read at scrape time from a source: the facade's metrics (under the one
 lock) in the standalone service, or the last ones fetched from vLLM's worker by the endpoint
-plugin."""
+plugin.
+
+Series labelled by session are bounded (Prometheus keeps every label value it ever saw as a
+series of its own, and a server that follows agents sees thousands of session ids over a
+day): `shadow_session_*` (a session's warmth, block_store.warmth: what a router scores) only
+for the `max_session_series` warmest sessions (most ids resumed from memory, then from memory
+and disk, then the most ids), `shadow_backlog_ids` only for the `max_session_series` largest
+backlogs, and `shadow_session_series_omitted` counts the sessions left out. Every session's
+figures are in the status route's `sessions` (GET /v1/shadow/status, /v1/shadow/sessions),
+which has no such cost.
+"""
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+
+MAX_SESSION_SERIES = 32       # sessions with series of their own (SHADOW_METRICS_SESSIONS)
 
 
 class Collector:
     """A prometheus_client collector over `source()`: facade.Shadow.metrics's dict, or None
-    (nothing to report yet: the model loads)."""
+    (nothing to report yet: the model loads). max_session_series: how many sessions get
+    series of their own (module doc; 0: none). Raises ValueError for a negative one."""
 
-    def __init__(self, source):
-        self.source = source
+    def __init__(self, source, max_session_series: int = MAX_SESSION_SERIES):
+        if max_session_series < 0:
+            raise ValueError(f"max_session_series must be >= 0, got {max_session_series}")
+        self.source, self.max_session_series = source, max_session_series
 
     def collect(self):
         stats = self.source()
@@ -23,10 +43,7 @@ class Collector:
         yield from _page_metrics(stats)
         yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
         yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
-        backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet", labels=["session"])
-        for sid, s in stats["sessions"].items():
-            backlog.add_metric([sid[:128]], s["backlog"])
-        yield backlog
+        yield from session_metrics(stats, self.max_session_series)
         for key, doc in (("spills", "sessions parked with their files written"),
                          ("restores", "sessions brought back"),
                          ("drops", "sessions parked without files (no disk, or the write "
@@ -36,6 +53,9 @@ class Collector:
                          ("deleted_files", "files the disk's TTL or cap deleted"),
                          ("write_errors", "disk writes that failed")):
             yield CounterMetricFamily(f"shadow_{key}", doc, stats[key])
+        yield CounterMetricFamily("shadow_restore_ms", "ms the restores took (a manifest read, "
+                                  "pages and states found in memory or loaded from disk)",
+                                  stats["restore_ms"])
         yield GaugeMetricFamily("shadow_disk_bytes", "bytes of the disk folder's files",
                                 stats["disk_bytes"])
         yield GaugeMetricFamily("shadow_resident_bytes", "resident session bytes",
@@ -106,3 +126,62 @@ def _page_metrics(stats: dict):
     yield CounterMetricFamily("shadow_gdn_entries_not_written", "evicted GDN entries not "
                               "written to disk: tips that rotated out of their session's "
                               "ring unused", stats["gdn_entries_not_written"])
+
+
+def warmest(sessions: dict[str, dict], n: int) -> list[str]:
+    """The n warmest sessions of a stats `sessions` dict: most ids resumed from memory alone
+    (warm_tokens), then from memory and disk (held_tokens), then the most ids; ties by id."""
+    order = sorted(sessions, key=lambda sid: (-sessions[sid]["warm_tokens"],
+                                              -sessions[sid]["held_tokens"],
+                                              -sessions[sid]["num_ids"], sid))
+    return order[:n]
+
+
+def session_metrics(stats: dict, n: int):
+    """This server's name (`shadow_server_info`), the sessions by residency, and the bounded
+    per-session series (module doc): backlog of the n largest backlogs, warmth of the n
+    warmest."""
+    server = stats["server"]
+    yield InfoMetricFamily("shadow_server", "this server as a router names it: the writer "
+                           "token of its manifests, the identity its page keys are rooted in",
+                           value={k: str(v).lower() if isinstance(v, bool) else str(v)
+                                  for k, v in sorted(server.items())})
+    sessions = stats["sessions"]
+    counts = {"resident": 0, "disk": 0, "dropped": 0}
+    for s in sessions.values():
+        counts[s["residency"]] += 1
+    yield _labelled(GaugeMetricFamily, "shadow_sessions", "sessions held, by residency",
+                    "residency", counts)
+    backlog = GaugeMetricFamily("shadow_backlog_ids", "ids not read yet (the sessions with "
+                                "the largest backlogs)", labels=["session"])
+    for sid in sorted(sessions, key=lambda sid: (-sessions[sid]["backlog"], sid))[:n]:
+        backlog.add_metric([sid[:128]], sessions[sid]["backlog"])
+    yield backlog
+    chosen = warmest(sessions, n)
+    yield GaugeMetricFamily("shadow_session_series_omitted", "sessions without series of "
+                            "their own (past SHADOW_METRICS_SESSIONS)",
+                            len(sessions) - len(chosen))
+    families = {
+        "warm_tokens": GaugeMetricFamily("shadow_session_warm_tokens", "ids a session's next "
+                                         "turn resumes at from memory alone", labels=["session"]),
+        "held_tokens": GaugeMetricFamily("shadow_session_held_tokens", "ids a session's next "
+                                         "turn resumes at from memory and this server's disk",
+                                         labels=["session"]),
+        "num_gdn_entries": GaugeMetricFamily("shadow_session_gdn_entries", "GDN entries a "
+                                             "session holds in memory", labels=["session"])}
+    pages = GaugeMetricFamily("shadow_session_pages", "pages of a session's chain [0, C) in "
+                              "memory and in the disk folder's listing",
+                              labels=["session", "tier"])
+    size = GaugeMetricFamily("shadow_session_bytes", "bytes a session holds in memory: KV "
+                             "pages, GDN states and entries", labels=["kind", "session"])
+    for sid in chosen:
+        s, label = sessions[sid], sid[:128]
+        for key, family in families.items():
+            family.add_metric([label], s[key])
+        pages.add_metric([label, "memory"], s["num_pages_memory"])
+        pages.add_metric([label, "disk"], s["num_pages_disk"])
+        size.add_metric(["kv", label], s["kv_bytes"])
+        size.add_metric(["gdn", label], s["gdn_bytes"])
+    yield from families.values()
+    yield pages
+    yield size

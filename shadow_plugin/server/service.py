@@ -28,11 +28,13 @@ from shadow_plugin.server.router_journal import RouterJournal, load_profiles
 from shadow_plugin.server.startup import check_paths
 
 log = logging.getLogger(__name__)
+MAX_METRICS_SESSIONS = 10_000  # sessions with series of their own a setting may ask for
 
 
 def check_config(cfg: ServiceConfig) -> None:
     """What can be refused before the service starts (ValueError naming the setting): an empty
-    or unknown model, a grid the reader cannot take, a history the dashboard cannot keep. A
+    or unknown model, a grid the reader cannot take, a history the dashboard cannot keep, a
+    number of sessions with series of their own out of range. A
     model that fails later while loading is reported by /healthz (503) instead."""
     if not cfg.model:
         raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
@@ -56,6 +58,9 @@ def check_config(cfg: ServiceConfig) -> None:
     if not 1 <= cfg.history_samples <= MAX_SAMPLES:
         raise ValueError(f"SHADOW_HISTORY_SAMPLES={cfg.history_samples}: keep 1 to "
                          f"{MAX_SAMPLES} samples")
+    if not 0 <= cfg.metrics_sessions <= MAX_METRICS_SESSIONS:
+        raise ValueError(f"SHADOW_METRICS_SESSIONS={cfg.metrics_sessions}: 0 to "
+                         f"{MAX_METRICS_SESSIONS} sessions with series of their own")
     check_limits(cfg)
     check_paths(cfg)
 
@@ -105,7 +110,8 @@ class Service:
         self.busy_since: float | None = None  # when it last said busy (s since the epoch)
         self.stop_write_errors = 0            # files the planned stop failed to write
         self.registry = CollectorRegistry()
-        collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None)
+        collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None,
+                              cfg.metrics_sessions)
         self.registry.register(collector)
         self.history = History(cfg.history_every_s, cfg.history_samples)
         self.sampler = Sampler(self.history, collector,    # samples once the model is ready

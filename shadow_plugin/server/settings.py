@@ -22,6 +22,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "dashboard's page (prefer the variable: a flag shows in ps)"),
     ("SHADOW_MAX_BODY_MB", "", "64", "largest request body"),
     ("SHADOW_PROFILES", "", "none", "a YAML file of profiles (mode, narrator, router)"),
+    ("SHADOW_METRICS_SESSIONS", "", "32", "sessions with /metrics series of their own (the "
+     "warmest, the largest backlogs; 0: none); status lists every session"),
     ("SHADOW_HISTORY_S", "", "1", "the dashboard's sampling interval, 0.1-3600 s"),
     ("SHADOW_HISTORY_SAMPLES", "", "3600", "samples the dashboard's history keeps"),
     ("SHADOW_ASK_WORKERS", "", "2", "questions that run at once"),

@@ -37,6 +37,25 @@ def test_store_bench_spills_restores_and_a_second_process_reads_on(tmp_path):
     assert res["second_process_new_session_exact"] is True
 
 
+def test_move_restores_on_the_second_server_and_reads_no_more_than_staying():
+    """evals.move at grid 64: a random session and the example agent session move from server
+    A to server B over one shared folder; B restores each once from the folder, resumes at A's
+    C (the random one) and reads no more than a page beyond staying on A (the recorded one,
+    against its control run), exact."""
+    res = _run("evals.move", "--sizes", "256", "--grid", "64", "--output-ids", "20",
+               "--new-ids", "40", "--sessions", "examples/session.json", "--stay")
+    rnd, rec = res["moves"]
+    assert rnd["a"]["committed"] == rnd["b"]["resumed_at"] == 256 and rnd["below_a"] == 0
+    assert rnd["b"]["num_read_tokens"] == rnd["stay_reads"] == 320 - 256
+    assert rnd["b"]["num_reread_tokens"] == 0 and rnd["a"]["hint"]["warm_tokens"] == 256
+    for m in (rnd, rec):
+        assert m["b"]["num_restores"] == 1 and m["b"]["restore_ms"] > 0
+        assert m["b"]["exact"] is True
+    assert rec["b"]["committed"] == rec["stay"]["committed"]
+    assert rec["b"]["num_read_tokens"] <= rec["stay"]["num_read_tokens"] + 64
+    assert len(res["identity"]) == 32 and res["date"]
+
+
 @pytest.mark.parametrize("questions", [True, False])
 def test_reread_checks_every_rewrite_against_its_bound(questions):
     """With the router question after every turn (replay's way, issue 33) and without: every

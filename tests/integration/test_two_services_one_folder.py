@@ -2,12 +2,13 @@
 agent whose turns alternate between them. After every turn the session is exact on the server
 that took it, and a move reads at most one page again beyond what the folder lacked."""
 import random
-import time
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
 from serving import free_port, start, stop  # noqa: E402
+
+from evals.serve_proc import caught_up, status, turn  # noqa: E402
 
 G = 64
 NUM_TURNS = 6
@@ -19,32 +20,6 @@ def _start(tmp_path, name):
                  free_port(), timeout_s=90)
 
 
-def _status(url):
-    return httpx.get(f"{url}/v1/shadow/status", timeout=30).json()
-
-
-def _caught_up(url, sid, num_ids):
-    """The server's status once it has read every whole page of the session's ids."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        s = _status(url)
-        if s["sessions"].get(sid, {}).get("committed", -1) >= num_ids // G * G:
-            return s
-        time.sleep(0.05)
-    raise AssertionError(f"{url} did not read {sid} up to {num_ids // G * G}")
-
-
-def _turn(url, sid, prompt, output):
-    r = httpx.post(f"{url}/v1/shadow/sessions/{sid}/turn", json={"prompt_ids": prompt},
-                   timeout=60)
-    assert r.status_code == 200, r.text
-    r = httpx.post(f"{url}/v1/shadow/sessions/{sid}/output",
-                   json={"ids": output, "position": len(prompt)}, timeout=60)
-    assert r.status_code == 200, r.text
-    r = httpx.post(f"{url}/v1/shadow/sessions/{sid}/end", timeout=60)
-    assert r.status_code == 200, r.text
-
-
 def test_turns_alternating_between_two_services_stay_exact_and_move_by_disk(tmp_path):
     rng = random.Random(37)
     servers = []
@@ -53,15 +28,19 @@ def test_turns_alternating_between_two_services_stay_exact_and_move_by_disk(tmp_
         urls = [url for _, url in servers]
         ids: list[int] = []
         committed_before = 0
-        for turn in range(NUM_TURNS):
-            url = urls[turn % 2]
+        for i in range(NUM_TURNS):
+            url = urls[i % 2]
             prompt = ids + [rng.randrange(1000, 240000) for _ in range(rng.randrange(40, 150))]
             output = [rng.randrange(1000, 240000) for _ in range(rng.randrange(20, 90))]
-            read_before = _status(url)["read_tokens"]
-            _turn(url, "agent", prompt, output)
+            read_before = status(url)["read_tokens"]
+            turn(url, "agent", prompt, output)
             ids = prompt + output
-            s = _caught_up(url, "agent", len(ids))
+            s = caught_up(url, "agent", len(ids), G)
             assert s["sessions"]["agent"]["num_ids"] == len(ids)
+            warm = s["sessions"]["agent"]         # the router's hint: warm here, at C
+            assert warm["warm_tokens"] == warm["held_tokens"] == warm["committed"]
+            assert warm["num_pages_memory"] == warm["num_pages_disk"] == warm["committed"] // G
+            assert s["restores"] == (i + 1) // 2  # each move restored it once from the folder
             check = httpx.get(f"{url}/v1/shadow/sessions/agent/check", timeout=120).json()
             assert check["exact"] is True and check["num_ids"] == len(ids), check
             committed = check["committed"]
@@ -69,16 +48,18 @@ def test_turns_alternating_between_two_services_stay_exact_and_move_by_disk(tmp_
             num_read = s["read_tokens"] - read_before
             # what the other server committed is on disk: read again at most one page
             assert committed - committed_before <= num_read <= committed - committed_before + G, \
-                (turn, committed_before, committed, num_read)
-            if turn:
+                (i, committed_before, committed, num_read)
+            if i:
                 assert s["prefix_cache_hit_tokens"]["disk"] + \
                     s["prefix_cache_hit_tokens"]["memory"] >= committed_before - G
             committed_before = committed
-        status = [_status(url) for url in urls]
+        both = [status(url) for url in urls]
         # each turn after the first two found the other server's newer manifest and took it
-        assert [s["superseded"] for s in status] == [(NUM_TURNS - 1) // 2, (NUM_TURNS - 2) // 2]
-        assert [s["write_errors"] for s in status] == [0, 0]
-        assert all(s["refusals"] == 0 for s in status)
+        assert [s["superseded"] for s in both] == [(NUM_TURNS - 1) // 2, (NUM_TURNS - 2) // 2]
+        assert [s["write_errors"] for s in both] == [0, 0]
+        assert all(s["refusals"] == 0 for s in both)
+        assert both[0]["server"]["identity"] == both[1]["server"]["identity"]
+        assert both[0]["server"]["writer"] != both[1]["server"]["writer"]
     finally:
         for proc, _ in servers:
             stop(proc)

@@ -80,6 +80,8 @@ def test_history_samples_the_metrics_names_and_answers_since(client):
     metrics = {sample_key(s.name, s.labels) for fam in text_string_to_metric_families(
         client.get("/metrics", headers=KEY).text) for s in fam.samples}
     assert set(newest) <= metrics                          # the same names as /metrics
+    assert 'shadow_session_warm_tokens{session="h1"}' in metrics      # for routers: not
+    assert not any(k.startswith(("shadow_session_", "shadow_server")) for k in newest)
     for name in ("shadow_prefix_cache_queried_tokens_total", "shadow_read_tokens_total",
                  'shadow_prefix_cache_hit_tokens_total{tier="memory"}',
                  'shadow_reread_tokens_total{cause="bpe"}', 'shadow_pages{state="pinned"}',

@@ -73,6 +73,19 @@ def test_idle_burst_reads_newest_turn_first_then_by_recency():
     assert burst == Slice("idle", (("old", 10),), 1000.0, "budget")
 
 
+def test_a_chunk_estimated_past_the_whole_burst_is_still_read_one_a_burst():
+    """A chunk whose cost estimate exceeds idle_burst_s (a loaded CPU at a long context) is
+    read alone in its burst: without it the burst read nothing, the estimate never changed
+    and the session was never read again (seen on a 2-core CPU at load 6: stuck at 16,896)."""
+    sched, reader, clock = make(chunk_ms=3000.0, idle_burst_s=2.0)
+    reader.add("s", 3 * G)
+    sched.turn_started("s")
+    sched.turn_finished("s")
+    for _ in range(2):
+        assert sched.idle_burst() == Slice("idle", (("s", 1),), 3000.0, "budget")
+    assert sched.idle_burst() == Slice("idle", (("s", 1),), 3000.0, "fresh")
+
+
 def test_a_session_known_only_by_outputs_is_read_when_the_others_are_fresh():
     """After a restart a host may continue a session with outputs and an end, no turn: the
     idle window reads it too, after the sessions whose turns it saw."""

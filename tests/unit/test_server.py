@@ -74,8 +74,8 @@ def test_a_scripted_session(client):
     for kind, k in st["gdn_entries_by_kind"].items():
         assert f'shadow_gdn_entry_kind_bytes{{kind="{kind}"}} {float(k["bytes"])}' in metrics
     assert f"shadow_disk_bytes {float(st['disk_bytes'])}" in metrics
-    for key in ("spills", "restores", "drops", "refusals", "deleted_files", "write_errors",
-                "gdn_entries_evicted", "pages_reused"):
+    for key in ("spills", "restores", "restore_ms", "drops", "refusals", "deleted_files",
+                "write_errors", "gdn_entries_evicted", "pages_reused"):
         assert f"shadow_{key}_total {float(st[key])}" in metrics
     for kind in ("page", "gdn_entry"):
         for key in ("evicted_written", "evicted_already_on_disk"):
@@ -83,6 +83,18 @@ def test_a_scripted_session(client):
     assert f"shadow_gdn_entries_not_written_total {float(st['gdn_entries_not_written'])}" \
         in metrics
     assert 'shadow_backlog_ids{session="s1"} 40.0' in metrics
+    # issue 37: where s1 is warm, for a router (5 pages of 65,536 bytes; its states at C and
+    # its entries of 61,440 bytes each), in status and in its own series
+    s1, server = status["sessions"]["s1"], status["server"]
+    assert (s1["warm_tokens"], s1["held_tokens"], s1["num_pages_memory"],
+            s1["num_pages_disk"], s1["kv_bytes"]) == (5 * G, 5 * G, 5, 0, 5 * 65_536)
+    assert s1["gdn_bytes"] == (1 + s1["num_gdn_entries"]) * 61_440 and s1["num_gdn_entries"]
+    assert f'shadow_session_warm_tokens{{session="s1"}} {5.0 * G}' in metrics
+    assert 'shadow_session_pages{session="s1",tier="memory"} 5.0' in metrics
+    assert f'shadow_session_bytes{{kind="gdn",session="s1"}} {float(s1["gdn_bytes"])}' \
+        in metrics
+    assert (f'shadow_server_info{{disk="false",disk_shared="false",'
+            f'identity="{server["identity"]}",writer="{server["writer"]}"}} 1.0') in metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith(("shadow_ration_ms", "shadow_host_"))}
     assert values["shadow_host_decode_ms_total"] > 0                 # the turn's first output on
