@@ -40,8 +40,9 @@ def test_the_holder_is_the_newest_version_then_resident_then_more_ids_then_the_l
     assert holder([None, h(None)]) == 1
 
 
-def _status(rank_sessions, read_tokens, disk_bytes=1000):
+def _status(rank_sessions, read_tokens, disk_bytes=1000, writer="w0"):
     return {"state": "ready", "grid": G, "model": "m", "read_tokens": read_tokens,
+            "restores": 1, "restore_ms": 2.5, "server": {"writer": writer},
             "totals": {"num_chunks": read_tokens // G, "read_ms": 1.5},
             "pages": {"pinned": 2, "cached": 1, "free": 5, "disk": 7},
             "disk_bytes": disk_bytes, "open_turns": ["x"] if read_tokens else [],
@@ -56,8 +57,10 @@ def _entry(residency, version, num_ids=200, committed=192):
 
 def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessions():
     a = _status({"s": _entry("resident", 3), "only0": _entry("disk", 1)}, 128)
-    b = _status({"s": _entry("resident", 4, 260, 256)}, 64, disk_bytes=1200)
+    b = _status({"s": _entry("resident", 4, 260, 256)}, 64, disk_bytes=1200, writer="w1")
     out = merge_status([("ok", a), ("ok", b)])
+    assert (out["restores"], out["restore_ms"]) == (2, 5.0)
+    assert [r["server"]["writer"] for r in out["ranks"]] == ["w0", "w1"]   # each rank named
     assert out["state"] == "ready" and out["error"] is None and out["num_ranks"] == 2
     assert out["read_tokens"] == 192 and out["totals"] == {"num_chunks": 3, "read_ms": 3.0}
     assert out["pages"] == {"pinned": 4, "cached": 2, "free": 10, "disk": 7}   # disk: once
