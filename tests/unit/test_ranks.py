@@ -192,3 +192,25 @@ def test_turns_moving_between_two_ranks_stay_exact_and_the_routes_find_the_holde
     stats = [e.service.reader.stats() for e in ranks]
     assert [s["superseded"] for s in stats] == [1, 1] and [s["write_errors"] for s in stats] \
         == [0, 0]
+
+
+def test_a_question_on_the_server_that_did_not_take_the_last_turn_reads_the_newest_ids(ranks):
+    """Two servers on one shared folder, no door between them: the agent's last turn went to
+    rank 1; a question asked on rank 0 (which still holds the older copy in memory) forks at
+    the newest ids and answers as rank 1 does."""
+    trackers = [RequestTracker(), RequestTracker()]
+    first = rand_ids(2 * G + 5, 1)
+    _serve(ranks[0], trackers[0], "a", "agent", first, rand_ids(9, 2))
+    ids = first + rand_ids(9, 2)
+    _caught_up(ranks[0], "agent", len(ids))
+    prompt = ids + rand_ids(G + 3, 3)
+    _serve(ranks[1], trackers[1], "b", "agent", prompt, rand_ids(7, 4))
+    ids = prompt + rand_ids(7, 4)
+    _caught_up(ranks[1], "agent", len(ids))
+    assert ranks[0].service.shadow.position("agent")[0] < len(ids)     # the older copy
+    stale = ranks[0].service.shadow
+    assert stale.fork_position("agent", None) == len(ids)
+    assert stale.position("agent")[0] == len(ids)
+    mine = stale.reader.ask("agent", "Code?", ["yes", "no"])
+    theirs = ranks[1].service.shadow.reader.ask("agent", "Code?", ["yes", "no"])
+    assert mine.probs == theirs.probs
