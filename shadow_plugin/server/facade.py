@@ -590,8 +590,9 @@ class Shadow:
                     exact, error = self.reader.finish_check(chk), None
                 except ExactnessError as e:
                     exact, error = False, str(e)
-                try:
-                    moved = self._position(session) != (chk.num_ids, chk.committed)
+                try:               # ids rewritten to the same length and read back count
+                    moved = self._position(session) != (chk.num_ids, chk.committed) or \
+                        ids_digest(self.reader.ids(session)) != digest
                 except KeyError:
                     moved = True
         finally:

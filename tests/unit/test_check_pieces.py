@@ -143,3 +143,48 @@ def test_the_services_check_reports_the_session_as_it_began_and_that_it_moved(tm
         assert shadow.stats()["pages"]["pinned"] == pinned
         again = c.get("/v1/shadow/sessions/s/check").json()
         assert (again["num_ids"], again["exact"], again["moved"]) == (4 * G + 7, True, False)
+
+
+def test_moved_sees_ids_rewritten_to_the_same_length_and_read_back_to_the_same_c(tmp_path):
+    """Review: between two of the check's chunks the host rewrites the session with other ids
+    of the same length (a changed byte in an old turn) and the reader reads it back to the
+    same C: the session changed, so `moved` says so (comparing (ids held, C) alone said
+    False)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from shadow_plugin.scheduling.scheduler import SchedulerConfig
+    from shadow_plugin.server.app import create_app
+    from shadow_plugin.server.config import ServiceConfig
+
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        scheduler=SchedulerConfig(grid=G, poll_s=3600, idle_at_finish=False))
+    prompt = rand_ids(4 * G + 5, 3)
+    rewrite = prompt[:G + 7] + [(prompt[G + 7] + 1) % 1000] + prompt[G + 8:]
+    with TestClient(create_app(cfg), base_url="http://127.0.0.1") as c:
+        while c.get("/healthz").json()["state"] != "ready":
+            pass
+        shadow = c.app.state.service.shadow
+        shadow.turn("s", prompt, None, None)
+        shadow.end("s")
+        with shadow.lock:
+            shadow.reader.read("s")
+        real, steps = shadow._let_waiters_in, []
+
+        def between(*args, **kwargs):            # no lock held here: a host's call comes in
+            if not steps:
+                shadow.turn("s", rewrite, None, None)
+                shadow.end("s")
+                with shadow.lock:
+                    assert shadow.reader.committed("s") < 4 * G
+                    shadow.reader.read("s")
+                    assert shadow.reader.position("s") == (4 * G + 5, 4 * G)
+            steps.append(1)
+            real(*args, **kwargs)
+
+        shadow._let_waiters_in = between
+        report = shadow.check("s")
+        shadow._let_waiters_in = real
+        assert (report["num_ids"], report["committed"], report["exact"]) == (4 * G + 5, 4 * G,
+                                                                             True)
+        assert report["moved"] is True
