@@ -112,7 +112,29 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
             _set(out, path, max(values))
     if all("sessions" in stats for stats in per_rank):
         out["sessions"] = merge_sessions([stats["sessions"] for stats in per_rank])
+    if isinstance(out.get("refused_sessions"), list):
+        _one_refusal_a_file(out)
     return out
+
+
+def _one_refusal_a_file(out: dict) -> None:
+    """A manifest of the shared folder that every rank refused at start-up is one refusal:
+    `refused_sessions` keeps one entry a (session, file), and `refusals` and
+    `refusal_reasons` (each rank counted it once) lose the copies."""
+    seen, kept = set(), []
+    for entry in out["refused_sessions"]:
+        key = (entry.get("session"), entry.get("file"))
+        if key not in seen:
+            seen.add(key)
+            kept.append(entry)
+            continue
+        reason = str(entry.get("reason", "")).split(":", 1)[0]
+        if isinstance(out.get("refusals"), int):
+            out["refusals"] -= 1
+        reasons = out.get("refusal_reasons")
+        if isinstance(reasons, dict) and reasons.get(reason, 0) > 0:
+            reasons[reason] -= 1
+    out["refused_sessions"] = kept
 
 
 def _get(d: dict, path: tuple[str, ...]):

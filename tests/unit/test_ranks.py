@@ -75,6 +75,19 @@ def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessi
     assert merge_metrics([("error", "NotReady", ("x", False))]) is None
 
 
+def test_a_manifest_every_rank_refused_is_one_refusal_in_the_merged_status():
+    bad = {"session": "s", "file": "s.json", "reason": "damaged: checksum"}
+    other = {"session": "t", "file": "t.json", "reason": "foreign: identity"}
+    a = {**_status({}, 0), "refusals": 2, "refusal_reasons": {"damaged": 1, "set_aside": 1},
+         "refused_sessions": [bad]}
+    b = {**_status({}, 0), "refusals": 2, "refusal_reasons": {"damaged": 1, "foreign": 1},
+         "refused_sessions": [dict(bad), other]}
+    out = merge_status([("ok", a), ("ok", b)])
+    assert out["refused_sessions"] == [bad, other]
+    assert out["refusals"] == 3
+    assert out["refusal_reasons"] == {"damaged": 1, "set_aside": 1, "foreign": 1}
+
+
 def test_a_rank_that_is_not_ready_makes_the_merged_state_say_so_with_its_reason():
     a = _status({}, 0)
     loading = merge_status([("ok", a), ("error", "NotReady", ("the model is loading", False))])
