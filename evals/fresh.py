@@ -129,6 +129,11 @@ class SimReader:
         self.clock.t += ms / 1e3
         return ms
 
+    def read_chunks(self, sessions: list[str]) -> tuple[float, list[str]]:
+        """One chunk of each (SHADOW_BATCH_SESSIONS > 1), costed one after another: (ms, the
+        sessions read)."""
+        return sum(self.read_chunk(s) for s in sessions), list(sessions)
+
     def answer(self, s: str, at: int) -> None:
         pass
 

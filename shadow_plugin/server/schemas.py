@@ -134,9 +134,12 @@ class AskIn(Strict):
     @model_validator(mode="after")
     def one_form(self):
         single = self.question is not None or self.choices is not None
-        if single == (self.questions is not None):
+        if single and self.questions is not None:
             raise ValueError("give question and choices, or questions (a list of them), "
                              "not both")
+        if not single and self.questions is None:
+            raise ValueError("give question and choices, or questions (a list of them): "
+                             "neither was given")
         if single and (self.question is None or self.choices is None):
             raise ValueError("a question needs both question and choices")
         check_choices(self.choices)

@@ -6,7 +6,8 @@ import pytest
 
 from evals.cli import main
 from evals.data import data_dir
-from evals.fresh import fresh_report, load_timeline, percentile, simulate
+from evals.fresh import SimReader, fresh_report, load_timeline, percentile, simulate
+from shadow_plugin.scheduling.sched_types import VirtualClock
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
 
 T0 = 1767225600.0            # 2026-01-01T00:00:00Z
@@ -109,6 +110,47 @@ def test_fresh_reports_the_scheduler_settings(tmp_path, capsys, monkeypatch):
     assert main(["fresh", str(_timeline(tmp_path))]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["scheduler"]["idle_at_finish"] is False and res["scheduler"]["share"] == 0.02
+
+
+def _two_sessions(tmp_path):
+    """Two sessions of 4,096 ids each whose turns end together, then a 5 s gap, then a turn
+    of each: the idle window has two sessions' chunks to read at once."""
+    sessions = []
+    for name in ("a", "b"):
+        reqs = [{"request_start": _iso(0), "first_token": _iso(1), "request_end": _iso(11),
+                 "prompt_tokens": 4096, "output_tokens": 0},
+                {"request_start": _iso(16), "first_token": _iso(17), "request_end": _iso(18),
+                 "prompt_tokens": 4608, "output_tokens": 0}]
+        sessions.append({"session_id": name, "requests": reqs})
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"sessions": sessions}))
+    return path
+
+
+def test_sim_reader_reads_a_batch_one_chunk_after_another():
+    clock = VirtualClock(0.0)
+    reader = SimReader(clock, 512, lambda c: 10.0)
+    reader.prompt("a", 1024)
+    reader.prompt("b", 2048)
+    ms, read = reader.read_chunks(["a", "b"])
+    assert ms == pytest.approx(10.24) and read == ["a", "b"]
+    assert reader.c == {"a": 512, "b": 512} and clock.t == pytest.approx(0.01024)
+
+
+def test_fresh_with_batched_reads(tmp_path, capsys, monkeypatch):
+    """SHADOW_BATCH_SESSIONS > 1 has the scheduler read several sessions' chunks a call (it
+    stopped at `SimReader` having no read_chunks); with one-at-a-time costs the two sessions'
+    16 chunks (81.92 ms) fit the gap either way, so both turns start fresh."""
+    reqs = load_timeline(_two_sessions(tmp_path))
+    for batch in (1, 4):
+        res = simulate(reqs, SchedulerConfig(batch_sessions=batch), lambda c: 10.0,
+                       ration=False)
+        assert res["fresh_share"] == 1.0 and res["backlog_p90"] == 0, (batch, res)
+    monkeypatch.setenv("SHADOW_BATCH_SESSIONS", "4")
+    assert main(["fresh", str(_two_sessions(tmp_path)), "--read-ms-per-1k", "10"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["scheduler"]["batch_sessions"] == 4
+    assert res["idle_ration"]["fresh_share"] == 1.0
 
 
 def test_a_request_that_meets_an_idle_chunk_waits_for_it(tmp_path):

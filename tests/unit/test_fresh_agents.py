@@ -185,6 +185,25 @@ def test_chunk_cost_hook_one_at_a_time():
     assert res["ration_ms"] == pytest.approx(8.0) and len(res["reads"]) == 8
 
 
+def test_batched_reads_cost_one_forward_of_their_contexts():
+    """With batch_sessions > 1 the idle window (the 5 s gap after both agents' first turns)
+    reads two agents' chunks a call: chunk_ms gets both contexts at once (one forward), and
+    each chunk is logged over that forward's time."""
+    calls = []
+
+    def chunk_ms(contexts):
+        calls.append(tuple(contexts))
+        return 1.0 * len(contexts)
+    tls = [_agent(8 * 512, session=s) + _agent(9 * 512, 16.0, 17.0, 18.0, session=s)
+           for s in ("x", "y")]
+    agents = overlay(tls, OverlayConfig(2, window_s=0.0))
+    res = simulate_agents(agents, SchedulerConfig(batch_sessions=4, share=0.0), lambda c: 10.0,
+                          chunk_ms=chunk_ms)
+    assert len(res["reads"]) == 16 and any(len(c) == 2 for c in calls), calls
+    pairs = [(t0, t1) for t0, t1, *_ in res["reads"]]
+    assert any(pairs.count(p) == 2 for p in pairs)
+
+
 def test_cli_agents_table_and_json(tmp_path, capsys):
     path = str(_timeline(tmp_path))
     assert main(["fresh", path, "--agents", "1,2", "--read-ms-per-1k", "10", "--seed",

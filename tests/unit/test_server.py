@@ -519,7 +519,7 @@ def test_a_list_of_questions_is_answered_in_order_as_each_alone(client):
     ({"questions": [{"question": "q", "choices": ["a", "b"]}], "question": "q",
       "choices": ["a", "b"]}, 422, "not both"),
     ({"question": "q"}, 422, "both question and choices"),
-    ({}, 422, "give question and choices"),
+    ({}, 422, "neither was given"),
     ({"questions": [{"question": "q", "choices": ["a", "b"], "extra": 1}]}, 422, "extra"),
 ])
 def test_bad_question_lists_get_a_4xx_naming_what_is_wrong(client, body, code, match):
