@@ -119,7 +119,10 @@ class Reader:
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
                                         gdn_bytes, disk_shared, disk_grace_s)
         self._tokenizer = tokenizer
-        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0}   # since start
+        # since start; num_batched_forwards / num_batched_chunks: forwards that read chunks of
+        # two or more sessions at once (read_batch) and the chunks they read
+        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
+                       "num_batched_forwards": 0, "num_batched_chunks": 0}
         self.table = SessionTable(self.adapter.spec, self.store_config,
                                   self.adapter.identity(), self.config.grid)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
@@ -380,6 +383,9 @@ class Reader:
         self.totals["num_read_tokens"] += result.num_read_tokens
         self.totals["num_chunks"] += n
         self.totals["read_ms"] += result.ms
+        if n > 1:                                 # one forward of several sessions' chunks
+            self.totals["num_batched_forwards"] += 1
+            self.totals["num_batched_chunks"] += n
         return result
 
     def _backlog_held(self, session: str) -> int:

@@ -43,6 +43,11 @@ class Collector:
         yield from _page_metrics(stats)
         yield CounterMetricFamily("shadow_chunks_read", "grid chunks read", t["num_chunks"])
         yield CounterMetricFamily("shadow_read_ms", "ms spent reading", t["read_ms"])
+        yield CounterMetricFamily("shadow_batched_forwards", "forwards that read chunks of two "
+                                  "or more sessions at once (SHADOW_BATCH_SESSIONS)",
+                                  t.get("num_batched_forwards", 0))
+        yield CounterMetricFamily("shadow_batched_chunks", "chunks read in those forwards",
+                                  t.get("num_batched_chunks", 0))
         yield from session_metrics(stats, self.max_session_series)
         for key, doc in (("spills", "sessions parked with their files written"),
                          ("restores", "sessions brought back"),

@@ -81,7 +81,8 @@ def startup_lines(cfg: ServiceConfig, host: str, port: int) -> list[str]:
     lines = [f"model {cfg.model} ({weights}) on {device}, grid {cfg.grid}, cap "
              f"{cfg.resident_gb} GiB, {disk}, journal {cfg.state_dir / 'shadow.jsonl'}, "
              f"threads {cfg.threads or default_threads()}, questions {cfg.ask_workers} at once "
-             f"+ {cfg.ask_queue} queued",
+             f"+ {cfg.ask_queue} queued, idle reads of up to {cfg.scheduler.batch_sessions} "
+             f"session(s) a forward (SHADOW_BATCH_SESSIONS)",
              f"dashboard at http://{shown}:{port}/v1/shadow/dashboard"]
     if host not in LOOPBACK and not cfg.api_key:
         lines.append(f"WARNING: bound to {host} without an API key: anyone who reaches it can "

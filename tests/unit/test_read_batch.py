@@ -48,6 +48,10 @@ def test_a_batch_commits_each_session_as_read_alone(tiny, monkeypatch):
         assert _same_state(batched, alone, s) and batched.check_exact(s)
     check_refs(batched)
     assert batched.totals["num_chunks"] == alone.totals["num_chunks"]
+    # what status says of batching: forwards of several sessions' chunks, and their chunks
+    assert batched.totals["num_batched_forwards"] == len(calls) >= 1
+    assert batched.totals["num_batched_chunks"] == sum(calls)
+    assert alone.totals["num_batched_forwards"] == alone.totals["num_batched_chunks"] == 0
 
 
 def test_a_shared_chunk_is_read_once_and_taken_by_the_other(tiny):
@@ -112,4 +116,5 @@ def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
     names = list(ids)
     got = [r.read_batch(names).sessions for _ in range(7)]
     assert got == [("s0",), ("s0",), ("s1",), ("s1",), ("s1",), ("s2",), ()]
+    assert r.totals["num_batched_forwards"] == 0           # status: nothing was batched
     assert all(r.check_exact(s) for s in names)

@@ -63,6 +63,8 @@ def test_a_scripted_session(client):
     assert st["read_tokens"] >= reader.totals["num_read_tokens"] > 0     # asks commit too
     assert f"shadow_read_tokens_total {float(st['read_tokens'])}" in metrics
     assert 'shadow_turn_starts_total{fresh="true"}' in metrics
+    assert "shadow_batched_forwards_total 0.0" in metrics     # SHADOW_BATCH_SESSIONS is 1
+    assert status["totals"]["num_batched_chunks"] == 0
     assert f"shadow_prefix_cache_queried_tokens_total {float(len(prompt))}" in metrics
     assert 'shadow_prefix_cache_hit_tokens_total{tier="memory"} 0.0' in metrics
     assert 'shadow_reread_tokens_total{cause="bpe"} 0.0' in metrics

@@ -18,7 +18,8 @@ def test_the_startup_lines_name_what_is_in_use(tmp_path):
     first, dashboard = startup_lines(cfg, "127.0.0.1", 8765)
     for part in ("random:tiny (seeded random weights) on cpu", "grid 512", "cap 4.0 GiB",
                  "disk off (SHADOW_DISK: a restart remembers nothing)",
-                 str(tmp_path / "shadow.jsonl"), "threads 3", "questions 2 at once + 32"):
+                 str(tmp_path / "shadow.jsonl"), "threads 3", "questions 2 at once + 32",
+                 "idle reads of up to 1 session(s) a forward"):
         assert part in first, part
     assert dashboard == "dashboard at http://127.0.0.1:8765/v1/shadow/dashboard"
     lines = startup_lines(cfg, "0.0.0.0", 8765)
