@@ -66,8 +66,8 @@ def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path],
         return grace_s > 0 and now - st.st_mtime <= grace_s
 
     for path, st in [f for fs in listed.values() for f in fs]:
-        if now - st.st_mtime > ttl_s and not young(st) and path not in keep:
-            path.unlink(missing_ok=True)
+        if now - st.st_mtime > ttl_s and not young(st) and path not in keep and \
+                _unlink_unless_renewed(path, st, grace_s):
             total -= st.st_size
             gone.append(path)
     by_age = listed["refused"] + sorted(listed["pages"] + listed["gdn"],
@@ -75,11 +75,26 @@ def sweep(root: Path, ttl_s: float, cap_bytes: int | None, keep: set[Path],
     for path, st in by_age:
         if cap_bytes is None or total <= cap_bytes:
             break
-        if path not in keep and path not in gone and not young(st):
-            path.unlink(missing_ok=True)
+        if path not in keep and path not in gone and not young(st) and \
+                _unlink_unless_renewed(path, st, grace_s):
             total -= st.st_size
             gone.append(path)
     return gone
+
+
+def _unlink_unless_renewed(path: Path, listed: os.stat_result, grace_s: float) -> bool:
+    """Delete `path` unless, with a grace period, another process renewed or rewrote it since
+    the sweep listed it (its time is newer than the listing's: a lookup about to read it,
+    renew); whether it was deleted. The window left between this stat and the unlink is a
+    few microseconds; a file lost in it makes a restore resume lower, never inexact."""
+    if grace_s > 0:
+        try:
+            if path.stat().st_mtime > listed.st_mtime:
+                return False
+        except FileNotFoundError:
+            return False
+    path.unlink(missing_ok=True)
+    return True
 
 
 def clear_temporaries(folder: Path) -> None:

@@ -66,3 +66,29 @@ def test_the_sweep_spares_files_younger_than_the_grace_period(tmp_path):
     assert store.sweep(ttl_s=60, cap_bytes=0, grace_s=30) == [store.page_path(keys[0])]
     assert set(store.sweep(ttl_s=60, cap_bytes=0, grace_s=0)) == {store.page_path(keys[1]),
                                                                   store.page_path(keys[2])}
+
+
+def test_the_sweep_spares_a_file_another_process_renewed_after_the_listing(tmp_path,
+                                                                           monkeypatch):
+    """The sweep lists the folder, then deletes; a lookup in another process renews a file
+    it is about to read in between (upkeep.renew): with a grace period the file stays."""
+    from block_store.disk import upkeep
+    store = DiskStore(tmp_path, DISK_IDENT)
+    ids = list(range(2 * G))
+    keys = page_keys(DISK_ROOT, ids, G)
+    for i, k in enumerate(keys):
+        store.write_page(k, ids[i * G:(i + 1) * G], disk_page(i))
+    old = time.time() - 3600
+    for k in keys:
+        os.utime(store.page_path(k), (old, old))
+    listing = upkeep.listing
+
+    def listed_then_renewed(root):
+        out = listing(root)
+        assert upkeep.renew(store.page_path(keys[0]))      # the other process's lookup
+        return out
+
+    monkeypatch.setattr(upkeep, "listing", listed_then_renewed)
+    assert store.sweep(ttl_s=60, cap_bytes=None, grace_s=30) == [store.page_path(keys[1])]
+    assert store.page_path(keys[0]).is_file()
+    assert store.sweep(ttl_s=60, cap_bytes=None, grace_s=0) == []   # renewed: not past the TTL
