@@ -13,6 +13,14 @@ and the committed states, page keys and spilled files of reads one at a time. A 
 alone runs its projections over rows padded to a multiple of model.batch.ROW_TILE (what it
 meets in a batch): the same bits as before for questions of 12 ids or more on the CPUs
 measured (model.batch), other bits below that (no committed state depends on them).
+
+On CUDA, cuBLAS picks its kernels by the row count, so a chunk batched would get other bits
+than alone: there an adapter batches only with `invariant=True`, which sends every projection,
+alone and batched, through model.invariant.linear (a Triton GEMM whose rows' bits depend on
+nothing but the row; its row-invariant twin on the CPU), and names its path 'eager+bi': its
+bits are not those of 'eager' (spilled files and page keys tell the two apart; never mixed).
+It batches when the model's norms give a grid chunk's rows the same bits in a batch
+(model.batch.norm_rows_invariant, checked once).
 """
 from __future__ import annotations
 
@@ -21,7 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from adapters.interface import Adapter
-from adapters.model.batch import ROW_TILE
+from adapters.model.batch import ROW_TILE, norm_rows_invariant
+from adapters.model.invariant import linear as invariant_linear
 from adapters.model.kernels import TORCH, KernelSet
 from adapters.model.qwen35 import Qwen35
 from block_store import PagedKv
@@ -30,11 +39,14 @@ from block_store.memory.layout import GdnState
 
 class EagerAdapter(Adapter):
     """Qwen35.forward for every forward (args: model, grid; kernels: the GDN kernel set,
-    default the model's)."""
+    default the model's; invariant: every projection through model.invariant.linear, path
+    'eager+bi', batches on CUDA too)."""
 
-    def __init__(self, model: Qwen35, grid: int, kernels: KernelSet | None = None):
+    def __init__(self, model: Qwen35, grid: int, kernels: KernelSet | None = None,
+                 invariant: bool = False):
         super().__init__(model, grid)
         self._kernels = kernels or model.kernels
+        self._linear = invariant_linear if invariant else None
         self._batches: dict[int, bool] = {}        # torch's threads -> rows_invariant
 
     @property
@@ -42,16 +54,22 @@ class EagerAdapter(Adapter):
         return self._kernels
 
     @property
+    def invariant(self) -> bool:
+        """Whether the projections go through model.invariant.linear."""
+        return self._linear is not None
+
+    @property
     def path(self) -> str:
-        return "eager"
+        return "eager+bi" if self.invariant else "eager"
 
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
-        _, new = self.model(self._ids(ids), pos, kv, gdn, self._kernels)
+        _, new = self.model(self._ids(ids), pos, kv, gdn, self._kernels, linear=self._linear)
         return new
 
     def fork_logits(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState,
                     token_ids: Sequence[int]) -> torch.Tensor:
-        hidden, _ = self.model(self._ids(ids), pos, kv, gdn, self._kernels, row_tile=ROW_TILE)
+        hidden, _ = self.model(self._ids(ids), pos, kv, gdn, self._kernels, row_tile=ROW_TILE,
+                               linear=self._linear)
         return self._letters(hidden, token_ids)
 
     def _letters(self, hidden: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
@@ -61,21 +79,33 @@ class EagerAdapter(Adapter):
     def batches(self) -> bool:
         """Whether a batch runs in one forward here: on the CPU, where the facts batching
         rests on were measured (model.batch), when Qwen35.rows_invariant holds at the grid's
-        rows with the threads torch uses now (checked once per thread count); on CUDA not
-        yet (cuBLAS picks its kernels by the row count: batch-invariant GEMMs come first)."""
-        if self.model.device.type != "cpu":
+        rows with the threads torch uses now (checked once per thread count); on CUDA only
+        with the invariant linear (cuBLAS picks its kernels by the row count), when its rows
+        and the norms' (model.batch.norm_rows_invariant) check out on the device, once."""
+        cpu = self.model.device.type == "cpu"
+        if not (cpu or self.invariant):
             return False
-        threads = torch.get_num_threads()
+        threads = torch.get_num_threads() if cpu else 0
         if threads not in self._batches:
-            self._batches[threads] = self.model.rows_invariant(self.grid)
+            self._batches[threads] = self._rows_invariant()
         return self._batches[threads]
+
+    def _rows_invariant(self) -> bool:
+        """The checks `batches` rests on, run on the machine at hand with the model's own
+        weights (the GEMMs) and norm (its width and dtype)."""
+        if not self.model.rows_invariant(self.grid, linear=self._linear):
+            return False
+        return self._linear is None or norm_rows_invariant(
+            self.model.norm, self.model.cfg.hidden_size, self.grid, self.model.dtype,
+            self.model.device)
 
     def read_chunks(self, items) -> list[GdnState]:
         """One forward for all (Qwen35.forward_batch) when `batches`, else one at a time."""
         if len(items) < 2 or not self.batches():
             return super().read_chunks(items)
         _, states = self.model.forward_batch(
-            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels)
+            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels,
+            linear=self._linear)
         return states
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
@@ -84,7 +114,8 @@ class EagerAdapter(Adapter):
         if len(items) < 2 or not self.batches():
             return super().fork_logits_batch(items)
         hidden, _ = self.model.forward_batch(
-            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn, _ in items], self._kernels)
+            [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn, _ in items], self._kernels,
+            linear=self._linear)
         return [self._letters(h, item[4]) for h, item in zip(hidden, items)]
 
 

@@ -23,8 +23,11 @@ batched forward relies on):
   1 and 2 threads did not show it). The batched forward runs them per sequence, on the same
   rows as alone (so do RoPE, attention, the GDN conv, gates and recurrence: per sequence,
   through its own pages and states).
-On CUDA, cuBLAS picks kernels (and split-K) by M: the batched path there needs GEMMs with
-fixed tiles and no split-K (not written yet: the graph adapter reads one chunk a forward).
+On CUDA, cuBLAS picks kernels (and split-K) by M: the batched path there runs every
+projection through model.invariant's linear (fixed tiles, no split-K, M not specialized), alone
+and batched (adapters.eager.EagerAdapter(invariant=True), path 'eager+bi'), and batches only
+where `norm_rows_invariant` holds too (the norms are one reduction per row, but torch's CUDA
+reduction picks its launch by the tensor's size; evals/bi_bench.py measures it on the H200).
 """
 from __future__ import annotations
 
@@ -92,25 +95,26 @@ class RowTiles:
         return list(zip(*(self.split(x) for x in xs)))
 
 
-def tiled_linear(tile: int = ROW_TILE) -> Callable:
-    """F.linear(x [T, K], w [N, K]) computed over x's rows padded with zeros to a multiple of
-    `tile` (the GEMM a sequence's rows meet in the batched forward), then cut back to [T, N].
-    No copy when T is a multiple of `tile`: then it is F.linear itself."""
+def tiled_linear(tile: int = ROW_TILE, base: Callable = F.linear) -> Callable:
+    """base(x [T, K], w [N, K]) (default F.linear) computed over x's rows padded with zeros to
+    a multiple of `tile` (the GEMM a sequence's rows meet in the batched forward), then cut
+    back to [T, N]. No copy when T is a multiple of `tile`: then it is base itself."""
     def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         pad = -t % tile
         if pad == 0:
-            return F.linear(x, w)
-        return F.linear(torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]), w)[:t]
+            return base(x, w)
+        return base(torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]), w)[:t]
     return linear
 
 
-def linear_blocks(x: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
-    """The slow twin of a GEMM over a tiled buffer: F.linear block by block, each `tile` rows
-    of x [M, K] (M a multiple of tile) a GEMM of its own: [M, N]. Every row meets the same
-    GEMM shape whatever M is, so its bits cannot depend on the batch."""
+def linear_blocks(x: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE,
+                  base: Callable = F.linear) -> torch.Tensor:
+    """The slow twin of a GEMM over a tiled buffer: base (default F.linear) block by block,
+    each `tile` rows of x [M, K] (M a multiple of tile) a GEMM of its own: [M, N]. Every row
+    meets the same GEMM shape whatever M is, so its bits cannot depend on the batch."""
     assert x.shape[0] % tile == 0, "linear_blocks takes whole tiles"
-    return torch.cat([F.linear(x[i:i + tile], w) for i in range(0, x.shape[0], tile)])
+    return torch.cat([base(x[i:i + tile], w) for i in range(0, x.shape[0], tile)])
 
 
 def rows_match(op: Callable, parts: Sequence[Sequence[torch.Tensor]],
@@ -130,19 +134,33 @@ def rows_match(op: Callable, parts: Sequence[Sequence[torch.Tensor]],
 
 
 def linear_rows_invariant(weights: Sequence[torch.Tensor], rows: int, num_blocks: int = 2,
-                          tile: int = ROW_TILE, seed: int = 0) -> bool:
-    """Whether, for every weight w [N, K] given, one GEMM over num_blocks x `rows` rows gives
-    each row the bits of a GEMM over its own `rows` rows (rows: a multiple of tile), and of
-    linear_blocks over `tile` rows: the fact the batched forward relies on, checked on the
-    machine at hand (inputs seeded, in w's dtype and device; the GEMM's kernel depends on the
-    shapes, not the values)."""
+                          tile: int = ROW_TILE, seed: int = 0,
+                          linear: Callable = F.linear) -> bool:
+    """Whether, for every weight w [N, K] given, one GEMM (`linear`, default F.linear) over
+    num_blocks x `rows` rows gives each row the bits of a GEMM over its own `rows` rows (rows:
+    a multiple of tile), and of linear_blocks over `tile` rows: the fact the batched forward
+    relies on, checked on the machine at hand (inputs seeded, in w's dtype and device; the
+    GEMM's kernel depends on the shapes, not the values)."""
     g = torch.Generator().manual_seed(seed)
     for w in weights:
         x = torch.randn(num_blocks * rows, w.shape[1], generator=g).to(w.device, w.dtype)
-        big = F.linear(x, w)
+        big = linear(x, w)
         for i in range(0, x.shape[0], rows):
-            if not torch.equal(F.linear(x[i:i + rows], w), big[i:i + rows]):
+            if not torch.equal(linear(x[i:i + rows], w), big[i:i + rows]):
                 return False
-        if not torch.equal(linear_blocks(x[:rows], w, tile), big[:rows]):
+        if not torch.equal(linear_blocks(x[:rows], w, tile, linear), big[:rows]):
             return False
     return True
+
+
+def norm_rows_invariant(norm: Callable, width: int, rows: int, dtype: torch.dtype,
+                        device: torch.device, counts: Sequence[int] = (2, 4, 8, 16),
+                        seed: int = 0) -> bool:
+    """Whether norm(x [M, width]) (a row-wise op, e.g. an RMSNorm module) gives the first
+    `rows` rows of M = n x rows rows (n in counts) the bits it gives them alone: the fact a
+    batch of up to max(counts) sequences of `rows` rows relies on for the norms over all
+    rows (inputs seeded, in dtype on device)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(max(counts) * rows, width, generator=g).to(device, dtype)
+    alone = norm(x[:rows])
+    return all(torch.equal(norm(x[:n * rows])[:rows], alone) for n in counts)

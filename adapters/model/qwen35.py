@@ -6,7 +6,7 @@ the recurrent and conv states.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -76,10 +76,13 @@ class Qwen35(nn.Module):
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: int, kv: list, gdn: list,
-                kernels: KernelSet | None = None, row_tile: int | None = None):
+                kernels: KernelSet | None = None, row_tile: int | None = None,
+                linear: Callable | None = None):
         """Run one chunk (GDN through `kernels`, default the model's own set). row_tile: every
         projection over the rows padded to a multiple of it (model.batch.tiled_linear: the
         GEMMs a sequence's rows meet in forward_batch; no change for T a multiple of it).
+        linear: the projections' GEMM (x [T, K], w [N, K]) -> [T, N] instead of F.linear
+        (model.invariant.linear: the batch-invariant one).
 
         Args:
             ids: [T] int64 on the model's device, absolute positions [pos, pos + T).
@@ -91,7 +94,9 @@ class Qwen35(nn.Module):
         Returns:
             (hidden [T, hidden] before the final norm, new gdn list of (conv, rec) pairs).
         """
-        op = EAGER if row_tile is None else replace(EAGER, linear=batch.tiled_linear(row_tile))
+        base = linear or EAGER.linear
+        op = replace(EAGER, linear=base if row_tile is None else
+                     batch.tiled_linear(row_tile, base))
         x = self.embed_tokens(ids)
         rope = self._rope(pos, ids.shape[0], x.dtype)
         kv_iter, gdn_iter, new_gdn = iter(layer_pages(kv)), iter(gdn), []
@@ -114,7 +119,7 @@ class Qwen35(nn.Module):
 
     @torch.no_grad()
     def forward_batch(self, seqs: Sequence[tuple], kernels: KernelSet | None = None,
-                      row_tile: int = batch.ROW_TILE):
+                      row_tile: int = batch.ROW_TILE, linear: Callable | None = None):
         """Several sequences in one forward (GDN through `kernels`, default the model's own):
         the embedding, the norms, the residual adds and every projection over all their rows
         at once (one buffer, each sequence's rows padded to a multiple of row_tile:
@@ -123,7 +128,8 @@ class Qwen35(nn.Module):
         sequence's results have the bits of forward(ids_b, pos_b, kv_b, gdn_b,
         row_tile=row_tile) alone (model.batch says why; tests/unit/test_batch_forward.py), and
         of forward(...) without it for a length that is a multiple of row_tile when
-        rows_invariant holds.
+        rows_invariant holds. linear: the projections' GEMM instead of F.linear, as forward's
+        (the same one for the alone forwards the bits are those of).
 
         Args:
             seqs: per sequence (ids [T_b] int64 on the model's device, pos_b, kv_b a
@@ -134,6 +140,7 @@ class Qwen35(nn.Module):
             sequence]); the gdn inputs are not modified.
         Raises ValueError for no sequence or an empty one."""
         kernels = kernels or self.kernels
+        op = EAGER if linear is None else replace(EAGER, linear=linear)
         tiles = batch.RowTiles(tuple(int(s[0].shape[0]) for s in seqs), row_tile)
         x = self.embed_tokens(tiles.pad([s[0] for s in seqs]))
         ropes = [self._rope(pos, ids.shape[0], x.dtype) for ids, pos, _, _ in seqs]
@@ -144,35 +151,37 @@ class Qwen35(nn.Module):
             h = layer.input_layernorm(x)
             if layer.layer_type == FULL:
                 attn = layer.self_attn
-                parts = tiles.split_all(attn.project_rows(h))
+                parts = tiles.split_all(attn.project_rows(h, op))
                 outs = [attn.mix(*parts[b], seqs[b][1], next(pages[b]), ropes[b])
                         for b in range(len(seqs))]
-                h = EAGER.linear(tiles.pad(outs), attn.o_proj.weight)
+                h = op.linear(tiles.pad(outs), attn.o_proj.weight)
             else:
                 gdn = layer.linear_attn
-                parts = tiles.split_all(gdn.project(h))
+                parts = tiles.split_all(gdn.project(h, op))
                 outs = []
                 for b in range(len(seqs)):
                     o, conv, rec = gdn.mix(*parts[b], *next(states[b]), kernels)
                     new_gdn[b].append((conv, rec))
                     outs.append(o)
-                h = EAGER.linear(tiles.pad(outs), gdn.out_proj.weight)
+                h = op.linear(tiles.pad(outs), gdn.out_proj.weight)
             x = x + h
             mlp = layer.mlp
-            parts = tiles.split_all(mlp.gate_up(layer.post_attention_layernorm(x)))
+            parts = tiles.split_all(mlp.gate_up(layer.post_attention_layernorm(x), op))
             act = tiles.pad([EAGER.swiglu(g, u) for g, u in parts])
-            x = x + EAGER.linear(act, mlp.down_proj.weight)
+            x = x + op.linear(act, mlp.down_proj.weight)
         return tiles.split(x), new_gdn
 
-    def rows_invariant(self, rows: int, row_tile: int = batch.ROW_TILE) -> bool:
-        """Whether this machine's GEMMs give a row of a sequence of `rows` rows (a multiple of
-        row_tile) the same bits in forward and in forward_batch with others
-        (batch.linear_rows_invariant over one weight of each shape the model has: with the
-        threads torch uses now)."""
+    def rows_invariant(self, rows: int, row_tile: int = batch.ROW_TILE,
+                       linear: Callable | None = None) -> bool:
+        """Whether this machine's GEMMs (`linear`, default F.linear) give a row of a sequence
+        of `rows` rows (a multiple of row_tile) the same bits in forward and in forward_batch
+        with others (batch.linear_rows_invariant over one weight of each shape the model has:
+        with the threads torch uses now)."""
         shapes = {}
         for w in (m.weight for m in self.modules() if isinstance(m, nn.Linear)):
             shapes.setdefault((tuple(w.shape), w.dtype), w)
-        return batch.linear_rows_invariant(list(shapes.values()), rows, tile=row_tile)
+        return batch.linear_rows_invariant(list(shapes.values()), rows, tile=row_tile,
+                                           linear=linear or EAGER.linear)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,10 @@
 #       at 10k / 50k / 100k, a second process on the same folder ("Disk tier")
 #   bash evals/device/bench_h200.sh host    `python -m evals.host_ab`: the host's decode and
 #       TTFT with the shadow off and on, arms alternating ("The host's cost")
+#   bash evals/device/bench_h200.sh batch   `python -m evals.bi_bench`: which ops of the
+#       batched forward keep a row's bits on CUDA, the invariant linear against cuBLAS, and
+#       the batched read ('eager+bi', B = 1-8 at 16k and 64k) against one at a time, exact
+#       (issue 36; JSON also in $out/bi-bench.json after each part, should the timeout hit)
 # (carry .fa4b .whl .devdata .devcache). Logs and JSON to $OUT (the device tool's output
 # folder) or ./out; FA4's compiled kernels in $OUT/fa4cache.tgz for the next call's .devcache.
 source "$(dirname "$0")/fa4_site.sh" || exit 1     # env.sh, the wheels, flash-attn-4
@@ -24,8 +28,11 @@ disk)
 host)
     timeout 500 python3 -m evals.host_ab --pairs 6 --warm-turns 4 --ids "${ids[@]}" 2>&1 \
         | quiet | tee "$out/host-ab.log" | tail -n 3 | cut -c1-1500 ;;
+batch)
+    timeout 540 python3 -m evals.bi_bench --out "$out/bi-bench.json" 2>&1 | quiet \
+        | tee "$out/bi-bench.log" | tail -n 1 | cut -c1-4000 ;;
 *)
-    echo "usage: bench_h200.sh read|disk|host"; exit 2 ;;
+    echo "usage: bench_h200.sh read|disk|host|batch"; exit 2 ;;
 esac
 echo "took ${SECONDS} s"
 tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true

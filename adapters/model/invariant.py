@@ -1,0 +1,140 @@
+"""A batch-invariant linear, y = x W^T (x [M, K], W [N, K]): each output row's bits depend only
+on that row of x and on W, never on M, on the row's offset or on the other rows (issue 36's
+batched read on CUDA, where cuBLAS picks its kernel and split-K by M, so a row read in a batch
+of B chunks would get other bits than alone).
+
+The fast path is a Triton kernel with one fixed tile (`TILE`: BLOCK_M x BLOCK_N output tiles,
+K in BLOCK_K steps in one fixed order, no split-K), bf16/fp16 in, fp32 sums, the input's dtype
+out; M is not specialized on (one compiled kernel for every row count), so a row meets the
+same instructions in the same order whatever else is in the GEMM. Its bits are other than
+cuBLAS's: a reader whose committed state goes through it reads every chunk through it, alone
+or batched (adapters.eager.EagerAdapter(invariant=True), path 'eager+bi'). Changing `TILE`
+changes the bits: give the path another name then.
+
+The slow twin (`linear_twin`) sums the same K blocks in the same order in fp32 with elementwise
+torch ops only (the products of bf16 or fp16 values are exact in fp32; within a block k runs
+in order), so it is row-invariant by construction on any device; it is close to the kernel
+(whose tensor-core sums within a block run in the hardware's order), not equal to it.
+
+Triton is imported only when the kernel first runs (`_kernel`); the CPU install has none.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The kernel's fixed tiling: output tiles block_m x block_n, K in block_k steps; num_warps
+    and num_stages (the pipeline's depth: speed only, the same sums)."""
+
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"Tile.{name} must be a power of two >= 16, got {v}")
+
+    @classmethod
+    def parse(cls, text: str) -> Tile:
+        """'64x128x64' or '64x128x64x4x3' (block_m x block_n x block_k [x warps x stages])."""
+        try:
+            return cls(*(int(v) for v in text.split("x")))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"a tile is BMxBNxBK[xWARPSxSTAGES], got {text!r}: {e}") from None
+
+
+TILE = Tile()
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, dtypes=DTYPES) -> None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"the invariant linear takes x [M, K] and w [N, K], got "
+                         f"{tuple(x.shape)} and {tuple(w.shape)}")
+    if x.dtype != w.dtype or x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"the invariant linear takes x and w of one dtype ({names}), got "
+                         f"{x.dtype} and {w.dtype}")
+
+
+@functools.cache
+def _kernel():
+    """The Triton kernel, built at first use (Triton imported here, where it runs)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["M"])
+    def bi_linear(X, W, Y, M, stride_xm, N: tl.constexpr, K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Y[rows, cols] = sum over K blocks in order of X[rows, k] W[cols, k]^T, fp32."""
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            x = tl.load(X + rows[:, None].to(tl.int64) * stride_xm + kk[None, :],
+                        mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(W + cols[:, None].to(tl.int64) * K + kk[None, :],
+                        mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+        tl.store(Y + rows[:, None].to(tl.int64) * N + cols[None, :],
+                 acc.to(Y.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+    return triton, bi_linear
+
+
+def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
+    """x [M, K] (rows of unit stride along K) @ w [N, K]^T -> [M, N] in x's dtype through the
+    Triton kernel (CUDA, or Triton's interpreter on the CPU: TRITON_INTERPRET=1), tile fixed.
+    Raises ValueError for other ranks, K mismatch, dtypes other than bf16/fp16 or mixed."""
+    _check(x, w)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y
+    triton, kernel = _kernel()
+    grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n))
+    kernel[grid](x, w, y, m, x.stride(0), N=n, K=k, BLOCK_M=tile.block_m,
+                 BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+                 num_stages=tile.num_stages)
+    return y
+
+
+def linear_twin(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
+    """The kernel's slow pure-torch twin: x [M, K] @ w [N, K]^T -> [M, N] in x's dtype, K in
+    tile.block_k blocks in order, each block's products (exact in fp32) added in k order to a
+    zero fp32 partial, the partials added in order to an fp32 sum. Elementwise ops only, so a
+    row's bits depend on nothing but its own inputs. Takes float32 too (the CPU's model
+    dtype; its products are rounded then, still row by row). Raises ValueError as
+    linear_kernel (dtypes: bf16, fp16, fp32)."""
+    _check(x, w, DTYPES + (torch.float32,))
+    xf, wf = x.float(), w.float()
+    acc = torch.zeros(x.shape[0], w.shape[0], device=x.device, dtype=torch.float32)
+    for k0 in range(0, x.shape[1], tile.block_k):
+        part = torch.zeros_like(acc)
+        for k in range(k0, min(k0 + tile.block_k, x.shape[1])):
+            part = part + xf[:, k, None] * wf[None, :, k]
+        acc = acc + part
+    return acc.to(x.dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The invariant linear where it runs fast: the kernel on CUDA, the twin elsewhere (the
+    CPU: slow, for tests of the path). x [M, K], w [N, K] -> [M, N] in x's dtype."""
+    if x.is_cuda:
+        return linear_kernel(x, w)
+    return linear_twin(x, w)

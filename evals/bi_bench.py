@@ -1,0 +1,314 @@
+"""The batched read on CUDA (issue 36, item 2), on the H200, in one process:
+
+- `probe`: which ops of the batched forward give a row the same bits whatever else is in the
+  GEMM or reduction, as they are on this device: F.linear (cuBLAS) over the first M rows of
+  one input against the same rows of a 4,096-row GEMM, per projection shape of the model; the
+  invariant linear (model.invariant) the same way; RMSNorm (the model's), SiLU, sigmoid over
+  M = n x grid rows against grid rows alone; fla's chunked GDN rule per sequence (twice on the
+  same input) and varlen (two sequences packed by cu_seqlens against each alone). Per op the
+  row counts whose rows differ (empty: invariant).
+- `speed`: the invariant linear against F.linear at M = 512, 1,024, 2,048, 4,096 on each
+  projection shape, per tile asked for (--tiles; a tile's bits are its own), CUDA events,
+  warm-up, the median of --iters.
+- `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
+  (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
+  'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
+  (Reader.read_batch), the arms in turns each round; every session's committed state on the
+  batched reader equal to the same session's on the alone 'eager+bi' reader, bit for bit
+  ("exact"; the alone reader read its context one chunk at a time, the batched one in
+  batches). `speedup` is one-at-a-time over batched on 'eager+bi'; `over_today` today's one at
+  a time over batched.
+
+    python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
+        [--parts probe,speed,read] [--contexts 16384,65536] [--batches 1,2,4,8]
+        [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
+        [--out FILE]
+
+The last line printed is one JSON object (GPU, dtype, versions, commit, date); nothing here
+asserts a speed. Figures come from CUDA only; `--device cpu` (with TRITON_INTERPRET=1 and a
+tiny model) runs the code paths as a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from adapters.model import invariant
+from evals.batch_bench import git_commit, session_ids
+
+ROW_COUNTS = (1, 3, 17, 64, 511, 512, 1024, 2048, 4096)
+
+
+def projection_shapes(model) -> dict[str, torch.Tensor]:
+    """One weight [N, K] per projection shape of the model, named by its first module."""
+    out: dict[tuple, tuple[str, torch.Tensor]] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and "lm_head" not in name:
+            out.setdefault(tuple(mod.weight.shape), (name.split(".")[-1], mod.weight))
+    return {f"{n} {s[0]}x{s[1]}": w for s, (n, w) in out.items()}
+
+
+def rows_differ(fn, x: torch.Tensor, counts) -> list[int]:
+    """The row counts M for which fn(x[:M]) differs from fn(x)[:M] (x: max(counts) rows)."""
+    big = fn(x)
+    return [m for m in counts if not torch.equal(fn(x[:m]), big[:m])]
+
+
+def gdn_probe(model, grid: int) -> dict:
+    """fla's chunked rule: per sequence deterministic, and varlen packing against alone."""
+    cfg, dev = model.cfg, model.device
+    hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def seq():
+        q = F.normalize(torch.randn(grid, hk, kd, device=dev, generator=g), dim=-1)
+        k = F.normalize(torch.randn(grid, hk, kd, device=dev, generator=g), dim=-1)
+        v = torch.randn(grid, hv, vd, device=dev, generator=g)
+        gate = -torch.rand(grid, hv, device=dev, generator=g) * 0.1
+        beta = torch.rand(grid, hv, device=dev, generator=g)
+        state = torch.randn(hv, kd, vd, device=dev, generator=g) * 0.1
+        return (q.to(model.dtype), k.to(model.dtype), v.to(model.dtype), gate,
+                beta.to(model.dtype), state)
+
+    a, b = seq(), seq()
+    o1, s1 = model.kernels.gdn(*a)
+    o2, s2 = model.kernels.gdn(*a)
+    out = {"per_sequence_same_bits": bool(torch.equal(o1, o2) and torch.equal(s1, s2))}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        ob, sb = model.kernels.gdn(*b)
+        packed = [torch.cat([x, y])[None] for x, y in zip(a[:5], b[:5])]
+        cu = torch.tensor([0, grid, 2 * grid], device=dev, dtype=torch.int32)
+        o, s = chunk_gated_delta_rule(*packed[:3], g=packed[3].float(), beta=packed[4],
+                                      initial_state=torch.stack([a[5], b[5]]).float(),
+                                      output_final_state=True, cu_seqlens=cu,
+                                      use_qk_l2norm_in_kernel=False)
+        out["varlen_same_bits_as_alone"] = bool(
+            torch.equal(o[0, :grid], o1) and torch.equal(o[0, grid:], ob)
+            and torch.equal(s[0], s1) and torch.equal(s[1], sb))
+    except Exception as e:                          # reported, not fatal: a probe
+        out["varlen_error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
+def probe_part(model, grid: int) -> dict:
+    """Per op, the row counts whose rows differ (module doc)."""
+    dev, dt = model.device, model.dtype
+    g = torch.Generator(device=dev).manual_seed(0)
+    linears = {}
+    for name, w in projection_shapes(model).items():
+        x = torch.randn(max(ROW_COUNTS), w.shape[1], device=dev, generator=g).to(dt)
+        linears[name] = {"cublas": rows_differ(lambda t, w=w: F.linear(t, w), x, ROW_COUNTS),
+                         "invariant": rows_differ(lambda t, w=w: invariant.linear(t, w), x,
+                                                  ROW_COUNTS)}
+    counts = [n * grid for n in (1, 2, 4, 8, 16)]
+    width, inter = model.cfg.hidden_size, model.cfg.intermediate_size
+    h = torch.randn(max(counts), width, device=dev, generator=g).to(dt)
+    u = torch.randn(max(counts), inter, device=dev, generator=g).to(dt)
+    rowwise = {"rms_norm": rows_differ(model.norm, h, counts),
+               "silu": rows_differ(F.silu, u, counts),
+               "sigmoid": rows_differ(torch.sigmoid, u, counts),
+               "residual_add": rows_differ(lambda t: t + t * 0.5, h, counts)}
+    return {"linear_rows_differ_at_m": linears, "rowwise_rows_differ_at_m": rowwise,
+            "gdn_fla": gdn_probe(model, grid)}
+
+
+def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over iters calls (CUDA events), after warmup calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_timed_ms(fn) for _ in range(iters))
+
+
+def speed_part(model, tiles: list[invariant.Tile], iters: int) -> dict:
+    """Per projection shape and M: cuBLAS ms, and per tile the kernel's ms and ratio."""
+    out = {}
+    g = torch.Generator(device=model.device).manual_seed(1)
+    for name, w in projection_shapes(model).items():
+        for m in (512, 1024, 2048, 4096):
+            x = torch.randn(m, w.shape[1], device=model.device, generator=g).to(model.dtype)
+            row = {"cublas_ms": round(cuda_ms(lambda: F.linear(x, w), iters), 4)}
+            for t in tiles:
+                ms = cuda_ms(lambda t=t: invariant.linear_kernel(x, w, t), iters)
+                key = f"{t.block_m}x{t.block_n}x{t.block_k}x{t.num_warps}x{t.num_stages}"
+                row[key] = {"ms": round(ms, 4), "over_cublas": round(ms / row["cublas_ms"], 3)}
+            out[f"{name} M={m}"] = row
+            print(f"speed {name} M={m}: {row}", file=sys.stderr, flush=True)
+    return out
+
+
+def _readers(model, grid: int, arms: list[str], resident_bytes: int) -> dict:
+    from adapters.eager import EagerAdapter
+    from shadow_plugin.reader.reader import Reader
+    readers = {}
+    if "today" in arms:
+        readers["today"] = Reader(model, grid=grid, resident_bytes=resident_bytes)
+    if "bi" in arms:
+        for arm in ("bi_alone", "bi_batch"):
+            readers[arm] = Reader(EagerAdapter(model, grid, invariant=True),
+                                  resident_bytes=resident_bytes)
+    return readers
+
+
+def _timed_ms(fn) -> float:
+    """fn()'s milliseconds by CUDA events (by the clock where there is no CUDA: a smoke run)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _same_states(alone, batched, names) -> list[bool]:
+    """Per session: the same committed count and state tensors, bit for bit."""
+    out = []
+    for s in names:
+        x, y = alone.state_tensors(s), batched.state_tensors(s)
+        out.append(alone.committed(s) == batched.committed(s) and x.keys() == y.keys()
+                   and all(torch.equal(x[n], y[n]) for n in x))
+    return out
+
+
+def read_part(model, args) -> dict:
+    """The `read` arms per context and B (module doc)."""
+    out, g, num = {}, args.grid, max(args.batches)
+    for context in args.contexts:
+        readers = _readers(model, g, args.arms, args.resident_gib * 2**30)
+        names = [f"s{i}" for i in range(num)]
+        rounds = (args.repeats + 1) * len(args.batches)
+        ids = {s: session_ids(context + g * (rounds + 1), 7919 * i + context)
+               for i, s in enumerate(names)}
+        at = {s: context for s in names}
+        for arm, r in readers.items():              # the context: alone, or in batches
+            for s in names:
+                r.feed(s, ids[s][:context], "prompt")
+            if arm == "bi_batch":
+                while r.read_batch(names).num_chunks:
+                    pass
+            else:
+                for s in names:
+                    r.read(s)
+        batched = readers["bi_batch"].adapter.batches() if "bi_batch" in readers else None
+        if batched is False:                # read_batch would read one chunk a call: no arm
+            print("bi_batch: the checks failed, the adapter reads one at a time (see probe)",
+                  file=sys.stderr, flush=True)
+            out[f"{context}_exact"] = {"batches": False}
+        for b in args.batches:
+            times: dict[str, list[float]] = {arm: [] for arm in readers}
+            for k in range(args.repeats + 1):         # round 0: warm-up, not counted
+                for s in names[:b]:
+                    for r in readers.values():
+                        r.feed(s, ids[s][at[s]:at[s] + g], "output")
+                    at[s] += g
+                for arm, r in readers.items():
+                    if arm == "bi_batch" and not batched:
+                        r.read_batch(names[:b])       # kept in step, not timed
+                        continue
+                    if arm == "bi_batch":
+                        ms = _timed_ms(lambda r=r: r.read_batch(names[:b]))
+                    else:
+                        ms = _timed_ms(lambda r=r: [r.read(s, max_chunks=1) for s in names[:b]])
+                    if k:
+                        times[arm].append(ms)
+            row = {"context": context, "sessions": b}
+            for arm, ts in times.items():
+                if not ts:
+                    continue
+                ms = statistics.median(ts)
+                row[arm] = {"ms": round(ms, 2), "chunks_per_s": round(b / ms * 1e3, 1),
+                            "ids_per_s": round(b * g / ms * 1e3)}
+            if "bi_batch" in row and "bi_alone" in row:
+                row["speedup"] = round(row["bi_alone"]["ms"] / row["bi_batch"]["ms"], 3)
+            if "bi_batch" in row and "today" in row:
+                row["over_today"] = round(row["today"]["ms"] / row["bi_batch"]["ms"], 3)
+            out[f"{context}x{b}"] = row
+            print(f"read {row}", file=sys.stderr, flush=True)
+        if batched:
+            same = _same_states(readers["bi_alone"], readers["bi_batch"], names)
+            out[f"{context}_exact"] = {"batches": True, "exact": all(same),
+                                       "sessions_equal": sum(same), "sessions": len(same)}
+            print(f"exact {context}: {out[f'{context}_exact']}", file=sys.stderr, flush=True)
+        del readers
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
+
+
+def versions() -> dict:
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("triton", "fla"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:                            # noqa: BLE001 (a missing or odd package)
+            out[name] = None
+    return out
+
+
+def run(args) -> dict:
+    from adapters import load_model
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("evals.bi_bench measures CUDA's kernels: no CUDA device here")
+    model = load_model(args.model, device=args.device,
+                       dtype=torch.bfloat16 if args.device == "cpu" else None)
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none (a smoke run)"
+    res = {"model": args.model, "grid": args.grid, "dtype": str(model.dtype), "gpu": gpu,
+           **versions(), "commit": git_commit(), "date": str(datetime.date.today())}
+    parts = {"probe": lambda: probe_part(model, args.grid),
+             "speed": lambda: speed_part(model, args.tiles, args.iters),
+             "read": lambda: read_part(model, args)}
+    for name in args.parts:
+        res[name] = parts[name]()
+        print(f"{name} {json.dumps(res[name])}", file=sys.stderr, flush=True)
+        if args.out:                                # what a timeout leaves
+            with open(args.out, "w") as f:
+                json.dump(res, f)
+    return res
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random:qwen3.5-0.8b")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a smoke run of the code (bf16, Triton's interpreter), no figures")
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--parts", default="probe,speed,read")
+    ap.add_argument("--contexts", type=_ints, default=[16384, 65536])
+    ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tiles", default="64x128x64x4x3,128x128x64x8x3,64x64x64x4x4",
+                    help="the invariant linear's tiles to time (BMxBNxBKxWARPSxSTAGES)")
+    ap.add_argument("--arms", default="today,bi", help="today (the default CUDA reader, one "
+                    "at a time) and bi ('eager+bi' alone and batched)")
+    ap.add_argument("--resident-gib", type=int, default=24,
+                    help="each reader's resident cap (8 sessions at 64k hold ~6.3 GiB of KV)")
+    ap.add_argument("--out", help="also write the JSON here after each part")
+    args = ap.parse_args(argv)
+    if not set(args.parts.split(",")) <= {"probe", "speed", "read"}:
+        ap.error(f"--parts takes probe, speed, read; got {args.parts!r}")
+    args.parts, args.arms = args.parts.split(","), args.arms.split(",")
+    args.tiles = [invariant.Tile.parse(t) for t in args.tiles.split(",") if t]
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
