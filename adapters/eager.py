@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.interface import Adapter
-from adapters.model.batch import ROW_TILE, norm_rows_invariant
+from adapters.model.batch import ROW_TILE, RowTiles, norm_rows_invariant
 from adapters.model.invariant import linear as invariant_linear
 from adapters.model.kernels import TORCH, KernelSet
 from adapters.model.qwen35 import Qwen35
@@ -48,6 +48,8 @@ class EagerAdapter(Adapter):
         self._kernels = kernels or model.kernels
         self._linear = invariant_linear if invariant else None
         self._batches: dict[int, bool] = {}        # torch's threads -> rows_invariant
+        # (torch's threads, a GEMM's row count) -> its rows keep their tile's bits
+        self._row_counts: dict[tuple[int, int], bool] = {}
 
     @property
     def kernels(self) -> KernelSet:
@@ -99,9 +101,25 @@ class EagerAdapter(Adapter):
             self.model.norm, self.model.cfg.hidden_size, self.grid, self.model.dtype,
             self.model.device)
 
+    def _keeps_bits(self, lengths: Sequence[int]) -> bool:
+        """Whether a batch of sequences of these lengths (ids) meets only GEMMs whose rows keep
+        their tile's bits: the buffer's row count, and each sequence's padded alone
+        (Qwen35.gemms_keep_tile_bits, checked once per row count and thread count; a CPU's
+        GEMM may change kernels at any row count: model.batch)."""
+        tiles = RowTiles(tuple(lengths))
+        threads = torch.get_num_threads() if self.model.device.type == "cpu" else 0
+        counts = {*tiles.padded, tiles.num_rows}
+        for m in counts:
+            if (threads, m) not in self._row_counts:
+                self._row_counts[(threads, m)] = self.model.gemms_keep_tile_bits(
+                    m, linear=self._linear)
+        return all(self._row_counts[(threads, m)] for m in counts)
+
     def read_chunks(self, items) -> list[GdnState]:
-        """One forward for all (Qwen35.forward_batch) when `batches`, else one at a time."""
-        if len(items) < 2 or not self.batches():
+        """One forward for all (Qwen35.forward_batch) when `batches` and the batch's row counts
+        keep their bits (`_keeps_bits`), else one at a time."""
+        if (len(items) < 2 or not self.batches()
+                or not self._keeps_bits([len(item[0]) for item in items])):
             return super().read_chunks(items)
         _, states = self.model.forward_batch(
             [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels,
@@ -109,9 +127,11 @@ class EagerAdapter(Adapter):
         return states
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
-        """One forward for all (Qwen35.forward_batch) when `batches`, else one at a time; each
-        fork's logits from its own last row."""
-        if len(items) < 2 or not self.batches():
+        """One forward for all (Qwen35.forward_batch) when `batches` and the batch's row counts
+        keep their bits (`_keeps_bits`), else one at a time; each fork's logits from its own
+        last row."""
+        if (len(items) < 2 or not self.batches()
+                or not self._keeps_bits([len(item[0]) for item in items])):
             return super().fork_logits_batch(items)
         hidden, _ = self.model.forward_batch(
             [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn, _ in items], self._kernels,

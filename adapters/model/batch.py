@@ -15,6 +15,10 @@ batched forward relies on):
   grid chunk (a multiple of 64 ids) needs no padding, so the batched read gives the alone
   read's bits (Qwen35.rows_invariant checks it on the machine at hand, with the model's own
   weights, before an adapter batches).
+  Another CPU need not keep this: on a Xeon with AMX and AVX-512-FP16 (torch 2.13, oneDNN;
+  2026-12-05) the 0.8B's shapes gave a 64-row block other bits in GEMMs of 192 rows and more
+  (bf16 at one and two threads, fp32 at two; the tiny model's shapes did not): there
+  `linear_rows_invariant` says no, and the reader reads one session at a time.
 - RMSNorm: a reduction per row and correctly rounded elementwise ops: the same bits at any row
   count (measured too).
 - SiLU and sigmoid (exp): torch's CPU kernels compute whole vectors with Sleef's exp and the
@@ -138,9 +142,10 @@ def linear_rows_invariant(weights: Sequence[torch.Tensor], rows: int, num_blocks
                           linear: Callable = F.linear) -> bool:
     """Whether, for every weight w [N, K] given, one GEMM (`linear`, default F.linear) over
     num_blocks x `rows` rows gives each row the bits of a GEMM over its own `rows` rows (rows:
-    a multiple of tile), and of linear_blocks over `tile` rows: the fact the batched forward
-    relies on, checked on the machine at hand (inputs seeded, in w's dtype and device; the
-    GEMM's kernel depends on the shapes, not the values)."""
+    a multiple of tile), of a GEMM over each multiple of `tile` rows below `rows`, and of
+    linear_blocks over `tile` rows: the fact the batched forward relies on, checked on the
+    machine at hand (inputs seeded, in w's dtype and device; the GEMM's kernel depends on the
+    shapes, not the values)."""
     g = torch.Generator().manual_seed(seed)
     for w in weights:
         x = torch.randn(num_blocks * rows, w.shape[1], generator=g).to(w.device, w.dtype)
@@ -148,7 +153,28 @@ def linear_rows_invariant(weights: Sequence[torch.Tensor], rows: int, num_blocks
         for i in range(0, x.shape[0], rows):
             if not torch.equal(linear(x[i:i + rows], w), big[i:i + rows]):
                 return False
-        if not torch.equal(linear_blocks(x[:rows], w, tile, linear), big[:rows]):
+        # every padded length up to `rows` alone (a question's piece, a short sequence): a
+        # GEMM's kernel may change with M at any multiple of the tile (oneDNN on AMX did)
+        for m in range(tile, rows, tile):
+            if not torch.equal(linear(x[:m], w), big[:m]):
+                return False
+        if not torch.equal(linear_blocks(x, w, tile, linear), big):
+            return False
+    return True
+
+
+def linear_keeps_tile_bits(weights: Sequence[torch.Tensor], num_rows: int,
+                           tile: int = ROW_TILE, seed: int = 0,
+                           linear: Callable = F.linear) -> bool:
+    """Whether, for every weight w [N, K] given, one GEMM (`linear`) over `num_rows` rows (a
+    multiple of tile) gives every row the bits of linear_blocks over `tile` rows: what a batch
+    whose buffer (or whose sequence alone, padded) has num_rows rows needs, checked on the
+    machine at hand for that row count (inputs seeded, in w's dtype and device)."""
+    assert num_rows % tile == 0, "whole tiles only"
+    g = torch.Generator().manual_seed(seed)
+    for w in weights:
+        x = torch.randn(num_rows, w.shape[1], generator=g).to(w.device, w.dtype)
+        if not torch.equal(linear(x, w), linear_blocks(x, w, tile, linear)):
             return False
     return True
 

@@ -171,16 +171,29 @@ class Qwen35(nn.Module):
             x = x + op.linear(act, mlp.down_proj.weight)
         return tiles.split(x), new_gdn
 
+    def gemms_keep_tile_bits(self, num_rows: int, row_tile: int = batch.ROW_TILE,
+                             linear: Callable | None = None) -> bool:
+        """Whether this machine's GEMMs (`linear`, default F.linear) over num_rows rows (a
+        multiple of row_tile) give every row the bits of a GEMM over its own row_tile rows,
+        for one weight of each shape the model has (batch.linear_keeps_tile_bits, with the
+        threads torch uses now)."""
+        return batch.linear_keeps_tile_bits(self._weights_by_shape(), num_rows, row_tile,
+                                            linear=linear or EAGER.linear)
+
+    def _weights_by_shape(self) -> list[torch.Tensor]:
+        """One nn.Linear weight of each (shape, dtype) the model has."""
+        shapes = {}
+        for w in (m.weight for m in self.modules() if isinstance(m, nn.Linear)):
+            shapes.setdefault((tuple(w.shape), w.dtype), w)
+        return list(shapes.values())
+
     def rows_invariant(self, rows: int, row_tile: int = batch.ROW_TILE,
                        linear: Callable | None = None) -> bool:
         """Whether this machine's GEMMs (`linear`, default F.linear) give a row of a sequence
         of `rows` rows (a multiple of row_tile) the same bits in forward and in forward_batch
         with others (batch.linear_rows_invariant over one weight of each shape the model has:
         with the threads torch uses now)."""
-        shapes = {}
-        for w in (m.weight for m in self.modules() if isinstance(m, nn.Linear)):
-            shapes.setdefault((tuple(w.shape), w.dtype), w)
-        return batch.linear_rows_invariant(list(shapes.values()), rows, tile=row_tile,
+        return batch.linear_rows_invariant(self._weights_by_shape(), rows, tile=row_tile,
                                            linear=linear or EAGER.linear)
 
     @torch.no_grad()

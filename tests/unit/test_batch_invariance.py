@@ -2,13 +2,15 @@
 the same bits whether they are computed alone or in one buffer with other sequences' rows, for
 the model's shapes (the tiny model's and the 0.8B's), fp32 and bf16, one and two threads.
 
-What the batched forward relies on, asserted here: a GEMM over rows tiled to multiples of
-ROW_TILE gives each row the bits of its own padded rows, and of the block-by-block twin; a grid
-chunk needs no padding, so a batch of chunks gives each chunk the bits of F.linear over the
-chunk alone; RMSNorm is row-invariant; the per-sequence ops (SiLU, sigmoid) are run per
-sequence, so they need no such fact. What it does not rely on (measured on this machine,
-noted in adapters/model/batch.py, not asserted: another CPU picks other kernels): F.linear
-over fewer than 12 rows, and SiLU over a concatenation with 3 threads, gave other bits."""
+What the batched forward relies on, asserted here where the machine's check says it holds
+(the check the adapter runs on each batch, which a CPU with AMX failed for the 0.8B's shapes:
+there nothing batches): a GEMM over rows tiled to multiples of ROW_TILE gives each row the bits
+of its own padded rows, and of the block-by-block twin; a grid chunk needs no padding, so a
+batch of chunks gives each chunk the bits of F.linear over the chunk alone; RMSNorm is
+row-invariant; the per-sequence ops (SiLU, sigmoid) are run per sequence, so they need no such
+fact. What it does not rely on (measured on one machine, noted in adapters/model/batch.py, not
+asserted: another CPU picks other kernels): F.linear over fewer than 12 rows, and SiLU over a
+concatenation with 3 threads, gave other bits."""
 import contextlib
 
 import pytest
@@ -43,18 +45,28 @@ def _rows(lengths, k, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k,n", SHAPES)
 def test_tiled_gemm_gives_each_sequence_the_bits_of_its_own_rows(k, n, dtype, num_threads):
+    """Where the check the adapter runs on each batch (batch.linear_keeps_tile_bits at the
+    batch's row counts: the buffer's and each sequence's padded alone) says yes, each sequence
+    gets the bits of its own rows; the tiny model's shapes must pass it (the batched tests run
+    on them). A machine whose GEMMs change bits with the row count (oneDNN on AMX, for the
+    0.8B's shapes: adapters/model/batch.py) gets a no: the check is never wrong."""
     w = (torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype)
     lengths = LENGTHS if k <= 256 else LENGTHS[1:2]         # the big shapes: fewer rows
     with threads(num_threads):
         for i, ls in enumerate(lengths):
-            parts = [(x,) for x in _rows(ls, k, dtype, seed=i)]
-            assert batch.rows_match(lambda x: F.linear(x, w), parts)
             tiles = batch.RowTiles(tuple(ls))
+            keeps = all(batch.linear_keeps_tile_bits([w], m)
+                        for m in {*tiles.padded, tiles.num_rows})
+            assert keeps or k > 256, f"the tiny model's shape ({k}, {n}) must batch"
+            parts = [(x,) for x in _rows(ls, k, dtype, seed=i)]
             buf = tiles.pad([p[0] for p in parts])
-            assert torch.equal(F.linear(buf, w), batch.linear_blocks(buf, w))
-            for (x,), rows in zip(parts, tiles.split(F.linear(buf, w))):
-                assert torch.equal(batch.tiled_linear()(x, w), rows)
-        assert batch.linear_rows_invariant([w], 64 if k > 256 else 128)
+            facts = [batch.rows_match(lambda x: F.linear(x, w), parts),
+                     torch.equal(F.linear(buf, w), batch.linear_blocks(buf, w))]
+            facts += [torch.equal(batch.tiled_linear()(x, w), rows)
+                      for (x,), rows in zip(parts, tiles.split(F.linear(buf, w)))]
+            assert all(facts) or not keeps, (ls, facts)
+        if k <= 256:
+            assert batch.linear_rows_invariant([w], 128)
 
 
 @pytest.mark.parametrize("num_threads", [1, 2])

@@ -79,3 +79,33 @@ def test_a_batched_read_on_the_invariant_path_commits_each_session_as_read_alone
         differs = differs or any(not torch.equal(a[k], p[k]) for k in a)
         assert batched.check_exact(s)
     assert differs                       # the twin's sums are not F.linear's: bits of its own
+
+
+def test_a_batch_whose_row_counts_change_bits_is_read_one_at_a_time(tiny, monkeypatch):
+    """A machine whose GEMMs give rows other bits at some row count (a CPU with AMX did, for
+    the 0.8B's shapes): the adapter checks each row count a batch meets once, and a batch that
+    meets a bad one runs one forward per sequence (the alone bits), never forward_batch."""
+    adapter = EagerAdapter(tiny, G)
+    asked = []
+
+    def keeps(num_rows, row_tile=batch.ROW_TILE, linear=None):
+        asked.append(num_rows)
+        return num_rows != 2 * G                  # the buffer of two chunks of G ids
+    monkeypatch.setattr(tiny, "gemms_keep_tile_bits", keeps)
+    monkeypatch.setattr(tiny, "forward_batch", lambda *a, **k: pytest.fail("batched"))
+    assert adapter._keeps_bits([G, G]) is False and sorted(asked) == [G, 2 * G]
+    assert adapter._keeps_bits([G - 3, G]) is False and sorted(asked) == [G, 2 * G]  # once
+    assert adapter.batches()                      # the coarse check alone would batch
+    rng = random.Random(5)
+    ids = {"a": vocab_ids(rng, 2 * G), "b": vocab_ids(rng, G)}
+    batched, alone = Reader(adapter), Reader(EagerAdapter(tiny, G))
+    for r in (batched, alone):
+        for sid, x in ids.items():
+            r.feed(sid, x, "prompt")
+    assert sorted(batched.read_batch(["a", "b"]).sessions) == ["a", "b"]
+    for sid in ids:
+        alone.read(sid)
+        batched.read(sid)
+        assert batched.committed(sid) == len(ids[sid]) and batched.check_exact(sid)
+        got, want = _state(batched, sid), _state(alone, sid)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
