@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 QUESTIONS = ("ask", "ask_many", "summarize", "check")   # answered by ticket, in the question
 #                                                         thread
 MAX_JOBS = 1000                               # tickets kept for their results at most
+RESULT_WAIT_MAX_S = 0.02                      # the longest a `result` call holds the engine's
+#                                               loop (only while the host has no requests)
 
 
 def plain_mode(fn):
@@ -180,7 +182,7 @@ class EmbeddedShadow:
     @plain_mode
     def call(self, name: str, kwargs: dict):
         """A call from the engine's API process: server.remote.serve_call's reply, or for a
-        question ("ticket", n), whose reply `result` gives later (("pending", None) until
+        question ("ticket", n), whose reply `result` gives later (("pending", waited) until
         then); "stop" is `close` (the front end calls it when a planned stop begins). The first
         call (the endpoint plugin's, once vLLM's API server is up) starts the model's load."""
         if not self._closed:
@@ -189,7 +191,7 @@ class EmbeddedShadow:
             self.close()
             return ("ok", None)
         if name == "result":
-            return self._result(kwargs.get("ticket"))
+            return self._result(kwargs.get("ticket"), kwargs.get("wait_s"))
         if name in QUESTIONS:
             return self._submit(name, kwargs)
         return serve_call(self.service, name, kwargs,
@@ -214,12 +216,21 @@ class EmbeddedShadow:
                 del self._jobs[old]
         return ("ticket", ticket)
 
-    def _result(self, ticket):
+    def _result(self, ticket, wait_s=None):
+        """The question's reply, or ("pending", waited): while the host has no requests the
+        engine's loop (which runs this call) waits up to wait_s (at most RESULT_WAIT_MAX_S)
+        for it, so the API process need not poll again and again; never while the host has
+        requests (their steps come first)."""
         job = self._jobs.get(ticket)
         if job is None:
             return ("error", "KeyError", (f"no question with ticket {ticket!r}",))
+        waited = False
+        if not job.done() and isinstance(wait_s, (int, float)) and wait_s > 0 \
+                and not self.service.busy:
+            concurrent.futures.wait([job], timeout=min(float(wait_s), RESULT_WAIT_MAX_S))
+            waited = True
         if not job.done():
-            return ("pending", None)
+            return ("pending", waited)
         del self._jobs[ticket]
         return job.result()
 

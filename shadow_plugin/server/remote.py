@@ -23,6 +23,9 @@ ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady,
 TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result
 FIRST_POLL_S = 0.001        # the first wait: the looks back off from it, doubling, so a
 #                             question of a few ms is answered within about its own time
+RESULT_WAIT_S = 0.005       # how long a look may wait on the other side for the result (an
+#                             engine's loop runs the look: about one chunk of the 0.8B on an
+#                             H200; the other side waits only while its host has no requests)
 
 Call = Callable[[str, dict], Any]
 
@@ -64,19 +67,23 @@ def unpack(reply):
 
 
 def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S,
-        first_poll_s: float = FIRST_POLL_S):
+        first_poll_s: float = FIRST_POLL_S, result_wait_s: float = RESULT_WAIT_S):
     """call(name, kwargs)'s result; a ("ticket", n) reply (a question the other side answers
-    in its own thread) is polled with `result` until it is ready, the waits between looks
-    doubling from first_poll_s up to poll_s (s)."""
+    in its own thread) is looked for with `result` until it is ready. Each look may wait up to
+    result_wait_s (s) on the other side, which answers ("pending", True) when it waited (its
+    host idle: the next look goes at once, so the answer comes back within a look of its
+    end) and ("pending", False) when it could not (its host busy: the looks here wait,
+    doubling from first_poll_s up to poll_s)."""
     reply = call(name, kwargs)
     while reply[0] == "ticket":
         ticket, wait_s = reply[1], min(first_poll_s, poll_s)
         while True:
-            reply = call("result", {"ticket": ticket})
+            reply = call("result", {"ticket": ticket, "wait_s": result_wait_s})
             if reply[0] != "pending":
                 break
-            time.sleep(wait_s)
-            wait_s = min(2 * wait_s, poll_s)
+            if not reply[1]:
+                time.sleep(wait_s)
+                wait_s = min(2 * wait_s, poll_s)
     return unpack(reply)
 
 

@@ -163,4 +163,47 @@ def test_a_remote_question_is_looked_for_soon_then_less_often(monkeypatch):
 
     assert remote.run(call, "ask", {"q": 1}, poll_s=0.02, first_poll_s=0.001) == 42
     assert waits == [0.001, 0.002, 0.004, 0.008, 0.016, 0.02, 0.02]
-    assert calls[0] == ("ask", {"q": 1}) and calls[1:] == [("result", {"ticket": 7})] * 8
+    assert calls[0] == ("ask", {"q": 1})
+    assert calls[1:] == [("result", {"ticket": 7, "wait_s": remote.RESULT_WAIT_S})] * 8
+
+
+def test_a_remote_question_whose_other_side_waited_is_looked_for_again_at_once(monkeypatch):
+    """remote.run: a ("pending", True) reply (the other side waited for the result: its host
+    idle) is followed by the next look at once, no wait here; ("pending", False) (its host
+    busy) by the doubling waits."""
+    from shadow_plugin.server import remote
+    waits = []
+    monkeypatch.setattr(remote.time, "sleep", waits.append)
+    replies = iter([("ticket", 3), ("pending", True), ("pending", True), ("pending", False),
+                    ("pending", False), ("pending", True), ("ok", "answer")])
+    assert remote.run(lambda name, kw: next(replies), "ask", {}, first_poll_s=0.001) == "answer"
+    assert waits == [0.001, 0.002]
+
+
+def test_an_engines_result_call_waits_for_the_answer_only_while_its_host_is_idle():
+    """EmbeddedShadow._result: with the host idle it waits up to wait_s (capped) for the
+    question and answers as soon as it is done; with the host busy it answers pending at once;
+    an unknown ticket is a KeyError reply."""
+    import concurrent.futures
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from shadow_plugin.engine import embedded
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    go = threading.Event()
+    job = pool.submit(lambda: go.wait(5) and ("ok", 1))
+    shadow = SimpleNamespace(_jobs={9: job}, service=SimpleNamespace(busy=True))
+    t0 = time.monotonic()
+    assert embedded.EmbeddedShadow._result(shadow, 9, 0.5) == ("pending", False)
+    assert time.monotonic() - t0 < 0.05                       # busy: no wait
+    shadow.service.busy = False
+    t0 = time.monotonic()
+    assert embedded.EmbeddedShadow._result(shadow, 9, 10.0) == ("pending", True)
+    assert embedded.RESULT_WAIT_MAX_S <= time.monotonic() - t0 < 1.0     # capped
+    threading.Timer(0.005, go.set).start()
+    assert embedded.EmbeddedShadow._result(shadow, 9, 0.5) == ("ok", 1)   # done within
+    assert 9 not in shadow._jobs
+    assert embedded.EmbeddedShadow._result(shadow, 9, 0.5)[:2] == ("error", "KeyError")
+    assert embedded.EmbeddedShadow._result(shadow, 8, "x")[:2] == ("error", "KeyError")
+    pool.shutdown()
