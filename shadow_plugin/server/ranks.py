@@ -220,14 +220,16 @@ class RankedService:
         return RankedShadow(self._call, self._call_all, self._grid_of)
 
     def _grid_of(self) -> int:
-        """The shadows' grid (a status call the first time, from a worker thread); NotReady
-        until every rank was ready."""
+        """The shadows' grid (the same setting on every rank: a status call the first time,
+        from a worker thread), from the first rank that is ready; NotReady while none is."""
         if not self._grid:
-            status = self.status()
-            if status["state"] != "ready":
+            replies = self._call_all("status", {})
+            ready = [r[1] for r in replies if r[0] == "ok" and r[1].get("state") == "ready"]
+            if not ready:
+                status = merge_status(replies)
                 raise NotReady(status.get("error") or "the shadows are loading",
                                status["state"] == "failed")
-            self._grid.append(status["grid"])
+            self._grid.append(ready[0]["grid"])
         return self._grid[0]
 
 
@@ -244,12 +246,24 @@ class RankedShadow:
         return self._grid()                    # a status call the first time only
 
     def _holds(self, sessions: list[str]) -> dict[str, tuple[int | None, dict | None]]:
-        """{session: (holder rank, its entry)}, one `holds` call on every rank."""
-        replies = [unpack(r) for r in self._call_all("holds", {"sessions": list(sessions)})]
+        """{session: (holder rank, its entry)}, one `holds` call on every rank. A rank that is
+        not ready (loading, or failed) knows nothing here: a session another rank holds is
+        served there (it reads the newest manifest from the shared folder first), and a
+        session no ready rank knows raises that rank's NotReady (503: it may be held there),
+        not KeyError."""
+        replies, unready = [], None
+        for reply in self._call_all("holds", {"sessions": list(sessions)}):
+            try:
+                replies.append(unpack(reply))
+            except NotReady as e:
+                replies.append({})
+                unready = unready or e
         out = {}
         for s in sessions:
             found = [reply.get(s) for reply in replies]
             rank = holder(found)
+            if rank is None and unready is not None:
+                raise unready
             out[s] = (rank, None if rank is None else found[rank])
         return out
 

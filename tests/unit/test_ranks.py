@@ -16,6 +16,7 @@ from shadow_plugin.engine.follow import RequestTracker
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
 from shadow_plugin.server.ask_pool import AskPool
 from shadow_plugin.server.config import ServiceConfig
+from shadow_plugin.server.errors import NotReady
 from shadow_plugin.server.ranks import (
     RankedService,
     holder,
@@ -96,6 +97,39 @@ def test_a_rank_that_is_not_ready_makes_the_merged_state_say_so_with_its_reason(
     failed = merge_status([("error", "NotReady", ("bad model", True)), ("ok", a)])
     assert failed["state"] == "failed" and failed["ranks"][0]["state"] == "failed"
     assert merge_sessions([{}, {}]) == {}
+
+
+def test_a_rank_that_is_not_ready_leaves_the_sessions_other_ranks_hold_answerable():
+    """RankedService over two ranks, rank 1 still loading: a session rank 0 holds is looked up
+    and its calls go to rank 0 (the grid from rank 0's status); a session no ready rank
+    knows is NotReady (503: it may be held on rank 1), not KeyError (404); with both
+    ready, an unknown session is KeyError."""
+    loading = ("error", "NotReady", ("the model is loading", False))
+    state = {"rank1": loading}
+    entry = {"num_ids": 200, "committed": 192, "resident": True, "version": 3}
+    calls = []
+
+    def reply(rank, name, kwargs):
+        if rank == 1:
+            return state["rank1"]
+        if name == "status":
+            return ("ok", {"state": "ready", "grid": G})
+        if name == "holds":
+            return ("ok", {s: entry for s in kwargs["sessions"] if s == "held"})
+        calls.append((rank, name))
+        return ("ok", {"got": name})
+
+    door = RankedService(reply, lambda name, kw: [reply(r, name, kw) for r in range(2)],
+                         lambda: 2)
+    shadow = door.require()
+    assert shadow.rank_of("held") == 0 and shadow.grid == G
+    assert shadow.positions(["held"]) == {"held": [200, 192]}
+    assert shadow.narration("held") == {"got": "narration"} and calls == [(0, "narration")]
+    with pytest.raises(NotReady, match="loading"):
+        shadow.rank_of("elsewhere")
+    state["rank1"] = ("ok", {})
+    with pytest.raises(KeyError):
+        door.require().rank_of("elsewhere")
 
 
 @pytest.fixture
