@@ -233,6 +233,16 @@ class RankedService:
         return self._grid[0]
 
 
+def _ready_reply(reply, empty=None):
+    """A rank's reply to a call about its sessions as (its result, None); a rank that is not
+    ready knows nothing: (empty (default {}), its NotReady while it loads, None when it failed
+    to load: it never will). Other errors are raised."""
+    try:
+        return unpack(reply), None
+    except NotReady as e:
+        return ({} if empty is None else empty), (None if e.failed else e)
+
+
 class RankedShadow:
     """RemoteShadow's methods over the ranks: a session's calls go to its holder (looked up
     once per session for this object: one request's), the others to every rank."""
@@ -249,15 +259,14 @@ class RankedShadow:
         """{session: (holder rank, its entry)}, one `holds` call on every rank. A rank that is
         not ready (loading, or failed) knows nothing here: a session another rank holds is
         served there (it reads the newest manifest from the shared folder first), and a
-        session no ready rank knows raises that rank's NotReady (503: it may be held there),
-        not KeyError."""
+        session no ready rank knows raises a loading rank's NotReady (503: it may be held
+        there once it is up), not KeyError; a rank that failed to load holds nothing, ever
+        (it follows nothing), so with only such ranks not ready the session is unknown."""
         replies, unready = [], None
         for reply in self._call_all("holds", {"sessions": list(sessions)}):
-            try:
-                replies.append(unpack(reply))
-            except NotReady as e:
-                replies.append({})
-                unready = unready or e
+            got, loading = _ready_reply(reply)
+            replies.append(got)
+            unready = unready or loading
         out = {}
         for s in sessions:
             found = [reply.get(s) for reply in replies]
@@ -311,8 +320,14 @@ class RankedShadow:
         return {**self.on(session).check(session, cancelled), "rank": self.rank_of(session)}
 
     def sessions(self) -> dict:
-        """Every rank's sessions, merged (merge_sessions)."""
-        per_rank = [unpack(r)["sessions"] for r in self._call_all("sessions", {})]
+        """Every rank's sessions, merged (merge_sessions); a rank that failed to load holds
+        none. NotReady (503) while a rank loads: the list could miss its sessions."""
+        per_rank = []
+        for reply in self._call_all("sessions", {}):
+            got, loading = _ready_reply(reply, {"sessions": {}})
+            if loading is not None:
+                raise loading
+            per_rank.append(got["sessions"])
         return {"sessions": merge_sessions(per_rank)}
 
     def not_reading_why(self, session: str | None = None) -> str:

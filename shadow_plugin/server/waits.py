@@ -118,8 +118,7 @@ class Waits:
                 shadow = self.door.require()
                 # both in a worker thread: a remote door's first look at G is a call that
                 # must not run on the event loop's own thread
-                seen, grid = await run_in_threadpool(
-                    lambda: (shadow.positions(sessions) if sessions else {}, shadow.grid))
+                seen, grid = await run_in_threadpool(_look, shadow, sessions)
             except Exception as e:                    # the shadow went away: every wait ends
                 for w in waiting:
                     if not w.done.done():
@@ -133,8 +132,33 @@ class Waits:
                 if pos is None:
                     w.done.set_exception(KeyError(f"unknown session {w.session!r}"))
                     continue
+                if isinstance(pos, Exception):        # this session's own error
+                    w.done.set_exception(pos)
+                    continue
                 w.seen = list(pos)
                 n, c = pos
                 if c >= (n if w.at is None else w.at) // grid * grid:
                     w.done.set_result(None)
             await asyncio.sleep(self.poll_s)
+
+
+def _look(shadow, sessions: list[str]) -> tuple[dict, int]:
+    """(shadow.positions(sessions), shadow.grid), in one positions call; when that call raises
+    for several sessions, each is looked at alone, so one session's error (a data-parallel
+    door's 503 for a session only a loading rank may hold) ends only its own waits: its entry
+    is then the exception."""
+    grid = shadow.grid
+    if not sessions:
+        return {}, grid
+    try:
+        return shadow.positions(sessions), grid
+    except Exception:
+        if len(sessions) < 2:
+            raise
+    seen: dict = {}
+    for s in sessions:
+        try:
+            seen.update(shadow.positions([s]))
+        except Exception as e:
+            seen[s] = e
+    return seen, grid

@@ -132,6 +132,64 @@ def test_a_rank_that_is_not_ready_leaves_the_sessions_other_ranks_hold_answerabl
         door.require().rank_of("elsewhere")
 
 
+def _two_ranks(rank1_reply):
+    """A door over two ranks: rank 0 ready, holding "held" (and listing it), rank 1
+    answering every call with rank1_reply."""
+    entry = {"num_ids": 200, "committed": 192, "resident": True, "version": 3}
+
+    def reply(rank, name, kwargs):
+        if rank == 1:
+            return rank1_reply
+        if name == "status":
+            return ("ok", {"state": "ready", "grid": G})
+        if name == "holds":
+            return ("ok", {s: entry if s == "held" else None for s in kwargs["sessions"]})
+        if name == "sessions":
+            return ("ok", {"sessions": {"held": _entry("resident", 3)}})
+        return ("ok", {"got": name})
+
+    return RankedService(reply, lambda name, kw: [reply(r, name, kw) for r in range(2)],
+                         lambda: 2)
+
+
+def test_a_rank_that_failed_for_good_knows_nothing_and_an_unknown_session_is_404():
+    """A rank whose shadow failed to load holds no session, ever (it follows nothing): a
+    session the ready ranks do not know is KeyError (404), not a 503 for good; positions
+    says None for it, and the sessions list is the ready ranks'. A rank still loading
+    keeps the 503 (it may hold the session once up)."""
+    failed = _two_ranks(("error", "NotReady", ("the model failed to load: bad; fix", True)))
+    shadow = failed.require()
+    assert shadow.rank_of("held") == 0
+    with pytest.raises(KeyError):
+        shadow.rank_of("elsewhere")
+    assert shadow.positions(["held", "elsewhere"]) == {"held": [200, 192], "elsewhere": None}
+    assert list(shadow.sessions()["sessions"]) == ["held"]
+    loading = _two_ranks(("error", "NotReady", ("the model is loading", False))).require()
+    with pytest.raises(NotReady, match="loading"):
+        loading.rank_of("elsewhere")
+    with pytest.raises(NotReady, match="loading"):
+        loading.sessions()
+
+
+def test_a_wait_on_a_session_held_by_a_ready_rank_ends_when_read_whatever_others_wait_on():
+    """Waits over the DP door with rank 1 loading: one poll looks at every waited session in
+    one positions call, and a session no ready rank knows makes that call NotReady; the wait
+    on a session rank 0 holds (C at its line) still ends, only the other gets the 503."""
+    import asyncio
+
+    from shadow_plugin.server.waits import Waits
+    door = _two_ranks(("error", "NotReady", ("the model is loading", False)))
+
+    async def run():
+        waits = Waits(door, poll_s=0.01)
+        held = asyncio.create_task(waits.wait("held", 192, 2.0))
+        other = asyncio.create_task(waits.wait("elsewhere", None, 2.0))
+        got = await asyncio.gather(held, other, return_exceptions=True)
+        assert got[0] is None, got
+        assert isinstance(got[1], NotReady), got
+    asyncio.run(run())
+
+
 @pytest.fixture
 def ranks(tmp_path):
     """Two embedded shadows on one shared folder: an engine's two data-parallel ranks."""
