@@ -218,16 +218,18 @@ class EmbeddedShadow:
 
     def _result(self, ticket, wait_s=None):
         """The question's reply, or ("pending", waited): while the host has no requests the
-        engine's loop (which runs this call) waits up to wait_s (at most RESULT_WAIT_MAX_S)
-        for it, so the API process need not poll again and again; never while the host has
-        requests (their steps come first)."""
+        engine's loop (which runs this call) waits up to wait_s (s, a number; at most
+        RESULT_WAIT_MAX_S) for it, so the API process need not poll again and again; never
+        while the host has requests (their steps come first), and never for a question still
+        queued behind another in the question thread (it cannot end within the wait; each
+        such look would hold the loop, and a new host request behind it, for nothing)."""
         job = self._jobs.get(ticket)
         if job is None:
             return ("error", "KeyError", (f"no question with ticket {ticket!r}",))
         waited = False
-        if not job.done() and isinstance(wait_s, (int, float)) and wait_s > 0 \
-                and not self.service.busy:
-            concurrent.futures.wait([job], timeout=min(float(wait_s), RESULT_WAIT_MAX_S))
+        if not job.done() and job.running() and isinstance(wait_s, (int, float)) \
+                and wait_s > 0 and not self.service.busy:
+            concurrent.futures.wait([job], timeout=min(wait_s, RESULT_WAIT_MAX_S))
             waited = True
         if not job.done():
             return ("pending", waited)

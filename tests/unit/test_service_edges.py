@@ -207,3 +207,31 @@ def test_an_engines_result_call_waits_for_the_answer_only_while_its_host_is_idle
     assert embedded.EmbeddedShadow._result(shadow, 9, 0.5)[:2] == ("error", "KeyError")
     assert embedded.EmbeddedShadow._result(shadow, 8, "x")[:2] == ("error", "KeyError")
     pool.shutdown()
+
+
+def test_an_engines_result_call_never_waits_for_a_question_still_queued():
+    """EmbeddedShadow._result with the host idle: the questions run one at a time in the
+    question thread, so a look for one still queued behind another cannot end within the
+    wait: it answers ("pending", False) at once (the API side backs off), and the engine's
+    loop, which runs every look, is held by at most the running question's look (a new host
+    request waits behind each look). A wait_s of any size or type never raises."""
+    import concurrent.futures
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from shadow_plugin.engine import embedded
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    go = threading.Event()
+    running = pool.submit(lambda: go.wait(5) and ("ok", 1))
+    queued = pool.submit(lambda: ("ok", 2))
+    shadow = SimpleNamespace(_jobs={1: running, 2: queued}, service=SimpleNamespace(busy=False))
+    t0 = time.monotonic()
+    assert embedded.EmbeddedShadow._result(shadow, 2, 0.5) == ("pending", False)
+    assert time.monotonic() - t0 < 0.005                      # queued: no wait
+    for wait_s in (10 ** 400, float("inf"), float("nan"), -1, True, "1", None):
+        assert embedded.EmbeddedShadow._result(shadow, 2, wait_s)[0] == "pending", wait_s
+    go.set()
+    assert embedded.EmbeddedShadow._result(shadow, 1, 0.5) == ("ok", 1)
+    assert embedded.EmbeddedShadow._result(shadow, 2, 0.5) == ("ok", 2)
+    pool.shutdown()
