@@ -124,6 +124,8 @@ class EagerAdapter(Adapter):
         _, states = self.model.forward_batch(
             [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels,
             linear=self._linear)
+        self.num_batched_forwards += 1
+        self.num_batched_chunks += len(items)
         return states
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:

@@ -65,6 +65,9 @@ class Adapter(ABC):
     def __init__(self, model: Qwen35, grid: int):
         self.model, self.grid = model, grid
         self.spec = state_spec(model)
+        # read_chunks calls that ran as one forward over two or more chunks, and their chunks
+        # (a batch read one at a time counts in neither)
+        self.num_batched_forwards = self.num_batched_chunks = 0
 
     # -- facts ----------------------------------------------------------------------------------
     @property

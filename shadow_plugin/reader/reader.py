@@ -371,6 +371,7 @@ class Reader:
             due = due[:1]
         pairs = [(name, self._get(name)) for name in due]      # restored when parked
         pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
+        batched = (self.adapter.num_batched_forwards, self.adapter.num_batched_chunks)
         done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
         advanced = tuple(n for n, st in pairs if any(st is d for d in done))
         for name, st in pairs:
@@ -383,9 +384,10 @@ class Reader:
         self.totals["num_read_tokens"] += result.num_read_tokens
         self.totals["num_chunks"] += n
         self.totals["read_ms"] += result.ms
-        if n > 1:                                 # one forward of several sessions' chunks
-            self.totals["num_batched_forwards"] += 1
-            self.totals["num_batched_chunks"] += n
+        # forwards of several sessions' chunks as the adapter ran them (a batch whose row
+        # counts change the bits is read one at a time: adapters.eager)
+        self.totals["num_batched_forwards"] += self.adapter.num_batched_forwards - batched[0]
+        self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
         return result
 
     def _backlog_held(self, session: str) -> int:

@@ -118,3 +118,18 @@ def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
     assert got == [("s0",), ("s0",), ("s1",), ("s1",), ("s1",), ("s2",), ()]
     assert r.totals["num_batched_forwards"] == 0           # status: nothing was batched
     assert all(r.check_exact(s) for s in names)
+
+
+def test_a_batch_the_adapter_reads_one_at_a_time_is_not_counted_as_batched(tiny, monkeypatch):
+    """A batch whose row count the machine's GEMMs fail (EagerAdapter._keeps_bits: oneDNN on
+    AMX gave other bits at 192+ rows) is read one session at a time: status's batching
+    counters say no forward was batched; a batch that ran as one forward is counted."""
+    r, ids = _fed(tiny, [2 * G, 2 * G, 2 * G], seed=7)
+    monkeypatch.setattr(tiny, "gemms_keep_tile_bits",
+                        lambda num_rows, *a, **k: num_rows <= 2 * G)
+    assert r.adapter.batches()
+    assert r.read_batch(list(ids)).num_chunks == 3                  # 3G rows: one at a time
+    assert r.totals["num_batched_forwards"] == r.totals["num_batched_chunks"] == 0
+    assert r.read_batch(["s0", "s1"]).num_chunks == 2               # 2G rows: one forward
+    assert (r.totals["num_batched_forwards"], r.totals["num_batched_chunks"]) == (1, 2)
+    assert all(r.check_exact(s) for s in ids)
