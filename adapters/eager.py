@@ -21,6 +21,11 @@ nothing but the row; its row-invariant twin on the CPU), and names its path 'eag
 bits are not those of 'eager' (spilled files and page keys tell the two apart; never mixed).
 It batches when the model's norms give a grid chunk's rows the same bits in a batch
 (model.batch.norm_rows_invariant, checked once).
+
+Either way a batch runs in one forward only where every row count it meets checks out on the
+machine at hand (`_keeps_bits`, once per row count): its GEMMs' (the buffer's rows and each
+sequence's padded alone) and its norms' (the buffer's rows against each sequence's own, as
+its forward alone runs them: a batch of questions meets other counts than a batch of chunks).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.interface import Adapter
-from adapters.model.batch import ROW_TILE, RowTiles, norm_rows_invariant
+from adapters.model.batch import ROW_TILE, RowTiles, norm_keeps_rows, norm_rows_invariant
 from adapters.model.invariant import linear as invariant_linear
 from adapters.model.kernels import TORCH, KernelSet
 from adapters.model.qwen35 import Qwen35
@@ -50,6 +55,8 @@ class EagerAdapter(Adapter):
         self._batches: dict[int, bool] = {}        # torch's threads -> rows_invariant
         # (torch's threads, a GEMM's row count) -> its rows keep their tile's bits
         self._row_counts: dict[tuple[int, int], bool] = {}
+        # (torch's threads, a buffer's rows, a sequence's rows) -> the norms keep its bits
+        self._norm_rows: dict[tuple[int, int, int], bool] = {}
 
     @property
     def kernels(self) -> KernelSet:
@@ -105,7 +112,11 @@ class EagerAdapter(Adapter):
         """Whether a batch of sequences of these lengths (ids) meets only GEMMs whose rows keep
         their tile's bits: the buffer's row count, and each sequence's padded alone
         (Qwen35.gemms_keep_tile_bits, checked once per row count and thread count; a CPU's
-        GEMM may change kernels at any row count: model.batch)."""
+        GEMM may change kernels at any row count: model.batch); and norms over the buffer
+        that give each sequence's rows the bits of the norms over its own rows, as its
+        forward alone runs them (model.batch.norm_keeps_rows with the model's final norm, its
+        width and dtype: once per buffer's rows, sequence's rows and thread count; a CUDA
+        reduction picks its launch by the tensor's size)."""
         tiles = RowTiles(tuple(lengths))
         threads = torch.get_num_threads() if self.model.device.type == "cpu" else 0
         counts = {*tiles.padded, tiles.num_rows}
@@ -113,7 +124,17 @@ class EagerAdapter(Adapter):
             if (threads, m) not in self._row_counts:
                 self._row_counts[(threads, m)] = self.model.gemms_keep_tile_bits(
                     m, linear=self._linear)
-        return all(self._row_counts[(threads, m)] for m in counts)
+        if not all(self._row_counts[(threads, m)] for m in counts):
+            return False
+        for n in sorted(set(lengths)):
+            key = (threads, tiles.num_rows, n)
+            if key not in self._norm_rows:
+                self._norm_rows[key] = norm_keeps_rows(
+                    self.model.norm, self.model.cfg.hidden_size, tiles.num_rows, n,
+                    self.model.dtype, self.model.device)
+            if not self._norm_rows[key]:
+                return False
+        return True
 
     def read_chunks(self, items) -> list[GdnState]:
         """One forward for all (Qwen35.forward_batch) when `batches` and the batch's row counts

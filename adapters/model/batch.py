@@ -179,6 +179,18 @@ def linear_keeps_tile_bits(weights: Sequence[torch.Tensor], num_rows: int,
     return True
 
 
+def norm_keeps_rows(norm: Callable, width: int, num_rows: int, rows: int, dtype: torch.dtype,
+                    device: torch.device, seed: int = 0) -> bool:
+    """Whether norm(x [num_rows, width]) (a row-wise op, e.g. an RMSNorm module) gives its
+    first `rows` rows the bits norm gives them alone (a copy of them): what a sequence of
+    `rows` rows needs of the norms over a batch's buffer of num_rows rows (inputs seeded, in
+    dtype on device; the op's kernel is taken to depend on the shapes, not the values or
+    where a row lies)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_rows, width, generator=g).to(device, dtype)
+    return torch.equal(norm(x)[:rows], norm(x[:rows].clone()))
+
+
 def norm_rows_invariant(norm: Callable, width: int, rows: int, dtype: torch.dtype,
                         device: torch.device, counts: Sequence[int] = (2, 4, 8, 16),
                         seed: int = 0) -> bool:

@@ -135,3 +135,23 @@ def test_the_graph_adapter_answers_a_list_one_forward_at_a_time(tiny):
     r.feed("s", vocab_ids(rng, G), "output")
     assert r.read_batch(["s"]).sessions == ("s",) and r.check_exact("s")
     check_refs(r)
+
+
+def test_a_batch_whose_row_count_changes_the_norms_bits_runs_one_at_a_time(tiny, monkeypatch):
+    """The norms over all of a batch's rows (input and post-attention RMSNorm) must give each
+    question's rows the bits of the norms over its own rows alone: a machine whose row-wise
+    reduction changes with the row count (torch's CUDA reduction picks its launch by the
+    tensor's size) at the 128 rows two short questions meet batched gets each answered
+    alone, bit for bit as `ask` answers it."""
+    from adapters.model import ops
+    r, rng = _reader(tiny, n=200, seed=6)
+    r.read("s")
+    items = [([5, 6, 7], ["x", "y"]), ([8, 9, 10, 11, 12], ["p", "q", "r"])]
+    alone = [r.ask("s", *item).probs for item in items]
+    real = ops.rms_norm
+
+    def rms_norm(x, w, eps):                  # other bits over exactly 128 rows
+        out = real(x, w, eps)
+        return out * (1 + 2 ** -6) if x.dim() == 2 and x.shape[0] == 2 * G else out
+    monkeypatch.setattr(ops, "rms_norm", rms_norm)
+    assert [a.probs for a in r.ask_many("s", items)] == alone
