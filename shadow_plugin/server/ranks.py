@@ -233,14 +233,24 @@ class RankedService:
         return self._grid[0]
 
 
-def _ready_reply(reply, empty=None):
-    """A rank's reply to a call about its sessions as (its result, None); a rank that is not
-    ready knows nothing: (empty (default {}), its NotReady while it loads, None when it failed
-    to load: it never will). Other errors are raised."""
-    try:
-        return unpack(reply), None
-    except NotReady as e:
-        return ({} if empty is None else empty), (None if e.failed else e)
+def _ready_replies(replies, empty=None) -> tuple[list, NotReady | None]:
+    """The ranks' replies to a call about their sessions: (each rank's result, or `empty`
+    (default {}) for a rank that is not ready: it knows nothing; the NotReady that makes a
+    session no ready rank knows a 503: a loading rank's (it may hold it once up), else the
+    first failed one's when no rank is ready at all; None when every rank not ready failed to
+    load and another is ready: those hold nothing, ever). Other errors are raised."""
+    out, loading, failed, num_ready = [], None, None, 0
+    for reply in replies:
+        try:
+            out.append(unpack(reply))
+            num_ready += 1
+        except NotReady as e:
+            out.append({} if empty is None else dict(empty))
+            if e.failed:
+                failed = failed or e
+            else:
+                loading = loading or e
+    return out, loading or (failed if num_ready == 0 else None)
 
 
 class RankedShadow:
@@ -261,12 +271,9 @@ class RankedShadow:
         served there (it reads the newest manifest from the shared folder first), and a
         session no ready rank knows raises a loading rank's NotReady (503: it may be held
         there once it is up), not KeyError; a rank that failed to load holds nothing, ever
-        (it follows nothing), so with only such ranks not ready the session is unknown."""
-        replies, unready = [], None
-        for reply in self._call_all("holds", {"sessions": list(sessions)}):
-            got, loading = _ready_reply(reply)
-            replies.append(got)
-            unready = unready or loading
+        (it follows nothing), so with only such ranks not ready the session is unknown
+        (KeyError), and with no rank ready at all it is the failure's NotReady."""
+        replies, unready = _ready_replies(self._call_all("holds", {"sessions": list(sessions)}))
         out = {}
         for s in sessions:
             found = [reply.get(s) for reply in replies]
@@ -321,14 +328,12 @@ class RankedShadow:
 
     def sessions(self) -> dict:
         """Every rank's sessions, merged (merge_sessions); a rank that failed to load holds
-        none. NotReady (503) while a rank loads: the list could miss its sessions."""
-        per_rank = []
-        for reply in self._call_all("sessions", {}):
-            got, loading = _ready_reply(reply, {"sessions": {}})
-            if loading is not None:
-                raise loading
-            per_rank.append(got["sessions"])
-        return {"sessions": merge_sessions(per_rank)}
+        none. NotReady (503) while a rank loads (the list could miss its sessions) or when no
+        rank is ready."""
+        replies, unready = _ready_replies(self._call_all("sessions", {}), {"sessions": {}})
+        if unready is not None:
+            raise unready
+        return {"sessions": merge_sessions([r["sessions"] for r in replies])}
 
     def not_reading_why(self, session: str | None = None) -> str:
         """Why the session's holder has not read its backlog; without a session, every rank's

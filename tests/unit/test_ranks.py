@@ -169,6 +169,14 @@ def test_a_rank_that_failed_for_good_knows_nothing_and_an_unknown_session_is_404
         loading.rank_of("elsewhere")
     with pytest.raises(NotReady, match="loading"):
         loading.sessions()
+    gone = ("error", "NotReady", ("the model failed to load: bad; fix", True))
+    none = RankedService(lambda rank, name, kw: gone, lambda name, kw: [gone, gone],
+                         lambda: 2).require()             # no rank ready: the failure, 503
+    for call in (lambda: none.rank_of("held"), none.sessions,
+                 lambda: none.positions(["held"])):
+        with pytest.raises(NotReady, match="failed to load") as e:
+            call()
+        assert e.value.failed
 
 
 def test_a_wait_on_a_session_held_by_a_ready_rank_ends_when_read_whatever_others_wait_on():
