@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import time
 from pathlib import Path
 
@@ -82,7 +83,10 @@ def complete(server: VllmServer, prompt: list[int], max_tokens: int,
 def stream_timing(server: VllmServer, prompt: list[int], max_tokens: int,
                   params: dict | None) -> dict:
     """A streamed greedy request of exactly max_tokens ids: ttft_ms (the request's start to
-    its first token), decode_tok_s ((tokens - 1) / (last token - first token)), tokens."""
+    its first token), decode_tok_s ((tokens - 1) / (last token - first token)), tokens, and
+    the gaps between tokens as they arrived: gap_ms_median, gap_ms_max and slow_gaps_ms
+    (those past twice the median, largest first, at most 8: a stall of the host's decode
+    shows there as one gap, a steady cost as a higher median)."""
     url = server.url
     body = {"model": server.spec.name, "prompt": prompt, "max_tokens": max_tokens,
             "min_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
@@ -104,8 +108,14 @@ def stream_timing(server: VllmServer, prompt: list[int], max_tokens: int,
                 num_tokens += len(ids)
     if num_tokens < 2:
         raise RuntimeError(f"{url}: {num_tokens} tokens streamed")
+    arrivals = sorted(set(times))                  # one arrival per streamed chunk
+    gaps_ms = [(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:])] or [0.0]
+    median_ms = statistics.median(gaps_ms)
     return {"ttft_ms": (times[0] - t0) * 1e3, "tokens": num_tokens,
-            "decode_tok_s": (num_tokens - 1) / (times[-1] - times[0])}
+            "decode_tok_s": (num_tokens - 1) / (times[-1] - times[0]),
+            "gap_ms_median": median_ms, "gap_ms_max": max(gaps_ms),
+            "slow_gaps_ms": sorted((g for g in gaps_ms if g > 2 * median_ms),
+                                   reverse=True)[:8]}
 
 
 def shadow_status(server: VllmServer) -> dict:

@@ -1,6 +1,9 @@
 """The trial's cost phase (evals/vllm/trial.py): the host's decode tokens/s and TTFT on A and S,
 arms alternating (a: no connector, b: the shadow idle, c: the shadow reading), and each arm's
-KV-cache capacity."""
+KV-cache capacity. Each run's row also has the per-step slot's own time in it (slot_ms, from
+the status's engine_share) and the gaps between the tokens as they arrived (gap_ms_median,
+gap_ms_max, slow_gaps_ms): whether what the decode lost is the slot's time, or more (the
+host's pipeline stalled), and whether as one stall or spread over the steps."""
 from __future__ import annotations
 
 import json
@@ -49,14 +52,19 @@ def cost(args) -> None:
         for arm in ARMS[run % len(ARMS):] + ARMS[:run % len(ARMS)]:     # each arm first in turn
             wait_idle(host_s, 60)
             time.sleep(args.gap_s)
-            before = shadow_status(host_s)["chunks_by_window"]
+            status = shadow_status(host_s)
+            before, share_before = status["chunks_by_window"], status.get("engine_share", {})
             server = host_a if arm == "a" else host_s
             params = {"a": None, "b": {"shadow_follow": False},
                       "c": {"shadow_session": f"cost-{run}"}}[arm]
             prompt = cost_prompt(ids, run * len(ARMS) + ARMS.index(arm), args.prompt_ids)
             row = {"run": run, "arm": arm, **stream_timing(server, prompt,
                                                            args.new_tokens, params)}
-            during = shadow_status(host_s)["chunks_by_window"]
+            status = shadow_status(host_s)
+            during, share = status["chunks_by_window"], status.get("engine_share", {})
+            # the per-step slot's own time in this request (the in-turn ration's work) beside
+            # what the decode lost: a cost past the slot's time is the host's pipeline stalled
+            row["slot_ms"] = share.get("slot_ms", 0.0) - share_before.get("slot_ms", 0.0)
             after = wait_idle(host_s, 60)["chunks_by_window"]     # and what the gap read
             row["shadow_chunks"] = {w: during.get(w, 0) - before.get(w, 0) for w in during}
             row["shadow_chunks_with_gap"] = {w: after.get(w, 0) - before.get(w, 0)
@@ -64,7 +72,9 @@ def cost(args) -> None:
             rows.append(row)
             print(f"run {run} arm {arm}: decode {row['decode_tok_s']:.2f} tok/s, TTFT "
                   f"{row['ttft_ms']:.1f} ms, shadow chunks {row['shadow_chunks']} (with the "
-                  f"gap after it {row['shadow_chunks_with_gap']})", flush=True)
+                  f"gap after it {row['shadow_chunks_with_gap']}), slot {row['slot_ms']:.1f} "
+                  f"ms, token gaps median {row['gap_ms_median']:.2f} ms, slow "
+                  f"{[round(g, 1) for g in row['slow_gaps_ms']]}", flush=True)
             (trial_dir() / "cost.json").write_text(json.dumps(     # kept should the call end
                 summarize_cost(rows, host_a, host_s), indent=1))
     write_result("cost", summarize_cost(rows, host_a, host_s))
