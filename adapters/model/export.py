@@ -10,6 +10,7 @@ vLLM 0.26 registers no text-only Qwen3_5ForCausalLM.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -49,11 +50,13 @@ def save_hf_dir(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path, scheme
     shards = [names[i::num_shards] for i in range(num_shards)]
     if num_shards == 1:
         save_file(named, str(path / "model.safetensors"), metadata={"format": "pt"})
+        _mode_of_config(path, "model.safetensors")
         return path
     weight_map = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors"
         save_file({n: named[n] for n in shard}, str(path / fname), metadata={"format": "pt"})
+        _mode_of_config(path, fname)
         weight_map.update({n: fname for n in shard})
     (path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
@@ -76,3 +79,9 @@ def export_preset(spec: str, path, layout: str = "released") -> Path:
                          f"{', '.join(PRESETS)}")
     return save_hf_dir(PRESETS[name], random_tensors(PRESETS[name]), path, scheme,
                        text_config=nested)
+
+
+def _mode_of_config(path: Path, fname: str) -> None:
+    """Give a weight file config.json's permissions: safetensors writes its files 0600, so a
+    server running as another user could read the config but not the weights."""
+    os.chmod(path / fname, (path / "config.json").stat().st_mode & 0o777)

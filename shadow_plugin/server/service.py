@@ -190,7 +190,8 @@ class Service:
                 self.stop_write_errors = self.reader.stats()["write_errors"] - errors_before
             where = (f"written to {self.cfg.disk_dir}" if self.cfg.disk_dir else
                      "dropped (SHADOW_DISK is off: a restart will not know them)")
-            print(f"shadow-reader: stopped: {resident} resident sessions {where}; "
+            noun = "session" if resident == 1 else "sessions"
+            print(f"shadow-reader: stopped: {resident} resident {noun} {where}; "
                   f"{self.reader.stats()['write_errors']} write errors", file=sys.stderr,
                   flush=True)
 

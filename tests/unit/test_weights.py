@@ -24,6 +24,11 @@ def test_load_hf_dir_schemes(tiny, tiny_tensors, tmp_path, scheme, shards, text_
     path = save_hf_dir(CFG, tiny_tensors, tmp_path, scheme, shards, text_config)
     model = load_model(str(path))
     assert model.cfg == CFG and not model.info.is_random
+    # the weights readable by whoever may read the config (safetensors writes 0600)
+    config_mode = (path / "config.json").stat().st_mode & 0o777
+    weights = sorted(path.glob("*.safetensors"))
+    assert len(weights) == shards
+    assert [w.stat().st_mode & 0o777 for w in weights] == [config_mode] * shards
     assert model.info.fingerprint == tiny.info.fingerprint
     assert _same_weights(model, tiny)
     assert model.layers[0].linear_attn.A_log.dtype == torch.float32
