@@ -85,19 +85,23 @@ class EagerAdapter(Adapter):
         """The last row's logits for token_ids: [len(token_ids)] fp32."""
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
 
-    def batches(self) -> bool:
+    def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether a batch runs in one forward here: on the CPU, where the facts batching
         rests on were measured (model.batch), when Qwen35.rows_invariant holds at the grid's
         rows with the threads torch uses now (checked once per thread count); on CUDA only
         with the invariant linear (cuBLAS picks its kernels by the row count), when its rows
-        and the norms' (model.batch.norm_rows_invariant) check out on the device, once."""
+        and the norms' (model.batch.norm_rows_invariant) check out on the device, once. With
+        lengths (two or more items' ids), also whether that batch's row counts keep their
+        bits (`_keeps_bits`): the one answer read_chunks and fork_logits_batch act on."""
         cpu = self.model.device.type == "cpu"
         if not (cpu or self.invariant):
             return False
         threads = torch.get_num_threads() if cpu else 0
         if threads not in self._batches:
             self._batches[threads] = self._rows_invariant()
-        return self._batches[threads]
+        if not self._batches[threads]:
+            return False
+        return lengths is None or len(lengths) < 2 or self._keeps_bits(lengths)
 
     def _rows_invariant(self) -> bool:
         """The checks `batches` rests on, run on the machine at hand with the model's own
@@ -137,10 +141,9 @@ class EagerAdapter(Adapter):
         return True
 
     def read_chunks(self, items) -> list[GdnState]:
-        """One forward for all (Qwen35.forward_batch) when `batches` and the batch's row counts
-        keep their bits (`_keeps_bits`), else one at a time."""
-        if (len(items) < 2 or not self.batches()
-                or not self._keeps_bits([len(item[0]) for item in items])):
+        """One forward for all (Qwen35.forward_batch) when `batches` says so for these items'
+        lengths, else one at a time."""
+        if len(items) < 2 or not self.batches([len(item[0]) for item in items]):
             return super().read_chunks(items)
         _, states = self.model.forward_batch(
             [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn in items], self._kernels,
@@ -150,11 +153,9 @@ class EagerAdapter(Adapter):
         return states
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
-        """One forward for all (Qwen35.forward_batch) when `batches` and the batch's row counts
-        keep their bits (`_keeps_bits`), else one at a time; each fork's logits from its own
-        last row."""
-        if (len(items) < 2 or not self.batches()
-                or not self._keeps_bits([len(item[0]) for item in items])):
+        """One forward for all (Qwen35.forward_batch) when `batches` says so for these items'
+        lengths, else one at a time; each fork's logits from its own last row."""
+        if len(items) < 2 or not self.batches([len(item[0]) for item in items]):
             return super().fork_logits_batch(items)
         hidden, _ = self.model.forward_batch(
             [(self._ids(ids), pos, kv, gdn) for ids, pos, kv, gdn, _ in items], self._kernels,

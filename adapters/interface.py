@@ -151,10 +151,11 @@ class Adapter(ABC):
         [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
 
-    def batches(self) -> bool:
+    def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at
         a time, this default; a caller that must bound how long it holds the device then
-        hands them one item at a time)."""
+        hands them one item at a time). lengths: the ids of each item of the batch to be run
+        (None: whether this adapter batches at all)."""
         return False
 
     def read_chunks(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState]]

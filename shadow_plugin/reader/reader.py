@@ -367,7 +367,7 @@ class Reader:
         names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
         t0, g = time.perf_counter(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
-        if not self.adapter.batches():           # one at a time: one chunk a call
+        if not self.adapter.batches([g] * len(due)):     # one at a time: one chunk a call
             due = due[:1]
         pairs = [(name, self._get(name)) for name in due]      # restored when parked
         pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
@@ -564,8 +564,10 @@ class Reader:
         (Adapter.batches false), one piece of one question, then the last forward of one
         question a step, so a step is one forward either way. Returns whether steps remain
         before `finish_ask_many`."""
-        fws = [p.fw for p in pendings]
-        if self.adapter.batches():
+        fws, g = [p.fw for p in pendings], self.config.grid
+        # the forward this step would batch: the pieces due, else the last forwards
+        due = [g for fw in fws if fork.num_pieces(len(fw.rest), g) > 0]
+        if self.adapter.batches(due or [len(fw.rest) for fw in fws]):
             moved = fork.forward_pieces(self.adapter, self.store, fws)
         else:
             moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)

@@ -86,7 +86,7 @@ def test_without_batch_invariant_gemms_the_batch_runs_one_at_a_time(tiny, monkey
     items = _items(rng)
     want = [a.probs for a in r.ask_many("s", items)]
     assert isinstance(r.adapter, EagerAdapter)
-    monkeypatch.setattr(r.adapter, "batches", lambda: False)
+    monkeypatch.setattr(r.adapter, "batches", lambda *lengths: False)
     monkeypatch.setattr(tiny, "forward_batch", lambda *a, **k: pytest.fail("batched"))
     assert [a.probs for a in r.ask_many("s", items)] == want
     forwards = []                         # one forward a step: a piece or one last forward

@@ -112,7 +112,7 @@ def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
     """An adapter that runs batches one at a time (Adapter.batches false: the CUDA-graph
     adapter for now) gets one session's chunk a call, so the host's wait stays one chunk."""
     r, ids = _fed(tiny, [2 * G, 3 * G, G], seed=6)
-    monkeypatch.setattr(r.adapter, "batches", lambda: False)
+    monkeypatch.setattr(r.adapter, "batches", lambda *lengths: False)
     names = list(ids)
     got = [r.read_batch(names).sessions for _ in range(7)]
     assert got == [("s0",), ("s0",), ("s1",), ("s1",), ("s1",), ("s2",), ()]
@@ -122,13 +122,14 @@ def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
 
 def test_a_batch_the_adapter_reads_one_at_a_time_is_not_counted_as_batched(tiny, monkeypatch):
     """A batch whose row count the machine's GEMMs fail (EagerAdapter._keeps_bits: oneDNN on
-    AMX gave other bits at 192+ rows) is read one session at a time: status's batching
+    AMX gave other bits at 192+ rows) is read one chunk a call: status's batching
     counters say no forward was batched; a batch that ran as one forward is counted."""
     r, ids = _fed(tiny, [2 * G, 2 * G, 2 * G], seed=7)
     monkeypatch.setattr(tiny, "gemms_keep_tile_bits",
                         lambda num_rows, *a, **k: num_rows <= 2 * G)
     assert r.adapter.batches()
-    assert r.read_batch(list(ids)).num_chunks == 3                  # 3G rows: one at a time
+    # 3G rows: not batched, so one chunk a call (the reader plans with the adapter's answer)
+    assert r.read_batch(list(ids)).num_chunks == 1
     assert r.totals["num_batched_forwards"] == r.totals["num_batched_chunks"] == 0
     assert r.read_batch(["s0", "s1"]).num_chunks == 2               # 2G rows: one forward
     assert (r.totals["num_batched_forwards"], r.totals["num_batched_chunks"]) == (1, 2)
