@@ -27,12 +27,12 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
+from evals.run_info import git_commit
 from shadow_plugin.chat.router import ROUTER
 from shadow_plugin.reader.reader import Reader
 
@@ -142,14 +142,6 @@ def read_part(model, args) -> dict:
             out[f"{context}x{b}"] = row
             print(f"read {row}", file=sys.stderr, flush=True)
     return out
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run(args) -> dict:

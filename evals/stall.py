@@ -31,6 +31,7 @@ import time
 import httpx
 import torch
 
+from evals.run_info import git_commit
 from evals.serve_proc import free_port, start_service
 
 OTHER = "stall-other"
@@ -127,14 +128,6 @@ def stalled(c: httpx.Client, path: str, body: dict | None) -> tuple[dict, dict]:
         res[f"{name}_p50_ms"] = round(ms[len(ms) // 2], 1)
         res[f"num_{name}_calls"] = len(ms)
     return res, reply.json()
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(c: httpx.Client, case: str, args) -> dict:

@@ -3,6 +3,7 @@ random ids, readers on a disk folder and a session parked there, the reference c
 must keep, the metrics the Grafana dashboard queries, fla's autotuner and an autotune key, the
 disk tier's test identity and pages, the service served by uvicorn in a thread on a loopback
 port. KV pools of pages for the attention kernels: paged.py."""
+import contextlib
 import json
 import random
 import re
@@ -131,3 +132,14 @@ class Server:
     @property
     def service(self):
         return self.app.state.service
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to n inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -96,26 +96,26 @@ class Questions:
                   timeout_s: float = 10.0):
         """The position checked (404 / 400 before any wait), the optional wait (in the event
         loop), then the answer (in the pool)."""
-        shadow = self.door.require()
-        body_session(session)
-        fork_at = await run_in_threadpool(shadow.fork_position, session, at)
-        gone = request.is_disconnected if request is not None else None
-        if wait:
-            await self.waits.wait(session, at, timeout_s, gone)
-        return await self.pool.run(shadow.ask, session, question, choices, at, fork_at,
-                                   disconnected=gone)
+        return await self._answer(request, session, at, wait, timeout_s, "ask",
+                                  question, choices)
 
     async def ask_many(self, request: Request | None, session: str, items: list,
                        at: int | None, wait: bool = False, timeout_s: float = 10.0):
         """As `ask`, for several (question, choices) pairs about one session: their answers
         in order, from one forward (facade.Shadow.ask_many; one place in the pool)."""
+        return await self._answer(request, session, at, wait, timeout_s, "ask_many", items)
+
+    async def _answer(self, request: Request | None, session: str, at: int | None,
+                      wait: bool, timeout_s: float, method: str, *question):
+        """shadow.<method>(session, *question, at, fork_at) in the pool, after the position
+        check and the optional wait (`ask`)."""
         shadow = self.door.require()
         body_session(session)
         fork_at = await run_in_threadpool(shadow.fork_position, session, at)
         gone = request.is_disconnected if request is not None else None
         if wait:
             await self.waits.wait(session, at, timeout_s, gone)
-        return await self.pool.run(shadow.ask_many, session, items, at, fork_at,
+        return await self.pool.run(getattr(shadow, method), session, *question, at, fork_at,
                                    disconnected=gone)
 
     async def summarize(self, request: Request | None, session: str, instruction: str,

@@ -2,11 +2,11 @@
 new GDN states and the KV rows written, bit for bit, for random batches (sizes, lengths,
 positions, prefixes, page orders in one shared pool); chunks batched give the alone read's bits
 (forward without a row tile)."""
-import contextlib
 import random
 
 import pytest
 import torch
+from helpers import torch_threads  # noqa: E402
 
 from adapters import spec_for
 from adapters.model.config import PRESETS
@@ -47,16 +47,6 @@ def _same_states(a, b):
     return all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
 
 
-@contextlib.contextmanager
-def _threads(n):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_batched_forward_equals_each_sequence_alone(tiny, seed):
     rng = random.Random(seed)
@@ -90,7 +80,7 @@ def test_a_row_tile_changes_nothing_for_chunks(tiny):
 def test_three_threads_keep_the_batched_bits(tiny):
     """SiLU over a concatenation gave other bits with 3 threads (adapters.model.batch): the
     batched forward runs it per sequence, so its rows keep their bits."""
-    with _threads(3):
+    with torch_threads(3):
         seqs, twins, pool, twin = _batch(tiny, [500, 450, 330, 200], [0, 70, 5, 64], 4)
         hidden, states = tiny.forward_batch(seqs)
         for (ids, pos, kv, gdn), h, s in zip(twins, hidden, states):

@@ -11,11 +11,11 @@ row-invariant; the per-sequence ops (SiLU, sigmoid) are run per sequence, so the
 fact. What it does not rely on (measured on one machine, noted in adapters/model/batch.py, not
 asserted: another CPU picks other kernels): F.linear over fewer than 12 rows, and SiLU over a
 concatenation with 3 threads, gave other bits."""
-import contextlib
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import torch_threads  # noqa: E402
 
 from adapters.model import batch, ops
 
@@ -24,16 +24,6 @@ from adapters.model import batch, ops
 SHAPES = [(128, 512), (256, 128), (128, 4), (1024, 4096), (1024, 6144), (1024, 16),
           (2048, 1024), (3584, 1024)]
 LENGTHS = [[64, 64], [5, 69, 128], [1, 3, 130], [200, 64, 7]]
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _rows(lengths, k, dtype, seed=0):
@@ -52,7 +42,7 @@ def test_tiled_gemm_gives_each_sequence_the_bits_of_its_own_rows(k, n, dtype, nu
     0.8B's shapes: adapters/model/batch.py) gets a no: the check is never wrong."""
     w = (torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype)
     lengths = LENGTHS if k <= 256 else LENGTHS[1:2]         # the big shapes: fewer rows
-    with threads(num_threads):
+    with torch_threads(num_threads):
         for i, ls in enumerate(lengths):
             tiles = batch.RowTiles(tuple(ls))
             keeps = all(batch.linear_keeps_tile_bits([w], m)
@@ -75,7 +65,7 @@ def test_chunks_batched_need_no_padding_and_keep_the_alone_bits(dtype, num_threa
     """A grid chunk's rows (a multiple of 64) in a GEMM of B chunks: the bits of F.linear over
     the chunk alone, the op the alone read runs."""
     w = (torch.randn(512, 128, generator=torch.Generator().manual_seed(2)) * 0.05).to(dtype)
-    with threads(num_threads):
+    with torch_threads(num_threads):
         for b in (2, 4, 8):
             chunks = _rows([64] * b, 128, dtype, seed=b)
             big = F.linear(torch.cat(chunks), w)
@@ -88,7 +78,7 @@ def test_chunks_batched_need_no_padding_and_keep_the_alone_bits(dtype, num_threa
 @pytest.mark.parametrize("hidden", [128, 1024])
 def test_rms_norm_is_row_invariant(hidden, dtype, num_threads):
     w = torch.randn(hidden, generator=torch.Generator().manual_seed(3)) * 0.1
-    with threads(num_threads):
+    with torch_threads(num_threads):
         for i, ls in enumerate(LENGTHS + [[512, 512, 512]]):
             parts = [(x,) for x in _rows(ls, hidden, dtype, seed=10 + i)]
             assert batch.rows_match(lambda x: ops.rms_norm(x, w, 1e-6), parts)
