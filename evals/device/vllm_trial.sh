@@ -21,6 +21,12 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH TRIAL_DIR=/tmp/trial PYTHONUNBUFFERED=1
 # the image has no flashinfer (left out of the staging): vLLM samples with its own kernels
 export VLLM_USE_FLASHINFER_SAMPLER=0
+# FlashAttention-4 beside vLLM when `vllm_stage.sh fa4b` installed it (the shadow's default
+# attention on Hopper then): the CuTe DSL's packages, and its compiled kernels kept in /tmp
+if [ -f /tmp/site/.fa4-installed ]; then
+    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache
+fi
 # ... and its GDN layers prefill with vLLM's Triton kernels (FlashInfer's by default on Hopper)
 export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
 out=${OUT:-out}
@@ -85,7 +91,7 @@ cost() {
 peer() {
     step 60 up S --host-util "$HOST_UTIL" || return 1
     step 250 up P || return 1            # the peer compiles (its own model)
-    step 150 peer                        # about 180 turns of 0.5 s and six questions
+    step 150 peer --repeats 6            # about 150 turns of 0.5 s, two marks of 6 questions
 }
 
 # launch NAME...: start servers detached and return (A or P starting between two calls, while

@@ -82,6 +82,8 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
     out = {"num_ids": len(ids), "question_ids": len(prompt) - len(ids),
            "shadow_ask_ms": [round(s["ms"], 2) for s in shadow],
            "shadow_http_ms": [round(s["http_ms"], 2) for s in shadow],
+           # what the door, vLLM's utility calls and HTTP added to the worker's own time
+           "shadow_overhead_ms": [round(s["http_ms"] - s["ms"], 2) for s in shadow],
            "shadow_forwarded": shadow[-1]["num_forwarded_tokens"],
            "shadow_same_each_time": all(s["probs"] == p_shadow for s in shadow),
            "peer_cached_ms": [round(c["ms"], 2) for c in cached],
@@ -160,6 +162,7 @@ def peer(args) -> None:
         prompt = agents.next_prompt(prompt, out, script.suffixes[k])
     result.update(peer_summary(turns))
     result["check"] = check(host, name, ids)
+    result["shadow_read_path"] = shadow_status(host).get("read_path")
     result["peer_prefix_cache_metrics"] = prefix_hit_rate(peer_server)
     write_result("peer", result)
 

@@ -13,7 +13,8 @@ at most for the shadow's work in flight, one chunk or one event batch or one que
 - `end_step`: the host stays busy for the idle window while the engine has requests.
 - `call`: a question from the API process is queued for a question thread (it reads what it
   needs chunk by chunk between steps) and answered by ticket, so the engine's loop, which runs
-  the call, never waits on it; light calls (status, positions) run at once.
+  the call, never waits on it; light calls (status, positions) run at once. A question that
+  names a `reply_to` (server.result_box) has its reply pushed there when it is ready.
 The model loads at `start`, in a thread: at the first call from the API process or the first
 step, whichever comes first, both after the engine's own warm-up and graph captures (vLLM's
 API server starts once its engine is up); events that come before it is ready wait.
@@ -35,12 +36,11 @@ import torch
 from shadow_plugin.engine.follow import Follower, RequestEvent
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
 from shadow_plugin.server.config import ServiceConfig
-from shadow_plugin.server.remote import serve_call
+from shadow_plugin.server.remote import TICKETED, serve_call
+from shadow_plugin.server.result_box import push
 from shadow_plugin.server.service import Service
 
 log = logging.getLogger(__name__)
-QUESTIONS = ("ask", "ask_many", "summarize", "check")   # answered by ticket, in the question
-#                                                         thread
 MAX_JOBS = 1000                               # tickets kept for their results at most
 RESULT_WAIT_MAX_S = 0.02                      # the longest a `result` call holds the engine's
 #                                               loop (only while the host has no requests)
@@ -192,8 +192,9 @@ class EmbeddedShadow:
             return ("ok", None)
         if name == "result":
             return self._result(kwargs.get("ticket"), kwargs.get("wait_s"))
-        if name in QUESTIONS:
-            return self._submit(name, kwargs)
+        if name in TICKETED:          # by ticket, in the question thread
+            kwargs = dict(kwargs)
+            return self._submit(name, kwargs, kwargs.pop("reply_to", None))
         return serve_call(self.service, name, kwargs,
                           self._status_extra() if name == "status" else None)
 
@@ -207,10 +208,14 @@ class EmbeddedShadow:
                                  "steps_ms": self.budget.steps_ms},
                 "followed_requests": dict(follower.sessions) if follower else {}}
 
-    def _submit(self, name: str, kwargs: dict):
+    def _submit(self, name: str, kwargs: dict, reply_to=None):
+        """Queue the question; ("ticket", n). With reply_to its reply is also pushed there when
+        ready (result_box.push); the ticket keeps it for a look either way."""
         ticket = next(self._tickets)
-        self._jobs[ticket] = self._questions.submit(
+        job = self._jobs[ticket] = self._questions.submit(
             plain_mode(serve_call), self.service, name, kwargs)
+        if reply_to is not None:
+            job.add_done_callback(functools.partial(_push_reply, reply_to))
         if len(self._jobs) > MAX_JOBS:         # results nobody fetched (clients gone)
             for old in [t for t, f in self._jobs.items() if f.done()][:len(self._jobs) - MAX_JOBS]:
                 del self._jobs[old]
@@ -255,3 +260,10 @@ class EmbeddedShadow:
             log.warning("shadow: stopped; %d sessions on disk in %s", sum(
                 s["residency"] == "disk" for s in stats["sessions"].values()),
                 self.cfg.disk_dir or "(no SHADOW_DISK: none written)")
+
+
+def _push_reply(reply_to, job: concurrent.futures.Future) -> None:
+    """A done question's reply to the door's box (a failure or a cancelled question is left to
+    the door's look, which raises it there)."""
+    if not job.cancelled() and job.exception() is None:
+        push(reply_to, job.result())

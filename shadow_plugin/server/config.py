@@ -9,10 +9,10 @@ dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
 SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
 most ids a question reads first), SHADOW_MAX_QUESTION_TOKENS and SHADOW_MAX_SUMMARY_TOKENS (the
 most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_QUESTIONS (the
-most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY
-(refuse or cap), SHADOW_THREADS (torch's CPU threads), SHADOW_METRICS_SESSIONS (sessions
-with /metrics series of their own); the scheduler's
-SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
+most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), SHADOW_THREADS
+(torch's CPU threads), SHADOW_ATTENTION (the CUDA runners' attention: fa4, table or sdpa;
+default fa4 on Hopper with flash-attn-4, else table), SHADOW_METRICS_SESSIONS (sessions with
+/metrics series of their own); the scheduler's SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
 SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
 model.autotune). CLI flags override.
@@ -118,6 +118,7 @@ class ServiceConfig:
     max_questions: int = 8
     max_positions_policy: str = "refuse"
     threads: int | None = None
+    attention: str | None = None         # the CUDA runners' (adapters.runners.graphs.ATTENTIONS)
     metrics_sessions: int = MAX_SESSION_SERIES
 
     @classmethod
@@ -148,6 +149,7 @@ class ServiceConfig:
                    max_questions=_num(env, "MAX_QUESTIONS", 8, int),
                    max_positions_policy=(_get(env, "MAX_POSITIONS_POLICY") or "refuse").strip(),
                    threads=_num(env, "THREADS", None, int),
+                   attention=(_get(env, "ATTENTION") or "").strip().lower() or None,
                    metrics_sessions=_num(env, "METRICS_SESSIONS", MAX_SESSION_SERIES, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 

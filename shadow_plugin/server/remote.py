@@ -3,7 +3,8 @@ by a call `call(name, kwargs) -> reply` (vLLM: a collective RPC). The worker sid
 `serve_call`, which runs the facade's method and packs the shadow's errors so that this side
 raises them again as the same types (a route answers 404, 400 or 503 as in the standalone
 service). Waiting for the reader (`wait`) runs here, one look per call, so the engine never
-waits on a client.
+waits on a client. A door that can receive pushed replies (server.result_box) gets a
+question's reply when it is ready (`call_pushed`), looking only now and then as a safety net.
 """
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ from shadow_plugin.server.errors import NotReady, QuestionTooLong
 # The facade's methods a remote door may call, with the status (no model needed).
 CALLS = ("status", "fork_position", "position", "positions", "holds", "not_reading_why",
          "ask", "ask_many", "summarize", "narration", "sessions", "check", "metrics")
+# The calls a worker answers by ticket (engine.embedded), whose replies it can push.
+TICKETED = ("ask", "ask_many", "summarize", "check")
 ERRORS = {"KeyError": KeyError, "ValueError": ValueError, "NotReady": NotReady,
           "QuestionTooLong": QuestionTooLong}
 TICKET_POLL_S = 0.02        # the longest wait between two looks for a question's result
 FIRST_POLL_S = 0.001        # the first wait: the looks back off from it, doubling, so a
 #                             question of a few ms is answered within about its own time
+LOOK_EVERY_S = 0.25        # with a pushed reply: the wait between two looks (in case a push
+#                            was lost: too large, the box full)
 RESULT_WAIT_S = 0.005       # how long a look may wait on the other side for the result (an
 #                             engine's loop runs the look: about one chunk of the 0.8B on an
 #                             H200; the other side waits only while its host has no requests)
@@ -85,6 +90,30 @@ def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S,
                 time.sleep(wait_s)
                 wait_s = min(2 * wait_s, poll_s)
     return unpack(reply)
+
+
+def call_pushed(call: Call, box, name: str, kwargs: dict, look_every_s: float = LOOK_EVERY_S):
+    """call(name, kwargs) where `box` (a server.result_box.ResultBox, or None) receives the
+    reply of a ticketed call when the other side pushes it: the final reply (never a ticket)
+    for such a call, waiting for the push, with a look (`result`, no wait on the other side)
+    every look_every_s (s) in case the push was lost. Other calls, or no box, or a box that
+    cannot receive: call(name, kwargs) as it is (a ticket is then run's to look for)."""
+    key = box.expect() if box is not None and name in TICKETED else None
+    if key is None:
+        return call(name, kwargs)
+    try:
+        reply = call(name, {**kwargs, "reply_to": box.reply_to(key)})
+        if reply[0] != "ticket":
+            return reply
+        while True:
+            pushed = box.wait(key, look_every_s)
+            if pushed is not None:
+                return pushed
+            look = call("result", {"ticket": reply[1], "wait_s": 0})
+            if look[0] != "pending":
+                return look
+    finally:
+        box.forget(key)
 
 
 class RemoteService:

@@ -14,6 +14,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from adapters import PRESETS, load_model
+from adapters.runners.graphs import ATTENTIONS
 from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader.reader import Reader
 from shadow_plugin.reader.step import ReaderConfig
@@ -88,6 +89,13 @@ def check_limits(cfg: ServiceConfig) -> None:
                          "or cap")
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"SHADOW_THREADS / --threads={cfg.threads}: at least 1")
+    if cfg.attention not in (None, *ATTENTIONS):
+        raise ValueError(f"SHADOW_ATTENTION={cfg.attention!r}: one of {', '.join(ATTENTIONS)} "
+                         "(the CUDA runners'), or unset for the device's default")
+    if cfg.attention is not None and (cfg.device or ("cuda" if torch.cuda.is_available()
+                                                     else "cpu")) == "cpu":
+        raise ValueError(f"SHADOW_ATTENTION={cfg.attention!r} chooses the CUDA runners' "
+                         "attention; on the CPU the reader reads through SDPA: leave it unset")
 
 
 class Service:
@@ -142,7 +150,8 @@ class Service:
                                  resident_bytes=int(cfg.resident_gb * 2**30),
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
                                  disk_ttl_s=cfg.disk_ttl_h * 3600,
-                                 disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s)
+                                 disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s,
+                                 attention=cfg.attention)
             self.reader.adapter.bind_thread()
             self.reader.warm_up()
             self.warm_up_s = time.perf_counter() - t_warm
@@ -227,6 +236,7 @@ class Service:
             out.update({"fingerprint": info.fingerprint, "random_weights": info.is_random,
                         "device": str(spec.device),
                         "dtype": str(spec.dtype).removeprefix("torch."),
+                        "read_path": self.reader.adapter.path,
                         "load_s": round(self.loaded_s, 2)})
         out.update(stats)
         return out

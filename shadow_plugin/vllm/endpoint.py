@@ -10,7 +10,8 @@ from the worker every METRICS_EVERY_S (not with several API servers, whose metri
 gathers from PROMETHEUS_MULTIPROC_DIR); each refresh is also the dashboard's history sample.
 
 A route's call runs on vLLM's engine thread between the host's steps; a waiting ask waits here,
-one look a call, never in the engine.
+one look a call, never in the engine. A question's reply is pushed to this process when it is
+ready (server.result_box), rather than waiting for a look through the engine's loop.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from shadow_plugin.server.dashboard import dashboard_router
 from shadow_plugin.server.history import History, flatten
 from shadow_plugin.server.metrics import Collector
 from shadow_plugin.server.ranks import RankedService, merge_metrics
+from shadow_plugin.server.remote import call_pushed
+from shadow_plugin.server.result_box import ResultBox
 from shadow_plugin.server.routes import question_router
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,7 @@ class ShadowEndpoint:
         self._stopped = False                    # the shadow was told to stop (once)
         self._stopping: asyncio.Task | None = None   # that stop, which later callers await
         self.engines: list = []                  # the DP engines' identities (engine_identities)
+        self.box = ResultBox()                   # questions' replies, pushed by the workers
 
     @property
     def num_ranks(self) -> int:
@@ -131,8 +135,10 @@ class ShadowEndpoint:
         return self._in_loop(self.call_async(name, kwargs, rank), NOT_UP)
 
     def call_rank(self, rank: int, name: str, kwargs: dict):
-        """call on data-parallel rank `rank` (server.ranks.RankCall)."""
-        return self.call(name, kwargs, rank if self.engines else None)
+        """call on data-parallel rank `rank` (server.ranks.RankCall); a question's reply as
+        the worker pushes it (remote.call_pushed)."""
+        rank_or_none = rank if self.engines else None
+        return call_pushed(lambda n, kw: self.call(n, kw, rank_or_none), self.box, name, kwargs)
 
     def call_all(self, name: str, kwargs: dict) -> list:
         """call_all_async from a worker thread (server.ranks.AllCall)."""

@@ -31,6 +31,8 @@ def _serve(env: dict, *args: str, timeout: int = 60):
     ({"SHADOW_ASK_QUEUE": "-3"}, (), "SHADOW_ASK_QUEUE=-3"),
     ({"SHADOW_MAX_POSITIONS_POLICY": "truncate"}, (), "SHADOW_MAX_POSITIONS_POLICY='truncate'"),
     ({"SHADOW_THREADS": "many"}, (), "SHADOW_THREADS='many'"),
+    ({"SHADOW_ATTENTION": "fa5"}, (), "SHADOW_ATTENTION='fa5'"),
+    ({"SHADOW_ATTENTION": "table", "SHADOW_DEVICE": "cpu"}, (), "SHADOW_ATTENTION='table'"),
     ({"SHADOW_HISTORY_S": "0"}, (), "SHADOW_HISTORY_S=0"),
     ({"SHADOW_POLL_S": "soon"}, (), "SHADOW_POLL_S"),
     ({}, ("--port", "99999"), "--port 99999"),

@@ -223,6 +223,38 @@ def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embe
         assert too_many.status_code == 400 and "SHADOW_MAX_QUESTIONS" in too_many.text
 
 
+def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedded):
+    """As vLLM's endpoint does (ShadowEndpoint.call_rank): the door's calls through
+    remote.call_pushed with a ResultBox; the embedded shadow pushes each question's reply when
+    it is ready, so the door makes no `result` look; the answers are the local reader's."""
+    from shadow_plugin.server.remote import call_pushed
+    from shadow_plugin.server.result_box import ResultBox
+    t, emb = RequestTracker(), embedded
+    t.start("r", rand_ids(3 * G + 5, 14), "p")
+    t.finish("r", [5, 6])
+    _step(emb, t.take(), (), False)
+    box, names = ResultBox(), []
+
+    def call(name, kwargs):
+        names.append(name)
+        return emb.call(name, kwargs)
+    app = FastAPI()
+    door = RemoteService(lambda n, kw: call_pushed(call, box, n, kw, look_every_s=30))
+    app.include_router(question_router(door, AskPool(2, 4)))
+    with TestClient(app) as c:
+        r = c.post("/v1/shadow/ask", json={"session": "p", "question": "Code?",
+                                           "choices": ["yes", "no"], "wait": True,
+                                           "timeout_s": 30})
+        assert r.status_code == 200, r.text
+        local = emb.service.shadow.reader.ask("p", "Code?", ["yes", "no"])
+        assert r.json()["probs"] == list(local.probs)
+        assert c.get("/v1/shadow/sessions/p/check").json()["exact"] is True
+        assert c.post("/v1/shadow/ask", json={"session": "zz", "question": "q",
+                                              "choices": ["a", "b"]}).status_code == 404
+    assert "ask" in names and "check" in names and "result" not in names
+    assert box.num_expected == 0
+
+
 def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(embedded):
     """Engines run their steps under torch.inference_mode: KV buffers the slot grows there
     must stay writable by the idle thread (outside it)."""

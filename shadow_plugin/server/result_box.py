@@ -1,0 +1,153 @@
+"""Question replies pushed to the door's process when they are ready (server.remote.call_pushed),
+from a shadow in another process of the same machine: vLLM's engine process, reached by the
+endpoint through vLLM's utility calls. Without it the door learns of an answer at its next look
+(`result`), one utility round trip through the engine's loop each; on the H200 (2026-12-05)
+those looks cost 42-60 ms over a 20 ms question at 100k ids (BENCHMARKS.md, "vLLM").
+
+- The door's side, `ResultBox`: a Unix datagram socket in a private folder (mode 0700), bound at
+  the first use and read by one daemon thread. `expect()` names a reply by a random key (128
+  bits), `reply_to(key)` is what travels with the question, `wait(key, timeout_s)` gives the
+  reply when it came, `forget(key)` drops the key.
+- The other side, `push(reply_to, reply)`: one datagram {"key", "reply"} as JSON, sent without
+  blocking. A reply that cannot be sent (larger than MAX_BYTES, the box gone, its queue full)
+  is not lost: it stays with the ticket for the door's next look.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+import weakref
+
+log = logging.getLogger(__name__)
+MAX_BYTES = 1 << 18          # a datagram's most bytes (Linux takes ~208 KiB by default; a
+#                              larger reply, a long check report say, goes by the look instead)
+
+
+class _Slot:
+    """One expected reply: set once it came."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.reply = None
+
+
+class ResultBox:
+    """The door's end. Thread-safe: routes' threads expect and wait, one thread reads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._slots: dict[str, _Slot] = {}
+        self._sock: socket.socket | None = None
+        self._path: str | None = None
+        self._failed = False                    # binding failed once: never push (looks only)
+
+    def _bind(self) -> bool:
+        """Bind the socket and start its reader, once; False when this machine cannot (no
+        AF_UNIX): the door then looks for every reply (server.remote.run)."""
+        if self._sock is not None or self._failed:
+            return self._sock is not None
+        try:
+            folder = tempfile.mkdtemp(prefix="shadow-box-")     # mode 0700: this user only
+            path = os.path.join(folder, "replies")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(path)
+        except (OSError, AttributeError) as e:
+            log.warning("shadow: answers will be looked for, not pushed (%r)", e)
+            self._failed = True
+            return False
+        self._sock, self._path = sock, path
+        weakref.finalize(self, _close, sock, folder)
+        threading.Thread(target=_read, args=(sock, weakref.ref(self)), name="shadow-box",
+                         daemon=True).start()
+        return True
+
+    def expect(self) -> str | None:
+        """A new key to push a reply to, or None when this box cannot receive (see _bind)."""
+        with self._lock:
+            if not self._bind():
+                return None
+            key = secrets.token_hex(16)
+            self._slots[key] = _Slot()
+            return key
+
+    def reply_to(self, key: str) -> dict:
+        """What the other side needs to push the reply of `key` (push's reply_to)."""
+        return {"path": self._path, "key": key}
+
+    def wait(self, key: str, timeout_s: float):
+        """The reply pushed for `key` (a serve_call reply, lists for tuples), or None when none
+        came within timeout_s (s). KeyError for a key not expected (or forgotten)."""
+        slot = self._slots[key]
+        return slot.reply if slot.event.wait(timeout_s) else None
+
+    def forget(self, key: str) -> None:
+        """Drop `key`: a reply pushed for it later is ignored."""
+        with self._lock:
+            self._slots.pop(key, None)
+
+    def _deliver(self, key, reply) -> None:
+        with self._lock:
+            slot = self._slots.get(key)
+        if slot is not None:
+            slot.reply = reply
+            slot.event.set()
+
+    @property
+    def num_expected(self) -> int:
+        """Keys expected and not yet forgotten."""
+        return len(self._slots)
+
+
+def _read(sock: socket.socket, box_ref) -> None:
+    """The reader thread: each datagram to its slot, until the socket closes."""
+    while True:
+        try:
+            data = sock.recv(MAX_BYTES)
+        except OSError:                       # closed with the box
+            return
+        box = box_ref()
+        if box is None:
+            return
+        try:
+            msg = json.loads(data)
+            box._deliver(msg["key"], msg["reply"])
+        except (ValueError, KeyError, TypeError) as e:   # not ours: dropped, said once a kind
+            log.debug("shadow: a datagram that is not a reply was dropped (%r)", e)
+        del box
+
+
+def _close(sock: socket.socket, folder: str) -> None:
+    sock.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def push(reply_to, reply) -> bool:
+    """Send `reply` (plain data: a serve_call reply) to the box named by reply_to ({"path",
+    "key"}, ResultBox.reply_to). True when sent; False when it could not be (reply_to not such
+    a dict, the reply not JSON or over MAX_BYTES, the box gone, its queue full): the reply then
+    waits for the door's look. Never blocks, never raises."""
+    if not isinstance(reply_to, dict) or not isinstance(reply_to.get("path"), str) \
+            or not isinstance(reply_to.get("key"), str):
+        return False
+    try:
+        data = json.dumps({"key": reply_to["key"], "reply": reply}).encode()
+    except (TypeError, ValueError):
+        return False
+    if len(data) > MAX_BYTES:
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.sendto(data, reply_to["path"])
+        return True
+    except OSError as e:                      # gone, full, too large for this kernel
+        log.debug("shadow: a reply was not pushed (%r); the door's look will fetch it", e)
+        return False
