@@ -44,10 +44,14 @@ def _logits_in_pieces(reader: Reader, session: str, q_ids: list[int], letters: l
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device with fla")
-def test_a_long_question_in_pieces_gives_a_fresh_readers_logits_bit_for_bit():
+@pytest.mark.parametrize("attention", ["table", "fa4"])
+def test_a_long_question_in_pieces_gives_a_fresh_readers_logits_bit_for_bit(attention):
+    from adapters.attention import fa4
     from adapters.model import load_model
     model = load_model(MODEL, device="cuda")
-    reader = Reader(model)
+    if attention == "fa4" and not fa4.available(model.device, model.dtype):
+        pytest.skip("FlashAttention-4 needs Hopper and flash-attn-4")
+    reader = Reader(model, attention=attention)
     g = reader.config.grid
     ids, other, q_ids = _ids(3 * g + 77, 0), _ids(12 * g, 1), _ids(3 * g + 100, 2)
     letters = [1000 + i for i in range(4)]
@@ -65,7 +69,7 @@ def test_a_long_question_in_pieces_gives_a_fresh_readers_logits_bit_for_bit():
     asked = reader.finish_ask(pending)
     assert reader.committed("other") == 2 * num_pieces * g
 
-    fresh = Reader(model)
+    fresh = Reader(model, attention=attention)
     assert fresh.adapter.identity() == reader.adapter.identity()
     fresh.feed("s", ids, "prompt")
     fresh.read("s")
