@@ -49,6 +49,13 @@ class Collector:
         yield CounterMetricFamily("shadow_batched_chunks", "chunks read in those forwards",
                                   t.get("num_batched_chunks", 0))
         yield from session_metrics(stats, self.max_session_series)
+        if "answer_replies" in stats:      # vLLM's endpoint (server.result_box)
+            replies = CounterMetricFamily("shadow_answer_replies", "questions' replies that "
+                                          "reached the endpoint pushed by the worker, or "
+                                          "fetched by a look", labels=["path"])
+            for path, n in sorted(stats["answer_replies"].items()):
+                replies.add_metric([path], n)
+            yield replies
         for key, doc in (("spills", "sessions parked with their files written"),
                          ("restores", "sessions brought back"),
                          ("drops", "sessions parked without files (no disk, or the write "

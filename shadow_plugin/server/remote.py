@@ -108,9 +108,11 @@ def call_pushed(call: Call, box, name: str, kwargs: dict, look_every_s: float = 
         while True:
             pushed = box.wait(key, look_every_s)
             if pushed is not None:
+                box.count("pushed")
                 return pushed
             look = call("result", {"ticket": reply[1], "wait_s": 0})
             if look[0] != "pending":
+                box.count("looked")
                 return look
     finally:
         box.forget(key)

@@ -48,6 +48,8 @@ class ResultBox:
         self._sock: socket.socket | None = None
         self._path: str | None = None
         self._failed = False                    # binding failed once: never push (looks only)
+        # replies that came by a push, and by a look (a push lost or never tried): /metrics
+        self.num_replies = {"pushed": 0, "looked": 0}
 
     def _bind(self) -> bool:
         """Bind the socket and start its reader, once; False when this machine cannot (no
@@ -99,6 +101,11 @@ class ResultBox:
         if slot is not None:
             slot.reply = reply
             slot.event.set()
+
+    def count(self, path: str) -> None:
+        """Count a reply that came by `path` ("pushed" or "looked")."""
+        with self._lock:
+            self.num_replies[path] += 1
 
     @property
     def num_expected(self) -> int:

@@ -244,6 +244,8 @@ class ShadowEndpoint:
             reply = replies[0]
             self.metrics = merge_metrics(replies) if self.engines else \
                 (reply[1] if reply[0] == "ok" else None)
+            if self.metrics is not None:              # this process's own: how replies came
+                self.metrics = {**self.metrics, "answer_replies": dict(self.box.num_replies)}
             try:
                 self.history.add(flatten(self.collector))
             except Exception:                # a sample lost; the refresh goes on

@@ -81,6 +81,7 @@ def test_call_pushed_returns_the_pushed_reply_without_a_look():
     sent = worker.calls[0][1]
     assert sent["session"] == "s" and set(sent["reply_to"]) == {"path", "key"}
     assert box.num_expected == 0                              # the key forgotten
+    assert box.num_replies == {"pushed": 1, "looked": 0}
     assert remote.unpack(got) == {"a": 1}
 
 
@@ -89,6 +90,7 @@ def test_call_pushed_fetches_a_lost_push_by_a_look():
     assert remote.call_pushed(worker, box, "check", {}, look_every_s=0.01) == ("ok", 3)
     looks = [kw for n, kw in worker.calls if n == "result"]
     assert looks == [{"ticket": 5, "wait_s": 0}] * 3 and box.num_expected == 0
+    assert box.num_replies == {"pushed": 0, "looked": 1}
 
 
 def test_call_pushed_leaves_light_calls_errors_and_a_box_less_door_as_they_are():

@@ -64,6 +64,16 @@ def test_a_scripted_session(client):
     assert f"shadow_read_tokens_total {float(st['read_tokens'])}" in metrics
     assert 'shadow_turn_starts_total{fresh="true"}' in metrics
     assert "shadow_batched_forwards_total 0.0" in metrics     # SHADOW_BATCH_SESSIONS is 1
+    assert "shadow_answer_replies" not in metrics             # vLLM's endpoint's only
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shadow_plugin.server.metrics import Collector
+    registry = CollectorRegistry()                             # as the endpoint adds them
+    registry.register(Collector(lambda: {**client.app.state.service.shadow.metrics(),
+                                         "answer_replies": {"pushed": 3, "looked": 1}}))
+    text = generate_latest(registry).decode()
+    assert 'shadow_answer_replies_total{path="pushed"} 3.0' in text
+    assert 'shadow_answer_replies_total{path="looked"} 1.0' in text
     assert status["totals"]["num_batched_chunks"] == 0
     assert f"shadow_prefix_cache_queried_tokens_total {float(len(prompt))}" in metrics
     assert 'shadow_prefix_cache_hit_tokens_total{tier="memory"} 0.0' in metrics
