@@ -12,7 +12,7 @@ ids=(.devdata/claudecode_vsla_5f8cbb78.npz .devdata/claudecode_vsla_9034225e_seg
 gpu_pytest() {
     local secs=$1 log=$2
     shift 2
-    TRITON_INTERPRET=0 timeout "$secs" python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+    TRITON_INTERPRET=0 timeout "$secs" python3 -m pytest -q -p no:cacheprovider -p no:warnings -p no:logging --tb=short \
         -rfs "$@" 2>&1 | tee "$out/$log" | grep -E "^(FAILED|ERROR|E )|passed|failed" \
         | cut -c1-300
     echo "pytest exit ${PIPESTATUS[0]}"

@@ -22,6 +22,10 @@
 #   bash evals/device/vllm_stage.sh fa4b     (carry .fa4b) FA4 into /tmp/site beside vLLM
 #       (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces vLLM's 0.1.10, which
 #       only vLLM's own CuTe kernels import, none of them on a Hopper host of Qwen3.5)
+#   bash evals/device/vllm_stage.sh tests    the GPU tests that need no FA4 wheels of their
+#       own (tests/gpu/test_long_question_cuda.py, test_batch_cuda.py) on the staged site,
+#       FA4 included when staged; the log in $OUT/gpu-tests.log (FA4's kernels compiled into
+#       /tmp/fa4cache-tests, apart from the servers')
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST_PRESET=${HOST_PRESET:-qwen3.5-4b}
@@ -115,7 +119,17 @@ fa4b)
 flash_attn.cute, tvm_ffi; print('vllm', vllm.__version__, 'with flash_attn.cute, tvm_ffi', \
 tvm_ffi.__version__)"
     ;;
+tests)
+    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
+    set +eu
+    source evals/device/env.sh
+    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache-tests \
+        PYTHONUNBUFFERED=1
+    gpu_pytest "${TESTS_S:-330}" gpu-tests.log tests/gpu/test_long_question_cuda.py \
+        tests/gpu/test_batch_cuda.py
+    ;;
 *)
-    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b"; exit 2
+    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b|tests"; exit 2
     ;;
 esac

@@ -169,6 +169,9 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         missing = sorted(n for n in dashboard_metrics("vllm:") if n not in metrics)
         assert dashboard_metrics("vllm:") and not missing, missing
         assert 'shadow_pages{state="pinned"}' in metrics            # the shadow's own pages
+        pushed = [line for line in metrics.splitlines()            # the replies were pushed
+                  if line.startswith('shadow_answer_replies_total{path="pushed"}')]
+        assert pushed and float(pushed[0].split()[-1]) >= 3, pushed
         # the dashboard on vLLM's server: the page (also outside /v1), its history sampled at
         # each refresh of the metrics
         for path in ("/shadow/dashboard", "/v1/shadow/dashboard"):
