@@ -37,7 +37,7 @@ from shadow_plugin.engine.follow import Follower, RequestEvent
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
 from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.remote import TICKETED, serve_call
-from shadow_plugin.server.result_box import push
+from shadow_plugin.server.result_box import LOOK, push, reachable
 from shadow_plugin.server.service import Service
 
 log = logging.getLogger(__name__)
@@ -209,17 +209,20 @@ class EmbeddedShadow:
                 "followed_requests": dict(follower.sessions) if follower else {}}
 
     def _submit(self, name: str, kwargs: dict, reply_to=None):
-        """Queue the question; ("ticket", n). With reply_to its reply is also pushed there when
-        ready (result_box.push); the ticket keeps it for a look either way."""
+        """Queue the question; ("ticket", n, pushed): with a reply_to that this process can
+        reach (result_box.reachable; not a door on another node) its reply is also pushed
+        there when ready (result_box.push) and `pushed` is True; the ticket keeps it for a
+        look either way."""
         ticket = next(self._tickets)
         job = self._jobs[ticket] = self._questions.submit(
             plain_mode(serve_call), self.service, name, kwargs)
-        if reply_to is not None:
+        pushed = reply_to is not None and reachable(reply_to)
+        if pushed:
             job.add_done_callback(functools.partial(_push_reply, reply_to))
         if len(self._jobs) > MAX_JOBS:         # results nobody fetched (clients gone)
             for old in [t for t, f in self._jobs.items() if f.done()][:len(self._jobs) - MAX_JOBS]:
                 del self._jobs[old]
-        return ("ticket", ticket)
+        return ("ticket", ticket, pushed)
 
     def _result(self, ticket, wait_s=None):
         """The question's reply, or ("pending", waited): while the host has no requests the
@@ -263,7 +266,8 @@ class EmbeddedShadow:
 
 
 def _push_reply(reply_to, job: concurrent.futures.Future) -> None:
-    """A done question's reply to the door's box (a failure or a cancelled question is left to
-    the door's look, which raises it there)."""
-    if not job.cancelled() and job.exception() is None:
-        push(reply_to, job.result())
+    """A done question's reply to the door's box; LOOK instead for a failure, a cancelled
+    question or a reply that cannot be pushed (too large...), so that the door looks at once
+    (its look raises the failure there, or fetches the reply)."""
+    if job.cancelled() or job.exception() is not None or not push(reply_to, job.result()):
+        push(reply_to, LOOK)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from shadow_plugin.chat.questions import Answer
 from shadow_plugin.reader.fork import Generation
 from shadow_plugin.server.errors import NotReady, QuestionTooLong
+from shadow_plugin.server.result_box import LOOK
 
 # The facade's methods a remote door may call, with the status (no model needed).
 CALLS = ("status", "fork_position", "position", "positions", "holds", "not_reading_why",
@@ -81,23 +82,32 @@ def run(call: Call, name: str, kwargs: dict, poll_s: float = TICKET_POLL_S,
     doubling from first_poll_s up to poll_s)."""
     reply = call(name, kwargs)
     while reply[0] == "ticket":
-        ticket, wait_s = reply[1], min(first_poll_s, poll_s)
-        while True:
-            reply = call("result", {"ticket": ticket, "wait_s": result_wait_s})
-            if reply[0] != "pending":
-                break
-            if not reply[1]:
-                time.sleep(wait_s)
-                wait_s = min(2 * wait_s, poll_s)
+        reply = _look(call, reply[1], poll_s, first_poll_s, result_wait_s)
     return unpack(reply)
+
+
+def _look(call: Call, ticket, poll_s: float = TICKET_POLL_S, first_poll_s: float = FIRST_POLL_S,
+          result_wait_s: float = RESULT_WAIT_S):
+    """The reply of question `ticket`, looked for until it is ready (run's looks)."""
+    wait_s = min(first_poll_s, poll_s)
+    while True:
+        reply = call("result", {"ticket": ticket, "wait_s": result_wait_s})
+        if reply[0] != "pending":
+            return reply
+        if not reply[1]:
+            time.sleep(wait_s)
+            wait_s = min(2 * wait_s, poll_s)
 
 
 def call_pushed(call: Call, box, name: str, kwargs: dict, look_every_s: float = LOOK_EVERY_S):
     """call(name, kwargs) where `box` (a server.result_box.ResultBox, or None) receives the
     reply of a ticketed call when the other side pushes it: the final reply (never a ticket)
     for such a call, waiting for the push, with a look (`result`, no wait on the other side)
-    every look_every_s (s) in case the push was lost. Other calls, or no box, or a box that
-    cannot receive: call(name, kwargs) as it is (a ticket is then run's to look for)."""
+    every look_every_s (s) in case the push was lost, and one at once when the other side
+    pushes LOOK (the reply could not be pushed, or the question failed). A ticket that says
+    the other side cannot push (("ticket", n, False): the box is not on its machine) is looked
+    for as `run` does. Other calls, or no box, or a box that cannot receive: call(name,
+    kwargs) as it is (a ticket is then run's to look for)."""
     key = box.expect() if box is not None and name in TICKETED else None
     if key is None:
         return call(name, kwargs)
@@ -105,9 +115,13 @@ def call_pushed(call: Call, box, name: str, kwargs: dict, look_every_s: float = 
         reply = call(name, {**kwargs, "reply_to": box.reply_to(key)})
         if reply[0] != "ticket":
             return reply
+        if len(reply) > 2 and not reply[2]:         # nothing will be pushed
+            reply = _look(call, reply[1])
+            box.count("looked")
+            return reply
         while True:
             pushed = box.wait(key, look_every_s)
-            if pushed is not None:
+            if pushed is not None and pushed != list(LOOK):     # JSON: a list
                 box.count("pushed")
                 return pushed
             look = call("result", {"ticket": reply[1], "wait_s": 0})
