@@ -1,8 +1,8 @@
 """Questions' replies pushed to the door (server.result_box, server.remote.call_pushed): the
 reply arrives when the other side pushes it, with no look; a lost push is fetched by a look;
 what cannot be pushed says so and is never lost."""
-import gc
 import concurrent.futures
+import gc
 import json
 import math
 import os
