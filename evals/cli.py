@@ -12,6 +12,7 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -111,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     fp.add_argument("--decode-alpha", type=float, default=0.08, help="with --agents: a decode "
                     "step of b requests takes step(1) x (1 + alpha (b - 1)) (evals/"
                     "fresh_agents.py, EngineModel, gives the source of 0.08)")
+    fp.add_argument("--batch-sessions", type=int, help="the idle window reads one chunk of "
+                    "each of up to this many sessions in one forward (1-64; default: "
+                    "SHADOW_BATCH_SESSIONS, else 1); without --batch-costs a batch costs its "
+                    "chunks one at a time")
+    fp.add_argument("--batch-costs", metavar="FILE", help="with --agents: a forward of B "
+                    "chunks costs their one-at-a-time sum times the batching's gain measured "
+                    "by `python -m evals.bi_bench --parts read --out FILE` (bi_batch / "
+                    "bi_alone ms at B and the chunks' mean context, interpolated; evals/"
+                    "fresh_agents.py, batched_costs); needs --batch-sessions (or "
+                    "SHADOW_BATCH_SESSIONS) > 1 and the bench's grid")
     fp.set_defaults(func=_fresh)
     hp = sub.add_parser("prefix-hits", add_help=False, help="one agent's sessions with its "
                         "prefix, alone and together: ids read, hit rate, bytes held "
@@ -218,6 +229,14 @@ def _fresh(args) -> int:
         name, ms_per_1k = cost_from_bench(args.cost_model or RUN_OF_RECORD)
     print(f"read costs: {name}", file=sys.stderr)
     cfg = SchedulerConfig.from_env(grid=args.grid)
+    if args.batch_sessions is not None:
+        try:
+            cfg = dataclasses.replace(cfg, batch_sessions=args.batch_sessions)
+        except ValueError as e:
+            raise ValueError(f"--batch-sessions: {e}") from None
+    if args.batch_costs and not args.agents:
+        raise ValueError("--batch-costs is for --agents N (the plain run costs a batch as its "
+                         "chunks one at a time)")
     if args.agents:
         return _fresh_agents(args, cfg, name, ms_per_1k)
     res = fresh_report(args.timelines, cfg, name, ms_per_1k)
@@ -248,21 +267,53 @@ def _counts(text: str) -> list[int]:
 
 def _fresh_agents(args, cfg, name: str, ms_per_1k) -> int:
     """`fresh --agents N,...`: the table, then the JSON line (evals/fresh_agents.py)."""
-    from evals.fresh_agents import EngineModel, agents_report, table
+    from evals.fresh_agents import ONE_AT_A_TIME, EngineModel, agents_report, table
     if args.plot:
         raise ValueError("--plot draws one timeline: leave out --agents")
     model = EngineModel(decode_alpha=args.decode_alpha)
+    chunk_ms, costs, said = None, ONE_AT_A_TIME, "one-at-a-time chunk costs"
+    if args.batch_costs:
+        chunk_ms, costs = _batch_costs(args.batch_costs, cfg, ms_per_1k)
+        said = f"batched chunk costs from {args.batch_costs}, batches of up to " \
+            f"{cfg.batch_sessions}"
     reused = [n for n in args.agents if n > len(args.timelines)]
     if reused:
         print(f"N = {', '.join(map(str, reused))} exceeds the {len(args.timelines)} timelines: "
               "they are reused with other offsets and their own session names", file=sys.stderr)
     res = agents_report(args.timelines, args.agents, cfg, name, ms_per_1k, model, args.seed,
-                        args.window_s)
-    print("simulation, one-at-a-time chunk costs; token counts are the timelines' own",
-          file=sys.stderr)
+                        args.window_s, chunk_ms, costs)
+    print(f"simulation, {said}; token counts are the timelines' own", file=sys.stderr)
     print(table(res))
     print(json.dumps(res))
     return 0
+
+
+def _batch_costs(path: str, cfg, ms_per_1k):
+    """(chunk_ms, the report's "simulation" words) from a bi_bench JSON (--batch-costs).
+    ValueError for batch_sessions 1, a file that is not JSON or has no usable rows."""
+    from evals.fresh_agents import batch_ratios, batched_costs
+    if cfg.batch_sessions < 2:
+        raise ValueError("--batch-costs prices batched forwards, but the scheduler reads one "
+                         "chunk at a time: pass --batch-sessions N (2-64) or set "
+                         "SHADOW_BATCH_SESSIONS")
+    try:
+        bench = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--batch-costs {path}: not JSON ({e})") from None
+    try:
+        chunk_ms = batched_costs(bench, ms_per_1k, cfg.grid)
+    except ValueError as e:
+        raise ValueError(f"--batch-costs {path}: {e}") from None
+    if str(bench.get("gpu", "")).startswith("none"):
+        print(f"--batch-costs {path}: a smoke run without CUDA, its times are no figures "
+              "(evals/bi_bench.py)", file=sys.stderr)
+    ratios = "; ".join(f"{c}: " + ", ".join(f"B={b} {r:.3f}" for b, r in rows)
+                       for c, rows in batch_ratios(bench, cfg.grid).items())
+    about = ", ".join(str(bench[k]) for k in ("gpu", "model", "date", "commit") if bench.get(k))
+    return chunk_ms, (f"batched chunk costs: a forward of B chunks costs their one-at-a-time "
+                      f"sum times bi_batch / bi_alone ms at B and their mean context, "
+                      f"interpolated, batches of up to {cfg.batch_sessions} sessions "
+                      f"({path}{'; ' + about if about else ''}; ratio by context: {ratios})")
 
 
 def _default_sessions() -> list[str]:

@@ -28,7 +28,9 @@ own ration (Scheduler.between_rounds) limits it too. Only the `idle + ration` ar
 Chunk costs: `chunk_ms(contexts)` is the hook for a batched read (the ms of one forward that
 reads one chunk of each session at these contexts, in ids); the scheduler reads one chunk at a
 time (with SHADOW_BATCH_SESSIONS > 1, one chunk of each of several sessions a call), and the
-default, `one_at_a_time`, is the sum of the measured cost model's chunks.
+default, `one_at_a_time`, is the sum of the measured cost model's chunks. `batched_costs` is
+that sum times the batching's gain that `python -m evals.bi_bench --parts read` measured
+(`fresh --agents N --batch-costs FILE --batch-sessions B`).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import dataclasses
 import math
 import platform
 import random
+import re
 from dataclasses import dataclass, field, replace
 from datetime import date
 from importlib import metadata
@@ -47,6 +50,8 @@ from shadow_plugin.engine.turnstile import StepBudget
 from shadow_plugin.scheduling.scheduler import CostModel, Scheduler, SchedulerConfig, VirtualClock
 
 ChunkMs = Callable[[Sequence[int]], float]   # contexts (ids) of a forward's chunks -> its ms
+ONE_AT_A_TIME = ("one-at-a-time chunk costs (a batched read costs its chunks' sum: "
+                 "fresh --batch-costs gives the measured batched read)")
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,93 @@ def one_at_a_time(ms_per_1k, grid: int) -> ChunkMs:
     return chunk_ms
 
 
+def _ms(arm) -> float | None:
+    """An arm's positive finite `ms`, else None."""
+    ms = arm.get("ms") if isinstance(arm, dict) else None
+    ok = isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) \
+        and ms > 0
+    return float(ms) if ok else None
+
+
+def batch_ratios(bench: dict, grid: int) -> dict[int, list[tuple[int, float]]]:
+    """Per measured context (ids), the batching's gain by batch size: [(B, bi_batch.ms /
+    bi_alone.ms)] for B > 1, ascending, from `python -m evals.bi_bench --parts read`'s JSON
+    (the object --out writes, with the read part under "read", or that part alone): its rows
+    "{context}x{B}" (`ms`: one round, B chunks one at a time on 'eager+bi' (bi_alone) or in
+    one forward (bi_batch); both arms run the same kernels, so the ratio is the batching's
+    alone). A context is left out where "{context}_exact" says the adapter did not batch
+    ("batches": false) or the batched states were not bit-exact ("exact": false), a row
+    where an arm or its ms is missing. ValueError when the bench's grid is not `grid`, or
+    no row is left (the message says why each was left out)."""
+    if not isinstance(bench, dict):
+        raise ValueError("not a bi_bench JSON object (python -m evals.bi_bench --out FILE)")
+    if "grid" in bench and bench["grid"] != grid:
+        raise ValueError(f"the batched read was measured at grid {bench['grid']}, the "
+                         f"simulation reads at grid {grid} (--grid)")
+    part = bench.get("read", bench)
+    if not isinstance(part, dict):
+        raise ValueError("its \"read\" part is not an object")
+    skipped, why = set(), []
+    for key, row in part.items():
+        m = re.fullmatch(r"(\d+)_exact", key)
+        if m and isinstance(row, dict):
+            if row.get("batches") is False:
+                skipped.add(int(m[1]))
+                why.append(f"{m[1]}: the adapter did not batch")
+            elif row.get("exact") is False:
+                skipped.add(int(m[1]))
+                why.append(f"{m[1]}: the batched states were not bit-exact")
+    out: dict[int, list[tuple[int, float]]] = {}
+    for key, row in part.items():
+        m = re.fullmatch(r"(\d+)x(\d+)", key)
+        if not m or int(m[1]) in skipped or int(m[2]) < 2:
+            continue
+        alone = _ms(row.get("bi_alone")) if isinstance(row, dict) else None
+        batch = _ms(row.get("bi_batch")) if isinstance(row, dict) else None
+        if alone is None or batch is None:
+            why.append(f"{key}: no bi_alone and bi_batch ms")
+            continue
+        out.setdefault(int(m[1]), []).append((int(m[2]), batch / alone))
+    if not out:
+        raise ValueError("no usable batched read rows (\"{context}x{B}\", B > 1, with "
+                         "bi_alone and bi_batch ms, at a context that batched exactly)"
+                         + (f": {'; '.join(why)}" if why else "")
+                         + "; measure them with python -m evals.bi_bench --parts read "
+                         "--out FILE on CUDA")
+    return {c: sorted(rows) for c, rows in sorted(out.items())}
+
+
+def _between(points: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation through points (x ascending), the end values outside."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def batched_costs(bench: dict, ms_per_1k, grid: int) -> ChunkMs:
+    """The measured batched read as a ChunkMs: a forward of B chunks at contexts cs (ids)
+    costs one_at_a_time(ms_per_1k, grid)(cs) (ms, the measured cost model `fresh` uses) times
+    r(B, mean(cs)), r = bi_batch.ms / bi_alone.ms of `python -m evals.bi_bench --parts read`
+    (batch_ratios). r is linear in B between the measured batch sizes (1 at B = 1, the
+    largest measured B's beyond it) and linear in the context between the measured contexts
+    (the nearest one's outside them). ValueError as batch_ratios says."""
+    curves = batch_ratios(bench, grid)
+    base = one_at_a_time(ms_per_1k, grid)
+    by_context = list(curves.items())
+
+    def chunk_ms(contexts: Sequence[int]) -> float:
+        ms = base(contexts)
+        if len(contexts) < 2:
+            return ms
+        b, mean = len(contexts), sum(contexts) / len(contexts)
+        at = [(c, _between([(1, 1.0)] + rows, b)) for c, rows in by_context]
+        return ms * _between(at, mean)
+    return chunk_ms
+
+
 def span_s(requests: list[Request]) -> float:
     """From the first request's start to the last end (s)."""
     return max(r.end_s for r in requests) - requests[0].start_s
@@ -127,11 +219,12 @@ def overlay(timelines: list[list[Request]], cfg: OverlayConfig,
 
 class OverlayReader(SimReader):
     """SimReader whose chunk costs come from `chunk_ms` (one chunk a forward), logging each
-    chunk as (start s, end s, window, session) with the window the engine says it reads in."""
+    chunk as (start s, end s, window, session) with the window the engine says it reads in,
+    and each forward as (ms, chunks) in `forwards`."""
 
     def __init__(self, clock, grid: int, chunk_ms: ChunkMs):
         super().__init__(clock, grid, None)
-        self.chunk_ms, self.window, self.reads = chunk_ms, "idle", []
+        self.chunk_ms, self.window, self.reads, self.forwards = chunk_ms, "idle", [], []
 
     def read_chunk(self, s: str) -> float:
         ms = self.chunk_ms((self.c[s],))
@@ -139,6 +232,7 @@ class OverlayReader(SimReader):
         t0 = self.clock.t
         self.clock.t += ms / 1e3
         self.reads.append((t0, self.clock.t, self.window, s))
+        self.forwards.append((ms, 1))
         return ms
 
     def read_chunks(self, sessions: list[str]) -> tuple[float, list[str]]:
@@ -150,6 +244,7 @@ class OverlayReader(SimReader):
         for s in sessions:
             self.c[s] += self.grid
             self.reads.append((t0, self.clock.t, self.window, s))
+        self.forwards.append((ms, len(sessions)))
         return ms, list(sessions)
 
 
@@ -341,7 +436,7 @@ def simulate_agents(agents: list[list[Request]], cfg: SchedulerConfig, ms_per_1k
     batch_s, its parts: the time some runs and the integral of the number running), `trace`: per
     turn (session, start s, backlog ids), host_waits_ms, `requests_s`: each request's
     (admitted, finished) s, `reads`: each chunk (start s, end s, "idle" or "ration",
-    session)."""
+    session), `forwards`: each forward of the shadow (ms, chunks)."""
     t0 = min((a[0].start_s for a in agents if a), default=0.0)
     clock = VirtualClock(t0)
     reader = OverlayReader(clock, cfg.grid, chunk_ms or one_at_a_time(ms_per_1k, cfg.grid))
@@ -358,13 +453,16 @@ def simulate_agents(agents: list[list[Request]], cfg: SchedulerConfig, ms_per_1k
             "ration_ms": e.budget.slot_ms, "decode_ms": e.decode_ms,
             "batch_mean": e.batch_s / max(e.busy_s, 1e-9), "busy_s": e.busy_s,
             "batch_s": e.batch_s, "trace": e.trace,
-            "host_waits_ms": e.waits_ms, "requests_s": e.requests_s, "reads": reader.reads}
+            "host_waits_ms": e.waits_ms, "requests_s": e.requests_s, "reads": reader.reads,
+            "forwards": reader.forwards}
 
 
 def agents_report(paths: list[str], num_agents: list[int], cfg: SchedulerConfig, cost_name: str,
                   ms_per_1k, model: EngineModel = EngineModel(), seed: int = 0,
-                  window_s: float | None = None, chunk_ms: ChunkMs | None = None) -> dict:
-    """Per N in num_agents: the k rotations of the overlay pooled (module docstring)."""
+                  window_s: float | None = None, chunk_ms: ChunkMs | None = None,
+                  costs: str = ONE_AT_A_TIME) -> dict:
+    """Per N in num_agents: the k rotations of the overlay pooled (module docstring). costs:
+    what chunk_ms is, said in the report's "simulation" (default: one at a time)."""
     timelines = [load_timeline(p) for p in paths]
     names = [Path(p).stem for p in paths]
     out = {}
@@ -378,13 +476,13 @@ def agents_report(paths: list[str], num_agents: list[int], cfg: SchedulerConfig,
             "seed": seed, "window_s": window_s, "cost_model": cost_name,
             "engine": {"decode_alpha": model.decode_alpha, "round_s": model.round_s},
             "scheduler": dataclasses.asdict(cfg), "date": date.today().isoformat(),
-            "versions": _versions(), "simulation": "one-at-a-time chunk costs (a batched read "
-            "costs its chunks' sum: its measured costs are not in the model yet)"}
+            "versions": _versions(), "simulation": costs}
 
 
 def _pooled(runs: list[dict], names: list[str], n: int, grid: int) -> dict:
     """The rotations' turns together; the three sessions (a timeline's session, in whichever
-    rotation and agent) furthest behind at a turn start."""
+    rotation and agent) furthest behind at a turn start; the shadow's forwards (idle and
+    ration): how many, their mean ms and mean chunks."""
     backlogs = [b for r in runs for *_, b in r["trace"]]
     worst: dict[tuple, tuple] = {}            # (timeline, session) -> (backlog, -j, -i)
     for j, r in enumerate(runs):
@@ -397,12 +495,17 @@ def _pooled(runs: list[dict], names: list[str], n: int, grid: int) -> dict:
                  key=lambda w: (-w[0], w[3], w[4]))[:3]
     ration = sum(r["ration_ms"] for r in runs)
     decode = sum(r["decode_ms"] for r in runs)
+    forwards = [f for r in runs for f in r["forwards"]]
     return {"num_agents": n, "turns": len(backlogs),
             "fresh_share": round(sum(b < grid for b in backlogs) / max(len(backlogs), 1), 4),
             "backlog_p50": percentile(backlogs, 0.5), "backlog_p90": percentile(backlogs, 0.9),
             "host_share": round(ration / max(decode, 1e-9), 5),
             "batch_mean": round(sum(r["batch_s"] for r in runs)
                                 / max(sum(r["busy_s"] for r in runs), 1e-9), 2),
+            "num_forwards": len(forwards),
+            "forward_ms_mean": round(sum(ms for ms, _ in forwards) / max(len(forwards), 1), 3),
+            "chunks_per_forward": round(sum(n for _, n in forwards) / max(len(forwards), 1),
+                                        3),
             "furthest_behind": [{"rotation": j, "agent": i, "timeline": t, "session": s,
                                  "backlog": b} for b, j, i, t, s in top]}
 
@@ -418,11 +521,14 @@ def _versions() -> dict:
 def table(res: dict) -> str:
     """The report as a Markdown table, one row an N."""
     rows = ["| agents | turns | fresh | backlog p50 / p90 (ids) | host share | mean batch | "
-            "furthest behind (ids) |", "| ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+            "shadow forward: ms (chunks) | furthest behind (ids) |",
+            "| ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     for n, r in res["by_agents"].items():
         behind = ", ".join(f"{w['timeline']}#{w['agent']} {w['session'][:12]} {w['backlog']}"
                            for w in r["furthest_behind"])
+        forwards = f"{r['forward_ms_mean']:.2f} ({r['chunks_per_forward']:.2f})" \
+            if r["num_forwards"] else "none"
         rows.append(f"| {n} | {r['turns']} | {r['fresh_share']:.1%} | {r['backlog_p50']} / "
                     f"{r['backlog_p90']} | {r['host_share']:.2%} | {r['batch_mean']} | "
-                    f"{behind} |")
+                    f"{forwards} | {behind} |")
     return "\n".join(rows)

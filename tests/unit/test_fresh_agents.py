@@ -2,9 +2,10 @@
 engine-wide ration, and fresh shares as agents are added."""
 import json
 import math
+import re
 
 import pytest
-from test_fresh import _timeline
+from test_fresh import _iso, _timeline
 
 from evals.cli import main
 from evals.data import data_dir
@@ -13,6 +14,8 @@ from evals.fresh_agents import (
     EngineModel,
     OverlayConfig,
     agents_report,
+    batch_ratios,
+    batched_costs,
     one_at_a_time,
     overlay,
     simulate_agents,
@@ -232,3 +235,171 @@ def test_engine_model_refuses_bad_values():
         EngineModel(round_s=math.inf)
     with pytest.raises(ValueError, match="num_agents"):
         OverlayConfig(0)
+
+
+def _arm(ms, b, grid=512):
+    return {"ms": ms, "chunks_per_s": round(b / ms * 1e3, 1),
+            "ids_per_s": round(b * grid / ms * 1e3)}
+
+
+def _bench(rows, exact=None, nested=True, grid=512):
+    """A bi_bench JSON in the shape `python -m evals.bi_bench --out` writes: run info, "probe",
+    "speed" and "read" ({context}x{B} rows with the arms' ms; {context}_exact). rows:
+    {(context, B): (bi_alone ms, bi_batch ms or None)}; exact: {context: its _exact entry}
+    (default: batches and exact)."""
+    read = {}
+    for (c, b), (alone, batch) in rows.items():
+        row = {"context": c, "sessions": b, "today": _arm(alone * 1.5, b),
+               "bi_alone": _arm(alone, b)}
+        if batch is not None:
+            row["bi_batch"] = _arm(batch, b)
+            row["speedup"] = round(alone / batch, 3)
+            row["over_today"] = round(alone * 1.5 / batch, 3)
+        read[f"{c}x{b}"] = row
+    for c in sorted({c for c, _ in rows}):
+        read[f"{c}_exact"] = (exact or {}).get(c, {"batches": True, "exact": True,
+                                                   "sessions_equal": 8, "sessions": 8})
+    if not nested:
+        return read
+    return {"model": "random:qwen3.5-0.8b", "grid": grid, "dtype": "torch.bfloat16",
+            "gpu": "synthetic", "torch": "2.x", "cuda": "12.x", "triton": None, "fla": None,
+            "commit": "abc1234", "date": "2026-12-06", "probe": {}, "speed": {}, "read": read}
+
+
+# bi_batch / bi_alone: 16k: B=2 0.75, 4 0.5, 8 0.375 (B=1's 1.1 is not used: 1 by definition);
+# 64k: B=2 1.0, 4 0.75, 8 0.5
+BENCH_ROWS = {(16384, 1): (2.0, 2.2), (16384, 2): (4.0, 3.0), (16384, 4): (8.0, 4.0),
+              (16384, 8): (16.0, 6.0), (65536, 2): (4.0, 4.0), (65536, 4): (8.0, 6.0),
+              (65536, 8): (16.0, 8.0)}
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_batched_costs_interpolate_the_measured_ratio(nested):
+    """1 ms a chunk one at a time (1,000 ids a chunk at 1 ms per 1,000): a forward of B chunks
+    costs B x the ratio, linear in B and in the mean context, clamped outside."""
+    bench = _bench(BENCH_ROWS, nested=nested, grid=1000)
+    if not nested:
+        bench = dict(bench)                    # the read part alone: no grid to check
+    assert batch_ratios(bench, 1000) == {16384: [(2, 0.75), (4, 0.5), (8, 0.375)],
+                                         65536: [(2, 1.0), (4, 0.75), (8, 0.5)]}
+    cost = batched_costs(bench, lambda c: 1.0, 1000)
+    assert cost((16384,)) == 1.0 and cost((65536,)) == 1.0            # B = 1: one at a time
+    assert cost((16384,) * 2) == 1.5 and cost((16384,) * 4) == 2.0    # measured points
+    assert cost((16384,) * 3) == 3 * 0.625                            # between B = 2 and 4
+    assert cost((65536,) * 6) == 6 * 0.625
+    assert cost((16384,) * 16) == 16 * 0.375                          # past B = 8: B = 8's
+    assert cost((16384, 65536)) == 2 * 0.875                          # mean context 40,960
+    assert cost((0, 0, 0, 0)) == 4 * 0.5 and cost((10**6,) * 4) == 4 * 0.75     # clamped
+    # the one-at-a-time sum is the cost model's at each chunk's own context
+    steps = batched_costs(bench, lambda c: 1.0 if c < 32768 else 3.0, 1000)
+    assert steps((16384, 65536)) == (1.0 + 3.0) * 0.875
+    assert steps((16384, 16384, 65536, 65536)) == (1.0 + 1.0 + 3.0 + 3.0) * 0.625
+    # B = 3 at a mean of 34,133: 0.625 at 16k, 0.875 at 64k, 0.3611 of the way
+    assert steps((20480, 20480, 61440)) == pytest.approx(5.0 * (0.625 + 0.25 * (17749 + 1 / 3)
+                                                               / 49152), rel=1e-12)
+
+
+@pytest.mark.parametrize("bench, message", [
+    (_bench({(16384, 2): (4.0, None), (16384, 4): (8.0, None)},
+            exact={16384: {"batches": False}}), "16384: the adapter did not batch"),
+    (_bench({(16384, 4): (8.0, 4.0)}, exact={16384: {"batches": True, "exact": False}}),
+     "16384: the batched states were not bit-exact"),
+    (_bench({(16384, 4): (8.0, None)}, exact={16384: {"batches": True}}),
+     "16384x4: no bi_alone and bi_batch ms"),
+    (_bench({(16384, 1): (2.0, 2.0)}), "no usable batched read rows"),
+    ({"read_grid512": {}}, "no usable batched read rows"),
+    (_bench({(16384, 4): (8.0, 4.0)}, grid=256), "measured at grid 256"),
+    ([1, 2], "not a bi_bench JSON object"),
+])
+def test_batched_costs_refuse_files_without_usable_rows(bench, message):
+    with pytest.raises(ValueError, match=message):
+        batched_costs(bench, lambda c: 10.0, 512)
+
+
+def test_batched_costs_leave_out_contexts_that_did_not_batch():
+    bench = _bench({(16384, 4): (8.0, 4.0), (65536, 4): (8.0, None)},
+                   exact={65536: {"batches": False}})
+    assert batch_ratios(bench, 512) == {16384: [(4, 0.5)]}
+    assert batched_costs(bench, lambda c: 10.0, 512)((65536,) * 4) == \
+        pytest.approx(4 * 5.12 * 0.5)
+
+
+def _lockstep_timeline(tmp_path):
+    """One session: 6 requests of 1 s prefill and 1 s decode, 0.6 s apart, each prompt 8
+    chunks longer (4,096 ids)."""
+    reqs, t = [], 0.0
+    for i in range(6):
+        reqs.append({"request_start": _iso(t), "first_token": _iso(t + 1),
+                     "request_end": _iso(t + 2), "prompt_tokens": 4096 * (i + 1),
+                     "output_tokens": 0})
+        t += 2.6
+    path = tmp_path / "lockstep.json"
+    path.write_text(json.dumps({"sessions": [{"session_id": "s", "requests": reqs}]}))
+    return str(path)
+
+
+def test_cli_agents_with_batch_costs(tmp_path, capsys):
+    """Two agents in lockstep (--window-s 0), 51.2 ms a chunk: each 0.6 s gap has 16 chunks
+    waiting, 819 ms one at a time but 410 ms in pairs at the measured ratio 0.5: batched
+    costs keep the shadow fresh where one at a time falls behind, and a forward of the same
+    two chunks costs half."""
+    path = _lockstep_timeline(tmp_path)
+    bench = tmp_path / "bi.json"
+    bench.write_text(json.dumps(_bench({(16384, b): (10.0 * b, 10.0 if b == 1 else 5.0 * b)
+                                        for b in (1, 2, 4, 8)})))
+    args = ["fresh", path, "--agents", "1,2", "--read-ms-per-1k", "100", "--window-s", "0",
+            "--batch-sessions", "4"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    one = json.loads(out.out.strip().splitlines()[-1])
+    assert "simulation, one-at-a-time chunk costs;" in out.err
+    assert one["simulation"].startswith("one-at-a-time chunk costs")
+    assert main(args + ["--batch-costs", str(bench)]) == 0
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
+    both = json.loads(lines[-1])
+    assert f"simulation, batched chunk costs from {bench}, batches of up to 4;" in out.err
+    assert both["simulation"].startswith("batched chunk costs: a forward of B chunks")
+    assert "16384: B=2 0.500, B=4 0.500, B=8 0.500" in both["simulation"]
+    assert "synthetic" in both["simulation"] and both["scheduler"]["batch_sessions"] == 4
+    assert lines[0].startswith("| agents | turns | fresh |") and "shadow forward" in lines[0]
+    a, b = one["by_agents"]["2"], both["by_agents"]["2"]
+    assert (a["fresh_share"], a["backlog_p90"]) == (pytest.approx(2 / 12, abs=1e-4), 5120)
+    assert (b["fresh_share"], b["backlog_p90"]) == (1.0, 0)
+    assert a["chunks_per_forward"] == b["chunks_per_forward"] == 2.0
+    assert (a["forward_ms_mean"], b["forward_ms_mean"]) == (102.4, 51.2)
+    assert one["by_agents"]["1"] == {**both["by_agents"]["1"], "furthest_behind":
+                                     one["by_agents"]["1"]["furthest_behind"]}
+    assert "| 2 | 12 | 100.0% | 0 / 0 |" in lines[3] and "51.20 (2.00)" in lines[3]
+
+
+def test_cli_batch_costs_refused(tmp_path, capsys, monkeypatch):
+    path = _lockstep_timeline(tmp_path)
+    monkeypatch.delenv("SHADOW_BATCH_SESSIONS", raising=False)
+    good = tmp_path / "bi.json"
+    good.write_text(json.dumps(_bench({(16384, 4): (8.0, 4.0)})))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_bench({(16384, 4): (8.0, None)},
+                                     exact={16384: {"batches": False}})))
+    (tmp_path / "junk.json").write_text("{not json")
+    base = ["fresh", path, "--agents", "2", "--read-ms-per-1k", "100"]
+    cases = [(base + ["--batch-costs", str(good)], "pass --batch-sessions N"),
+             (base + ["--batch-costs", str(good), "--batch-sessions", "1"],
+              "pass --batch-sessions N"),
+             (base + ["--batch-costs", str(good), "--batch-sessions", "65"],
+              r"--batch-sessions: batch_sessions must be an integer in \[1, 64\]"),
+             (base + ["--batch-costs", str(bad), "--batch-sessions", "4"],
+              f"--batch-costs {bad}: no usable batched read rows .*16384: the adapter did not "
+              "batch"),
+             (base + ["--batch-costs", str(tmp_path / "junk.json"), "--batch-sessions", "4"],
+              "not JSON"),
+             (["fresh", path, "--batch-costs", str(good), "--batch-sessions", "4"],
+              "--batch-costs is for --agents")]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "shadow-reader: error:" in err and re.search(message, err), err
+    monkeypatch.setenv("SHADOW_BATCH_SESSIONS", "2")              # the variable does too
+    assert main(base + ["--batch-costs", str(good)]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["scheduler"]["batch_sessions"] == 2
