@@ -4,11 +4,11 @@ from __future__ import annotations
 import subprocess
 
 
-def git_commit() -> str:
-    """The checkout's short commit (git rev-parse), "unknown" outside a git checkout or
-    without git."""
+def git_commit(cwd=None) -> str:
+    """The short commit (git rev-parse) of the checkout at `cwd` (default: the current
+    folder's), "unknown" outside a git checkout or without git."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+                              text=True, check=True, cwd=cwd).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

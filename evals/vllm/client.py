@@ -9,8 +9,6 @@ import statistics
 import time
 from pathlib import Path
 
-import httpx
-
 from evals.vllm.server import ServerSpec, VllmServer
 
 G = 512                                 # the shadow's grid (SHADOW_GRID's default)
@@ -73,7 +71,7 @@ def complete(server: VllmServer, prompt: list[int], max_tokens: int,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True, **extra}
     if params is not None:
         body["kv_transfer_params"] = params
-    r = httpx.post(server.url + "/v1/completions", json=body, timeout=HTTP_S)
+    r = server.http.post(server.url + "/v1/completions", json=body, timeout=HTTP_S)
     if r.status_code != 200:
         raise RuntimeError(f"{server.url} /v1/completions: {r.status_code} {r.text[:500]}")
     reply = r.json()
@@ -95,7 +93,8 @@ def stream_timing(server: VllmServer, prompt: list[int], max_tokens: int,
         body["kv_transfer_params"] = params
     times, num_tokens = [], 0
     t0 = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HTTP_S) as r:
+    with server.http.stream("POST", url + "/v1/completions", json=body,
+                            timeout=HTTP_S) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}: {r.status_code} {r.read()[:500]!r}")
         for line in r.iter_lines():
@@ -119,7 +118,7 @@ def stream_timing(server: VllmServer, prompt: list[int], max_tokens: int,
 
 
 def shadow_status(server: VllmServer) -> dict:
-    return httpx.get(server.url + "/v1/shadow/status", timeout=HTTP_S).json()
+    return server.http.get(server.url + "/v1/shadow/status", timeout=HTTP_S).json()
 
 
 def wait_fresh(server: VllmServer, held: dict[str, list[int]], timeout_s: float,
@@ -145,7 +144,8 @@ def check(server: VllmServer, session: str, ids: list[int]) -> dict:
     """The check route: the session's committed state against a fresh prefill; `ok` when
     exact and holding exactly `ids`."""
     from shadow_plugin.server.facade import ids_digest
-    r = httpx.get(f"{server.url}/v1/shadow/sessions/{session}/check", timeout=HTTP_S).json()
+    r = server.http.get(f"{server.url}/v1/shadow/sessions/{session}/check",
+                        timeout=HTTP_S).json()
     ok = r.get("exact") is True and r.get("num_ids") == len(ids) and \
         r.get("ids_xxh3") == ids_digest(ids)
     return {"session": session, "ok": ok, "exact": r.get("exact"), "num_ids": r.get("num_ids"),

@@ -7,8 +7,6 @@ import dataclasses
 import threading
 import time
 
-import httpx
-
 from evals.vllm import agents
 from evals.vllm.client import (
     HTTP_S,
@@ -80,8 +78,8 @@ def follow(args) -> None:
     # the questions through vLLM's server: ask, and the same in the OpenAI shape
     from shadow_plugin.chat.router import ROUTER
     q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
-    ask = httpx.post(server.url + "/v1/shadow/ask", json=q, timeout=HTTP_S).json()
-    chat = httpx.post(server.url + "/v1/shadow/chat/completions", timeout=HTTP_S, json={
+    ask = server.http.post(server.url + "/v1/shadow/ask", json=q, timeout=HTTP_S).json()
+    chat = server.http.post(server.url + "/v1/shadow/chat/completions", timeout=HTTP_S, json={
         "session": names[0], "choices": list(ROUTER.choices),
         "messages": [{"role": "user", "content": ROUTER.question}]}).json()
     chat_label = chat["choices"][0]["message"]["content"]

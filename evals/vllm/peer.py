@@ -8,8 +8,6 @@ import math
 import statistics
 import time
 
-import httpx
-
 from evals.vllm import agents
 from evals.vllm.client import (
     HTTP_S,
@@ -71,7 +69,7 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
     shadow = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        r = httpx.post(host.url + "/v1/shadow/ask", json=body, timeout=HTTP_S)
+        r = host.http.post(host.url + "/v1/shadow/ask", json=body, timeout=HTTP_S)
         if r.status_code != 200:
             raise RuntimeError(f"ask: {r.status_code} {r.text[:300]}")
         shadow.append({**r.json(), "http_ms": (time.perf_counter() - t0) * 1e3})
@@ -104,7 +102,7 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
 
 def prefix_hit_rate(peer: VllmServer) -> dict:
     """vLLM's own prefix-cache counters on the peer's /metrics (tokens)."""
-    text = httpx.get(peer.url + "/metrics", timeout=60).text
+    text = peer.http.get(peer.url + "/metrics", timeout=60).text
     vals = {}
     for line in text.splitlines():
         for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):

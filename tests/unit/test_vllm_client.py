@@ -24,8 +24,8 @@ def test_stream_timing_gives_ttft_rate_and_the_stall_as_a_slow_gap(monkeypatch):
     def stream(method, url, json, timeout):
         assert json["max_tokens"] == 10 and json["kv_transfer_params"] == {"k": 1}
         yield SimpleNamespace(status_code=200, iter_lines=lambda: iter(lines))
-    monkeypatch.setattr(client.httpx, "stream", stream)
-    server = SimpleNamespace(url="http://x", spec=SimpleNamespace(name="host"))
+    server = SimpleNamespace(url="http://x", spec=SimpleNamespace(name="host"),
+                             http=SimpleNamespace(stream=stream))       # the kept client
     out = client.stream_timing(server, [1, 2, 3], 10, {"k": 1})
     assert out["tokens"] == 10 and out["ttft_ms"] == pytest.approx(300.0)
     assert out["decode_tok_s"] == pytest.approx(9 / (arrivals[-1] - arrivals[0]))
