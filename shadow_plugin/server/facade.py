@@ -434,15 +434,19 @@ class Shadow:
                 done += k
         return done
 
-    def ask(self, session: str, question, choices, at: int | None, fork_at: int,
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int | None,
             cancelled: threading.Event | None = None):
         """Reader.ask, a step per hold of the gate: after catch_up read toward `fork_at`
-        (fork_position's answer) chunk by chunk, the question is begun (rendered; past
+        (fork_position's answer; None: fork_position's answer now, with its errors, so a
+        remote door need not ask for it in a call of its own) chunk by chunk, the question is
+        begun (rendered; past
         max_question_tokens QuestionTooLong, nothing held), its ids read in grid pieces and
         answered (Reader.begin_ask, advance, finish_ask), so a host's call waits at most one
         chunk; the answer is kept for status and the latency histogram. Raises as catch_up,
         and ClientGone between two steps once `cancelled` is set (the fork's pages given
         back)."""
+        if fork_at is None:
+            fork_at = self.fork_position(session, at)
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         pending = self._begin(session, lambda: self.reader.begin_ask(session, question,
@@ -465,7 +469,7 @@ class Shadow:
         self.answers.append(line)
         self.last_answer[session] = line
 
-    def ask_many(self, session: str, items, at: int | None, fork_at: int,
+    def ask_many(self, session: str, items, at: int | None, fork_at: int | None,
                  cancelled: threading.Event | None = None):
         """Several questions about one session (items: (question, choices) pairs, answered
         in order) in one forward: Reader.ask_many, held the way `ask` holds the gate (after
@@ -480,6 +484,8 @@ class Shadow:
         if len(items) > self.max_questions:
             raise ValueError(f"{len(items)} questions in one ask, over the limit of "
                              f"{self.max_questions} (SHADOW_MAX_QUESTIONS)")
+        if fork_at is None:                      # as in `ask`
+            fork_at = self.fork_position(session, at)
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         with self.gate():

@@ -305,11 +305,11 @@ class RankedShadow:
     def fork_position(self, session: str, at: int | None) -> int:
         return self.on(session).fork_position(session, at)
 
-    def ask(self, session: str, question, choices, at: int | None, fork_at: int,
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int | None,
             cancelled=None):
         return self.on(session).ask(session, question, choices, at, fork_at, cancelled)
 
-    def ask_many(self, session: str, items: list, at: int | None, fork_at: int,
+    def ask_many(self, session: str, items: list, at: int | None, fork_at: int | None,
                  cancelled=None):
         """Several questions over the session in one forward, on its holder."""
         return self.on(session).ask_many(session, items, at, fork_at, cancelled)

@@ -174,7 +174,7 @@ class RemoteShadow:
     def not_reading_why(self, session: str | None = None) -> str:
         return self._run("not_reading_why", session=session)
 
-    def ask(self, session: str, question, choices, at: int | None, fork_at: int,
+    def ask(self, session: str, question, choices, at: int | None, fork_at: int | None,
             cancelled=None) -> Answer:
         """The worker's answer (a client that leaves stops the wait for it here; the question
         itself, once in the worker, runs to its end)."""
@@ -182,7 +182,7 @@ class RemoteShadow:
                       fork_at=fork_at)
         return Answer(**{**d, "probs": tuple(d["probs"])})
 
-    def ask_many(self, session: str, items: list, at: int | None, fork_at: int,
+    def ask_many(self, session: str, items: list, at: int | None, fork_at: int | None,
                  cancelled=None) -> list[Answer]:
         """The worker's answers, in order (facade.Shadow.ask_many)."""
         out = self._run("ask_many", session=session, items=[list(x) for x in items], at=at,

@@ -249,9 +249,17 @@ def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedde
         local = emb.service.shadow.reader.ask("p", "Code?", ["yes", "no"])
         assert r.json()["probs"] == list(local.probs)
         assert c.get("/v1/shadow/sessions/p/check").json()["exact"] is True
+        names.clear()                        # without a wait: one call to the engine, no more
+        r = c.post("/v1/shadow/ask", json={"session": "p", "question": "Code?",
+                                           "choices": ["yes", "no"]})
+        assert r.status_code == 200 and r.json()["probs"] == list(local.probs)
+        assert names == ["ask"], names
         assert c.post("/v1/shadow/ask", json={"session": "zz", "question": "q",
                                               "choices": ["a", "b"]}).status_code == 404
-    assert "ask" in names and "check" in names and "result" not in names
+        assert c.post("/v1/shadow/ask", json={"session": "p", "question": "q",
+                                              "choices": ["a", "b"], "at": 10**6}
+                      ).status_code == 400
+    assert "ask" in names and "result" not in names
     assert box.num_expected == 0
 
 
