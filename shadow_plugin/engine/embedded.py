@@ -13,7 +13,8 @@ at most for the shadow's work in flight, one chunk or one event batch or one que
 - `end_step`: the host stays busy for the idle window while the engine has requests.
 - `call`: a question from the API process is queued for a question thread (it reads what it
   needs chunk by chunk between steps) and answered by ticket, so the engine's loop, which runs
-  the call, never waits on it; light calls (status, positions) run at once. A question that
+  the call, never waits on it; light calls (status, positions) run at once, and so does an
+  ask's position (its 404 / 400 without a ticket). A question that
   names a `reply_to` (server.result_box) has its reply pushed there when it is ready.
 The model loads at `start`, in a thread: at the first call from the API process or the first
 step, whichever comes first, both after the engine's own warm-up and graph captures (vLLM's
@@ -194,6 +195,15 @@ class EmbeddedShadow:
             return self._result(kwargs.get("ticket"), kwargs.get("wait_s"))
         if name in TICKETED:          # by ticket, in the question thread
             kwargs = dict(kwargs)
+            if name in ("ask", "ask_many") and kwargs.get("fork_at") is None:
+                # the position at once, as a light call: an unknown session (404), an `at`
+                # past its ids (400) or a loading model (503) is answered now, never behind
+                # the question in the thread (a summary, a check: seconds)
+                reply = serve_call(self.service, "fork_position",
+                                   {"session": kwargs.get("session"), "at": kwargs.get("at")})
+                if reply[0] != "ok":
+                    return reply
+                kwargs["fork_at"] = reply[1]
             return self._submit(name, kwargs, kwargs.pop("reply_to", None))
         return serve_call(self.service, name, kwargs,
                           self._status_extra() if name == "status" else None)

@@ -34,12 +34,17 @@ class AskPool:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
         self.num_in = 0                   # questions running or queued
 
+    @property
+    def full(self) -> bool:
+        """True when a question now would be refused (Busy): workers and queue taken."""
+        return self.num_in >= self.workers + self.queue
+
     async def run(self, fn: Callable, *args,
                   disconnected: Callable[[], Awaitable[bool]] | None = None, **kwargs):
         """fn(*args, cancelled=event, **kwargs) in a worker; Busy when workers + queue are
         taken; ClientGone once `disconnected()` says the client left (the event is set, so
         fn stops at its next check; what it read stays; one not started yet never starts)."""
-        if self.num_in >= self.workers + self.queue:
+        if self.full:
             raise Busy(f"{self.num_in} questions are running or queued (SHADOW_ASK_WORKERS="
                        f"{self.workers}, SHADOW_ASK_QUEUE={self.queue}): try again shortly")
         if self._executor is None:

@@ -478,14 +478,14 @@ class Shadow:
         question asked alone, bit for bit. Raises ValueError (400) for no question or more
         than max_questions (nothing read), QuestionTooLong for a question past
         max_question_tokens (nothing held), as `ask` otherwise."""
+        if fork_at is None:                      # as in `ask` (its 404 before the 400s below)
+            fork_at = self.fork_position(session, at)
         items = list(items)
         if not items:
             raise ValueError("questions: give at least one question")
         if len(items) > self.max_questions:
             raise ValueError(f"{len(items)} questions in one ask, over the limit of "
                              f"{self.max_questions} (SHADOW_MAX_QUESTIONS)")
-        if fork_at is None:                      # as in `ask`
-            fork_at = self.fork_position(session, at)
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         with self.gate():

@@ -263,6 +263,45 @@ def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedde
     assert box.num_expected == 0
 
 
+def test_an_embedded_ask_is_a_404_or_400_at_once_while_another_question_runs(embedded):
+    """An ask without `wait` is one call to the engine (its position taken there), but an
+    unknown session or an `at` past the ids is answered by that call at once (no ticket),
+    not after the question the engine's one question thread is running (a summary or a
+    check: seconds)."""
+    import threading
+
+    from shadow_plugin.server.remote import call_pushed
+    from shadow_plugin.server.result_box import ResultBox
+    t, emb = RequestTracker(), embedded
+    t.start("r", rand_ids(2 * G + 5, 15), "p")
+    t.finish("r", [5, 6])
+    _step(emb, t.take(), (), False)
+    box, names, busy = ResultBox(), [], threading.Event()
+
+    def call(name, kwargs):
+        names.append(name)
+        return emb.call(name, kwargs)
+    app = FastAPI()
+    door = RemoteService(lambda n, kw: call_pushed(call, box, n, kw, look_every_s=30))
+    app.include_router(question_router(door, AskPool(2, 4)))
+    with TestClient(app) as c:
+        running = emb._questions.submit(busy.wait, 20)   # the question thread, taken
+        q = {"question": "q", "choices": ["a", "b"]}
+        t0 = time.monotonic()
+        r = c.post("/v1/shadow/ask", json={"session": "zz", **q})
+        assert r.status_code == 404 and "zz" in r.json()["detail"], r.text
+        r = c.post("/v1/shadow/ask", json={"session": "p", **q, "at": 10**6})
+        assert r.status_code == 400 and "outside" in r.json()["detail"], r.text
+        r = c.post("/v1/shadow/ask", json={"session": "zz", "questions": [q] * 9})
+        assert r.status_code == 404, r.text          # the session first, as with a wait
+        assert time.monotonic() - t0 < 10 and not running.done()
+        busy.set()
+        r = c.post("/v1/shadow/ask", json={"session": "p", **q})
+        assert r.status_code == 200, r.text
+    assert names.count("ask") + names.count("ask_many") == 4 and "fork_position" not in names
+    assert box.num_expected == 0
+
+
 def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(embedded):
     """Engines run their steps under torch.inference_mode: KV buffers the slot grows there
     must stay writable by the idle thread (outside it)."""

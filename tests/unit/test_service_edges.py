@@ -235,3 +235,53 @@ def test_an_engines_result_call_never_waits_for_a_question_still_queued():
     assert embedded.EmbeddedShadow._result(shadow, 1, 0.5) == ("ok", 1)
     assert embedded.EmbeddedShadow._result(shadow, 2, 0.5) == ("ok", 2)
     pool.shutdown()
+
+
+def test_an_ask_without_a_wait_is_a_404_or_400_not_a_429_when_the_pool_is_full():
+    """An ask without `wait` takes its position in the answer's own call (one call to a remote
+    door's engine); with the pool full, the route checks the position first, so an unknown
+    session is still a 404 and an `at` past the ids a 400 (the pool's 429 only for a good
+    question); with room, no call but the answer's."""
+    release, calls = threading.Event(), []
+    answer = {"label": "a", "letter": "A", "probs": [1.0, 0.0], "ms": 1.0, "backlog": 0,
+              "num_forwarded_tokens": 1, "num_committed": 300, "at": 300,
+              "beyond_max_positions": False, "stale": False}
+
+    def call(name, kwargs):
+        calls.append((name, kwargs.get("session"), kwargs.get("fork_at")))
+        if name == "status":
+            return ("ok", {"grid": G, "model": "m"})
+        if kwargs.get("session") == "zz":
+            return ("error", "KeyError", ("unknown session 'zz'",))
+        if kwargs.get("at") is not None and kwargs["at"] > 300:
+            return ("error", "ValueError", (f"at = {kwargs['at']} is outside [0, 300]",))
+        if name == "fork_position":
+            return ("ok", 300)
+        release.wait(10)
+        return ("ok", answer)
+
+    app = FastAPI()
+    app.include_router(question_router(RemoteService(call), AskPool(1, 0)))
+    body = {"session": "s", "question": "q", "choices": ["a", "b"]}
+    with TestClient(app) as c:
+        first = threading.Thread(target=lambda: c.post("/v1/shadow/ask", json=body))
+        first.start()
+        for _ in range(200):
+            if ("ask", "s", None) in calls:
+                break
+            time.sleep(0.01)
+        assert calls == [("ask", "s", None)]     # the answer's call only, its position in it
+        r = c.post("/v1/shadow/ask", json={**body, "session": "zz"})
+        assert r.status_code == 404 and r.json()["detail"] == "unknown session 'zz'", r.text
+        r = c.post("/v1/shadow/ask", json={**body, "at": 10**6})
+        assert r.status_code == 400 and "outside" in r.json()["detail"], r.text
+        r = c.post("/v1/shadow/ask", json={"session": "zz", "questions": [
+            {"question": "q", "choices": ["a", "b"]}]})
+        assert r.status_code == 404, r.text
+        r = c.post("/v1/shadow/ask", json=body)
+        assert r.status_code == 429 and "SHADOW_ASK_WORKERS=1" in r.json()["detail"], r.text
+        release.set()
+        first.join(10)
+        r = c.post("/v1/shadow/ask", json=body)
+        assert r.status_code == 200 and r.json()["probs"] == [1.0, 0.0], r.text
+    assert calls[-1] == ("ask", "s", None)
