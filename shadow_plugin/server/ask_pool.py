@@ -39,6 +39,12 @@ class AskPool:
         """True when a question now would be refused (Busy): workers and queue taken."""
         return self.num_in >= self.workers + self.queue
 
+    @property
+    def saturated(self) -> bool:
+        """True when a question now would not start at once: every worker taken (it would
+        wait in the queue, or be refused when that is full too)."""
+        return self.num_in >= self.workers
+
     async def run(self, fn: Callable, *args,
                   disconnected: Callable[[], Awaitable[bool]] | None = None, **kwargs):
         """fn(*args, cancelled=event, **kwargs) in a worker; Busy when workers + queue are

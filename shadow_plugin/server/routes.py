@@ -97,8 +97,9 @@ class Questions:
         """With a wait: the position checked (404 / 400 before it), the wait (in the event
         loop), then the answer (in the pool); without: the answer (the position taken and
         checked in the pool's call: one call less to a remote door's engine), the position
-        checked first only when the pool is full, so an unknown session or a bad `at` is
-        still a 404 / 400, never the pool's 429."""
+        checked first only when every worker of the pool is taken, so an unknown session or a
+        bad `at` is still a 404 / 400 at once, never after a wait in the queue or the pool's
+        429."""
         return await self._answer(request, session, at, wait, timeout_s, "ask",
                                   question, choices)
 
@@ -116,7 +117,7 @@ class Questions:
         body_session(session)
         gone = request.is_disconnected if request is not None else None
         fork_at = None                        # without a wait: taken in the answer's call
-        if wait or self.pool.full:            # full: 404 / 400 / 503 before the pool's 429
+        if wait or self.pool.saturated:       # 404 / 400 / 503 now, not after a queue or 429
             fork_at = await run_in_threadpool(shadow.fork_position, session, at)
         if wait:
             await self.waits.wait(session, at, timeout_s, gone)

@@ -237,11 +237,12 @@ def test_an_engines_result_call_never_waits_for_a_question_still_queued():
     pool.shutdown()
 
 
-def test_an_ask_without_a_wait_is_a_404_or_400_not_a_429_when_the_pool_is_full():
+def test_an_ask_without_a_wait_is_a_404_or_400_at_once_when_the_pool_is_taken():
     """An ask without `wait` takes its position in the answer's own call (one call to a remote
-    door's engine); with the pool full, the route checks the position first, so an unknown
-    session is still a 404 and an `at` past the ids a 400 (the pool's 429 only for a good
-    question); with room, no call but the answer's."""
+    door's engine); with every worker taken the route checks the position first, so an
+    unknown session is a 404 and an `at` past the ids a 400 at once, neither queued behind
+    the running question nor the pool's 429 once the queue is full too; with a free worker,
+    no call but the answer's."""
     release, calls = threading.Event(), []
     answer = {"label": "a", "letter": "A", "probs": [1.0, 0.0], "ms": 1.0, "backlog": 0,
               "num_forwarded_tokens": 1, "num_committed": 300, "at": 300,
@@ -260,28 +261,44 @@ def test_an_ask_without_a_wait_is_a_404_or_400_not_a_429_when_the_pool_is_full()
         release.wait(10)
         return ("ok", answer)
 
+    def in_flight(n):
+        for _ in range(500):
+            if calls.count(("ask", "s", None)) + calls.count(("ask", "s", 300)) >= n:
+                return
+            time.sleep(0.01)
+
     app = FastAPI()
-    app.include_router(question_router(RemoteService(call), AskPool(1, 0)))
+    app.include_router(question_router(RemoteService(call), AskPool(1, 1)))
     body = {"session": "s", "question": "q", "choices": ["a", "b"]}
     with TestClient(app) as c:
-        first = threading.Thread(target=lambda: c.post("/v1/shadow/ask", json=body))
-        first.start()
-        for _ in range(200):
-            if ("ask", "s", None) in calls:
-                break
-            time.sleep(0.01)
+        threads = [threading.Thread(target=lambda: c.post("/v1/shadow/ask", json=body))
+                   for _ in range(2)]
+        threads[0].start()
+        in_flight(1)
         assert calls == [("ask", "s", None)]     # the answer's call only, its position in it
-        r = c.post("/v1/shadow/ask", json={**body, "session": "zz"})
+        t0 = time.monotonic()
+        r = c.post("/v1/shadow/ask", json={**body, "session": "zz"})     # the queue is free
         assert r.status_code == 404 and r.json()["detail"] == "unknown session 'zz'", r.text
         r = c.post("/v1/shadow/ask", json={**body, "at": 10**6})
         assert r.status_code == 400 and "outside" in r.json()["detail"], r.text
+        assert time.monotonic() - t0 < 5                # not after the running question
+        threads[1].start()                              # queued: the pool is full now
+        for _ in range(500):
+            if ("fork_position", "s", None) in calls:
+                break
+            time.sleep(0.01)
+        time.sleep(0.1)
+        r = c.post("/v1/shadow/ask", json={**body, "session": "zz"})
+        assert r.status_code == 404, r.text
         r = c.post("/v1/shadow/ask", json={"session": "zz", "questions": [
             {"question": "q", "choices": ["a", "b"]}]})
         assert r.status_code == 404, r.text
         r = c.post("/v1/shadow/ask", json=body)
         assert r.status_code == 429 and "SHADOW_ASK_WORKERS=1" in r.json()["detail"], r.text
         release.set()
-        first.join(10)
+        for t in threads:
+            t.join(10)
+        calls.clear()
         r = c.post("/v1/shadow/ask", json=body)
         assert r.status_code == 200 and r.json()["probs"] == [1.0, 0.0], r.text
-    assert calls[-1] == ("ask", "s", None)
+    assert calls == [("ask", "s", None)]
