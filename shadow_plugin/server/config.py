@@ -10,9 +10,10 @@ SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATC
 most ids a question reads first), SHADOW_MAX_QUESTION_TOKENS and SHADOW_MAX_SUMMARY_TOKENS (the
 most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_QUESTIONS (the
 most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), SHADOW_THREADS
-(torch's CPU threads), SHADOW_ATTENTION (the CUDA runners' attention: fa4, table or sdpa;
-default fa4 on Hopper with flash-attn-4, else table), SHADOW_METRICS_SESSIONS (sessions with
-/metrics series of their own); the scheduler's SHADOW_POLL_S, SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
+(torch's CPU threads), SHADOW_ATTENTION (the CUDA runners' attention: fa4 or table; default
+fa4 on Hopper with flash-attn-4, else table; refused on the CPU), SHADOW_METRICS_SESSIONS
+(sessions with /metrics series of their own); the scheduler's SHADOW_POLL_S,
+SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
 SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
 model.autotune). CLI flags override.

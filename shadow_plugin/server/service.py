@@ -30,6 +30,9 @@ from shadow_plugin.server.startup import check_paths
 
 log = logging.getLogger(__name__)
 MAX_METRICS_SESSIONS = 10_000  # sessions with series of their own a setting may ask for
+# SHADOW_ATTENTION's values: the runners' attentions their CUDA graphs take ('sdpa' is eager
+# only: runners.graphs.ChunkGraphs refuses it on CUDA, and the CPU reads eagerly anyway)
+GRAPH_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "sdpa")
 
 
 def check_config(cfg: ServiceConfig) -> None:
@@ -68,8 +71,8 @@ def check_config(cfg: ServiceConfig) -> None:
 
 def check_limits(cfg: ServiceConfig) -> None:
     """The question pool, the catch-up bound, the question and summary limits, the positions
-    policy and the threads (ValueError
-    naming the variable)."""
+    policy, the threads and the attention (ValueError naming the variable; an attention the
+    GPU cannot run, fa4 off Hopper, fails the load instead: /healthz)."""
     if not 1 <= cfg.ask_workers <= 256:
         raise ValueError(f"SHADOW_ASK_WORKERS={cfg.ask_workers}: 1 to 256 questions at once")
     if not 0 <= cfg.ask_queue <= 100_000:
@@ -89,9 +92,11 @@ def check_limits(cfg: ServiceConfig) -> None:
                          "or cap")
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"SHADOW_THREADS / --threads={cfg.threads}: at least 1")
-    if cfg.attention not in (None, *ATTENTIONS):
-        raise ValueError(f"SHADOW_ATTENTION={cfg.attention!r}: one of {', '.join(ATTENTIONS)} "
-                         "(the CUDA runners'), or unset for the device's default")
+    if cfg.attention not in (None, *GRAPH_ATTENTIONS):
+        raise ValueError(f"SHADOW_ATTENTION={cfg.attention!r}: one of "
+                         f"{', '.join(GRAPH_ATTENTIONS)} (the CUDA runners'; sdpa is the CPU's "
+                         "eager read, which the runners' graphs cannot take), or unset for the "
+                         "device's default")
     if cfg.attention is not None and (cfg.device or ("cuda" if torch.cuda.is_available()
                                                      else "cpu")) == "cpu":
         raise ValueError(f"SHADOW_ATTENTION={cfg.attention!r} chooses the CUDA runners' "

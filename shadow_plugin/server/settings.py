@@ -40,7 +40,7 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "positions"),
     ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),
     ("SHADOW_ATTENTION", "", "fa4 or table", "the CUDA runners' attention: fa4 (the default "
-     "on Hopper with flash-attn-4), table or sdpa; on the CPU leave it unset"),
+     "on Hopper with flash-attn-4) or table; on the CPU leave it unset"),
     ("SHADOW_POLL_S", "", "0.2", "the idle loop's poll"),
     ("SHADOW_IDLE_BURST_S", "", "2", "the idle loop's longest burst"),
     ("SHADOW_SHARE", "", "0.02", "the in-turn ration, a share of the host's decode time"),

@@ -37,6 +37,7 @@ def test_a_scripted_session(client):
     assert health["stage"] == "ready"
     status = client.get("/v1/shadow/status", headers=KEY).json()
     assert status["stage"] == "ready" and 0 <= status["warm_up_s"] < 5   # CPU: no graphs
+    assert status["read_path"] == "eager" == client.app.state.service.reader.adapter.path
     assert status["scheduler"]["poll_s"] == 0.02 and status["scheduler"]["idle_at_finish"]
     prompt = rand_ids(5 * G + 10, 0)
     r = client.post("/v1/shadow/sessions/s1/turn", json={"prompt_ids": prompt}, headers=KEY)

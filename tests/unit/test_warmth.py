@@ -12,7 +12,7 @@ from block_store.disk.store import DiskStore
 from shadow_plugin import Reader
 from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.metrics import session_metrics, warmest
-from shadow_plugin.server.service import check_config
+from shadow_plugin.server.service import check_config, check_limits
 
 G = 64
 PAGE_BYTES = 1 * 2 * G * 2 * 64 * 4               # attention layers x (K, V) x rows x Hkv x D x 4
@@ -209,3 +209,18 @@ def test_warmth_is_a_lookup_that_changes_no_lru_order(tiny, tmp_path):
     free = list(r.store.manager.free)
     r.stats()
     assert list(r.store.gdn.entries) == order and list(r.store.manager.free) == free
+
+
+def test_the_attention_is_one_the_cuda_runners_take_and_never_set_on_the_cpu():
+    """SHADOW_ATTENTION: fa4 or table (the CUDA runners' graphs; sdpa they refuse at load, so
+    it is refused before), lower-cased, unset by default; on the CPU any value is refused."""
+    assert ServiceConfig.from_env({"SHADOW_ATTENTION": " Table "}).attention == "table"
+    assert ServiceConfig.from_env({"SHADOW_ATTENTION": ""}).attention is None
+    for ok in ("fa4", "table"):
+        check_limits(ServiceConfig(model="random:tiny", device="cuda", attention=ok))
+    for bad in ("sdpa", "fa5", "flash"):
+        with pytest.raises(ValueError, match=f"SHADOW_ATTENTION='{bad}': one of fa4, table "):
+            check_limits(ServiceConfig(model="random:tiny", device="cuda", attention=bad))
+    with pytest.raises(ValueError, match="SHADOW_ATTENTION='table' chooses the CUDA runners'"):
+        check_config(ServiceConfig(model="random:tiny", device="cpu", attention="table"))
+    check_config(ServiceConfig(model="random:tiny", device="cpu"))
