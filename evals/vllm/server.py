@@ -80,18 +80,31 @@ class VllmServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc, self._pid = proc, pid
         self._local = threading.local()           # each thread's httpx client (`http`)
+        self._clients: list[httpx.Client] = []    # all of them, for close_clients
+        self._clients_lock = threading.Lock()
 
     @property
     def http(self) -> httpx.Client:
         """This thread's client for the server, its connections kept between requests. The
         top-level httpx calls build a client (an SSL context included) for every request:
         about 40 ms on a 2-core CPU, which a timed request would count as the server's
-        (evals/ask_overhead.py at 2026-12-05: an ask 56.8 ms that way, 17.5 ms with one
-        client, the worker's own time 12.6 ms)."""
+        (2026-12-05, vLLM's CPU engine: an ask 56.8 ms that way, 17.5 ms with one client,
+        the worker's own time 12.6 ms; docs/ask-overhead-cpu-2026-12-05.log). Closed by
+        `stop` (close_clients); a closed one is replaced."""
         client = getattr(self._local, "client", None)
-        if client is None:
+        if client is None or client.is_closed:
             client = self._local.client = httpx.Client(timeout=600)
+            with self._clients_lock:
+                self._clients = [c for c in self._clients if not c.is_closed] + [client]
         return client
+
+    def close_clients(self) -> None:
+        """Close every thread's client (their kept connections); a later `http` makes a new
+        one. `stop` calls it once the server is gone."""
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for c in clients:
+            c.close()
 
     @property
     def pid(self) -> int | None:
@@ -189,6 +202,7 @@ class VllmServer:
             time.sleep(0.2)
         if self._group_alive():
             os.killpg(self.pid, signal.SIGKILL)
+        self.close_clients()                      # their connections were to the server
         return code
 
     def _group_alive(self) -> bool:

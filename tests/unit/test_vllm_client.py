@@ -32,3 +32,25 @@ def test_stream_timing_gives_ttft_rate_and_the_stall_as_a_slow_gap(monkeypatch):
     assert out["gap_ms_median"] == pytest.approx(1.0)
     assert out["gap_ms_max"] == pytest.approx(40.0)
     assert out["slow_gaps_ms"] == [pytest.approx(40.0)]
+
+
+def test_a_server_keeps_one_client_a_thread_and_its_stop_closes_them(tmp_path, monkeypatch):
+    import threading
+
+    from evals.vllm.server import ServerSpec, VllmServer
+    server = VllmServer(ServerSpec("model"), tmp_path / "log", port=1, pid=1)
+    mine = server.http
+    assert server.http is mine and not mine.is_closed
+    other = []
+    t = threading.Thread(target=lambda: other.append(server.http))
+    t.start()
+    t.join()
+    assert other[0] is not mine and not other[0].is_closed
+    monkeypatch.setattr(VllmServer, "alive", lambda self: False)
+    monkeypatch.setattr(VllmServer, "_group_alive", lambda self: False)
+    assert server.stop() is None                   # known by pid only: no exit status
+    assert mine.is_closed and other[0].is_closed
+    again = server.http                            # a closed client is replaced
+    assert again is not mine and not again.is_closed
+    server.close_clients()
+    assert again.is_closed
