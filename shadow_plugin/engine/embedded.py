@@ -215,8 +215,19 @@ class EmbeddedShadow:
         return {"pid": os.getpid(), "embedded": True, "host": self.host,
                 "stepping": bool(self.turnstile and self.turnstile.stepping),
                 "engine_share": {"slot_ms": self.budget.slot_ms,
-                                 "steps_ms": self.budget.steps_ms},
+                                 "steps_ms": self.budget.steps_ms, **self._slot_parts()},
                 "followed_requests": dict(follower.sessions) if follower else {}}
+
+    def _slot_parts(self) -> dict:
+        """Where the slot's time went (ms, summed since start): lock_wait_ms, waiting for the
+        shadow's lock (held by the events thread or a question's step); sync_wait_ms, the
+        slices that read waiting for the host's queued device work (their first sync); the
+        rest of slot_ms is the chunks and their bookkeeping. 0 before the model is up."""
+        shadow = self.service.shadow if self.service.state == "ready" else None
+        if shadow is None:
+            return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0}
+        return {"lock_wait_ms": shadow.slot_lock_wait_ms,
+                "sync_wait_ms": shadow.host.slice_sync_ms}
 
     def _submit(self, name: str, kwargs: dict, reply_to=None):
         """Queue the question; ("ticket", n, pushed): with a reply_to that this process can

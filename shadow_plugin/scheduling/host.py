@@ -87,6 +87,9 @@ class Host:
         self.idle_hook = idle_hook
         self.config = cfg                 # the scheduler's (SchedulerConfig), frozen
         self.num_chunks = {"ration": 0, "idle": 0}   # chunks read in each window, since start
+        # what the ration slices that read waited in their first device sync: the host's
+        # device work queued before the slice (ms, summed; an engine's slot diagnostics)
+        self.slice_sync_ms = 0.0
         self._stop = threading.Event()
         self._wake = threading.Event()            # set: the idle loop polls now
         self._thread: threading.Thread | None = None
@@ -119,6 +122,7 @@ class Host:
             clock = self.scheduler.clock
             t0 = clock()
             sync(self.reader.adapter)
+            self.slice_sync_ms += (clock() - t0) * 1e3     # the host's queued device work
             out = self.scheduler.between_rounds(session)
             sync(self.reader.adapter)
             wall_ms = (clock() - t0) * 1e3

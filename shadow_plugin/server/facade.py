@@ -117,6 +117,7 @@ class Shadow:
         self._num_waiting = 0                           # host calls waiting for the lock
         self._waiting_lock = threading.Lock()
         self.ask_ms: deque = deque(maxlen=10_000)       # for the latency histogram
+        self.slot_lock_wait_ms = 0.0     # what the ration slices waited for the lock (ms, summed)
 
     @property
     def lock(self):
@@ -242,7 +243,9 @@ class Shadow:
     def between_rounds(self, session: str):
         """The ration slice (host.Slice), then one narration if the narrator's share covers
         its cost."""
+        t0 = time.perf_counter()
         with self._held():
+            self.slot_lock_wait_ms += (time.perf_counter() - t0) * 1e3
             self._position(session)
             sl = self.host.between_rounds(session)
             turn = self.host.scheduler.turns.get(session)

@@ -165,6 +165,9 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert shadow.check_exact("s1")
     windows = shadow.stats()["chunks_by_window"]
     assert windows["ration"] > 0 and windows["idle"] > 0
+    share = emb.call("status", {})[1]["engine_share"]     # where the slot's time went
+    assert share["slot_ms"] > 0 and share["lock_wait_ms"] >= 0 and share["sync_wait_ms"] >= 0
+    assert share["lock_wait_ms"] + share["sync_wait_ms"] <= share["slot_ms"]
 
 
 def test_events_before_the_model_is_ready_are_kept_in_order(tmp_path):
