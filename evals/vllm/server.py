@@ -87,9 +87,9 @@ class VllmServer:
     def http(self) -> httpx.Client:
         """This thread's client for the server, its connections kept between requests. The
         top-level httpx calls build a client (an SSL context included) for every request:
-        39-49 ms on a 2-core CPU, which a timed request would count as the server's
-        (2026-12-05, vLLM's CPU engine: an ask 56.8 ms that way, 17.5 ms with one client,
-        the worker's own time 12.6 ms; docs/ask-overhead-cpu-2026-12-05.log). Closed by
+        47-49 ms on a 2-core CPU, which a timed request would count as the server's
+        (2026-12-05, vLLM's CPU engine: an ask 67.0 ms that way, 19.0 ms with one client;
+        BENCHMARKS.md, docs/ask-overhead-cpu-2026-12-05.log). Closed by
         `stop` (close_clients); a closed one is replaced."""
         client = getattr(self._local, "client", None)
         if client is None or client.is_closed:

@@ -28,7 +28,7 @@ TICKET_POLL_S = 0.02        # the longest wait between two looks for a question'
 FIRST_POLL_S = 0.001        # the first wait: the looks back off from it, doubling, so a
 #                             question of a few ms is answered within about its own time
 LOOK_EVERY_S = 0.25        # with a pushed reply: the wait between two looks (in case a push
-#                            was lost: too large, the box full)
+#                            was lost: the box's queue full)
 RESULT_WAIT_S = 0.005       # how long a look may wait on the other side for the result (an
 #                             engine's loop runs the look: about one chunk of the 0.8B on an
 #                             H200; the other side waits only while its host has no requests)

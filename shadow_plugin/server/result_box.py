@@ -1,8 +1,10 @@
 """Question replies pushed to the door's process when they are ready (server.remote.call_pushed),
 from a shadow in another process of the same machine: vLLM's engine process, reached by the
 endpoint through vLLM's utility calls. Without it the door learns of an answer at its next look
-(`result`), one utility round trip through the engine's loop each; on the H200 (2026-12-05)
-those looks cost 42-60 ms over a 20 ms question at 100k ids (BENCHMARKS.md, "vLLM").
+(`result`), one utility round trip through the engine's loop each, backing off from 1 to 20 ms
+while the host has requests. On vLLM's CPU engine the push answered in the time the looks did,
+idle and busy (BENCHMARKS.md, "A question's way through vLLM's server"); on a GPU, where the
+engine's steps are short beside that back-off, it is not measured yet.
 
 - The door's side, `ResultBox`: a Unix datagram socket in a private folder (mode 0700), bound at
   the first use and read by one daemon thread. `expect()` names a reply by a random key (128

@@ -226,16 +226,12 @@ def test_the_question_routes_reach_an_embedded_shadow_through_a_remote_door(embe
         assert too_many.status_code == 400 and "SHADOW_MAX_QUESTIONS" in too_many.text
 
 
-def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedded):
-    """As vLLM's endpoint does (ShadowEndpoint.call_rank): the door's calls through
-    remote.call_pushed with a ResultBox; the embedded shadow pushes each question's reply when
-    it is ready, so the door makes no `result` look; the answers are the local reader's."""
+def _pushed_door(emb):
+    """As vLLM's endpoint builds it (ShadowEndpoint.call_rank): the question routes over a
+    RemoteService whose calls go to `emb` through remote.call_pushed with a ResultBox; (the
+    app, the box, the names of the calls made, in order)."""
     from shadow_plugin.server.remote import call_pushed
     from shadow_plugin.server.result_box import ResultBox
-    t, emb = RequestTracker(), embedded
-    t.start("r", rand_ids(3 * G + 5, 14), "p")
-    t.finish("r", [5, 6])
-    _step(emb, t.take(), (), False)
     box, names = ResultBox(), []
 
     def call(name, kwargs):
@@ -244,6 +240,18 @@ def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedde
     app = FastAPI()
     door = RemoteService(lambda n, kw: call_pushed(call, box, n, kw, look_every_s=30))
     app.include_router(question_router(door, AskPool(2, 4)))
+    return app, box, names
+
+
+def test_an_embedded_shadows_answers_are_pushed_to_the_door_with_no_look(embedded):
+    """As vLLM's endpoint does (ShadowEndpoint.call_rank): the door's calls through
+    remote.call_pushed with a ResultBox; the embedded shadow pushes each question's reply when
+    it is ready, so the door makes no `result` look; the answers are the local reader's."""
+    t, emb = RequestTracker(), embedded
+    t.start("r", rand_ids(3 * G + 5, 14), "p")
+    t.finish("r", [5, 6])
+    _step(emb, t.take(), (), False)
+    app, box, names = _pushed_door(emb)
     with TestClient(app) as c:
         r = c.post("/v1/shadow/ask", json={"session": "p", "question": "Code?",
                                            "choices": ["yes", "no"], "wait": True,
@@ -273,20 +281,12 @@ def test_an_embedded_ask_is_a_404_or_400_at_once_while_another_question_runs(emb
     check: seconds)."""
     import threading
 
-    from shadow_plugin.server.remote import call_pushed
-    from shadow_plugin.server.result_box import ResultBox
     t, emb = RequestTracker(), embedded
     t.start("r", rand_ids(2 * G + 5, 15), "p")
     t.finish("r", [5, 6])
     _step(emb, t.take(), (), False)
-    box, names, busy = ResultBox(), [], threading.Event()
-
-    def call(name, kwargs):
-        names.append(name)
-        return emb.call(name, kwargs)
-    app = FastAPI()
-    door = RemoteService(lambda n, kw: call_pushed(call, box, n, kw, look_every_s=30))
-    app.include_router(question_router(door, AskPool(2, 4)))
+    app, box, names = _pushed_door(emb)
+    busy = threading.Event()
     with TestClient(app) as c:
         running = emb._questions.submit(busy.wait, 20)   # the question thread, taken
         q = {"question": "q", "choices": ["a", "b"]}
