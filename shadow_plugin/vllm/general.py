@@ -57,8 +57,17 @@ FEATURES = (
      "the connector registered by name"),
     ("vllm.v1.worker.worker_base", "WorkerBase", "the worker method the routes call"),
 )
-CONNECTOR_METHODS = ("has_pending_push_work", "bind_connector_metadata", "wait_for_save",
-                     "clear_connector_metadata", "build_connector_meta")
+# (class in vLLM's connector base module, method): the scheduler tells the connector of each
+# request through on_new_request and of its end through request_finished_all_groups (a GDN host
+# keeps the hybrid manager, SupportsHMA); a release without one would leave the shadow
+# following nothing, silently
+CONNECTOR_METHODS = (("KVConnectorBase_V1", "on_new_request"),
+                     ("SupportsHMA", "request_finished_all_groups"),
+                     ("KVConnectorBase_V1", "has_pending_push_work"),
+                     ("KVConnectorBase_V1", "bind_connector_metadata"),
+                     ("KVConnectorBase_V1", "wait_for_save"),
+                     ("KVConnectorBase_V1", "clear_connector_metadata"),
+                     ("KVConnectorBase_V1", "build_connector_meta"))
 
 
 def missing_features() -> list[str]:
@@ -72,10 +81,11 @@ def missing_features() -> list[str]:
             found, error = None, f": {type(e).__name__}: {e}"
         if found is None:
             missing.append(f"{module}.{name} ({why}){error}")
-    base = None if missing else importlib.import_module(FEATURES[1][0]).KVConnectorBase_V1
-    missing += [f"KVConnectorBase_V1.{m}" for m in CONNECTOR_METHODS
-                if base is not None and not hasattr(base, m)]
-    return missing
+    if missing:
+        return missing
+    module = importlib.import_module(FEATURES[1][0])
+    return [f"{cls}.{m}" for cls, m in CONNECTOR_METHODS
+            if not hasattr(getattr(module, cls), m)]
 
 
 def route_logs() -> None:

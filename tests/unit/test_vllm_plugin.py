@@ -56,6 +56,16 @@ def test_the_installed_vllm_has_every_feature_the_plugin_probes():
     assert general.missing_features() == []
 
 
+def test_a_connector_method_the_scheduler_calls_is_probed_on_its_own_class(monkeypatch):
+    """on_new_request (how the connector learns of each request) on the connector base and
+    request_finished_all_groups on SupportsHMA: a release without one is named."""
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+    monkeypatch.delattr(base.SupportsHMA, "request_finished_all_groups")
+    monkeypatch.delattr(base.KVConnectorBase_V1, "on_new_request")
+    assert general.missing_features() == ["KVConnectorBase_V1.on_new_request",
+                                          "SupportsHMA.request_finished_all_groups"]
+
+
 def test_a_missing_feature_is_named_and_nothing_is_registered(monkeypatch, caplog):
     monkeypatch.setattr(general, "FEATURES", general.FEATURES + (
         ("vllm.distributed.kv_transfer.kv_connector.v1.base", "NoSuchThing", "a test"),))
@@ -63,6 +73,9 @@ def test_a_missing_feature_is_named_and_nothing_is_registered(monkeypatch, caplo
         "vllm.distributed.kv_transfer.kv_connector.v1.base.NoSuchThing (a test)"]
     from vllm.v1.worker.worker_base import WorkerBase
     monkeypatch.delattr(WorkerBase, "shadow_call", raising=False)
+    # the record must reach caplog's root handler: route_logs (its own test below) would turn
+    # propagation off where vLLM's logger already has handlers (vLLM 0.27 at import)
+    monkeypatch.setattr(general, "route_logs", lambda: None)
     monkeypatch.setattr(logging.getLogger("shadow_plugin"), "propagate", True)
     with caplog.at_level(logging.WARNING, logger="shadow_plugin"):
         general.register()
