@@ -108,7 +108,9 @@ def host_info(vllm_config) -> dict[str, Any]:
     it): vllm (its version), model_runner ("v1" or "v2"), cudagraph_mode (e.g.
     FULL_AND_PIECEWISE; NONE without CUDA graphs), compilation_mode, async_scheduling,
     enforce_eager, data_parallel_size (as this engine's process sees it: 1 for each rank of a
-    dense host), data_parallel_rank (this engine's: `data_parallel`), tensor_parallel_size."""
+    dense host), data_parallel_rank (this engine's: `data_parallel`), tensor_parallel_size,
+    rust_frontend (VLLM_USE_RUST_FRONTEND: vLLM's Rust API server, which loads no endpoint
+    plugin, so the shadow's routes are not served; False where a release lacks it)."""
     import vllm
     comp = getattr(vllm_config, "compilation_config", None)
     sched = getattr(vllm_config, "scheduler_config", None)
@@ -129,7 +131,18 @@ def host_info(vllm_config) -> dict[str, Any]:
             "data_parallel_size": getattr(parallel, "data_parallel_size", None),
             "data_parallel_rank": data_parallel(vllm_config)[0] if parallel is not None
             else None,
-            "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None)}
+            "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", None),
+            "rust_frontend": rust_frontend()}
+
+
+def rust_frontend() -> bool:
+    """Whether vLLM serves through its Rust API server (vllm.envs.VLLM_USE_RUST_FRONTEND,
+    probed: False where a release lacks it or its envs cannot be read)."""
+    try:
+        import vllm.envs as envs
+        return bool(getattr(envs, "VLLM_USE_RUST_FRONTEND", False))
+    except Exception:                       # an env value vLLM itself cannot parse
+        return False
 
 
 def _rank(parallel_config) -> int:
@@ -208,6 +221,10 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
                         host["vllm"], host["model_runner"], host["cudagraph_mode"],
                         host["compilation_mode"], host["async_scheduling"],
                         dp_rank if dp_on else "- (off)")
+            if host["rust_frontend"]:
+                log.warning("shadow: VLLM_USE_RUST_FRONTEND=1: vLLM's Rust API server loads "
+                            "no endpoint plugin, so the shadow's routes (/v1/shadow/...) are "
+                            "not served; it follows sessions all the same")
             cfg = _worker_settings(extra)
             self._shadow = EmbeddedShadow(for_data_parallel(cfg, dp_rank) if dp_on else cfg,
                                           host)

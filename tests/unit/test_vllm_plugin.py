@@ -35,7 +35,7 @@ def test_a_client_names_the_session_or_opts_out():
     assert connector.followed(_request({"shadow_follow": 0})) is False
 
 
-def test_host_info_reports_what_this_vllm_runs_and_none_where_it_lacks_a_field():
+def test_host_info_reports_what_this_vllm_runs_and_none_where_it_lacks_a_field(monkeypatch):
     mode = types.SimpleNamespace(name="FULL_AND_PIECEWISE")
     cfg = types.SimpleNamespace(
         use_v2_model_runner=False,
@@ -47,6 +47,9 @@ def test_host_info_reports_what_this_vllm_runs_and_none_where_it_lacks_a_field()
     assert info["model_runner"] == "v1" and info["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     assert info["async_scheduling"] is True and info["tensor_parallel_size"] == 2
     assert info["compilation_mode"] == 3 and info["vllm"]
+    assert info["rust_frontend"] is False
+    monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", "1")
+    assert connector.host_info(cfg)["rust_frontend"] is True
     bare = connector.host_info(types.SimpleNamespace())
     assert bare["model_runner"] is None and bare["cudagraph_mode"] is None
     assert bare["async_scheduling"] is None
