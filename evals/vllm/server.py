@@ -1,8 +1,8 @@
 """A vLLM OpenAI server in a process of its own, for the vLLM trial (evals/vllm/trial.py) and
 the plugin's integration test (tests/integration/test_vllm.py): the command line, the start
-(optionally in a session of its own, so it outlives the process that started it), the wait for readiness, the
-planned stop, and what its log says about the host (KV-cache capacity, model runner, CUDA
-graphs).
+(optionally in a session of its own, so it outlives the process that started it), the wait
+for readiness, the planned stop, and what its log says about the host (KV-cache capacity,
+model runner, CUDA graphs).
 
 The host and the peer are token-id servers (`--skip-tokenizer-init`) of a Qwen3.5 directory in
 Qwen's released layout (`shadow-reader export-model`), text only (`--language-model-only`).

@@ -147,7 +147,8 @@ def test_bad_inputs_leave_sessions_unchanged(client, method, path, body, code):
 
 def test_key_size_and_health(client):
     assert client.get("/v1/shadow/status").status_code == 401
-    assert client.get("/v1/shadow/status", headers={"Authorization": "bearer k3y"}).status_code == 200
+    assert client.get("/v1/shadow/status",
+                      headers={"Authorization": "bearer k3y"}).status_code == 200
     assert client.get("/healthz").status_code == 200
 
     def chunks():                                     # no Content-Length: a streamed body
