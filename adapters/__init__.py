@@ -3,10 +3,10 @@ pure-torch, fla and FlashAttention-2/-4 kernels, the CUDA-graph runners, the dec
 one interface (adapters.interface.Adapter) that the reader calls for every forward."""
 from adapters.eager import EagerAdapter, ReferenceAdapter
 from adapters.graphed import GraphAdapter
-from adapters.interface import Adapter, Decoded, spec_for, state_spec
+from adapters.interface import ROW_ALIGN, Adapter, Decoded, spec_for, state_spec
 from adapters.model import PRESETS, ModelConfig, ModelInfo, Qwen35, load_model
 from adapters.select import make_adapter
 
-__all__ = ["PRESETS", "Adapter", "Decoded", "EagerAdapter", "GraphAdapter", "ModelConfig",
+__all__ = ["PRESETS", "ROW_ALIGN", "Adapter", "Decoded", "EagerAdapter", "GraphAdapter", "ModelConfig",
            "ModelInfo", "Qwen35", "ReferenceAdapter", "load_model", "make_adapter",
            "spec_for", "state_spec"]

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from adapters.interface import Adapter
+from adapters.interface import Adapter, check_rows
 from adapters.model.batch import ROW_TILE, RowTiles, norm_keeps_rows, norm_rows_invariant
 from adapters.model.invariant import linear as invariant_linear
 from adapters.model.kernels import TORCH, KernelSet
@@ -72,6 +72,11 @@ class EagerAdapter(Adapter):
         return "eager+bi" if self.invariant else "eager"
 
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
+        _, new = self.model(self._ids(ids), pos, kv, gdn, self._kernels, linear=self._linear)
+        return new
+
+    def read_rows(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
+        check_rows(len(ids), pos, self.grid)
         _, new = self.model(self._ids(ids), pos, kv, gdn, self._kernels, linear=self._linear)
         return new
 

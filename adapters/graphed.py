@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from adapters.interface import Adapter
+from adapters.interface import Adapter, check_rows
 from adapters.model.qwen35 import Qwen35
 from adapters.runners.runners import Runners
 from block_store import PagedKv
@@ -53,6 +53,13 @@ class GraphAdapter(Adapter):
 
     def read_chunk(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         _, new = self.runners.run(ids, pos, kv, gdn)    # the runner stages host ids itself
+        return new
+
+    def read_rows(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
+        """Through the states-keeping runner of exactly len(ids) rows (Runners.rows: one a
+        multiple of ROW_ALIGN below the grid, no padding). Raises as Adapter.read_rows."""
+        check_rows(len(ids), pos, self.grid)
+        _, new = self.runners.rows(len(ids)).run(ids, pos, kv, gdn)
         return new
 
     def fork_rows(self, num_ids: int) -> int:

@@ -37,6 +37,20 @@ from adapters.model.qwen35 import ModelInfo, Qwen35
 from block_store import FileIdentity, PagedKv, StateSpec, contiguous_kv
 from block_store.memory.layout import GdnState, zero_gdn
 
+# Forwards of a fork start at multiples of ROW_ALIGN rows: FA4 reads the pools in sub-pages of
+# 64 rows (attention.fa4_plan.SUB_PAGE) and fla's GDN kernels work in 64-row chunks; a
+# question's tail ids[line:cut] is cut there (cut = at // ROW_ALIGN * ROW_ALIGN).
+ROW_ALIGN = 64
+
+
+def check_rows(num_ids: int, pos: int, grid: int) -> None:
+    """ValueError unless num_ids is a positive multiple of ROW_ALIGN below `grid` and pos a
+    multiple of ROW_ALIGN (what Adapter.read_rows takes)."""
+    if num_ids <= 0 or num_ids % ROW_ALIGN or num_ids >= grid or pos < 0 or pos % ROW_ALIGN:
+        raise ValueError(f"read_rows takes a positive multiple of {ROW_ALIGN} ids below the "
+                         f"grid ({grid}) at a multiple of {ROW_ALIGN}; got {num_ids} ids at "
+                         f"{pos}")
+
 
 def state_spec(model: Qwen35) -> StateSpec:
     """spec_for the model's config, device and dtype."""
@@ -150,6 +164,18 @@ class Adapter(ABC):
         [pos, pos + grid) of the sequence `kv` (its pages hold rows >= pos + grid, rows
         [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
+
+    def read_rows(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
+        """Forward a fork's piece that keeps its states: len(ids) ids, a positive multiple of
+        ROW_ALIGN below the grid, at pos, a multiple of ROW_ALIGN (a question's tail past the
+        grid line, ids[line:cut], kept per session by the reader; the piece from there up to
+        the next grid line). Writes KV rows [pos, pos + len(ids)) of `kv` and returns the GDN
+        states after the last id (per GDN layer (conv [conv_dim, W] model dtype, recurrent
+        [HV, K, V] fp32), new tensors; `gdn` is not changed). This default: Qwen35.forward
+        with the adapter's kernels. Raises ValueError for a length or pos off ROW_ALIGN."""
+        check_rows(len(ids), pos, self.grid)
+        _, new = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
+        return new
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at

@@ -79,6 +79,13 @@ class PageStore:
         self.pool.grow(self.pool.num_pages + max(8, self.pool.num_pages // 2))
         return self.manager.allocate()
 
+    def copy(self, page: Page) -> Page:
+        """A new page (one reference, no key: `allocate`) holding page's rows. Raises
+        PoolFull as allocate."""
+        new = self.allocate()
+        self.pool.copy_page(page.index, new.index)
+        return new
+
     def view(self, pages: list[Page], extra: list[Page] = ()) -> PagedKv:
         return PagedKv(self.pool, [p.index for p in pages] + [p.index for p in extra])
 

@@ -137,6 +137,9 @@ class SimReader:
     def answer(self, s: str, at: int) -> None:
         pass
 
+    def make_tail(self, sessions: list[str]) -> float | None:
+        return None          # questions' tails are not simulated (no question asks here)
+
     def prompt(self, s: str, n: int) -> None:
         """A new prompt of n ids (a shorter one rewrote the session: C falls back)."""
         self.ids[s] = n

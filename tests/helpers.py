@@ -57,9 +57,10 @@ def disk_reader(model, disk, grid: int, **kw) -> Reader:
 
 
 def check_refs(reader: Reader) -> None:
-    """Each page's references = the resident sessions holding it (+ prepared fork bases);
-    each GDN entry's = the checkpoints and tip entries naming it. AssertionError otherwise."""
-    pages, entries = Counter(), Counter()
+    """Each page's references = the resident sessions holding it (+ prepared fork bases, +
+    kept questions' tails); each GDN entry's = the checkpoints and tip entries naming it.
+    AssertionError otherwise."""
+    pages, entries = Counter(p.index for p in reader.tails.pages()), Counter()
     states = list(reader.table.resident.values()) + [s.state for s in reader._scratch.values()]
     for stt in states:
         pages.update(p.index for p in stt.pages)

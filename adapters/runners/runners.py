@@ -56,7 +56,8 @@ class Runners:
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
                         "proj": self.chunk.proj, "page_rows": grid, "side_stream": side}
         self.split = split
-        self._sized: dict[int, ChunkGraphs] = {}
+        # question runners by rows, the decode runner (1), states-keeping runners ('rows', t)
+        self._sized: dict = {}
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
 
@@ -93,6 +94,17 @@ class Runners:
             if runner.split_graphs is not None and self._pool is not None:
                 runner.split_graphs.pin(self._pool)    # its graphs over it made at first use
         return self._sized[t]
+
+    def rows(self, t: int) -> ChunkGraphs:
+        """The runner of a fork's piece of exactly t rows that gives back its states (t a
+        multiple of 64 below the grid: Adapter.read_rows), made at first use (its graphs
+        too; with FA4 in the graph over the pool `prepare` was given)."""
+        if ("rows", t) not in self._sized:
+            runner = self._sized[("rows", t)] = ChunkGraphs(self.model, t, split=self.split,
+                                                            **self.options)
+            if runner.split_graphs is not None and self._pool is not None:
+                runner.split_graphs.pin(self._pool)
+        return self._sized[("rows", t)]
 
     def rows_of(self, num_rows: int) -> int:
         """The rows a forward of num_rows ids is padded to: the first small bucket that holds

@@ -71,6 +71,11 @@ class KvPool:
         self._layers = [(block[j, 0], block[j, 1]) for j in range(self.spec.num_attention)]
         self.pointers = [x.data_ptr() for pair in self._layers for x in pair]
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Page `dst`'s rows of every layer, K and V, set to page `src`'s (one strided copy on
+        the pool's device; a fork's own copy of a page it writes above rows another holds)."""
+        self.block[:, :, dst].copy_(self.block[:, :, src])
+
     def grow(self, num_pages: int) -> None:
         """Hold `num_pages` pages (more than now): a new block, the old pages copied in (their
         indices, keys and references unchanged). Raises ValueError for fewer pages."""

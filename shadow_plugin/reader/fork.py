@@ -9,6 +9,15 @@ forward always starts from the state at L = the grid line at or below `at`:
   the session's pages below it, reads forward to L (its pages are the session's own, found by
   key), and forwards the rest there; the session never sees it.
 Both paths give the same bits: the same ids on the same grid from equal states.
+
+From the line a fork forwards (every forward starts at a multiple of ROW_ALIGN, 64 rows):
+1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN (none when cut == line), as a
+   forward of its own that keeps its states (Adapter.read_rows); what it gives depends only on
+   ids[:cut], so the reader keeps it (reader.tails) and a question at the same place starts
+   from it (each fork a copy of its page);
+2. while more than a grid's ids are left: a piece up to the next grid line (read_rows from
+   cut, then whole chunks, Adapter.read_chunk), each keeping its states;
+3. the last forward (1 to grid ids): a question's letters' logits, or a prompt's first id.
 """
 from __future__ import annotations
 
@@ -17,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters import Adapter
+from adapters import ROW_ALIGN, Adapter
 from block_store import PagedKv, PageStore, SessionState
 from block_store.checkpoints import rollback_target
 from block_store.memory.layout import GdnState
@@ -25,6 +34,7 @@ from block_store.memory.pool import Page
 from block_store.session import release_state, scratch_from
 from shadow_plugin.chat.questions import Answer
 from shadow_plugin.reader.step import ReaderConfig, read_chunk
+from shadow_plugin.reader.tails import Tail, Tails, base_key
 
 
 @dataclass
@@ -137,63 +147,121 @@ class Forward:
     stale: bool = False
 
 
-def num_pieces(num_ids: int, grid: int) -> int:
-    """How many grid pieces of a fork's num_ids ids are read (adapter.read_chunk) before its
-    last forward: one while more than a grid's ids are left, so the last forward holds 1 to
-    grid ids (all of them when there are at most a grid's, as before pieces)."""
-    return max(0, -(-(num_ids - grid) // grid))
+def tail_cut(at: int, grid: int) -> int:
+    """Where a fork at `at` cuts its tail: the multiple of ROW_ALIGN at or below `at` (its
+    grid line when `at` lies within ROW_ALIGN of it: no tail)."""
+    return at // ROW_ALIGN * ROW_ALIGN
+
+
+def piece_len(pos: int, num_rest: int, grid: int) -> int:
+    """Ids of the next piece of a fork at row `pos` (past its tail) with num_rest ids left: up
+    to the next grid line while more than a grid's ids are left (a whole chunk at a grid
+    line), 0 when the rest is its last forward."""
+    return 0 if num_rest <= grid else grid - pos % grid
+
+
+def num_pieces(at: int, num_extra_ids: int, grid: int) -> tuple[int, int]:
+    """(pieces, ids of the last forward) of a fork at `at` with num_extra_ids ids of its own:
+    the pieces read after its tail (forward_piece), then its last forward of 1 to grid ids."""
+    pos = tail_cut(at, grid)
+    n, count = at - pos + num_extra_ids, 0
+    while (step := piece_len(pos, n, grid)):
+        pos, n, count = pos + step, n - step, count + 1
+    return count, n
 
 
 def question_padding(adapter: Adapter, at: int, num_question_ids: int) -> int:
     """Rows a question's last forward pads past its ids (adapter.fork_rows of what is left
-    after its pieces), for `start`'s extra_rows."""
-    g = adapter.grid
-    n = at - at // g * g + num_question_ids
-    last = n - num_pieces(n, g) * g
+    after its tail and pieces), for `start`'s extra_rows."""
+    last = num_pieces(at, num_question_ids, adapter.grid)[1]
     return adapter.fork_rows(last) - last
 
 
 def start(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
           session: str, extra_ids: list[int], at: int, extra_rows: int,
-          scratch: Scratch | None = None) -> Forward:
+          scratch: Scratch | None = None, tails: Tails | None = None) -> Forward:
     """Begin a fork at `at` with `extra_ids` (a question or a prompt) after ids[line:at]:
     fork_base brings the base to the grid line (chunks it must read are read here: a caller
     that must not hold its lock that long reads them first, Reader.prepare_fork and read),
-    then the fork takes references to the base's pages (its scratch pages come as its
-    pieces need them, `kv`, for its ids and `extra_rows` more: its last forward's padding, a
-    decode's tokens). The scratch base, if any, is given back at once (the fork holds what
-    it needs). Raises as fork_base."""
+    the tail ids[line:cut] is found in `tails` or forwarded (and kept there), then the fork
+    takes references to the base's pages (its scratch pages come as its pieces need them,
+    `kv`, for its ids and `extra_rows` more: its last forward's padding, a decode's tokens).
+    The scratch base, if any, is given back at once (the fork holds what it needs). Raises
+    as fork_base."""
     return start_many(adapter, rcfg, store, st, session, [extra_ids], at, [extra_rows],
-                      scratch)[0]
+                      scratch, tails)[0]
 
 
 def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState,
                session: str, extra_ids: list[list[int]], at: int, extra_rows: list[int],
-               scratch: Scratch | None = None) -> list[Forward]:
+               scratch: Scratch | None = None, tails: Tails | None = None) -> list[Forward]:
     """`start` for several forks at one `at` over one base (several questions over one
-    session): the base brought to the grid line once, then each fork its own references to
-    the base's pages below the line and the base's GDN states (shared: no forward changes a
-    state in place), its scratch pages its own. A fork gives each the bits it gets started
-    alone. Raises as fork_base (no fork is held then)."""
+    session): the base brought to the grid line once and the tail forwarded at most once,
+    then each fork its own references to the base's pages below the line, its own copy of
+    the tail's page and the tail's GDN states (shared: no forward changes a state in place),
+    its other scratch pages its own. A fork gives each the bits it gets started alone, with
+    its tail kept or not. Raises as fork_base (no fork is held then)."""
     t0 = time.perf_counter()
     backlog = st.backlog
     sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
     base = sc.state if sc else st
+    cut = max(line, tail_cut(at, rcfg.grid))
     out: list[Forward] = []
+    tail, num_tail = None, 0
     try:
+        if cut > line:
+            tail, num_tail = tail_of(adapter, store, base, line, st.ids[line:cut], tails)
         for extra, rows in zip(extra_ids, extra_rows):
             fwd = st.ids[line:at] + list(extra)
             pinned = store.take_pages(base.pages[:line // rcfg.grid])
-            out.append(Forward(session, at, line, line, fwd, base.gdn, pinned, [],
-                               line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
-                               backlog, t0, st.stale))
+            fw = Forward(session, at, line, line, fwd, base.gdn, pinned, [],
+                         line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
+                         backlog, t0, st.stale)
+            out.append(fw)
+            if tail is not None:       # the fork starts at cut, on its own copy of the page
+                fw.scratch.append(store.copy(tail.page))
+                fw.pos, fw.rest, fw.gdn = cut, fwd[cut - line:], tail.gdn
+                fw.num_ids = len(fw.rest) + num_tail
     except BaseException:
         for fw in out:
             release(store, fw)
         raise
     finally:
         drop_scratch(store, sc)
+        if tail is not None and (tails is None or not tails.holds(tail)):
+            store.manager.release(tail.page)       # not kept: the forks hold copies
     return out
+
+
+def tail_of(adapter: Adapter, store: PageStore, base: SessionState, line: int, ids: list[int],
+            tails: Tails | None) -> tuple[Tail, int]:
+    """The tail ids = ids[line:cut] over `base` (its state at the grid line, C == line):
+    found in `tails`, or forwarded now into a page of its own (Adapter.read_rows) and kept
+    there (when tails keep any). Returns (the tail, ids forwarded: 0 when found). The
+    caller gives its page back unless `tails` holds it. Raises PoolFull when no page can be
+    had, and what the forward raises (its page given back)."""
+    key = base_key(store, base.keys, line)
+    if tails is not None and (tail := tails.find(key, ids)) is not None:
+        return tail, 0
+    tail = make_tail(adapter, store, base, line, ids, key)
+    if tails is not None:
+        tails.keep(store, tail)
+    return tail, len(ids)
+
+
+def make_tail(adapter: Adapter, store: PageStore, base: SessionState, line: int,
+              ids: list[int], key: bytes) -> Tail:
+    """Forward ids (ids[line:cut]) at the line over `base` (C == line) into a new page:
+    the Tail (its page's one reference the caller's). Raises PoolFull, and what the forward
+    raises (the page given back then)."""
+    page = store.allocate()
+    try:
+        gdn = adapter.read_rows(ids, line, store.view(base.pages[:line // store.grid], [page]),
+                                base.gdn)
+    except BaseException:
+        store.manager.release(page)
+        raise
+    return Tail(key, line, tuple(ids), page, gdn)
 
 
 def kv(store: PageStore, fw: Forward, rows: int) -> PagedKv:
@@ -205,32 +273,38 @@ def kv(store: PageStore, fw: Forward, rows: int) -> PagedKv:
 
 
 def forward_piece(adapter: Adapter, store: PageStore, fw: Forward) -> bool:
-    """Read the fork's next grid piece (adapter.read_chunk at a grid line: KV rows into its
-    scratch pages, the states kept in `fw`) when one is due (num_pieces); returns whether
-    one was read. Raises PoolFull when no page can be had (release fw then)."""
-    g = adapter.grid
-    if num_pieces(len(fw.rest), g) == 0:
+    """Read the fork's next piece when one is due (piece_len): a whole chunk at a grid line
+    (adapter.read_chunk), else the piece from its cut up to the grid line
+    (adapter.read_rows); KV rows into its scratch pages, the states kept in `fw`. Returns
+    whether one was read. Raises PoolFull when no page can be had (release fw then)."""
+    n = piece_len(fw.pos, len(fw.rest), adapter.grid)
+    if n == 0:
         return False
-    fw.gdn = adapter.read_chunk(fw.rest[:g], fw.pos, kv(store, fw, fw.pos + g), fw.gdn)
-    fw.pos += g
-    fw.rest = fw.rest[g:]
+    read = adapter.read_chunk if n == adapter.grid else adapter.read_rows
+    fw.gdn = read(fw.rest[:n], fw.pos, kv(store, fw, fw.pos + n), fw.gdn)
+    fw.pos += n
+    fw.rest = fw.rest[n:]
     return True
 
 
 def forward_pieces(adapter: Adapter, store: PageStore, fws: list[Forward]) -> bool:
-    """forward_piece for every fork that has a piece due, in one adapter.read_chunks (each
-    piece with the bits forward_piece gives it); returns whether one was read. Raises
-    PoolFull when no page can be had (release the forks then)."""
+    """forward_piece for every fork that has a piece due: the whole chunks in one
+    adapter.read_chunks (each with the bits forward_piece gives it), a piece up to a grid
+    line each alone; returns whether one was read. Raises PoolFull when no page can be had
+    (release the forks then)."""
     g = adapter.grid
-    due = [fw for fw in fws if num_pieces(len(fw.rest), g) > 0]
-    if not due:
-        return False
-    items = [(fw.rest[:g], fw.pos, kv(store, fw, fw.pos + g), fw.gdn) for fw in due]
-    for fw, gdn in zip(due, adapter.read_chunks(items)):
-        fw.gdn = gdn
-        fw.pos += g
-        fw.rest = fw.rest[g:]
-    return True
+    due = [fw for fw in fws if piece_len(fw.pos, len(fw.rest), g) > 0]
+    chunks = [fw for fw in due if piece_len(fw.pos, len(fw.rest), g) == g]
+    for fw in due:
+        if all(fw is not c for c in chunks):
+            forward_piece(adapter, store, fw)
+    if chunks:
+        items = [(fw.rest[:g], fw.pos, kv(store, fw, fw.pos + g), fw.gdn) for fw in chunks]
+        for fw, gdn in zip(chunks, adapter.read_chunks(items)):
+            fw.gdn = gdn
+            fw.pos += g
+            fw.rest = fw.rest[g:]
+    return bool(due)
 
 
 def release(store: PageStore, fw: Forward) -> None:

@@ -26,6 +26,7 @@ from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader import exact, fork, lines, rewrites
 from shadow_plugin.reader.conflicts import StaleSession
 from shadow_plugin.reader.step import ReaderConfig, read_chunk, read_chunks
+from shadow_plugin.reader.tails import Tails, base_key
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,15 @@ class Reader:
     of resident_bytes); disk_shared (other servers use the folder: block_store.StoreConfig;
     `sync`), disk_grace_s (files younger than this, s, are never deleted; None: 60 with
     disk_shared, else 0); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
-    (adapters.make_adapter; refused with an adapter already built). Questions, decoding and
-    summaries: ask, generate, summarize.
+    (adapters.make_adapter; refused with an adapter already built); max_tails: questions'
+    tails kept (shadow_plugin.reader.tails: a page and a GDN state's bytes each; 0: none).
+    Questions, decoding and summaries: ask, generate, summarize.
     On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
     and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
     a chunk's bits depend on (Adapter.identity).
-    Raises ValueError for a bad grid, max_checkpoints, resident_bytes or gdn_bytes, an
-    attention this device cannot run, or an attention, attn_split or fused_ops without the
-    runners.
+    Raises ValueError for a bad grid, max_checkpoints, resident_bytes, gdn_bytes or
+    max_tails, an attention this device cannot run, or an attention, attn_split or
+    fused_ops without the runners.
     """
 
     def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
@@ -104,7 +106,7 @@ class Reader:
                  gdn_bytes: int | None = None, disk_shared: bool = False,
                  disk_grace_s: float | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
-                 attn_split=None, attention: str | None = None):
+                 attn_split=None, attention: str | None = None, max_tails: int = 8):
         options = (cuda_graphs, fused_ops, attn_split, attention)
         if isinstance(model, Adapter):
             if options != (None,) * 4 or grid not in (None, model.grid):
@@ -126,6 +128,7 @@ class Reader:
         self.table = SessionTable(self.adapter.spec, self.store_config,
                                   self.adapter.identity(), self.config.grid)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
+        self.tails = Tails(max_tails)       # questions' tails, by content (reader.tails)
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -186,6 +189,7 @@ class Reader:
         """Residency and counters (block_store.SessionTable.stats), each session also flagged
         `beyond_max_positions` when it holds more ids than the model's positions."""
         out = self.table.stats()
+        out.update(self.tails.stats(), tail_bytes=self.tails.nbytes(self.store.pool.page_bytes))
         for s in out["sessions"].values():
             s["beyond_max_positions"] = s["num_ids"] > self.adapter.max_positions
         return out
@@ -194,6 +198,7 @@ class Reader:
         """A planned stop: park every resident session (written to disk when there is one)."""
         for sid in list(self._scratch):
             fork.drop_scratch(self.store, self._scratch.pop(sid))
+        self.tails.drop_all(self.store)
         self.table.close()
 
     def position(self, session: str) -> tuple[int, int]:
@@ -498,7 +503,7 @@ class Reader:
         q_ids, letters, choices = self._question(st, question, choices, at)
         fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
                         fork.question_padding(self.adapter, at, len(q_ids)),
-                        self._take_scratch(session, st, at))
+                        self._take_scratch(session, st, at), self.tails)
         return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
 
     def _question(self, st: SessionState, question, choices, at: int):
@@ -554,7 +559,8 @@ class Reader:
         fws = fork.start_many(self.adapter, self.config, self.store, st, session,
                               [r[0] for r in rendered], at,
                               [fork.question_padding(self.adapter, at, len(r[0]))
-                               for r in rendered], self._take_scratch(session, st, at))
+                               for r in rendered], self._take_scratch(session, st, at),
+                              self.tails)
         return [fork.Pending(fw, len(q), letters=lt, choices=ch)
                 for fw, (q, lt, ch) in zip(fws, rendered)]
 
@@ -566,7 +572,7 @@ class Reader:
         before `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
         # the forward this step would batch: the pieces due, else the last forwards
-        due = [g for fw in fws if fork.num_pieces(len(fw.rest), g) > 0]
+        due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
         if self.adapter.batches(due or [len(fw.rest) for fw in fws]):
             moved = fork.forward_pieces(self.adapter, self.store, fws)
         else:
@@ -637,6 +643,33 @@ class Reader:
         steps of a fork)."""
         self._settle(session if session in self.table.resident else None)
 
+    def make_tail(self, session: str) -> bool:
+        """Forward and keep now the tail a question at the session's end forwards first
+        (shadow_plugin.reader.tails: ids[line:cut] for at = its ids' length), when the
+        session is resident (a parked one is not restored for it), its whole chunks are read
+        (C is the grid line at or below its end), the tail is not empty and not kept yet: for
+        the idle window, so that the next question there forwards at most ROW_ALIGN - 1 of
+        the session's ids besides its own. Returns whether a forward ran. Raises KeyError for
+        an unknown session, ValueError for a bad session id."""
+        sid = validate.session_id(session)
+        st = self.table.resident.get(sid)
+        if st is None:
+            if not self.table.knows(sid):
+                raise KeyError(sid)
+            return False
+        at, g = len(st.ids), self.config.grid
+        line, cut = at // g * g, fork.tail_cut(at, g)
+        if st.committed != line or cut == line or self.tails.max_tails == 0:
+            return False
+        key, ids = base_key(self.store, st.keys, line), st.ids[line:cut]
+        if self.tails.has(key, ids):
+            return False
+        tail = fork.make_tail(self.adapter, self.store, st, line, ids, key)
+        if not self.tails.keep(self.store, tail):
+            self.store.manager.release(tail.page)
+        self.adapter.sync()
+        return True
+
     def prepare_fork(self, session: str, at: int, max_chunks: int = 1) -> int:
         """For a question or fork at `at` below C, which starts from a checkpoint and re-reads
         up to the grid line at or below `at` in scratch: read at most max_chunks (>= 1) of
@@ -705,7 +738,7 @@ class Reader:
             if not p_ids:
                 raise ValueError("prompt ids must not be empty")
         fw = fork.start(self.adapter, self.config, self.store, st, session, p_ids, at,
-                        max_new_tokens, self._take_scratch(session, st, at))
+                        max_new_tokens, self._take_scratch(session, st, at), self.tails)
         return fork.Pending(fw, len(p_ids), max_new_tokens=max_new_tokens,
                             stop_ids=frozenset(stop_ids))
 

@@ -65,6 +65,19 @@ class _Port:
     def answer(self, session: str, at: int) -> None:
         self.on_question(session, at)
 
+    def make_tail(self, sessions: list[str]) -> float | None:
+        """Reader.make_tail for the first session of `sessions` (most recent first; as many
+        as the reader keeps tails) that has one due: its ms, None when none had."""
+        for session in sessions[:self.reader.tails.max_tails]:
+            t0 = time.perf_counter()
+            try:
+                made = self.reader.make_tail(session)
+            except KeyError:                       # dropped meanwhile
+                continue
+            if made:
+                return (time.perf_counter() - t0) * 1e3
+        return None
+
 
 class Host:
     """Args: reader; host_busy (callable: True while a host request runs or waits, or a lock

@@ -11,6 +11,9 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
   minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
   chunk's cost comes from the cost model. Reading goes by position, so the turn's prompt is read
   before its output.
+- Tails: once every session is fresh, the idle window forwards the tail of a question at the
+  end of the most recent sessions (Reader.make_tail, shadow_plugin.reader.tails), so that a
+  question there forwards its own ids and at most 63 of the session's.
 - Which session: one with a pending question whose grid line it has not reached, then the
   session of the most recent turn, then the others by recency. A question asked at position p is
   answered when its session's C reaches the grid line at or below p, before C moves past it.
@@ -273,11 +276,24 @@ class Scheduler:
             return self._idle_batch(start, spent, done)
         session = self.pick()
         if session is None:
-            return "fresh"
+            return self._idle_tail(spent)
         left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
         if done and self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
             return "budget"
         self._read(session, spent, done)
+        return None
+
+    def _idle_tail(self, spent: list) -> str | None:
+        """Every session fresh: the tail of a question at the end of a recent session
+        (ReaderPort.make_tail, the most recent first), so that a question there forwards only
+        its own ids and a few of the session's; "fresh" when none is due. A tail is less than
+        a chunk's forward, so it is not held to the burst's budget (a host request still
+        waits at most one chunk)."""
+        ms = self.port.make_tail(list(reversed(self.recency))) if self.recency else None
+        if ms is None:
+            return "fresh"
+        self.idle_memo = None
+        spent[0] += ms
         return None
 
     def _idle_batch(self, start: float, spent: list, done: dict) -> str | None:
@@ -286,7 +302,7 @@ class Scheduler:
         read_chunk when one is left."""
         sessions = self.pick_many(self.cfg.batch_sessions)
         if not sessions:
-            return "fresh"
+            return self._idle_tail(spent)
         left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
         while len(sessions) > 1 and self._batch_estimate(sessions) > left_ms + EPS_MS:
             sessions.pop()

@@ -154,3 +154,27 @@ def test_a_round_with_no_chunk_due_is_free_and_a_slice_pays_its_overhead(tiny, m
     assert sl.chunks == (("s", 3),) and len(syncs) == 2
     used = host.scheduler.turns["s"].used_ms
     assert abs(used - sl.ms) < 1e-6 and sl.ms >= 4.0       # the two syncs' 4 ms counted
+
+
+def test_the_idle_window_keeps_the_tail_a_question_at_the_end_starts_from(tiny):
+    """Once every session is fresh, the idle window forwards the tail of a question at the
+    end of the most recent sessions (Reader.make_tail); the question then forwards ids[cut:]
+    and its own ids only, with the bits it gets without a kept tail."""
+    g = 256
+    clock = VirtualClock()
+    host = Host(Reader(tiny, grid=g), cfg=SchedulerConfig(grid=g), clock=clock)
+    ids = rand_ids(2 * g + 150, 7)
+    host.turn_started("s", ids)
+    host.turn_finished("s")
+    burst = host.idle_once()
+    assert burst.chunks == (("s", 2),) and burst.stop == "fresh"
+    reader = host.reader
+    assert reader.tails.num_made == 1 and len(reader.tails) == 1
+    assert host.idle_once().ms == 0.0                      # kept: nothing more to do
+    q = rand_ids(20, 8)
+    got = reader.ask("s", q, ["y", "n"])
+    assert reader.tails.num_hits == 1 and got.num_forwarded_tokens == 150 - 128 + 20
+    alone = Reader(tiny, grid=g, max_tails=0)
+    alone.feed("s", ids, "prompt")
+    alone.read("s")
+    assert alone.ask("s", q, ["y", "n"]).probs == got.probs

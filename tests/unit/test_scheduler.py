@@ -18,6 +18,7 @@ class FakeReader:
     def __init__(self, clock, chunk_ms=5.0):
         self.clock, self.chunk_ms = clock, chunk_ms
         self.ids, self.c, self.answers = {}, {}, []
+        self.tails, self.tail_ms = [], None     # tails made (tail_ms each) when a test sets it
 
     def add(self, session, n):
         self.ids[session] = self.ids.get(session, 0) + n
@@ -37,6 +38,16 @@ class FakeReader:
 
     def answer(self, s, at):
         self.answers.append((s, at, self.c[s]))
+
+    def make_tail(self, sessions):
+        """A tail due for each session once its whole chunks are read (tail_ms each), when
+        tail_ms is set."""
+        for s in sessions if self.tail_ms is not None else ():
+            if self.backlog(s) < G and s not in self.tails:
+                self.tails.append(s)
+                self.clock.t += self.tail_ms / 1e3
+                return self.tail_ms
+        return None
 
 
 def make(chunk_ms=5.0, busy=lambda: False, **cfg):
@@ -71,6 +82,22 @@ def test_idle_burst_reads_newest_turn_first_then_by_recency():
     reader.add("old", 20 * G)
     burst = sched.idle_burst()                       # 1 s at 100 ms a chunk: 10 chunks
     assert burst == Slice("idle", (("old", 10),), 1000.0, "budget")
+
+
+def test_once_all_are_fresh_the_idle_window_makes_tails_most_recent_first():
+    sched, reader, clock = make(chunk_ms=100.0, idle_burst_s=1.0)
+    reader.tail_ms = 30.0
+    for s, n in (("old", 3 * G + 70), ("new", 4 * G + 70)):
+        reader.add(s, n)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    burst = sched.idle_burst()
+    assert burst == Slice("idle", (("new", 4), ("old", 3)), 760.0, "fresh")
+    assert reader.tails == ["new", "old"]
+    assert sched.idle_burst() == Slice("idle", (), 0.0, "fresh")     # none due: nothing
+    reader.add("old", 2 * G)
+    sched.turn_started("old")
+    assert sched.idle_burst() is None and reader.tails == ["new", "old"]   # a turn is open
 
 
 def test_a_chunk_estimated_past_the_whole_burst_is_still_read_one_a_burst():

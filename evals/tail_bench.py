@@ -1,0 +1,160 @@
+"""A question at a session's end with its tail kept, against the forwards it took before tails
+(shadow_plugin.reader.tails), side by side in one process on the same adapter:
+
+- `one forward` (the path before tails): ids[line:at] and the question in one forward from
+  the grid line (Adapter.fork_logits at the line), as forks ran it until 2026-12-05;
+- `tail, then the question` (no tail kept: a question that comes before the idle window made
+  its tail): Adapter.read_rows of ids[line:cut], then fork_logits of ids[cut:at] and the
+  question from cut;
+- `kept tail` (the idle window made it): fork_logits from cut only;
+- `ask kept` / `ask none`: Reader.ask's own ms (wall, the host's work included) with the tail
+  kept and with max_tails=0.
+
+Each arm's forwards run over the same session state (a reader that read ids[:line]), timed
+with CUDA events on CUDA (perf_counter on the CPU), warmed up first, the arms taken in turns;
+figures are medians over `repeats`. The question is the router's (ROUTER), `tail` ids past the
+grid line (330: the seed's measurement). The last line printed is one JSON object.
+
+    python -m evals.tail_bench [--model random:qwen3.5-0.8b] [--device cuda] [--grid 512]
+        [--contexts 32768,100352] [--tails 64,330,506] [--repeats 7] [--attention fa4]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from adapters import ROW_ALIGN
+from evals.batch_bench import session_ids
+from evals.run_info import git_commit
+from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.reader.reader import Reader
+
+
+class Timer:
+    """ms of fn(): CUDA events on CUDA (the device's time, the host's launches included
+    when they are the bottleneck), perf_counter around a sync on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+
+def arms(reader: Reader, q_ids: list[int], letters: list[int]) -> dict:
+    """The three forward arms over session "s" (C at its grid line): callables that run them,
+    each from the same state, writing only scratch pages of their own."""
+    st = reader._get("s")
+    adapter, store, g = reader.adapter, reader.store, reader.config.grid
+    at = len(st.ids)
+    line, cut = at // g * g, at // ROW_ALIGN * ROW_ALIGN
+    assert st.committed == line and cut > line
+    kv, pages = fork_kv(store, st, at + 2 * g)
+    tail_gdn = adapter.read_rows(st.ids[line:cut], line, kv, st.gdn)
+
+    def one():
+        return adapter.fork_logits(st.ids[line:] + q_ids, line, kv, st.gdn, letters)
+
+    def both():
+        gdn = adapter.read_rows(st.ids[line:cut], line, kv, st.gdn)
+        return adapter.fork_logits(st.ids[cut:] + q_ids, cut, kv, gdn, letters)
+
+    def kept():
+        return adapter.fork_logits(st.ids[cut:] + q_ids, cut, kv, tail_gdn, letters)
+
+    return {"one_forward": one, "tail_then_question": both, "kept_tail": kept}, pages
+
+
+def fork_kv(store, st, rows: int):
+    """The session's pages and scratch pages for rows up to `rows` (given back by the
+    caller): (PagedKv, scratch pages)."""
+    from block_store.session import fork_pages
+    return fork_pages(store, st, rows)
+
+
+def measure(model, context: int, tail: int, args) -> dict:
+    grid = args.grid
+    ids = session_ids(context + tail, context + tail)
+    reader = Reader(model, grid=grid, attention=args.attention)
+    none = Reader(model, grid=grid, attention=args.attention, max_tails=0)
+    for r in (reader, none):
+        r.feed("s", ids, "prompt")
+        r.read("s")
+    q_ids = reader._question(reader._get("s"), ROUTER.question, list(ROUTER.choices),
+                             len(ids))[0]
+    letters = reader._question(reader._get("s"), ROUTER.question, list(ROUTER.choices),
+                               len(ids))[1]
+    run, pages = arms(reader, q_ids, letters)
+    timer = Timer(model.device)
+    times: dict[str, list[float]] = {k: [] for k in [*run, "ask_kept", "ask_none"]}
+    try:
+        with torch.no_grad():
+            for fn in run.values():                       # warm-up: each shape's first run
+                fn()
+            reader.ask("s", ROUTER.question, list(ROUTER.choices))     # the tail kept here
+            none.ask("s", ROUTER.question, list(ROUTER.choices))
+            same = torch.equal(run["tail_then_question"](), run["kept_tail"]())
+            for _ in range(args.repeats):
+                for name, fn in run.items():
+                    times[name].append(timer(fn))
+                times["ask_kept"].append(reader.ask("s", ROUTER.question,
+                                                    list(ROUTER.choices)).ms)
+                times["ask_none"].append(none.ask("s", ROUTER.question,
+                                                  list(ROUTER.choices)).ms)
+    finally:
+        reader.store.release_pages(pages)
+    a = reader.ask("s", ROUTER.question, list(ROUTER.choices))
+    b = none.ask("s", ROUTER.question, list(ROUTER.choices))
+    med = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    out = {"context": context, "tail": tail, "question_ids": len(q_ids),
+           "forwarded_kept": a.num_forwarded_tokens, "forwarded_none": b.num_forwarded_tokens,
+           "ms": med, "kept_over_one_forward": round(med["kept_tail"] / med["one_forward"], 3),
+           "answers_equal": a.probs == b.probs, "kept_equals_unkept_forward": same,
+           "tail_hits": reader.tails.num_hits}
+    print(f"tails {context}+{tail}: {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="random:qwen3.5-0.8b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--grid", type=int, default=512)
+    p.add_argument("--contexts", default="32768,100352")
+    p.add_argument("--tails", default="64,330,506")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--attention", default=None)
+    args = p.parse_args(argv)
+    from adapters import load_model
+    model = load_model(args.model, device=args.device)
+    res = {"bench": "tail_bench", "model": args.model, "grid": args.grid,
+           "dtype": str(model.dtype).removeprefix("torch."), "attention": args.attention,
+           "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.machine(),
+           "torch": torch.__version__, "commit": git_commit(),
+           "date": datetime.date.today().isoformat(), "runs": []}
+    for context in (int(x) for x in args.contexts.split(",")):
+        for tail in (int(x) for x in args.tails.split(",")):
+            res["runs"].append(measure(model, context, tail, args))
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Question tails kept between questions: the forward of ids[line:cut] below a fork's own ids.
+
+A fork at `at` forwards, from the grid line `line` at or below `at` (shadow_plugin.reader.fork):
+first the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN (adapters.ROW_ALIGN, 64 rows),
+as a forward of its own that keeps its states (Adapter.read_rows), then ids[cut:at] and the
+question from cut. The tail's result, KV rows [line, cut) and the GDN states after cut, depends
+only on ids[:cut]: the state at the line is a pure function of ids[:line] (the contract,
+docs/design.md), which the page key of the page below the line names. So the reader keeps it,
+keyed by (that key, ids[line:cut]), and a question at the same place (the next question of a
+session, several questions at once, another session with the same ids) forwards ids[cut:at]
+and its own ids only: at most 63 ids of the session instead of up to grid - 1.
+
+Held: one page (its rows [0, cut - line) the tail's KV rows, one reference) and the GDN states,
+per tail: a page and a GDN entry's bytes (about 25 MB for the 0.8B at grid 512, bf16). At most
+`max_tails` are kept, the least recently used given up first; a fork copies the page into one
+of its own (it writes its rows above cut there).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from block_store import PageStore
+from block_store.memory.layout import GdnState
+from block_store.memory.pool import Page
+
+
+@dataclass
+class Tail:
+    """A tail's forward: `page` holds KV rows [line, line + len(ids)) at its rows [0,
+    len(ids)) (one reference, the holder's); gdn: the GDN states after the last id (per GDN
+    layer (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32)); key: the page key of
+    ids[:line] (the store's root at line 0); ids: ids[line:cut]."""
+
+    key: bytes
+    line: int
+    ids: tuple[int, ...]
+    page: Page
+    gdn: GdnState
+
+    @property
+    def nbytes(self) -> int:
+        """The GDN states' bytes (the page's are the pool's page_bytes)."""
+        return sum(c.nbytes + r.nbytes for c, r in self.gdn)
+
+
+def base_key(store: PageStore, keys: list[bytes], line: int) -> bytes:
+    """The page key naming ids[:line] of a state whose page keys are `keys` (at least line /
+    grid of them): the key of the page below the line, the store's root at 0."""
+    return keys[line // store.grid - 1] if line else store.root
+
+
+class Tails:
+    """The tails a reader keeps (at most max_tails, >= 0; 0 keeps none), by (base key, tail
+    ids). Counters: num_hits (a fork found its tail), num_made (tails forwarded and kept),
+    num_evicted (given up for room or dropped). Raises ValueError for a negative max_tails."""
+
+    def __init__(self, max_tails: int):
+        if not isinstance(max_tails, int) or isinstance(max_tails, bool) or max_tails < 0:
+            raise ValueError(f"max_tails must be an integer >= 0, got {max_tails!r}")
+        self.max_tails = max_tails
+        self._held: OrderedDict[tuple[bytes, tuple[int, ...]], Tail] = OrderedDict()
+        self.num_hits = self.num_made = self.num_evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def find(self, key: bytes, ids) -> Tail | None:
+        """The tail of ids (ids[line:cut]) over the base named by key, made most recent; None
+        when not held."""
+        k = (key, tuple(ids))
+        tail = self._held.get(k)
+        if tail is not None:
+            self._held.move_to_end(k)
+            self.num_hits += 1
+        return tail
+
+    def has(self, key: bytes, ids) -> bool:
+        """Whether that tail is held (not counted as a hit, its recency unchanged)."""
+        return (key, tuple(ids)) in self._held
+
+    def holds(self, tail: Tail) -> bool:
+        """Whether this very tail is held (its page is then this holder's to give back)."""
+        return self._held.get((tail.key, tail.ids)) is tail
+
+    def keep(self, store: PageStore, tail: Tail) -> bool:
+        """Hold `tail` (its page's reference passes to this holder), the least recently used
+        given up (their pages back) while more than max_tails would be held. Returns False,
+        the page left to the caller, when none are kept or one of these ids is held."""
+        k = (tail.key, tail.ids)
+        if self.max_tails == 0 or k in self._held:
+            return False
+        self._held[k] = tail
+        self.num_made += 1
+        while len(self._held) > self.max_tails:
+            _, old = self._held.popitem(last=False)
+            store.manager.release(old.page)
+            self.num_evicted += 1
+        return True
+
+    def drop_all(self, store: PageStore) -> int:
+        """Give every tail up (their pages back); returns how many."""
+        n = len(self._held)
+        for tail in self._held.values():
+            store.manager.release(tail.page)
+        self._held.clear()
+        self.num_evicted += n
+        return n
+
+    def pages(self) -> list[Page]:
+        """The pages the held tails reference (one reference each)."""
+        return [t.page for t in self._held.values()]
+
+    def nbytes(self, page_bytes: int) -> int:
+        """Bytes held: each tail's page and GDN states."""
+        return sum(page_bytes + t.nbytes for t in self._held.values())
+
+    def stats(self) -> dict:
+        return {"tails_held": len(self._held), "tail_hits": self.num_hits,
+                "tails_made": self.num_made, "tails_evicted": self.num_evicted}

@@ -1,0 +1,157 @@
+"""Questions' tails (shadow_plugin.reader.tails): a fork forwards ids[line:cut] on its own
+(Adapter.read_rows), then the rest from cut; the reader keeps the tail, and a question found on
+a kept tail gives the bits it gets without one, the bits a fresh reader gives, and those of the
+forwards done by hand through the adapter. Grid 256: tails of 64 to 192 ids."""
+import pytest
+import torch
+from helpers import check_refs, rand_ids
+
+from adapters import ROW_ALIGN
+from block_store import contiguous_kv
+from block_store.memory.layout import zero_gdn
+from shadow_plugin import Reader
+from shadow_plugin.reader import fork
+
+G = 256
+LETTERS = [1000 + i for i in range(4)]
+
+
+def _fresh(tiny, ids, **kw) -> Reader:
+    reader = Reader(tiny, grid=G, **kw)
+    reader.feed("s", ids, "prompt")
+    reader.read("s")
+    return reader
+
+
+def _by_hand(tiny, ids: list[int], q_ids: list[int]) -> list[float]:
+    """The letters' probabilities of a question after `ids`, forwarded by hand through the
+    adapter as the module docs say: whole chunks, the tail to cut, the rest from cut."""
+    reader = Reader(tiny, grid=G, max_tails=0)
+    adapter = reader.adapter
+    at = len(ids)
+    line, cut = at // G * G, at // ROW_ALIGN * ROW_ALIGN
+    kv = contiguous_kv(adapter.spec, G, at + len(q_ids) + G)
+    gdn = zero_gdn(adapter.spec)
+    for pos in range(0, line, G):
+        gdn = adapter.read_chunk(ids[pos:pos + G], pos, kv, gdn)
+    if cut > line:
+        gdn = adapter.read_rows(ids[line:cut], line, kv, gdn)
+    logits = adapter.fork_logits(ids[cut:] + q_ids, cut, kv, gdn, LETTERS)
+    return torch.softmax(logits, dim=-1).tolist()
+
+
+def _ask(reader: Reader, q_ids, at=None):
+    return reader.ask("s", q_ids, list("abcd"), at)
+
+
+@pytest.mark.parametrize("n", [3 * G + 64, 3 * G + 100, 3 * G + 200, 3 * G + 30, 100])
+def test_a_kept_tail_gives_the_bits_of_none_of_a_fresh_reader_and_of_the_forwards(tiny, n):
+    ids, q_ids = rand_ids(n), rand_ids(40, 1)
+    kept = _fresh(tiny, ids)
+    first = _ask(kept, q_ids)
+    cut, line = n // ROW_ALIGN * ROW_ALIGN, n // G * G
+    assert kept.tails.num_made == (1 if cut > line else 0)
+    second = _ask(kept, q_ids)                             # on the kept tail
+    assert kept.tails.num_hits == (1 if cut > line else 0)
+    none = _ask(_fresh(tiny, ids, max_tails=0), q_ids)
+    # the letters' ids are the tokenizer's: compare those through the letters given
+    assert first.probs == second.probs == none.probs
+    assert second.num_forwarded_tokens == n - cut + len(q_ids)
+    assert first.num_forwarded_tokens == n - line + len(q_ids)
+    st = kept._get("s")
+    got = torch.softmax(_letters_logits(kept, st, q_ids), dim=-1).tolist()
+    assert got == _by_hand(tiny, ids, q_ids)
+    check_refs(kept)
+    assert kept.check_exact("s")
+
+
+def _letters_logits(reader: Reader, st, q_ids):
+    """The question's LETTERS logits through the reader's own fork (start, pieces, last)."""
+    adapter, store = reader.adapter, reader.store
+    at = len(st.ids)
+    fw = fork.start(adapter, reader.config, store, st, "s", q_ids, at,
+                    fork.question_padding(adapter, at, len(q_ids)), tails=reader.tails)
+    try:
+        while fork.forward_piece(adapter, store, fw):
+            pass
+        return fork.last_logits(adapter, store, fw, LETTERS)
+    finally:
+        fork.release(store, fw)
+
+
+def test_a_tail_is_found_by_content_and_lost_with_a_rewrite_below_its_cut(tiny):
+    ids, q_ids = rand_ids(2 * G + 150), rand_ids(30, 1)
+    reader = _fresh(tiny, ids)
+    reader.feed("t", ids, "prompt")                        # the same ids: its pages, its tail
+    reader.read("t")
+    a = _ask(reader, q_ids)
+    b = reader.ask("t", q_ids, list("abcd"))
+    assert a.probs == b.probs and reader.tails.num_hits == 1
+    changed = ids[:2 * G + 70] + [ids[2 * G + 70] + 1] + ids[2 * G + 71:]   # below the cut
+    reader.feed("s", changed, "prompt")
+    reader.read("s")
+    c = _ask(reader, q_ids)
+    assert reader.tails.num_hits == 1 and reader.tails.num_made == 2
+    assert c.probs == _ask(_fresh(tiny, changed, max_tails=0), q_ids).probs
+    check_refs(reader)
+
+
+def test_questions_at_once_below_c_and_decoding_give_their_bits_alone(tiny):
+    ids = rand_ids(4 * G + 10)
+    reader = _fresh(tiny, ids)
+    at = 2 * G + 180                                       # below C: a scratch base
+    items = [(rand_ids(20 + 7 * i, i), list("abcd")) for i in range(3)]
+    many = reader.ask_many("s", items, at)
+    alone = _fresh(tiny, ids, max_tails=0)
+    for (q, ch), got in zip(items, many):
+        assert got.probs == alone.ask("s", q, ch, at).probs
+    assert reader.tails.num_made == 1 and reader.tails.num_hits == 0   # one tail for all
+    prompt = rand_ids(12, 5)
+    gen = reader.generate("s", prompt, max_new_tokens=6, at=at)
+    assert reader.tails.num_hits == 1
+    assert gen.ids == alone.generate("s", prompt, max_new_tokens=6, at=at).ids
+    check_refs(reader)
+    assert reader.check_exact("s")
+
+
+def test_a_long_question_reads_from_its_cut_to_the_grid_line_then_chunks(tiny):
+    ids = rand_ids(G + 130)
+    q_ids = rand_ids(2 * G + 40, 3)                        # cut, a piece to the line, a chunk
+    reader = _fresh(tiny, ids)
+    pending = reader.begin_ask("s", q_ids, list("abcd"))
+    steps = 0
+    while reader.advance(pending):
+        steps += 1
+    assert steps == 2
+    ans = reader.finish_ask(pending)
+    assert ans.probs == _ask(_fresh(tiny, ids, max_tails=0), q_ids).probs
+    got = torch.softmax(_letters_logits(reader, reader._get("s"), q_ids), dim=-1).tolist()
+    assert got == _by_hand(tiny, ids, q_ids)
+    check_refs(reader)
+
+
+def test_the_least_recently_used_tail_goes_and_its_page_with_it(tiny):
+    reader = Reader(tiny, grid=G, max_tails=2)
+    for i, sid in enumerate("abc"):
+        reader.feed(sid, rand_ids(G + 100, 10 + i), "prompt")
+        reader.read(sid)
+        reader.ask(sid, rand_ids(10, 1), ["y", "n"])
+    assert len(reader.tails) == 2 and reader.tails.num_evicted == 1
+    st = reader.stats()
+    assert st["tails_held"] == 2 and st["tails_made"] == 3
+    gdn_bytes = sum(c.nbytes + r.nbytes for c, r in reader._get("a").gdn)
+    assert st["tail_bytes"] == 2 * (reader.store.pool.page_bytes + gdn_bytes)
+    check_refs(reader)
+    reader.close()
+    assert len(reader.tails) == 0
+
+
+def test_read_rows_refuses_what_is_not_a_piece(tiny):
+    reader = Reader(tiny, grid=G)
+    kv = contiguous_kv(reader.adapter.spec, G, 2 * G)
+    gdn = zero_gdn(reader.adapter.spec)
+    for n, pos in [(0, 0), (100, 0), (G, 0), (64, 32)]:
+        with pytest.raises(ValueError, match="read_rows takes"):
+            reader.adapter.read_rows(list(range(1000, 1000 + n)), pos, kv, gdn)
+    with pytest.raises(ValueError, match="max_tails"):
+        Reader(tiny, grid=G, max_tails=-1)
