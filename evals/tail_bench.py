@@ -8,7 +8,8 @@
   question from cut;
 - `kept tail` (the idle window made it): fork_logits from cut only;
 - `ask kept` / `ask none`: Reader.ask's own ms (wall, the host's work included) with the tail
-  kept and with max_tails=0.
+  kept and with max_tails=0 (both as fork.tail_cut cuts: a tail under half a grid goes with
+  the question, so both are one forward there).
 
 Each arm's forwards run over the same session state (a reader that read ids[:line]), timed
 with CUDA events on CUDA (perf_counter on the CPU), warmed up first, the arms taken in turns;

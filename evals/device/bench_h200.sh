@@ -15,6 +15,7 @@
 #   bash evals/device/bench_h200.sh tails   the questions' tails on CUDA (tests/gpu: kept
 #       tails and long questions, bit for bit, table and FA4), then `python -m
 #       evals.tail_bench`: a question at 32k and 100k on a kept tail against one forward
+#       (TESTS_ONLY=1: the tests alone)
 # (carry .fa4b .whl .devdata .devcache). Logs and JSON to $OUT (the device tool's output
 # folder) or ./out; FA4's compiled kernels in $OUT/fa4cache.tgz for the next call's .devcache.
 source "$(dirname "$0")/fa4_site.sh" || exit 1     # env.sh, the wheels, flash-attn-4
@@ -35,10 +36,9 @@ batch)
     timeout 540 python3 -m evals.bi_bench --out "$out/bi-bench.json" 2>&1 | quiet \
         | tee "$out/bi-bench.log" | tail -n 1 | cut -c1-4000 ;;
 tails)
-    timeout 330 python3 -m pytest -q -p no:logging -p no:cacheprovider \
-        tests/gpu/test_tails_cuda.py tests/gpu/test_long_question_cuda.py 2>&1 | quiet \
-        | tee "$out/tails-tests.log" | tail -n 4 | cut -c1-1500
-    timeout $((570 - SECONDS)) python3 -m evals.tail_bench 2>&1 | quiet \
+    gpu_pytest 330 tails-tests.log tests/gpu/test_tails_cuda.py \
+        tests/gpu/test_long_question_cuda.py
+    [ -n "${TESTS_ONLY:-}" ] || timeout $((570 - SECONDS)) python3 -m evals.tail_bench 2>&1 | quiet \
         | tee "$out/tail-bench.log" | tail -n 1 | cut -c1-4000 ;;
 *)
     echo "usage: bench_h200.sh read|disk|host|batch|tails"; exit 2 ;;

@@ -11,7 +11,8 @@ forward always starts from the state at L = the grid line at or below `at`:
 Both paths give the same bits: the same ids on the same grid from equal states.
 
 From the line a fork forwards (every forward starts at a multiple of ROW_ALIGN, 64 rows):
-1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN (none when cut == line), as a
+1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN when that holds half a grid or
+   more (`tail_cut`; else none), as a
    forward of its own that keeps its states (Adapter.read_rows); what it gives depends only on
    ids[:cut], so the reader keeps it (reader.tails) and a question at the same place starts
    from it (each fork a copy of its page);
@@ -148,9 +149,14 @@ class Forward:
 
 
 def tail_cut(at: int, grid: int) -> int:
-    """Where a fork at `at` cuts its tail: the multiple of ROW_ALIGN at or below `at` (its
-    grid line when `at` lies within ROW_ALIGN of it: no tail)."""
-    return at // ROW_ALIGN * ROW_ALIGN
+    """Where a fork at `at` cuts its tail: the multiple of ROW_ALIGN at or below `at` when the
+    tail from the grid line holds half a grid or more, else the line (no tail: a shorter one
+    goes with the question). On an H100 at 100k ids (0.8B, FA4) a kept 64-id tail saved
+    nothing against one forward and forwarding it apart cost 3.1 ms more, while a kept tail
+    of 330 / 506 ids saved 2.3 / 5.3 ms (docs/tail-bench-h100-2026-12-05.log). A function of
+    `at` and the grid only: a fork's bits never depend on what was kept."""
+    line, cut = at // grid * grid, at // ROW_ALIGN * ROW_ALIGN
+    return cut if cut - line >= grid // 2 else line
 
 
 def piece_len(pos: int, num_rest: int, grid: int) -> int:

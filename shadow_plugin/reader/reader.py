@@ -647,10 +647,11 @@ class Reader:
         """Forward and keep now the tail a question at the session's end forwards first
         (shadow_plugin.reader.tails: ids[line:cut] for at = its ids' length), when the
         session is resident (a parked one is not restored for it), its whole chunks are read
-        (C is the grid line at or below its end), the tail is not empty and not kept yet: for
-        the idle window, so that the next question there forwards at most ROW_ALIGN - 1 of
-        the session's ids besides its own. Returns whether a forward ran. Raises KeyError for
-        an unknown session, ValueError for a bad session id."""
+        (C is the grid line at or below its end), it has a tail (fork.tail_cut: half a grid
+        or more past the line) and the tail is not kept yet: for the idle window, so that the
+        next question there forwards at most ROW_ALIGN - 1 of the session's ids besides its
+        own. Returns whether a forward ran. Raises KeyError for an unknown session,
+        ValueError for a bad session id."""
         sid = validate.session_id(session)
         st = self.table.resident.get(sid)
         if st is None:

@@ -13,7 +13,7 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
   before its output.
 - Tails: once every session is fresh, the idle window forwards the tail of a question at the
   end of the most recent sessions (Reader.make_tail, shadow_plugin.reader.tails), so that a
-  question there forwards its own ids and at most 63 of the session's.
+  question there forwards its own ids and fewer of the session's (fork.tail_cut).
 - Which session: one with a pending question whose grid line it has not reached, then the
   session of the most recent turn, then the others by recency. A question asked at position p is
   answered when its session's C reaches the grid line at or below p, before C moves past it.

@@ -135,6 +135,14 @@ def _page_metrics(stats: dict):
     yield _labelled(CounterMetricFamily, "shadow_evicted_already_on_disk", "evicted pages "
                     "and GDN entries whose file the disk held already (or was writing)",
                     "kind", stats["evicted_already_on_disk"])
+    yield CounterMetricFamily("shadow_tail_hits", "questions that started from a kept tail "
+                              "(shadow_plugin.reader.tails)", stats.get("tail_hits", 0))
+    yield CounterMetricFamily("shadow_tails_made", "questions' tails forwarded and kept",
+                              stats.get("tails_made", 0))
+    yield GaugeMetricFamily("shadow_tails_held", "questions' tails kept",
+                            stats.get("tails_held", 0))
+    yield GaugeMetricFamily("shadow_tail_bytes", "bytes of the kept tails (a page and a GDN "
+                            "state each)", stats.get("tail_bytes", 0))
     yield CounterMetricFamily("shadow_gdn_entries_not_written", "evicted GDN entries not "
                               "written to disk: tips that rotated out of their session's "
                               "ring unused", stats["gdn_entries_not_written"])

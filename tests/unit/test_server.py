@@ -82,6 +82,9 @@ def test_a_scripted_session(client):
     assert f'shadow_pages{{state="pinned"}} {float(st["pages"]["pinned"])}' in metrics
     assert st["pages"]["pinned"] >= 5
     assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
+    for name in ("tail_hits_total", "tails_made_total", "tails_held", "tail_bytes"):
+        key = name.removesuffix("_total")          # grid 64: no tail is ever cut (0 each)
+        assert f"shadow_{name} {float(st[key])}" in metrics
     for kind, n in st["gdn_entry_evictions"].items():           # issue 33: per kind
         assert f'shadow_gdn_entry_evictions_total{{kind="{kind}"}} {float(n)}' in metrics
     for kind, k in st["gdn_entries_by_kind"].items():

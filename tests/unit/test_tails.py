@@ -1,7 +1,8 @@
 """Questions' tails (shadow_plugin.reader.tails): a fork forwards ids[line:cut] on its own
 (Adapter.read_rows), then the rest from cut; the reader keeps the tail, and a question found on
 a kept tail gives the bits it gets without one, the bits a fresh reader gives, and those of the
-forwards done by hand through the adapter. Grid 256: tails of 64 to 192 ids."""
+forwards done by hand through the adapter. Grid 256: tails of 128 and 192 ids (fork.tail_cut:
+half a grid or more; a shorter one goes with the question)."""
 import pytest
 import torch
 from helpers import check_refs, rand_ids
@@ -29,7 +30,8 @@ def _by_hand(tiny, ids: list[int], q_ids: list[int]) -> list[float]:
     reader = Reader(tiny, grid=G, max_tails=0)
     adapter = reader.adapter
     at = len(ids)
-    line, cut = at // G * G, at // ROW_ALIGN * ROW_ALIGN
+    line = at // G * G
+    cut = at // ROW_ALIGN * ROW_ALIGN if at - line >= G // 2 else line    # half a grid or more
     kv = contiguous_kv(adapter.spec, G, at + len(q_ids) + G)
     gdn = zero_gdn(adapter.spec)
     for pos in range(0, line, G):
@@ -44,12 +46,14 @@ def _ask(reader: Reader, q_ids, at=None):
     return reader.ask("s", q_ids, list("abcd"), at)
 
 
-@pytest.mark.parametrize("n", [3 * G + 64, 3 * G + 100, 3 * G + 200, 3 * G + 30, 100])
+@pytest.mark.parametrize("n", [3 * G + 128, 3 * G + 200, 3 * G + 255, 3 * G + 100, 3 * G + 30,
+                               100, 200])
 def test_a_kept_tail_gives_the_bits_of_none_of_a_fresh_reader_and_of_the_forwards(tiny, n):
     ids, q_ids = rand_ids(n), rand_ids(40, 1)
     kept = _fresh(tiny, ids)
     first = _ask(kept, q_ids)
-    cut, line = n // ROW_ALIGN * ROW_ALIGN, n // G * G
+    cut, line = fork.tail_cut(n, G), n // G * G
+    assert cut == (n // ROW_ALIGN * ROW_ALIGN if n - line >= G // 2 else line)
     assert kept.tails.num_made == (1 if cut > line else 0)
     second = _ask(kept, q_ids)                             # on the kept tail
     assert kept.tails.num_hits == (1 if cut > line else 0)
@@ -133,7 +137,7 @@ def test_a_long_question_reads_from_its_cut_to_the_grid_line_then_chunks(tiny):
 def test_the_least_recently_used_tail_goes_and_its_page_with_it(tiny):
     reader = Reader(tiny, grid=G, max_tails=2)
     for i, sid in enumerate("abc"):
-        reader.feed(sid, rand_ids(G + 100, 10 + i), "prompt")
+        reader.feed(sid, rand_ids(G + 150, 10 + i), "prompt")
         reader.read(sid)
         reader.ask(sid, rand_ids(10, 1), ["y", "n"])
     assert len(reader.tails) == 2 and reader.tails.num_evicted == 1
