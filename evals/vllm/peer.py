@@ -82,7 +82,8 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
            "shadow_http_ms": [round(s["http_ms"], 2) for s in shadow],
            # what the door, vLLM's utility calls and HTTP added to the worker's own time
            "shadow_overhead_ms": [round(s["http_ms"] - s["ms"], 2) for s in shadow],
-           "shadow_forwarded": shadow[-1]["num_forwarded_tokens"],
+           # each ask's ids forwarded: fewer once the idle window kept the session's tail
+           "shadow_forwarded": [s["num_forwarded_tokens"] for s in shadow],
            "shadow_same_each_time": all(s["probs"] == p_shadow for s in shadow),
            "peer_cached_ms": [round(c["ms"], 2) for c in cached],
            "peer_cached_ids": [c["cached_ids"] for c in cached],
