@@ -7,7 +7,8 @@ each equal to its fresh prefill after every step. With
 questions between steps and a small GDN budget (issue 33), a rewrite resumes at or above the
 deepest line at or below its first difference that the tip ring (the last TIP_LINES lines C
 stood at) or a checkpoint holds: within one page of the change when the ring holds the line
-below it."""
+below it. Its tails arm: answers with questions' tails kept (or evicted, or made by the idle
+window's call) equal those of a reader that keeps none."""
 import random
 
 import torch
@@ -251,3 +252,73 @@ def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, di
             assert reader.committed(sid) % G == 0
             assert reader.committed(sid) <= len(reader.ids(sid))
             assert reader.check_exact(sid)
+
+
+# -- questions' tails (shadow_plugin.reader.tails): kept or not, the same answers -------------
+TG = 256                                             # tails of 128 and 192 ids exist here
+tail_op = st.one_of(
+    st.tuples(st.just("prompt"), SESSION, st.sampled_from(["append", "share", "below_c"]),
+              st.integers(1, 2 * TG)),
+    st.tuples(st.just("output"), SESSION, st.integers(1, 200)),
+    st.tuples(st.just("read"), SESSION),
+    st.tuples(st.just("tail"), SESSION),             # the idle window's Reader.make_tail
+    st.tuples(st.just("ask"), SESSION, st.integers(1, 3), st.sampled_from(["end", "random"])),
+    st.tuples(st.just("ask"), SESSION, st.integers(1, 3), st.just("end")),
+    st.tuples(st.just("park"), SESSION),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(tail_op, min_size=3, max_size=12), seed=st.integers(0, 2**32 - 1),
+       max_tails=st.sampled_from([1, 2, 8]), disk=st.booleans())
+def test_answers_with_tails_kept_or_not_are_the_same(tiny, ops, seed, max_tails, disk):
+    """Sessions fed, rewritten, sharing prefixes, read, parked and restored, their tails made
+    by the idle window's call and kept by questions (a few kept, the least recent evicted):
+    every answer, one question or several at once, equals the same question's on a reader
+    that keeps no tail (another history, the same ids), bit for bit; the page references
+    held are the sessions', the scratch bases' and the tails' (check_refs); every committed
+    state equals its fresh prefill."""
+    import tempfile
+
+    from helpers import check_refs
+    rng = random.Random(seed)
+    folder = tempfile.mkdtemp(prefix="shadow-tails-prop-") if disk else None
+    reader = Reader(tiny, grid=TG, max_checkpoints=2, max_tails=max_tails, disk_dir=folder)
+    plain = Reader(tiny, grid=TG, max_tails=0)
+    sids = [f"t{i}" for i in range(NUM_SESSIONS)]
+    for sid in sids:                 # each with a tail past its last line at first
+        n = rng.randrange(0, 3) * TG + rng.randrange(TG // 2 + 64, TG)
+        reader.feed(sid, [rng.randrange(248320) for _ in range(n)], "prompt")
+    for o in [("ask", 0, 2, "end")] + ops:
+        sid = sids[o[1]]
+        if o[0] == "prompt":
+            held = reader.ids(sid)
+            if o[2] == "share":
+                held = reader.ids(sids[(o[1] + 1) % NUM_SESSIONS])
+            cut = {"append": len(held), "share": rng.randrange(0, len(held) + 1),
+                   "below_c": max(0, reader.committed(sid) - 70)}[o[2]]
+            reader.feed(sid, held[:cut] + [rng.randrange(248320) for _ in range(o[3])],
+                        "prompt")
+        elif o[0] == "output":
+            reader.feed(sid, [rng.randrange(248320) for _ in range(o[2])], "output")
+        elif o[0] == "read":
+            reader.read(sid)
+        elif o[0] == "tail" and sid in reader.table.resident:
+            reader.make_tail(sid)
+        elif o[0] == "ask":
+            n = len(reader.ids(sid))
+            at = n if o[3] == "end" else rng.randrange(1, n + 1)
+            items = [([rng.randrange(248320) for _ in range(rng.choice([3, 40, TG + 10]))],
+                      CHOICES[:2]) for _ in range(o[2])]
+            got = reader.ask_many(sid, items, at=at) if o[2] > 1 else \
+                [reader.ask(sid, *items[0], at=at)]
+            plain.feed("p", reader.ids(sid)[:at], "prompt")
+            for (q, ch), ans in zip(items, got):
+                assert plain.ask("p", q, ch).probs == ans.probs
+                assert reader.ask(sid, q, ch, at=at).probs == ans.probs   # its tail kept now
+        elif o[0] == "park" and sid in reader.table.resident:
+            reader.table.park(sid)
+        check_refs(reader)
+        for s in sids:
+            assert reader.check_exact(s)
+    assert len(reader.tails) <= max_tails
