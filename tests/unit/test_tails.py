@@ -159,3 +159,24 @@ def test_read_rows_refuses_what_is_not_a_piece(tiny):
             reader.adapter.read_rows(list(range(1000, 1000 + n)), pos, kv, gdn)
     with pytest.raises(ValueError, match="max_tails"):
         Reader(tiny, grid=G, max_tails=-1)
+
+
+def test_a_question_on_a_kept_tail_is_flagged_past_max_positions_as_without_it(tiny_tensors):
+    """beyond_max_positions is a fact of ids[:at] and the question: a question found on a kept
+    tail (which forwards fewer ids) is flagged as the one that made the tail."""
+    import dataclasses
+
+    from adapters.model.config import PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model
+    cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=G + 150)
+    model = build_model(cfg, tiny_tensors, ModelInfo("short", "x", True))
+    reader = Reader(model, grid=G)
+    reader.feed("s", rand_ids(G + 140), "prompt")
+    reader.read("s")
+    q_ids = rand_ids(20, 1)                                # ends at G + 160, past G + 150
+    first, second = _ask(reader, q_ids), _ask(reader, q_ids)
+    assert reader.tails.num_hits == 1 and second.num_forwarded_tokens == 140 - 128 + 20
+    assert first.beyond_max_positions is True and second.beyond_max_positions is True
+    short = _ask(reader, rand_ids(5, 2), G + 130)          # ends at G + 135: within
+    assert short.beyond_max_positions is False
