@@ -10,6 +10,7 @@ from helpers import check_refs, rand_ids
 from adapters import ROW_ALIGN
 from block_store import contiguous_kv
 from block_store.memory.layout import zero_gdn
+from block_store.memory.pool import PoolFull
 from shadow_plugin import Reader
 from shadow_plugin.reader import fork
 
@@ -180,3 +181,58 @@ def test_a_question_on_a_kept_tail_is_flagged_past_max_positions_as_without_it(t
     assert first.beyond_max_positions is True and second.beyond_max_positions is True
     short = _ask(reader, rand_ids(5, 2), G + 130)          # ends at G + 135: within
     assert short.beyond_max_positions is False
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_a_copy_of_the_tail_that_raises_leaves_no_page_held(tiny, monkeypatch, exc):
+    """The second fork's copy of the tail's page raises (an interrupt, a device error): every
+    page taken is given back, the kept tail stays, and the next questions are exact."""
+    ids, q_ids = rand_ids(G + 150), rand_ids(12, 2)
+    reader = _fresh(tiny, ids)
+    want = _ask(reader, q_ids).probs                       # the tail kept
+    copy_page, calls = reader.store.pool.copy_page, []
+
+    def copy_once(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise exc("copy failed")
+        copy_page(src, dst)
+
+    monkeypatch.setattr(reader.store.pool, "copy_page", copy_once)
+    with pytest.raises(exc, match="copy failed"):
+        reader.ask_many("s", [(q_ids, list("abcd")), (q_ids, list("abcd"))])
+    check_refs(reader)
+    monkeypatch.undo()
+    assert len(reader.tails) == 1 and _ask(reader, q_ids).probs == want
+    check_refs(reader)
+
+
+def test_a_pool_that_cannot_give_a_page_leaves_nothing_held(tiny, monkeypatch):
+    """PoolFull at each page a begun ask_many takes (the tail's, the forks' copies, their
+    pieces' pages): nothing is held after, and the questions are exact once pages come."""
+    ids = rand_ids(G + 150)
+    items = [(rand_ids(12, 2), list("abcd")), (rand_ids(2 * G + 5, 3), list("abcd"))]
+    want = [a.probs for a in _fresh(tiny, ids, max_tails=0).ask_many("s", items)]
+    reader = _fresh(tiny, ids)
+    allocate, taken = reader.store.allocate, []
+
+    def allocate_some(grow=True):
+        if len(taken) >= limit:
+            raise PoolFull("no page")
+        taken.append(1)
+        return allocate(grow)
+
+    monkeypatch.setattr(reader.store, "allocate", allocate_some)
+    limit = 100
+    assert [a.probs for a in reader.ask_many("s", items)] == want
+    num_pages = len(taken)              # the tail, two copies, the long one's 2 more pages
+    assert num_pages == 5
+    for limit in range(num_pages):
+        taken.clear()
+        reader.tails.drop_all(reader.store)
+        with pytest.raises(PoolFull):
+            reader.ask_many("s", items)
+        check_refs(reader)
+    monkeypatch.undo()
+    assert [a.probs for a in reader.ask_many("s", items)] == want
+    check_refs(reader)
