@@ -236,3 +236,29 @@ def test_a_pool_that_cannot_give_a_page_leaves_nothing_held(tiny, monkeypatch):
     monkeypatch.undo()
     assert [a.probs for a in reader.ask_many("s", items)] == want
     check_refs(reader)
+
+
+def test_kept_tails_give_way_to_sessions_under_the_resident_cap(tiny):
+    """A kept tail's page counts in the resident bytes; past the cap the tails go before any
+    session is parked (a session is worth more than a tail, which a question makes again),
+    and the idle window makes none that would not fit."""
+    a_ids, b_ids, q_ids = rand_ids(G + 150, 1), rand_ids(G + 150, 2), rand_ids(10, 3)
+    both = _fresh(tiny, a_ids, max_tails=0)
+    both.feed("b", b_ids, "prompt")
+    both.read("b")
+    cap = both.table.residency.resident_bytes(both.table.resident) + \
+        both.store.pool.page_bytes // 2                   # both sessions, not one page more
+    reader = _fresh(tiny, a_ids, resident_bytes=cap)
+    reader.feed("b", b_ids, "prompt")
+    reader.read("b")
+    got = reader.ask("b", q_ids, list("abcd"))             # made its tail, given up after
+    assert sorted(reader.table.resident) == ["b", "s"] and len(reader.tails) == 0
+    assert reader.tails.num_made == 1 and reader.tails.num_evicted == 1
+    assert got.probs == both.ask("b", q_ids, list("abcd")).probs
+    assert reader.make_tail("s") is False and len(reader.tails) == 0   # no room for it
+    check_refs(reader)
+    roomy = _fresh(tiny, a_ids, resident_bytes=cap)                     # "s" alone
+    assert roomy.make_tail("s") is True and len(roomy.tails) == 1       # room for one
+    assert roomy.ask("s", q_ids, list("abcd")).probs == \
+        both.ask("s", q_ids, list("abcd")).probs and roomy.tails.num_hits == 1
+    check_refs(roomy)
