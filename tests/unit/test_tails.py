@@ -155,7 +155,7 @@ def test_read_rows_refuses_what_is_not_a_piece(tiny):
     reader = Reader(tiny, grid=G)
     kv = contiguous_kv(reader.adapter.spec, G, 2 * G)
     gdn = zero_gdn(reader.adapter.spec)
-    for n, pos in [(0, 0), (100, 0), (G, 0), (64, 32)]:
+    for n, pos in [(0, 0), (100, 0), (G, 0), (64, 32), (64, -64), (64, 64.0), (64, True)]:
         with pytest.raises(ValueError, match="read_rows takes"):
             reader.adapter.read_rows(list(range(1000, 1000 + n)), pos, kv, gdn)
     with pytest.raises(ValueError, match="max_tails"):
