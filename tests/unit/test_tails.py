@@ -262,3 +262,28 @@ def test_kept_tails_give_way_to_sessions_under_the_resident_cap(tiny):
     assert roomy.ask("s", q_ids, list("abcd")).probs == \
         both.ask("s", q_ids, list("abcd")).probs and roomy.tails.num_hits == 1
     check_refs(roomy)
+
+
+def test_a_tail_kept_across_pool_growth_and_a_disk_restore_gives_the_same_bits(tiny, tmp_path):
+    """The pool grows (a new block, the pages copied in) while a tail is kept: forks still copy
+    its page right; a session parked to disk and restored, or read by a new reader on the
+    folder, asks on a kept tail or a new one with the bits of a reader that keeps none."""
+    ids, q_ids = rand_ids(G + 150), rand_ids(12, 2)
+    want = _ask(_fresh(tiny, ids, max_tails=0), q_ids).probs
+    reader = _fresh(tiny, ids, disk_dir=tmp_path)
+    assert reader.make_tail("s") is True
+    num_pages = reader.store.pool.num_pages
+    for i in range(4):
+        reader.feed(f"x{i}", rand_ids(4 * G, 10 + i), "prompt")
+        reader.read(f"x{i}")
+    assert reader.store.pool.num_pages > num_pages
+    assert _ask(reader, q_ids).probs == want and reader.tails.num_hits == 1
+    reader.table.park("s")
+    assert _ask(reader, q_ids).probs == want and reader.tails.num_hits == 2
+    check_refs(reader)
+    reader.close()
+    assert len(reader.tails) == 0
+    check_refs(reader)
+    again = Reader(tiny, grid=G, disk_dir=tmp_path)
+    assert _ask(again, q_ids).probs == want and again.tails.num_made == 1
+    check_refs(again)
