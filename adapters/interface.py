@@ -44,9 +44,10 @@ ROW_ALIGN = 64
 
 
 def check_rows(num_ids: int, pos: int, grid: int) -> None:
-    """ValueError unless num_ids is a positive multiple of ROW_ALIGN below `grid` and pos a
-    multiple of ROW_ALIGN (what Adapter.read_rows takes)."""
-    if num_ids <= 0 or num_ids % ROW_ALIGN or num_ids >= grid or pos < 0 or pos % ROW_ALIGN:
+    """ValueError unless num_ids is a positive multiple of ROW_ALIGN below `grid` and pos an
+    int, a multiple of ROW_ALIGN (what Adapter.read_rows takes)."""
+    if num_ids <= 0 or num_ids % ROW_ALIGN or num_ids >= grid or isinstance(pos, bool) or \
+            not isinstance(pos, int) or pos < 0 or pos % ROW_ALIGN:
         raise ValueError(f"read_rows takes a positive multiple of {ROW_ALIGN} ids below the "
                          f"grid ({grid}) at a multiple of {ROW_ALIGN}; got {num_ids} ids at "
                          f"{pos}")

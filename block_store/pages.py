@@ -81,9 +81,13 @@ class PageStore:
 
     def copy(self, page: Page) -> Page:
         """A new page (one reference, no key: `allocate`) holding page's rows. Raises
-        PoolFull as allocate."""
+        PoolFull as allocate, and what the copy raises (the new page given back then)."""
         new = self.allocate()
-        self.pool.copy_page(page.index, new.index)
+        try:
+            self.pool.copy_page(page.index, new.index)
+        except BaseException:
+            self.manager.release(new)
+            raise
         return new
 
     def view(self, pages: list[Page], extra: list[Page] = ()) -> PagedKv:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,10 +109,14 @@ class Counters:
 class Residency:
     """Parks and restores sessions for a reader. Holds only the parked records and counters;
     the resident sessions dict is passed in by the session table (table.SessionTable) on every
-    call. `store.disk` is the disk tier (None without disk_dir)."""
+    call. `store.disk` is the disk tier (None without disk_dir). `give_up` (None: nothing):
+    called past the cap before a session is parked, to give up memory worth less than a
+    session (a reader's questions' tails, whose pages count as referenced pages); returns
+    whether it gave up anything."""
 
     def __init__(self, cfg: StoreConfig, store: PageStore):
         self.cfg, self.store, self.spec = cfg, store, store.spec
+        self.give_up: Callable[[], bool] | None = None
         self.disk: DiskStore | None = store.disk
         self.parked: dict[str, Parked] = {}
         # manifests refused at start-up: path -> (the session they name, if readable, reason)
@@ -167,11 +172,14 @@ class Residency:
 
     def make_room(self, sessions: dict[str, SessionState], keep: str | None) -> None:
         """Keep unreferenced GDN entries within their budget; then, past the cap, drop
-        unreferenced entries and park least recently used sessions other than `keep`."""
+        unreferenced entries, give up what `give_up` gives, and park least recently used
+        sessions other than `keep`."""
         gdn, cap = self.store.gdn, self.cfg.resident_bytes
         gdn.evict()
         self._evict_over(sessions)
         while self.resident_bytes(sessions) > cap:
+            if self.give_up is not None and self.give_up():
+                continue
             others = [s for s in sessions if s != keep]
             if not others:
                 return

@@ -129,7 +129,9 @@ class Forward:
     the ids still to forward (the session's ids[line:at], then the question or prompt);
     gdn: the states after row pos - 1; num_ids: ids[line:at] + the question, in ids;
     num_committed / num_scratch: ids the session committed / a scratch base read first;
-    backlog: len(ids) - C when it started; t0: time.perf_counter() at its start."""
+    backlog: len(ids) - C when it started; t0: time.perf_counter() at its start; end: the
+    position after its last id (at + the question's or prompt's ids), whatever it forwards
+    (a fork on a kept tail forwards fewer ids: num_ids)."""
 
     session: str
     at: int
@@ -146,6 +148,7 @@ class Forward:
     backlog: int
     t0: float
     stale: bool = False
+    end: int = 0
 
 
 def tail_cut(at: int, grid: int) -> int:
@@ -222,7 +225,7 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
             pinned = store.take_pages(base.pages[:line // rcfg.grid])
             fw = Forward(session, at, line, line, fwd, base.gdn, pinned, [],
                          line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
-                         backlog, t0, st.stale)
+                         backlog, t0, st.stale, at + len(extra))
             out.append(fw)
             if tail is not None:       # the fork starts at cut, on its own copy of the page
                 fw.scratch.append(store.copy(tail.page))
@@ -365,7 +368,7 @@ def to_answer(adapter: Adapter, fw: Forward, logits: torch.Tensor,
                   ms=(time.perf_counter() - fw.t0) * 1e3,
                   num_forwarded_tokens=fw.num_committed + fw.num_scratch + fw.num_ids,
                   num_committed=fw.num_committed, backlog=fw.backlog, at=fw.at,
-                  beyond_max_positions=fw.line + fw.num_ids > adapter.max_positions,
+                  beyond_max_positions=fw.end > adapter.max_positions,
                   stale=fw.stale)
 
 

@@ -129,6 +129,8 @@ class Reader:
                                   self.adapter.identity(), self.config.grid)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
         self.tails = Tails(max_tails)       # questions' tails, by content (reader.tails)
+        # past the cap, the tails go before any session is parked
+        self.table.residency.give_up = lambda: self.tails.drop_oldest(self.store)
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -648,9 +650,11 @@ class Reader:
         (shadow_plugin.reader.tails: ids[line:cut] for at = its ids' length), when the
         session is resident (a parked one is not restored for it), its whole chunks are read
         (C is the grid line at or below its end), it has a tail (fork.tail_cut: half a grid
-        or more past the line) and the tail is not kept yet: for the idle window, so that the
-        next question there forwards at most ROW_ALIGN - 1 of the session's ids besides its
-        own. Returns whether a forward ran. Raises KeyError for an unknown session,
+        or more past the line), the tail is not kept yet and its page fits under the resident
+        cap (past it the tails are given up first: one made without room would go at the next
+        settle, and be made again): for the idle window, so that the next question there
+        forwards at most ROW_ALIGN - 1 of the session's ids besides its own. Returns whether a
+        forward ran. Raises KeyError for an unknown session,
         ValueError for a bad session id."""
         sid = validate.session_id(session)
         st = self.table.resident.get(sid)
@@ -664,6 +668,10 @@ class Reader:
             return False
         key, ids = base_key(self.store, st.keys, line), st.ids[line:cut]
         if self.tails.has(key, ids):
+            return False
+        res = self.table.residency
+        if res.resident_bytes(self.table.resident) + self.store.pool.page_bytes > \
+                self.store_config.resident_bytes:
             return False
         tail = fork.make_tail(self.adapter, self.store, st, line, ids, key)
         if not self.tails.keep(self.store, tail):

@@ -3,20 +3,23 @@
 A fork at `at` forwards, from the grid line `line` at or below `at` (shadow_plugin.reader.fork):
 first the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN (adapters.ROW_ALIGN, 64 rows)
 when that holds half a grid or more (fork.tail_cut), as a forward of its own that keeps its
-states (Adapter.read_rows), then ids[cut:at] and the question from cut. The tail's result,
-KV rows [line, cut) and the GDN states after cut, depends only on ids[:cut]: the state at the line is a pure function of ids[:line] (the contract,
-docs/design.md), which the page key of the page below the line names. So the reader keeps it,
-keyed by (that key, ids[line:cut]), and a question at the same place (the next question of a
-session, several questions at once, another session with the same ids) forwards ids[cut:at]
-and its own ids only: at most 63 ids of the session instead of up to grid - 1 (a tail shorter
-than half a grid is not cut: it goes with the question, under grid / 2 + 64 ids). On an H100 at
-100k ids (0.8B, FA4) the router question took 5.0 ms on a kept 506-id tail against 10.4 ms
-in one forward, 11.1 ms when the tail was not kept (docs/tail-bench-h100-2026-12-05.log).
+states (Adapter.read_rows), then ids[cut:at] and the question from cut. The tail's result, KV
+rows [line, cut) and the GDN states after cut, depends only on ids[:cut]: the state at the line
+is a pure function of ids[:line] (the contract, docs/design.md), which the page key of the page
+below the line names. So the reader keeps it, keyed by (that key, ids[line:cut]), and a question
+at the same place (the next question of a session, several questions at once, another session
+with the same ids) forwards ids[cut:at] and its own ids only: at most 63 ids of the session
+instead of up to grid - 1 (a tail shorter than half a grid is not cut: it goes with the
+question, under grid / 2 + 64 ids). On an H100 at 100k ids (0.8B, FA4) the router question took
+5.0 ms on a kept 506-id tail against 10.4 ms in one forward, 11.1 ms when the tail was not kept
+(docs/tail-bench-h100-2026-12-05.log).
 
 Held: one page (its rows [0, cut - line) the tail's KV rows, one reference) and the GDN states,
 per tail: a page and a GDN entry's bytes (about 25 MB for the 0.8B at grid 512, bf16). At most
 `max_tails` are kept, the least recently used given up first; a fork copies the page into one
-of its own (it writes its rows above cut there).
+of its own (it writes its rows above cut there). The pages count in the reader's resident
+bytes: past its cap the tails are given up, least recently used first, before any session is
+parked (block_store.Residency.give_up), and the idle window makes none that would not fit.
 """
 from __future__ import annotations
 
@@ -96,9 +99,16 @@ class Tails:
         self._held[k] = tail
         self.num_made += 1
         while len(self._held) > self.max_tails:
-            _, old = self._held.popitem(last=False)
-            store.manager.release(old.page)
-            self.num_evicted += 1
+            self.drop_oldest(store)
+        return True
+
+    def drop_oldest(self, store: PageStore) -> bool:
+        """Give up the least recently used tail (its page back); False when none is held."""
+        if not self._held:
+            return False
+        _, old = self._held.popitem(last=False)
+        store.manager.release(old.page)
+        self.num_evicted += 1
         return True
 
     def drop_all(self, store: PageStore) -> int:

@@ -1,7 +1,7 @@
 """The in-process host interface over the real reader (random:tiny) on a virtual clock."""
 import time
 
-from helpers import rand_ids  # noqa: E402
+from helpers import check_refs, rand_ids  # noqa: E402
 
 from shadow_plugin.reader.reader import Reader
 from shadow_plugin.scheduling.host import Host
@@ -178,3 +178,19 @@ def test_the_idle_window_keeps_the_tail_a_question_at_the_end_starts_from(tiny):
     alone.feed("s", ids, "prompt")
     alone.read("s")
     assert alone.ask("s", q, ["y", "n"]).probs == got.probs
+
+
+def test_the_idle_window_passes_over_a_session_dropped_since_its_turn(tiny):
+    """A session the reader dropped (its scheduler still lists it) is passed over by the tails
+    the idle window makes; the others get theirs, once."""
+    g = 128
+    host = Host(Reader(tiny, grid=g), cfg=SchedulerConfig(grid=g), clock=VirtualClock())
+    for i, s in enumerate("abc"):
+        host.turn_started(s, rand_ids(2 * g + 100, i))
+        host.turn_finished(s)
+    host.reader.drop("c")                                  # the most recent
+    burst = host.idle_once()
+    assert burst.chunks == (("b", 2), ("a", 2)) and burst.stop == "fresh"
+    assert host.reader.tails.num_made == 2 and len(host.reader.tails) == 2
+    assert host.idle_once().ms == 0.0
+    check_refs(host.reader)

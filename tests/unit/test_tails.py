@@ -10,6 +10,7 @@ from helpers import check_refs, rand_ids
 from adapters import ROW_ALIGN
 from block_store import contiguous_kv
 from block_store.memory.layout import zero_gdn
+from block_store.memory.pool import PoolFull
 from shadow_plugin import Reader
 from shadow_plugin.reader import fork
 
@@ -154,8 +155,135 @@ def test_read_rows_refuses_what_is_not_a_piece(tiny):
     reader = Reader(tiny, grid=G)
     kv = contiguous_kv(reader.adapter.spec, G, 2 * G)
     gdn = zero_gdn(reader.adapter.spec)
-    for n, pos in [(0, 0), (100, 0), (G, 0), (64, 32)]:
+    for n, pos in [(0, 0), (100, 0), (G, 0), (64, 32), (64, -64), (64, 64.0), (64, True)]:
         with pytest.raises(ValueError, match="read_rows takes"):
             reader.adapter.read_rows(list(range(1000, 1000 + n)), pos, kv, gdn)
     with pytest.raises(ValueError, match="max_tails"):
         Reader(tiny, grid=G, max_tails=-1)
+
+
+def test_a_question_on_a_kept_tail_is_flagged_past_max_positions_as_without_it(tiny_tensors):
+    """beyond_max_positions is a fact of ids[:at] and the question: a question found on a kept
+    tail (which forwards fewer ids) is flagged as the one that made the tail."""
+    import dataclasses
+
+    from adapters.model.config import PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model
+    cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=G + 150)
+    model = build_model(cfg, tiny_tensors, ModelInfo("short", "x", True))
+    reader = Reader(model, grid=G)
+    reader.feed("s", rand_ids(G + 140), "prompt")
+    reader.read("s")
+    q_ids = rand_ids(20, 1)                                # ends at G + 160, past G + 150
+    first, second = _ask(reader, q_ids), _ask(reader, q_ids)
+    assert reader.tails.num_hits == 1 and second.num_forwarded_tokens == 140 - 128 + 20
+    assert first.beyond_max_positions is True and second.beyond_max_positions is True
+    short = _ask(reader, rand_ids(5, 2), G + 130)          # ends at G + 135: within
+    assert short.beyond_max_positions is False
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_a_copy_of_the_tail_that_raises_leaves_no_page_held(tiny, monkeypatch, exc):
+    """The second fork's copy of the tail's page raises (an interrupt, a device error): every
+    page taken is given back, the kept tail stays, and the next questions are exact."""
+    ids, q_ids = rand_ids(G + 150), rand_ids(12, 2)
+    reader = _fresh(tiny, ids)
+    want = _ask(reader, q_ids).probs                       # the tail kept
+    copy_page, calls = reader.store.pool.copy_page, []
+
+    def copy_once(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise exc("copy failed")
+        copy_page(src, dst)
+
+    monkeypatch.setattr(reader.store.pool, "copy_page", copy_once)
+    with pytest.raises(exc, match="copy failed"):
+        reader.ask_many("s", [(q_ids, list("abcd")), (q_ids, list("abcd"))])
+    check_refs(reader)
+    monkeypatch.undo()
+    assert len(reader.tails) == 1 and _ask(reader, q_ids).probs == want
+    check_refs(reader)
+
+
+def test_a_pool_that_cannot_give_a_page_leaves_nothing_held(tiny, monkeypatch):
+    """PoolFull at each page a begun ask_many takes (the tail's, the forks' copies, their
+    pieces' pages): nothing is held after, and the questions are exact once pages come."""
+    ids = rand_ids(G + 150)
+    items = [(rand_ids(12, 2), list("abcd")), (rand_ids(2 * G + 5, 3), list("abcd"))]
+    want = [a.probs for a in _fresh(tiny, ids, max_tails=0).ask_many("s", items)]
+    reader = _fresh(tiny, ids)
+    allocate, taken = reader.store.allocate, []
+
+    def allocate_some(grow=True):
+        if len(taken) >= limit:
+            raise PoolFull("no page")
+        taken.append(1)
+        return allocate(grow)
+
+    monkeypatch.setattr(reader.store, "allocate", allocate_some)
+    limit = 100
+    assert [a.probs for a in reader.ask_many("s", items)] == want
+    num_pages = len(taken)              # the tail, two copies, the long one's 2 more pages
+    assert num_pages == 5
+    for limit in range(num_pages):
+        taken.clear()
+        reader.tails.drop_all(reader.store)
+        with pytest.raises(PoolFull):
+            reader.ask_many("s", items)
+        check_refs(reader)
+    monkeypatch.undo()
+    assert [a.probs for a in reader.ask_many("s", items)] == want
+    check_refs(reader)
+
+
+def test_kept_tails_give_way_to_sessions_under_the_resident_cap(tiny):
+    """A kept tail's page counts in the resident bytes; past the cap the tails go before any
+    session is parked (a session is worth more than a tail, which a question makes again),
+    and the idle window makes none that would not fit."""
+    a_ids, b_ids, q_ids = rand_ids(G + 150, 1), rand_ids(G + 150, 2), rand_ids(10, 3)
+    both = _fresh(tiny, a_ids, max_tails=0)
+    both.feed("b", b_ids, "prompt")
+    both.read("b")
+    cap = both.table.residency.resident_bytes(both.table.resident) + \
+        both.store.pool.page_bytes // 2                   # both sessions, not one page more
+    reader = _fresh(tiny, a_ids, resident_bytes=cap)
+    reader.feed("b", b_ids, "prompt")
+    reader.read("b")
+    got = reader.ask("b", q_ids, list("abcd"))             # made its tail, given up after
+    assert sorted(reader.table.resident) == ["b", "s"] and len(reader.tails) == 0
+    assert reader.tails.num_made == 1 and reader.tails.num_evicted == 1
+    assert got.probs == both.ask("b", q_ids, list("abcd")).probs
+    assert reader.make_tail("s") is False and len(reader.tails) == 0   # no room for it
+    check_refs(reader)
+    roomy = _fresh(tiny, a_ids, resident_bytes=cap)                     # "s" alone
+    assert roomy.make_tail("s") is True and len(roomy.tails) == 1       # room for one
+    assert roomy.ask("s", q_ids, list("abcd")).probs == \
+        both.ask("s", q_ids, list("abcd")).probs and roomy.tails.num_hits == 1
+    check_refs(roomy)
+
+
+def test_a_tail_kept_across_pool_growth_and_a_disk_restore_gives_the_same_bits(tiny, tmp_path):
+    """The pool grows (a new block, the pages copied in) while a tail is kept: forks still copy
+    its page right; a session parked to disk and restored, or read by a new reader on the
+    folder, asks on a kept tail or a new one with the bits of a reader that keeps none."""
+    ids, q_ids = rand_ids(G + 150), rand_ids(12, 2)
+    want = _ask(_fresh(tiny, ids, max_tails=0), q_ids).probs
+    reader = _fresh(tiny, ids, disk_dir=tmp_path)
+    assert reader.make_tail("s") is True
+    num_pages = reader.store.pool.num_pages
+    for i in range(4):
+        reader.feed(f"x{i}", rand_ids(4 * G, 10 + i), "prompt")
+        reader.read(f"x{i}")
+    assert reader.store.pool.num_pages > num_pages
+    assert _ask(reader, q_ids).probs == want and reader.tails.num_hits == 1
+    reader.table.park("s")
+    assert _ask(reader, q_ids).probs == want and reader.tails.num_hits == 2
+    check_refs(reader)
+    reader.close()
+    assert len(reader.tails) == 0
+    check_refs(reader)
+    again = Reader(tiny, grid=G, disk_dir=tmp_path)
+    assert _ask(again, q_ids).probs == want and again.tails.num_made == 1
+    check_refs(again)
