@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -106,17 +106,26 @@ class Counters:
     restore_ms: float = 0.0      # wall time of the restores (manifest read, pages and states)
 
 
+class Extras(Protocol):
+    """Memory a reader holds beside its sessions that counts against the cap and goes first
+    past it (a reader's questions' tails, shadow_plugin.reader.tails): its pages are
+    referenced pages (counted as such), state_bytes() the rest it holds (bytes);
+    give_up(store) gives up its least valuable part, False when nothing is left."""
+
+    def state_bytes(self) -> int: ...
+    def give_up(self, store: PageStore) -> bool: ...
+
+
 class Residency:
     """Parks and restores sessions for a reader. Holds only the parked records and counters;
     the resident sessions dict is passed in by the session table (table.SessionTable) on every
-    call. `store.disk` is the disk tier (None without disk_dir). `give_up` (None: nothing):
-    called past the cap before a session is parked, to give up memory worth less than a
-    session (a reader's questions' tails, whose pages count as referenced pages); returns
-    whether it gave up anything."""
+    call. `store.disk` is the disk tier (None without disk_dir). extras (None: none): what
+    the reader holds beside its sessions (Extras), counted in resident_bytes and given up
+    past the cap before any session is parked."""
 
-    def __init__(self, cfg: StoreConfig, store: PageStore):
+    def __init__(self, cfg: StoreConfig, store: PageStore, extras: Extras | None = None):
         self.cfg, self.store, self.spec = cfg, store, store.spec
-        self.give_up: Callable[[], bool] | None = None
+        self.extras = extras
         self.disk: DiskStore | None = store.disk
         self.parked: dict[str, Parked] = {}
         # manifests refused at start-up: path -> (the session they name, if readable, reason)
@@ -165,20 +174,22 @@ class Residency:
 
     # -- parking --------------------------------------------------------------------------------
     def resident_bytes(self, sessions: dict[str, SessionState]) -> int:
-        """Referenced pages (each once), GDN table entries, the sessions' GDN states."""
+        """Referenced pages (each once), GDN table entries, the sessions' GDN states, the
+        extras' other bytes."""
         s = self.store
         live = sum(c.nbytes + r.nbytes for st in sessions.values() for c, r in st.gdn)
-        return s.manager.num_pinned * s.pool.page_bytes + s.gdn.nbytes + live
+        extra = self.extras.state_bytes() if self.extras is not None else 0
+        return s.manager.num_pinned * s.pool.page_bytes + s.gdn.nbytes + live + extra
 
     def make_room(self, sessions: dict[str, SessionState], keep: str | None) -> None:
         """Keep unreferenced GDN entries within their budget; then, past the cap, drop
-        unreferenced entries, give up what `give_up` gives, and park least recently used
-        sessions other than `keep`."""
+        unreferenced entries, give up the extras, and park least recently used sessions
+        other than `keep`."""
         gdn, cap = self.store.gdn, self.cfg.resident_bytes
         gdn.evict()
         self._evict_over(sessions)
         while self.resident_bytes(sessions) > cap:
-            if self.give_up is not None and self.give_up():
+            if self.extras is not None and self.extras.give_up(self.store):
                 continue
             others = [s for s in sessions if s != keep]
             if not others:

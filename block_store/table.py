@@ -14,7 +14,7 @@ from block_store.disk.store import DiskStore, writer_token
 from block_store.memory.keys import identity_key
 from block_store.memory.layout import StateSpec
 from block_store.pages import PageStore
-from block_store.residency import Residency, StoreConfig
+from block_store.residency import Extras, Residency, StoreConfig
 from block_store.session import SessionState, new_state, release_state, state_bytes
 from block_store.warmth import parked, resident
 
@@ -22,10 +22,12 @@ from block_store.warmth import parked, resident
 class SessionTable:
     """Args: spec (the states' layouts); cfg (StoreConfig: cap, disk, TTL); ident (what files
     and pages must match, files.FileIdentity: its fields are the root of every page key);
-    grid (G, the page's rows). Session ids are the caller's to validate; none is used as a
-    path."""
+    grid (G, the page's rows); extras: what the reader holds beside its sessions
+    (residency.Extras: counted against the cap, given up first past it; None: nothing).
+    Session ids are the caller's to validate; none is used as a path."""
 
-    def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, grid: int):
+    def __init__(self, spec: StateSpec, cfg: StoreConfig, ident: FileIdentity, grid: int,
+                 extras: Extras | None = None):
         self.spec, self.cfg = spec, cfg
         disk = DiskStore(cfg.disk_dir, ident) if cfg.disk_dir is not None else None
         self.store = PageStore(spec, grid, identity_key(ident.as_meta()), cfg.gdn_bytes,
@@ -34,7 +36,7 @@ class SessionTable:
             pages_bytes = max(0, cfg.resident_bytes - cfg.gdn_bytes)
             self.store.pool.grow(pages_bytes // self.store.pool.page_bytes)
         self.resident: dict[str, SessionState] = {}
-        self.residency = Residency(cfg, self.store)
+        self.residency = Residency(cfg, self.store, extras)
         self._clock = 0
         # this server's name for routers: the token its manifests carry (one without a disk)
         self.writer = disk.writer if disk is not None else writer_token()

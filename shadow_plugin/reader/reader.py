@@ -125,12 +125,12 @@ class Reader:
         # two or more sessions at once (read_batch) and the chunks they read
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
                        "num_batched_forwards": 0, "num_batched_chunks": 0}
+        # questions' tails, by content (reader.tails): counted against the cap, and past it
+        # given up before any session is parked
+        self.tails = Tails(max_tails)
         self.table = SessionTable(self.adapter.spec, self.store_config,
-                                  self.adapter.identity(), self.config.grid)
+                                  self.adapter.identity(), self.config.grid, self.tails)
         self._scratch: dict[str, fork.Scratch] = {}   # per session a fork base below C
-        self.tails = Tails(max_tails)       # questions' tails, by content (reader.tails)
-        # past the cap, the tails go before any session is parked
-        self.table.residency.give_up = lambda: self.tails.drop_oldest(self.store)
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -669,8 +669,8 @@ class Reader:
         key, ids = base_key(self.store, st.keys, line), st.ids[line:cut]
         if self.tails.has(key, ids):
             return False
-        res = self.table.residency
-        if res.resident_bytes(self.table.resident) + self.store.pool.page_bytes > \
+        need = self.store.pool.page_bytes + sum(c.nbytes + r.nbytes for c, r in st.gdn)
+        if self.table.residency.resident_bytes(self.table.resident) + need > \
                 self.store_config.resident_bytes:
             return False
         tail = fork.make_tail(self.adapter, self.store, st, line, ids, key)

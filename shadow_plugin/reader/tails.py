@@ -17,9 +17,10 @@ question, under grid / 2 + 64 ids). On an H100 at 100k ids (0.8B, FA4) the route
 Held: one page (its rows [0, cut - line) the tail's KV rows, one reference) and the GDN states,
 per tail: a page and a GDN entry's bytes (about 25 MB for the 0.8B at grid 512, bf16). At most
 `max_tails` are kept, the least recently used given up first; a fork copies the page into one
-of its own (it writes its rows above cut there). The pages count in the reader's resident
-bytes: past its cap the tails are given up, least recently used first, before any session is
-parked (block_store.Residency.give_up), and the idle window makes none that would not fit.
+of its own (it writes its rows above cut there). Pages and states count in the reader's
+resident bytes: past its cap the tails are given up, least recently used first, before any
+session is parked (block_store.residency.Extras), and the idle window makes none that would
+not fit.
 """
 from __future__ import annotations
 
@@ -101,6 +102,16 @@ class Tails:
         while len(self._held) > self.max_tails:
             self.drop_oldest(store)
         return True
+
+    def state_bytes(self) -> int:
+        """The held tails' GDN states' bytes (their pages count as referenced pages):
+        block_store.residency.Extras."""
+        return sum(t.nbytes for t in self._held.values())
+
+    def give_up(self, store: PageStore) -> bool:
+        """drop_oldest: what the session table gives up past its cap before parking a
+        session (block_store.residency.Extras)."""
+        return self.drop_oldest(store)
 
     def drop_oldest(self, store: PageStore) -> bool:
         """Give up the least recently used tail (its page back); False when none is held."""

@@ -239,9 +239,9 @@ def test_a_pool_that_cannot_give_a_page_leaves_nothing_held(tiny, monkeypatch):
 
 
 def test_kept_tails_give_way_to_sessions_under_the_resident_cap(tiny):
-    """A kept tail's page counts in the resident bytes; past the cap the tails go before any
-    session is parked (a session is worth more than a tail, which a question makes again),
-    and the idle window makes none that would not fit."""
+    """A kept tail's page and states count in the resident bytes; past the cap the tails go
+    before any session is parked (a session is worth more than a tail, which a question
+    makes again), and the idle window makes none that would not fit."""
     a_ids, b_ids, q_ids = rand_ids(G + 150, 1), rand_ids(G + 150, 2), rand_ids(10, 3)
     both = _fresh(tiny, a_ids, max_tails=0)
     both.feed("b", b_ids, "prompt")
@@ -258,7 +258,12 @@ def test_kept_tails_give_way_to_sessions_under_the_resident_cap(tiny):
     assert reader.make_tail("s") is False and len(reader.tails) == 0   # no room for it
     check_refs(reader)
     roomy = _fresh(tiny, a_ids, resident_bytes=cap)                     # "s" alone
+    before = roomy.table.residency.resident_bytes(roomy.table.resident)
     assert roomy.make_tail("s") is True and len(roomy.tails) == 1       # room for one
+    gdn_bytes = sum(c.nbytes + r.nbytes for c, r in roomy._get("s").gdn)
+    assert roomy.tails.state_bytes() == gdn_bytes > 0                   # its page and states
+    assert roomy.table.residency.resident_bytes(roomy.table.resident) - before == \
+        roomy.store.pool.page_bytes + gdn_bytes
     assert roomy.ask("s", q_ids, list("abcd")).probs == \
         both.ask("s", q_ids, list("abcd")).probs and roomy.tails.num_hits == 1
     check_refs(roomy)
