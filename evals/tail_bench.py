@@ -14,7 +14,23 @@
 Each arm's forwards run over the same session state (a reader that read ids[:line]), timed
 with CUDA events on CUDA (perf_counter on the CPU), warmed up first, the arms taken in turns;
 figures are medians over `repeats`. The question is the router's (ROUTER), `tail` ids past the
-grid line (330: the seed's measurement). The last line printed is one JSON object.
+grid line (330: the seed's measurement). The three forward arms cut at the multiple of 64 at or
+below the end whatever the tail; fork.tail_cut's half-grid rule applies to the ask arms only
+(a tail under half a grid: `forwarded_kept` equals `forwarded_none` and `tail_hits` is 0).
+Each context should be a multiple of the grid (else `tail` is not the ids past the line) and
+each tail 64 or more (under 64 there is no cut: an AssertionError in `arms`).
+
+Each (context, tail) prints a line to stderr; the last line printed (stdout) is one JSON
+object: `model`, `grid`, `dtype`, `attention`, `gpu` (the card; on the CPU the machine's
+type), `torch`, `commit`, `date`, and per run (`runs`) `context`, `tail`, `question_ids`,
+`forwarded_kept` / `forwarded_none` (num_forwarded_tokens of one more Reader.ask after the
+timed rounds, tail kept / max_tails=0), `ms` (`one_forward`, `tail_then_question`,
+`kept_tail`, `ask_kept`, `ask_none`), `kept_over_one_forward` (kept_tail / one_forward),
+`answers_equal` (that last ask's probs, kept or not, bit for bit), `kept_equals_unkept_forward`
+(the kept and the unkept tail's logits, bit for bit) and `tail_hits` (the kept reader's).
+On the CPU torch takes every core (this bench does not read SHADOW_THREADS): where other work
+shares the machine set OMP_NUM_THREADS=1 (on 2 cores beside a test run, `ask_none` at 1024+200
+took 1,027 ms with torch's 2 threads, 53 ms with 1).
 
     python -m evals.tail_bench [--model random:qwen3.5-0.8b] [--device cuda] [--grid 512]
         [--contexts 32768,100352] [--tails 64,330,506] [--repeats 7] [--attention fa4]
@@ -134,14 +150,18 @@ def measure(model, context: int, tail: int, args) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="random:qwen3.5-0.8b")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--grid", type=int, default=512)
-    p.add_argument("--contexts", default="32768,100352")
-    p.add_argument("--tails", default="64,330,506")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--attention", default=None)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].rstrip(":") + ".")
+    p.add_argument("--model", default="random:qwen3.5-0.8b",
+                   help="a Qwen3.5 model directory or random:NAME (default random:qwen3.5-0.8b)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--grid", type=int, default=512, help="the chunk length G (default 512)")
+    p.add_argument("--contexts", default="32768,100352",
+                   help="ids below the grid line, comma-separated multiples of the grid")
+    p.add_argument("--tails", default="64,330,506",
+                   help="ids past the grid line, comma-separated, each 64 or more")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds, medians (default 7)")
+    p.add_argument("--attention", default=None, help="the CUDA runners' attention: fa4 or table")
     args = p.parse_args(argv)
     from adapters import load_model
     model = load_model(args.model, device=args.device)
