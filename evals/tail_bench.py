@@ -14,10 +14,27 @@
 Each arm's forwards run over the same session state (a reader that read ids[:line]), timed
 with CUDA events on CUDA (perf_counter on the CPU), warmed up first, the arms taken in turns;
 figures are medians over `repeats`. The question is the router's (ROUTER), `tail` ids past the
-grid line (330: the seed's measurement). The last line printed is one JSON object.
+grid line (330: the seed's measurement). The three forward arms cut at the multiple of 64 at or
+below the end whatever the tail; fork.tail_cut's half-grid rule applies to the ask arms only
+(a tail under half a grid: `forwarded_kept` equals `forwarded_none` and `tail_hits` is 0).
+Each context must be a multiple of the grid and each tail 64 to grid - 1 ids (refused
+otherwise, naming the flag).
+
+Each (context, tail) prints a line to stderr; the last line printed (stdout) is one JSON
+object: `model`, `grid`, `dtype`, `attention`, `gpu` (the card; on the CPU the machine's
+type), `torch`, `commit`, `date`, and per run (`runs`) `context`, `tail`, `question_ids`,
+`forwarded_kept` / `forwarded_none` (num_forwarded_tokens of one more Reader.ask after the
+timed rounds, tail kept / max_tails=0), `ms` (`one_forward`, `tail_then_question`,
+`kept_tail`, `ask_kept`, `ask_none`), `kept_over_one_forward` (kept_tail / one_forward),
+`answers_equal` (that last ask's probs, kept or not, bit for bit), `kept_equals_unkept_forward`
+(the kept and the unkept tail's logits, bit for bit) and `tail_hits` (the kept reader's).
+On the CPU torch takes every core unless --threads says otherwise: where other work shares
+the machine pass --threads 1 (on 2 cores beside a test run, `ask_none` at 1024+200 took
+1,027 ms with torch's 2 threads, 53 ms with 1).
 
     python -m evals.tail_bench [--model random:qwen3.5-0.8b] [--device cuda] [--grid 512]
         [--contexts 32768,100352] [--tails 64,330,506] [--repeats 7] [--attention fa4]
+        [--threads N]
 """
 from __future__ import annotations
 
@@ -133,16 +150,40 @@ def measure(model, context: int, tail: int, args) -> dict:
     return out
 
 
+def _ints(parser, text: str, flag: str) -> list[int]:
+    """Comma-separated positive integers, or the parser's error naming the flag."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} takes comma-separated integers, got {text!r}")
+    if not out or min(out) <= 0:
+        parser.error(f"{flag} takes positive integers, got {text!r}")
+    return out
+
+
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="random:qwen3.5-0.8b")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--grid", type=int, default=512)
-    p.add_argument("--contexts", default="32768,100352")
-    p.add_argument("--tails", default="64,330,506")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--attention", default=None)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].rstrip(":") + ".")
+    p.add_argument("--model", default="random:qwen3.5-0.8b",
+                   help="a Qwen3.5 model directory or random:NAME (default random:qwen3.5-0.8b)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--grid", type=int, default=512, help="the chunk length G (default 512)")
+    p.add_argument("--contexts", default="32768,100352",
+                   help="ids below the grid line, comma-separated multiples of the grid")
+    p.add_argument("--tails", default="64,330,506",
+                   help="ids past the grid line, comma-separated, each 64 or more")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds, medians (default 7)")
+    p.add_argument("--attention", default=None, help="the CUDA runners' attention: fa4 or table")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch's CPU threads (default: torch's; 1 on a shared CPU)")
     args = p.parse_args(argv)
+    contexts, tails = _ints(p, args.contexts, "--contexts"), _ints(p, args.tails, "--tails")
+    if any(c % args.grid for c in contexts):
+        p.error(f"--contexts must be multiples of the grid ({args.grid}): {args.contexts}")
+    if any(not ROW_ALIGN <= t < args.grid for t in tails):
+        p.error(f"--tails must be {ROW_ALIGN} to {args.grid - 1} ids: {args.tails}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     from adapters import load_model
     model = load_model(args.model, device=args.device)
     res = {"bench": "tail_bench", "model": args.model, "grid": args.grid,
@@ -150,8 +191,8 @@ def main(argv=None) -> dict:
            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.machine(),
            "torch": torch.__version__, "commit": git_commit(),
            "date": datetime.date.today().isoformat(), "runs": []}
-    for context in (int(x) for x in args.contexts.split(",")):
-        for tail in (int(x) for x in args.tails.split(",")):
+    for context in contexts:
+        for tail in tails:
             res["runs"].append(measure(model, context, tail, args))
     print(json.dumps(res))
     return res

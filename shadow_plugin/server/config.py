@@ -12,7 +12,8 @@ most ids a question renders to, the most tokens a summary decodes), SHADOW_MAX_Q
 most questions one ask may hold), SHADOW_MAX_POSITIONS_POLICY (refuse or cap), SHADOW_THREADS
 (torch's CPU threads), SHADOW_ATTENTION (the CUDA runners' attention: fa4 or table; default
 fa4 on Hopper with flash-attn-4, else table; refused on the CPU), SHADOW_METRICS_SESSIONS
-(sessions with /metrics series of their own); the scheduler's SHADOW_POLL_S,
+(sessions with /metrics series of their own), SHADOW_TAILS (questions' tails kept:
+Reader's max_tails, 8; 0: none); the scheduler's SHADOW_POLL_S,
 SHADOW_IDLE_BURST_S, SHADOW_SHARE, SHADOW_SLICE_MS, SHADOW_TURN_TIMEOUT_S,
 SHADOW_IDLE_TRUST, SHADOW_IDLE_AT_FINISH, SHADOW_BATCH_SESSIONS (scheduler.SchedulerConfig);
 SHADOW_AUTOTUNE_DIR (fla's kernel configs, read where fla is loaded: model.kernels,
@@ -91,7 +92,8 @@ class ServiceConfig:
     "refuse" a prompt past the model's positions, or "cap" it (the session holds the first
     max positions); threads: torch's CPU threads (default_threads()); metrics_sessions: how
     many sessions get /metrics series of their own (server.metrics: the warmest, the largest
-    backlogs; 0: none)."""
+    backlogs; 0: none); max_tails: questions' tails the reader keeps (Reader's max_tails:
+    a page and a GDN state each, within resident_gb; 0: none)."""
 
     model: str = ""
     device: str = ""
@@ -121,6 +123,7 @@ class ServiceConfig:
     threads: int | None = None
     attention: str | None = None         # the CUDA runners' (adapters.runners.graphs.ATTENTIONS)
     metrics_sessions: int = MAX_SESSION_SERIES
+    max_tails: int = 8
 
     @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":
@@ -152,6 +155,7 @@ class ServiceConfig:
                    threads=_num(env, "THREADS", None, int),
                    attention=(_get(env, "ATTENTION") or "").strip().lower() or None,
                    metrics_sessions=_num(env, "METRICS_SESSIONS", MAX_SESSION_SERIES, int),
+                   max_tails=_num(env, "TAILS", 8, int),
                    scheduler=SchedulerConfig.from_env(env, grid=grid))
 
     def with_overrides(self, **kw) -> "ServiceConfig":

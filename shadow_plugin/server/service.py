@@ -38,7 +38,7 @@ GRAPH_ATTENTIONS = tuple(a for a in ATTENTIONS if a != "sdpa")
 def check_config(cfg: ServiceConfig) -> None:
     """What can be refused before the service starts (ValueError naming the setting): an empty
     or unknown model, a grid the reader cannot take, a history the dashboard cannot keep, a
-    number of sessions with series of their own out of range. A
+    number of sessions with series of their own out of range, a negative number of tails. A
     model that fails later while loading is reported by /healthz (503) instead."""
     if not cfg.model:
         raise ValueError("SHADOW_MODEL is empty: set it to a Qwen3.5 model directory or "
@@ -65,6 +65,9 @@ def check_config(cfg: ServiceConfig) -> None:
     if not 0 <= cfg.metrics_sessions <= MAX_METRICS_SESSIONS:
         raise ValueError(f"SHADOW_METRICS_SESSIONS={cfg.metrics_sessions}: 0 to "
                          f"{MAX_METRICS_SESSIONS} sessions with series of their own")
+    if cfg.max_tails < 0:
+        raise ValueError(f"SHADOW_TAILS={cfg.max_tails}: the questions' tails kept, 0 (none) "
+                         f"or more")
     check_limits(cfg)
     check_paths(cfg)
 
@@ -156,7 +159,7 @@ class Service:
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
                                  disk_ttl_s=cfg.disk_ttl_h * 3600,
                                  disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s,
-                                 attention=cfg.attention)
+                                 attention=cfg.attention, max_tails=cfg.max_tails)
             self.reader.adapter.bind_thread()
             self.reader.warm_up()
             self.warm_up_s = time.perf_counter() - t_warm

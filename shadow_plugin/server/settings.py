@@ -38,6 +38,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "forward); past it 400"),
     ("SHADOW_MAX_POSITIONS_POLICY", "", "refuse", "refuse or cap a session past the model's "
      "positions"),
+    ("SHADOW_TAILS", "", "8", "questions' tails kept (the ids past a session's last grid line, "
+     "forwarded once: a page and a GDN state each, within SHADOW_GB; 0: none)"),
     ("SHADOW_THREADS", "--threads", "half the cores", "torch's CPU threads"),
     ("SHADOW_ATTENTION", "", "fa4 or table", "the CUDA runners' attention: fa4 (the default "
      "on Hopper with flash-attn-4) or table; on the CPU leave it unset"),

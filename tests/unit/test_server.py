@@ -61,6 +61,7 @@ def test_a_scripted_session(client):
     assert status["last_answers"][-1]["label"] == b["label"]
     metrics = client.get("/metrics", headers=KEY).text
     st = reader.stats()
+    assert reader.tails.max_tails == 8                          # SHADOW_TAILS's default
     assert st["read_tokens"] >= reader.totals["num_read_tokens"] > 0     # asks commit too
     assert f"shadow_read_tokens_total {float(st['read_tokens'])}" in metrics
     assert 'shadow_turn_starts_total{fresh="true"}' in metrics
@@ -82,7 +83,8 @@ def test_a_scripted_session(client):
     assert f'shadow_pages{{state="pinned"}} {float(st["pages"]["pinned"])}' in metrics
     assert st["pages"]["pinned"] >= 5
     assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
-    for name in ("tail_hits_total", "tails_made_total", "tails_held", "tail_bytes"):
+    for name in ("tail_hits_total", "tails_made_total", "tails_evicted_total", "tails_held",
+                 "tail_bytes"):
         key = name.removesuffix("_total")          # grid 64: no tail is ever cut (0 each)
         assert f"shadow_{name} {float(st[key])}" in metrics
     for kind, n in st["gdn_entry_evictions"].items():           # issue 33: per kind

@@ -224,3 +224,12 @@ def test_the_attention_is_one_the_cuda_runners_take_and_never_set_on_the_cpu():
     with pytest.raises(ValueError, match="SHADOW_ATTENTION='table' chooses the CUDA runners'"):
         check_config(ServiceConfig(model="random:tiny", device="cpu", attention="table"))
     check_config(ServiceConfig(model="random:tiny", device="cpu"))
+
+
+def test_the_questions_tails_kept_are_a_setting():
+    assert ServiceConfig.from_env({"SHADOW_TAILS": "2"}).max_tails == 2
+    assert ServiceConfig.from_env({}).max_tails == 8
+    with pytest.raises(ValueError, match="SHADOW_TAILS"):
+        check_config(ServiceConfig(model="random:tiny", max_tails=-1))
+    with pytest.raises(ValueError, match="SHADOW_TAILS"):
+        ServiceConfig.from_env({"SHADOW_TAILS": "some"})
