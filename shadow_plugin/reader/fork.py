@@ -12,10 +12,10 @@ Both paths give the same bits: the same ids on the same grid from equal states.
 
 From the line a fork forwards (every forward starts at a multiple of ROW_ALIGN, 64 rows):
 1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN when that holds half a grid or
-   more (`tail_cut`; else none), as a
-   forward of its own that keeps its states (Adapter.read_rows); what it gives depends only on
-   ids[:cut], so the reader keeps it (reader.tails) and a question at the same place starts
-   from it (each fork a copy of its page);
+   more (`tail_cut`; else none), as a forward of its own that keeps its states
+   (Adapter.read_rows); what it gives depends only on ids[:cut], so the reader keeps it
+   (reader.tails) and a question at the same place starts from it (each fork a copy of its
+   page);
 2. while more than a grid's ids are left: a piece up to the next grid line (read_rows from
    cut, then whole chunks, Adapter.read_chunk), each keeping its states;
 3. the last forward (1 to grid ids): a question's letters' logits, or a prompt's first id.

@@ -156,8 +156,9 @@ class ReaderPort(Protocol):
     # one chunk of each in one forward (only with batch_sessions > 1): (ms, sessions read)
     def read_chunks(self, sessions: list[str]) -> tuple[float, list[str]]: ...
     def answer(self, session: str, at: int) -> None: ...      # a pending question is due
-    # the first question's tail due among sessions (most recent first) forwarded and kept
-    # (Reader.make_tail): its ms, None when none is due (a simulation: None)
+    # the tail of a question at the end of the first of `sessions` (most recent first) that
+    # has one due, forwarded and kept (Reader.make_tail): its ms; None when none is due (a
+    # simulation: None)
     def make_tail(self, sessions: list[str]) -> float | None: ...
 
 
