@@ -3,6 +3,8 @@ device; here only their presence and the exactness after the timed runs are chec
 import json
 from pathlib import Path
 
+import pytest
+
 from evals.cli import main
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "session.json")
@@ -59,3 +61,23 @@ def test_batch_bench_smoke(capsys):
     assert ask["2_in_one_forward_ms"] > 0 and ask["2_one_at_a_time_ms"] > 0
     assert [res["read"][f"128x{b}"]["exact"] for b in (1, 2)] == [True, True]
     assert res["read"]["128x2"]["ids_per_s_one_forward"] > 0 and res["date"]
+
+
+def test_tail_bench_smoke(capsys):
+    """evals.tail_bench on the CPU (random:tiny, grid 256): every arm timed, the kept and the
+    unkept tail's logits equal, the answers equal, the kept question forwarding fewer ids;
+    tails and contexts it cannot measure refused, naming the flag."""
+    from evals import tail_bench
+    res = tail_bench.main(["--model", "random:tiny", "--device", "cpu", "--grid", "256",
+                           "--contexts", "256", "--tails", "200", "--repeats", "1",
+                           "--threads", "1"])
+    run = res["runs"][0]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"][0] == run
+    assert run["answers_equal"] and run["kept_equals_unkept_forward"] and run["tail_hits"] >= 1
+    assert run["forwarded_kept"] == 456 - 448 + run["question_ids"]      # cut at 448
+    assert run["forwarded_none"] == 200 + run["question_ids"]
+    assert all(ms > 0 for ms in run["ms"].values())
+    for bad, flag in ((["--tails", "30"], "--tails"), (["--contexts", "300"], "--contexts")):
+        with pytest.raises(SystemExit):
+            tail_bench.main(["--device", "cpu", "--grid", "256", *bad])
+        assert flag in capsys.readouterr().err
