@@ -166,17 +166,15 @@ class Adapter(ABC):
         [0, pos) the prefix); returns the GDN states after the chunk
         (per GDN layer (conv [conv_dim, W], recurrent [HV, K, V] fp32)); `gdn` is not changed."""
 
+    @abstractmethod
     def read_rows(self, ids: Sequence[int], pos: int, kv: PagedKv, gdn: GdnState) -> GdnState:
         """Forward a fork's piece that keeps its states: len(ids) ids, a positive multiple of
         ROW_ALIGN below the grid, at pos, a multiple of ROW_ALIGN (a question's tail past the
-        grid line, ids[line:cut], kept per session by the reader; the piece from there up to
-        the next grid line). Writes KV rows [pos, pos + len(ids)) of `kv` and returns the GDN
-        states after the last id (per GDN layer (conv [conv_dim, W] model dtype, recurrent
-        [HV, K, V] fp32), new tensors; `gdn` is not changed). This default: Qwen35.forward
-        with the adapter's kernels. Raises ValueError for a length or pos off ROW_ALIGN."""
-        check_rows(len(ids), pos, self.grid)
-        _, new = self.model(self._ids(ids), pos, kv, gdn, self.kernels)
-        return new
+        grid line, ids[line:cut], kept by the reader; the piece from there up to the next
+        grid line). Writes KV rows [pos, pos + len(ids)) of `kv` and returns the GDN states
+        after the last id (per GDN layer (conv [conv_dim, W] model dtype, recurrent
+        [HV, K, V] fp32), new tensors; `gdn` is not changed). Raises ValueError for a length
+        or pos off ROW_ALIGN (check_rows)."""
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at

@@ -44,36 +44,18 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
 from adapters import ROW_ALIGN
+from block_store.session import fork_pages
 from evals.batch_bench import session_ids
+from evals.bench import Timer
 from evals.run_info import git_commit
+from shadow_plugin.chat.questions import letter_ids, question_ids
 from shadow_plugin.chat.router import ROUTER
+from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader.reader import Reader
-
-
-class Timer:
-    """ms of fn(): CUDA events on CUDA (the device's time, the host's launches included
-    when they are the bottleneck), perf_counter around a sync on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
 
 
 def arms(reader: Reader, q_ids: list[int], letters: list[int]) -> dict:
@@ -84,7 +66,7 @@ def arms(reader: Reader, q_ids: list[int], letters: list[int]) -> dict:
     at = len(st.ids)
     line, cut = at // g * g, at // ROW_ALIGN * ROW_ALIGN
     assert st.committed == line and cut > line
-    kv, pages = fork_kv(store, st, at + 2 * g)
+    kv, pages = fork_pages(store, st, at + 2 * g)   # scratch pages: the caller's to give back
     tail_gdn = adapter.read_rows(st.ids[line:cut], line, kv, st.gdn)
 
     def one():
@@ -100,13 +82,6 @@ def arms(reader: Reader, q_ids: list[int], letters: list[int]) -> dict:
     return {"one_forward": one, "tail_then_question": both, "kept_tail": kept}, pages
 
 
-def fork_kv(store, st, rows: int):
-    """The session's pages and scratch pages for rows up to `rows` (given back by the
-    caller): (PagedKv, scratch pages)."""
-    from block_store.session import fork_pages
-    return fork_pages(store, st, rows)
-
-
 def measure(model, context: int, tail: int, args) -> dict:
     grid = args.grid
     ids = session_ids(context + tail, context + tail)
@@ -115,10 +90,9 @@ def measure(model, context: int, tail: int, args) -> dict:
     for r in (reader, none):
         r.feed("s", ids, "prompt")
         r.read("s")
-    q_ids = reader._question(reader._get("s"), ROUTER.question, list(ROUTER.choices),
-                             len(ids))[0]
-    letters = reader._question(reader._get("s"), ROUTER.question, list(ROUTER.choices),
-                               len(ids))[1]
+    tok = load_tokenizer()                          # as Reader.ask renders the question
+    q_ids = question_ids(tok, ROUTER.question, list(ROUTER.choices), ids[-1])
+    letters = letter_ids(tok, len(ROUTER.choices))
     run, pages = arms(reader, q_ids, letters)
     timer = Timer(model.device)
     times: dict[str, list[float]] = {k: [] for k in [*run, "ask_kept", "ask_none"]}
@@ -131,7 +105,7 @@ def measure(model, context: int, tail: int, args) -> dict:
             same = torch.equal(run["tail_then_question"](), run["kept_tail"]())
             for _ in range(args.repeats):
                 for name, fn in run.items():
-                    times[name].append(timer(fn))
+                    times[name].append(timer(fn)[1])
                 times["ask_kept"].append(reader.ask("s", ROUTER.question,
                                                     list(ROUTER.choices)).ms)
                 times["ask_none"].append(none.ask("s", ROUTER.question,

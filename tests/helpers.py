@@ -1,8 +1,9 @@
 """Test helpers shared by the layers (tests/ is on the path of every test through conftest.py):
 random ids, readers on a disk folder and a session parked there, the reference counts a reader
-must keep, the metrics the Grafana dashboard queries, fla's autotuner and an autotune key, the
-disk tier's test identity and pages, the service served by uvicorn in a thread on a loopback
-port. KV pools of pages for the attention kernels: paged.py."""
+must keep, a question's logits through a reader's fork, the metrics the Grafana dashboard
+queries, fla's autotuner and an autotune key, the disk tier's test identity and pages, the
+service served by uvicorn in a thread on a loopback port. KV pools of pages for the attention
+kernels: paged.py."""
 import contextlib
 import json
 import random
@@ -69,6 +70,54 @@ def check_refs(reader: Reader) -> None:
         assert page.refs == pages[page.index], (page.index, page.refs, pages[page.index])
     for key, e in reader.table.store.gdn.entries.items():
         assert e.refs == entries[key]
+
+
+def fork_logits(reader: Reader, session: str, q_ids: list[int], letters: list[int],
+                tails=None, between=None) -> tuple[torch.Tensor, int]:
+    """The letters' logits [len(letters)] fp32 (a copy, the device synchronised) of the
+    question q_ids at the session's end through the reader's own fork (fork.start, its
+    pieces, fork.last_logits), calling between() after each piece; and the pieces read.
+    tails: the reader's kept tails to use and keep (reader.tails), or None (none)."""
+    from shadow_plugin.reader import fork
+    st = reader._get(session)
+    store, adapter = reader.store, reader.adapter
+    at = len(st.ids)
+    fw = fork.start(adapter, reader.config, store, st, session, q_ids, at,
+                    fork.question_padding(adapter, at, len(q_ids)), tails=tails)
+    num_pieces = 0
+    try:
+        while fork.forward_piece(adapter, store, fw):
+            num_pieces += 1
+            if between is not None:
+                between()
+        logits = fork.last_logits(adapter, store, fw, letters)
+        adapter.sync()
+        return logits.clone(), num_pieces
+    finally:
+        fork.release(store, fw)
+
+
+def logits_by_hand(adapter, ids: list[int], q_ids: list[int],
+                   letters: list[int]) -> torch.Tensor:
+    """The letters' logits [len(letters)] fp32 (a copy, the device synchronised) of the
+    question q_ids after `ids`, forwarded by hand through the adapter on a KV of its own as
+    shadow_plugin.reader.fork's module doc says: whole chunks from 0, the tail ids[line:cut]
+    (cut: the multiple of 64 at or below the end when that is half a grid or more past the
+    line, written out here, not fork.tail_cut), then the rest and the question from cut."""
+    from block_store import contiguous_kv
+    from block_store.memory.layout import zero_gdn
+    g, at = adapter.grid, len(ids)
+    line = at // g * g
+    cut = at // 64 * 64 if at // 64 * 64 - line >= g // 2 else line
+    kv = contiguous_kv(adapter.spec, g, at + len(q_ids) + g)
+    gdn = zero_gdn(adapter.spec)
+    for pos in range(0, line, g):
+        gdn = adapter.read_chunk(ids[pos:pos + g], pos, kv, gdn)
+    if cut > line:
+        gdn = adapter.read_rows(ids[line:cut], line, kv, gdn)
+    out = adapter.fork_logits(ids[cut:] + q_ids, cut, kv, gdn, letters)
+    adapter.sync()
+    return out.clone()
 
 
 def dashboard_metrics(prefix: str) -> set[str]:

@@ -87,24 +87,25 @@ class Runners:
     def _get(self, t: int, split) -> ChunkGraphs:
         if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
             return self.chunk
-        if t not in self._sized:
-            # a question's states are not given back (fork_logits): its graphs hold none
-            runner = self._sized[t] = ChunkGraphs(self.model, t, split=split,
-                                                  return_states=False, **self.options)
-            if runner.split_graphs is not None and self._pool is not None:
-                runner.split_graphs.pin(self._pool)    # its graphs over it made at first use
-        return self._sized[t]
+        # a question's states are not given back (fork_logits): its graphs hold none
+        return self._made(t, t, split, return_states=False)
 
     def rows(self, t: int) -> ChunkGraphs:
         """The runner of a fork's piece of exactly t rows that gives back its states (t a
         multiple of 64 below the grid: Adapter.read_rows), made at first use (its graphs
         too; with FA4 in the graph over the pool `prepare` was given)."""
-        if ("rows", t) not in self._sized:
-            runner = self._sized[("rows", t)] = ChunkGraphs(self.model, t, split=self.split,
-                                                            **self.options)
+        return self._made(("rows", t), t, self.split)
+
+    def _made(self, key, t: int, split, **kw) -> ChunkGraphs:
+        """The runner kept under `key` (a ChunkGraphs of t rows with the runners' options and
+        kw), made now if it is not: with FA4 in the graph, its graphs over the reader's pool
+        once `prepare` was given it (made at first use)."""
+        if key not in self._sized:
+            runner = self._sized[key] = ChunkGraphs(self.model, t, split=split, **kw,
+                                                    **self.options)
             if runner.split_graphs is not None and self._pool is not None:
                 runner.split_graphs.pin(self._pool)
-        return self._sized[("rows", t)]
+        return self._sized[key]
 
     def rows_of(self, num_rows: int) -> int:
         """The rows a forward of num_rows ids is padded to: the first small bucket that holds

@@ -214,7 +214,7 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
     backlog = st.backlog
     sc, line, num_committed, num_scratch = fork_base(adapter, rcfg, store, st, at, scratch)
     base = sc.state if sc else st
-    cut = max(line, tail_cut(at, rcfg.grid))
+    cut = tail_cut(at, rcfg.grid)           # the line when there is no tail
     out: list[Forward] = []
     tail, num_tail = None, 0
     try:

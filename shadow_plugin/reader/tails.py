@@ -136,8 +136,8 @@ class Tails:
         return [t.page for t in self._held.values()]
 
     def nbytes(self, page_bytes: int) -> int:
-        """Bytes held: each tail's page and GDN states."""
-        return sum(page_bytes + t.nbytes for t in self._held.values())
+        """Bytes held: each tail's page (page_bytes) and GDN states."""
+        return len(self._held) * page_bytes + self.state_bytes()
 
     def stats(self) -> dict:
         return {"tails_held": len(self._held), "tail_hits": self.num_hits,

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from helpers import fork_logits
 
 from shadow_plugin import Reader
 from shadow_plugin.reader import fork
@@ -18,30 +19,6 @@ MODEL = "random:qwen3.5-0.8b"
 def _ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1000, 240000) for _ in range(n)]
-
-
-def _logits_in_pieces(reader: Reader, session: str, q_ids: list[int], letters: list[int],
-                      between=None) -> tuple[torch.Tensor, int]:
-    """The letters' logits [len(letters)] fp32 of the question `q_ids` at the session's end,
-    read in pieces (fork.start, forward_piece, the last forward through fork_logits), calling
-    between() after each piece; and the number of pieces."""
-    st = reader._get(session)
-    store, adapter = reader.table.store, reader.adapter
-    at = len(st.ids)
-    fw = fork.start(adapter, reader.config, store, st, session, q_ids, at,
-                    fork.question_padding(adapter, at, len(q_ids)))
-    num_pieces = 0
-    try:
-        while fork.forward_piece(adapter, store, fw):
-            num_pieces += 1
-            if between is not None:
-                between()
-        logits = adapter.fork_logits(fw.rest, fw.pos, fork.kv(store, fw, fw.rows), fw.gdn,
-                                     letters)
-        adapter.sync()
-        return logits.clone(), num_pieces
-    finally:
-        fork.release(store, fw)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device with fla")
@@ -60,8 +37,8 @@ def test_a_long_question_in_pieces_gives_a_fresh_readers_logits_bit_for_bit(atte
     reader.read("s")
     reader.feed("other", other, "prompt")               # read a chunk between two pieces
 
-    got, num_pieces = _logits_in_pieces(reader, "s", q_ids, letters,
-                                        lambda: reader.read("other", max_chunks=1))
+    got, num_pieces = fork_logits(reader, "s", q_ids, letters,
+                                  between=lambda: reader.read("other", max_chunks=1))
     assert num_pieces == fork.num_pieces(len(ids), len(q_ids), g)[0] >= 3   # 3 at grid 512
     assert reader.committed("other") == num_pieces * g
     pending = reader.begin_ask("s", q_ids, list("abcd"))
@@ -74,7 +51,7 @@ def test_a_long_question_in_pieces_gives_a_fresh_readers_logits_bit_for_bit(atte
     assert fresh.adapter.identity() == reader.adapter.identity()
     fresh.feed("s", ids, "prompt")
     fresh.read("s")
-    want, _ = _logits_in_pieces(fresh, "s", q_ids, letters)
+    want, _ = fork_logits(fresh, "s", q_ids, letters)
     assert got.dtype == want.dtype == torch.float32 and got.is_cuda
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (got, want)
     assert fresh.ask("s", q_ids, list("abcd")).probs == asked.probs

@@ -8,12 +8,9 @@ import random
 
 import pytest
 import torch
+from helpers import fork_logits, logits_by_hand
 
-from adapters import ROW_ALIGN
-from block_store import contiguous_kv
-from block_store.memory.layout import zero_gdn
 from shadow_plugin import Reader
-from shadow_plugin.reader import fork
 
 MODEL = "random:qwen3.5-0.8b"
 LETTERS = [1000 + i for i in range(9)]
@@ -22,40 +19,6 @@ LETTERS = [1000 + i for i in range(9)]
 def _ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1000, 240000) for _ in range(n)]
-
-
-def _logits(reader: Reader, q_ids: list[int]) -> torch.Tensor:
-    """The LETTERS logits of q_ids at session "s"'s end through the reader's fork (its kept
-    tails used and kept)."""
-    st = reader._get("s")
-    adapter, store = reader.adapter, reader.store
-    at = len(st.ids)
-    fw = fork.start(adapter, reader.config, store, st, "s", q_ids, at,
-                    fork.question_padding(adapter, at, len(q_ids)), tails=reader.tails)
-    try:
-        while fork.forward_piece(adapter, store, fw):
-            pass
-        out = fork.last_logits(adapter, store, fw, LETTERS)
-        adapter.sync()
-        return out.clone()
-    finally:
-        fork.release(store, fw)
-
-
-def _by_hand(reader: Reader, ids: list[int], q_ids: list[int]) -> torch.Tensor:
-    adapter, g = reader.adapter, reader.config.grid
-    at = len(ids)
-    line = at // g * g
-    cut = at // ROW_ALIGN * ROW_ALIGN if at - line >= g // 2 else line    # fork.tail_cut
-    kv = contiguous_kv(adapter.spec, g, at + 2 * g)
-    gdn = zero_gdn(adapter.spec)
-    for pos in range(0, line, g):
-        gdn = adapter.read_chunk(ids[pos:pos + g], pos, kv, gdn)
-    if cut > line:
-        gdn = adapter.read_rows(ids[line:cut], line, kv, gdn)
-    out = adapter.fork_logits(ids[cut:] + q_ids, cut, kv, gdn, LETTERS)
-    adapter.sync()
-    return out.clone()
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -80,12 +43,13 @@ def test_a_kept_tail_gives_a_fresh_readers_logits_bit_for_bit(attention):
         reader.read("s")
         made = reader.make_tail("s")
         assert made == (n % g >= g // 2)
-        kept = _logits(reader, q_ids)
+        kept = fork_logits(reader, "s", q_ids, LETTERS, reader.tails)[0]
         fresh = Reader(model, attention=attention, max_tails=0)
         fresh.feed("s", ids, "prompt")
         fresh.read("s")
-        assert _same(kept, _logits(fresh, q_ids)), (n, kept, _logits(fresh, q_ids))
-        assert _same(kept, _by_hand(fresh, ids, q_ids)), n
+        alone = fork_logits(fresh, "s", q_ids, LETTERS)[0]
+        assert _same(kept, alone), (n, kept, alone)
+        assert _same(kept, logits_by_hand(fresh.adapter, ids, q_ids, LETTERS)), n
         many = reader.ask_many("s", [(q_ids, list("abcdefghi")), (q_ids[:90], list("ab"))])
         assert many[1].probs == fresh.ask("s", q_ids[:90], list("ab")).probs
         assert reader.check_exact("s")

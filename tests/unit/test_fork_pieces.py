@@ -2,7 +2,7 @@
 one forward and one decode gave before (the path before the change, run here by hand through the
 same adapter), and the same whatever happens to the session between two pieces."""
 import torch
-from helpers import check_refs, rand_ids  # noqa: E402
+from helpers import check_refs, fork_logits, rand_ids  # noqa: E402
 
 from block_store.session import fork_pages
 from shadow_plugin import Reader
@@ -37,27 +37,11 @@ def test_a_long_question_read_in_pieces_answers_as_one_forward(tiny):
     assert num_steps == 9
     ans = reader.finish_ask(pending)
     # the letters' ids differ (the tokenizer's): compare the forward through letters given
-    got = torch.softmax(_pieces_logits(reader, "s", q_ids, letters), dim=-1).tolist()
+    got = torch.softmax(fork_logits(reader, "s", q_ids, letters)[0], dim=-1).tolist()
     assert got == want
     assert ans.num_forwarded_tokens == 17 + len(q_ids)
     assert reader.ask("s", q_ids, list("abcd")).probs == ans.probs      # one call, same bits
     check_refs(reader)
-
-
-def _pieces_logits(reader: Reader, session: str, q_ids: list[int], letters: list[int]):
-    """The letters' logits through the pieces (fork.start, forward_piece, the last forward)."""
-    from shadow_plugin.reader import fork
-    st = reader._get(session)
-    store, adapter = reader.table.store, reader.adapter
-    at = len(st.ids)
-    fw = fork.start(adapter, reader.config, store, st, session, q_ids, at,
-                    fork.question_padding(adapter, at, len(q_ids)))
-    try:
-        while fork.forward_piece(adapter, store, fw):
-            pass
-        return adapter.fork_logits(fw.rest, fw.pos, fork.kv(store, fw, fw.rows), fw.gdn, letters)
-    finally:
-        fork.release(store, fw)
 
 
 def test_an_answer_holds_whatever_the_session_does_between_pieces(tiny):

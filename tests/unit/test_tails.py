@@ -5,7 +5,7 @@ forwards done by hand through the adapter. Grid 256: tails of 128 and 192 ids (f
 half a grid or more; a shorter one goes with the question)."""
 import pytest
 import torch
-from helpers import check_refs, rand_ids
+from helpers import check_refs, fork_logits, logits_by_hand, rand_ids
 
 from adapters import ROW_ALIGN
 from block_store import contiguous_kv
@@ -27,20 +27,9 @@ def _fresh(tiny, ids, **kw) -> Reader:
 
 def _by_hand(tiny, ids: list[int], q_ids: list[int]) -> list[float]:
     """The letters' probabilities of a question after `ids`, forwarded by hand through the
-    adapter as the module docs say: whole chunks, the tail to cut, the rest from cut."""
-    reader = Reader(tiny, grid=G, max_tails=0)
-    adapter = reader.adapter
-    at = len(ids)
-    line = at // G * G
-    cut = at // ROW_ALIGN * ROW_ALIGN if at - line >= G // 2 else line    # half a grid or more
-    kv = contiguous_kv(adapter.spec, G, at + len(q_ids) + G)
-    gdn = zero_gdn(adapter.spec)
-    for pos in range(0, line, G):
-        gdn = adapter.read_chunk(ids[pos:pos + G], pos, kv, gdn)
-    if cut > line:
-        gdn = adapter.read_rows(ids[line:cut], line, kv, gdn)
-    logits = adapter.fork_logits(ids[cut:] + q_ids, cut, kv, gdn, LETTERS)
-    return torch.softmax(logits, dim=-1).tolist()
+    adapter of a reader that keeps no tail (helpers.logits_by_hand)."""
+    adapter = Reader(tiny, grid=G, max_tails=0).adapter
+    return torch.softmax(logits_by_hand(adapter, ids, q_ids, LETTERS), dim=-1).tolist()
 
 
 def _ask(reader: Reader, q_ids, at=None):
@@ -63,25 +52,11 @@ def test_a_kept_tail_gives_the_bits_of_none_of_a_fresh_reader_and_of_the_forward
     assert first.probs == second.probs == none.probs
     assert second.num_forwarded_tokens == n - cut + len(q_ids)
     assert first.num_forwarded_tokens == n - line + len(q_ids)
-    st = kept._get("s")
-    got = torch.softmax(_letters_logits(kept, st, q_ids), dim=-1).tolist()
+    got = fork_logits(kept, "s", q_ids, LETTERS, kept.tails)[0]
+    got = torch.softmax(got, dim=-1).tolist()
     assert got == _by_hand(tiny, ids, q_ids)
     check_refs(kept)
     assert kept.check_exact("s")
-
-
-def _letters_logits(reader: Reader, st, q_ids):
-    """The question's LETTERS logits through the reader's own fork (start, pieces, last)."""
-    adapter, store = reader.adapter, reader.store
-    at = len(st.ids)
-    fw = fork.start(adapter, reader.config, store, st, "s", q_ids, at,
-                    fork.question_padding(adapter, at, len(q_ids)), tails=reader.tails)
-    try:
-        while fork.forward_piece(adapter, store, fw):
-            pass
-        return fork.last_logits(adapter, store, fw, LETTERS)
-    finally:
-        fork.release(store, fw)
 
 
 def test_a_tail_is_found_by_content_and_lost_with_a_rewrite_below_its_cut(tiny):
@@ -130,7 +105,8 @@ def test_a_long_question_reads_from_its_cut_to_the_grid_line_then_chunks(tiny):
     assert steps == 2
     ans = reader.finish_ask(pending)
     assert ans.probs == _ask(_fresh(tiny, ids, max_tails=0), q_ids).probs
-    got = torch.softmax(_letters_logits(reader, reader._get("s"), q_ids), dim=-1).tolist()
+    got = fork_logits(reader, "s", q_ids, LETTERS, reader.tails)[0]
+    got = torch.softmax(got, dim=-1).tolist()
     assert got == _by_hand(tiny, ids, q_ids)
     check_refs(reader)
 
