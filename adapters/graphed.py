@@ -41,6 +41,10 @@ class GraphAdapter(Adapter):
     def prepare(self, pool=None) -> None:
         self.runners.prepare(pool=pool)
 
+    def graph_stats(self) -> dict:
+        """Runners.captures: the runners, their graphs and what capturing them took."""
+        return self.runners.captures()
+
     def kernel_picks(self) -> str:
         """The chunk runner's picks, digested at its warm-up (ChunkGraphs.prepare, run now if
         it has not run): on CUDA the reader's construction warms the chunk runner up."""

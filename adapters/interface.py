@@ -153,6 +153,11 @@ class Adapter(ABC):
         if self.model.device.type == "cuda":
             torch.cuda.set_device(self.model.device)
 
+    def graph_stats(self) -> dict:
+        """What the forwards' CUDA graphs hold: {} without graphs (this default); a graph
+        adapter's counts (runners.Runners.captures)."""
+        return {}
+
     def prepare(self, pool=None) -> None:
         """Compile and capture now what the first forwards would (nothing by default). pool:
         the reader's block_store.KvPool, for graphs that name the pool they read (FA4 inside

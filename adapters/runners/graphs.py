@@ -149,6 +149,18 @@ class ChunkGraphs:
         with FA4 in the graph those of every split."""
         return (self.split_graphs.all() if self.split_graphs else self.graphs) or None
 
+    def captures(self) -> dict:
+        """num_graphs (held now), num_captures, num_failed_captures and capture_s (seconds,
+        since the start): with FA4 in the graph those of its SplitGraphs (one graph a split
+        count and pool), else the segments' graphs of the warm-up (captured together, their
+        time not counted: 0.0)."""
+        sg = self.split_graphs
+        if sg is not None:
+            return {"num_graphs": len(sg.all()), "num_captures": sg.num_captures,
+                    "num_failed_captures": sg.num_failed_captures, "capture_s": sg.capture_s}
+        return {"num_graphs": len(self.graphs), "num_captures": len(self.graphs),
+                "num_failed_captures": 0, "capture_s": 0.0}
+
     def _write_kv(self, j: int, k, v) -> None:
         """k, v [T, Hkv, D] of full-attention layer j into rows [pos, pos + T) of the
         sequence's pages, the pools' places, pos and the page table read from meta (inside

@@ -107,6 +107,28 @@ class Runners:
                 runner.split_graphs.pin(self._pool)
         return self._sized[key]
 
+    def captures(self) -> dict:
+        """The runners made so far and their CUDA graphs: num_runners; num_graphs (held now);
+        num_captures, num_failed_captures and capture_s (seconds) since the start (the
+        captures at first use, after `prepare`, included: each syncs the device); the row
+        counts of the question runners (`question_rows`) and of the states-keeping ones
+        (`kept_rows`: Runners.rows, a fork's tail). All 0 without graphs."""
+        out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
+               "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
+               "kept_rows": []}
+        for key, runner in [("chunk", self.chunk), *self._sized.items()]:
+            for name, value in runner.captures().items():
+                out[name] += value
+            out["num_runners"] += 1
+            if isinstance(key, tuple):
+                out["kept_rows"].append(key[1])
+            elif isinstance(key, int) and key > 1:
+                out["question_rows"].append(key)
+        out["capture_s"] = round(out["capture_s"], 3)
+        out["question_rows"].sort()
+        out["kept_rows"].sort()
+        return out
+
     def rows_of(self, num_rows: int) -> int:
         """The rows a forward of num_rows ids is padded to: the first small bucket that holds
         them, else the next multiple of BUCKET."""

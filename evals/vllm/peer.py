@@ -161,7 +161,13 @@ def peer(args) -> None:
         prompt = agents.next_prompt(prompt, out, script.suffixes[k])
     result.update(peer_summary(turns))
     result["check"] = check(host, name, ids)
-    result["shadow_read_path"] = shadow_status(host).get("read_path")
+    status = shadow_status(host)
+    result["shadow_read_path"] = status.get("read_path")
+    # the runners' graphs (the tails' states-keeping ones captured at first use) and the tails
+    result["shadow_graphs"] = status.get("graphs")
+    result["shadow_tails"] = {k: status.get(k) for k in
+                              ("tails_held", "tail_hits", "tails_made", "tails_evicted",
+                               "tail_bytes")}
     result["peer_prefix_cache_metrics"] = prefix_hit_rate(peer_server)
     write_result("peer", result)
 

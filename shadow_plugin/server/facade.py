@@ -298,7 +298,8 @@ class Shadow:
         """Reader.stats (each session with its last answer) and totals, the open turns and why
         the idle window reads nothing now (`reading_stalled`, Scheduler.stalled: a backlog
         that does not move while a turn is open and no round comes), the host
-        share (ration_ms, host_decode_ms), the last answers, the router journal's agreement and
+        share (ration_ms, host_decode_ms), the forwards' CUDA graphs (`graphs`:
+        Adapter.graph_stats), the last answers, the router journal's agreement and
         the narrator's latest narrations, in one hold (the idle loop's narrator writes them
         under the lock)."""
         with self._held():
@@ -311,6 +312,7 @@ class Shadow:
                     "reading_stalled": self.host.scheduler.stalled(),
                     "ration_ms": ration_ms, "host_decode_ms": decode_ms,
                     "chunks_by_window": dict(self.host.num_chunks),
+                    "graphs": self.reader.adapter.graph_stats(),
                     "last_answers": list(self.answers),
                     **narration_status(self.narrator, self.journal)}
 

@@ -268,3 +268,22 @@ def test_a_tail_kept_across_pool_growth_and_a_disk_restore_gives_the_same_bits(t
     again = Reader(tiny, grid=G, disk_dir=tmp_path)
     assert _ask(again, q_ids).probs == want and again.tails.num_made == 1
     check_refs(again)
+
+
+def test_graph_stats_name_the_runners_a_kept_tail_made(tiny):
+    """The graph adapter's counts (Adapter.graph_stats, status's `graphs`): on the CPU its
+    runners run their bodies without graphs, so every count of graphs is 0, but the runners
+    made (the chunk runner, the question's bucket, the tail's states-keeping runner) are
+    named by their rows; the eager adapter has none."""
+    n = 3 * G + 200
+    reader = _fresh(tiny, rand_ids(n), cuda_graphs=True)
+    assert reader.adapter.graph_stats()["num_runners"] == 1      # the chunk runner alone
+    _ask(reader, rand_ids(40, 1))
+    stats = reader.adapter.graph_stats()
+    cut, line = fork.tail_cut(n, G), n // G * G
+    assert stats["kept_rows"] == [cut - line] == [192]
+    assert stats["question_rows"] == [reader.adapter.fork_rows(n - cut + 40)]
+    assert stats["num_runners"] == 3
+    assert (stats["num_graphs"], stats["num_captures"], stats["num_failed_captures"],
+            stats["capture_s"]) == (0, 0, 0, 0.0)
+    assert _fresh(tiny, rand_ids(n)).adapter.graph_stats() == {}
