@@ -114,6 +114,7 @@ fa4b)
     [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
     set +u
     source evals/device/env.sh
+    export PYTHONPATH=/tmp/site          # fa4_env.sh's import check runs on vLLM's site
     source evals/device/fa4_env.sh || { echo "FA4 not installed"; exit 1; }
     PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site python3 -c "import vllm, \
 flash_attn.cute, tvm_ffi; print('vllm', vllm.__version__, 'with flash_attn.cute, tvm_ffi', \
