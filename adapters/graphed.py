@@ -38,8 +38,8 @@ class GraphAdapter(Adapter):
     def path(self) -> str:
         return self.runners.path
 
-    def prepare(self, pool=None) -> None:
-        self.runners.prepare(pool=pool)
+    def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
+        self.runners.prepare(pool=pool, kept_rows=kept_rows)
 
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took."""

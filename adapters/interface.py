@@ -158,10 +158,11 @@ class Adapter(ABC):
         adapter's counts (runners.Runners.captures)."""
         return {}
 
-    def prepare(self, pool=None) -> None:
+    def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
         """Compile and capture now what the first forwards would (nothing by default). pool:
         the reader's block_store.KvPool, for graphs that name the pool they read (FA4 inside
-        a chunk's graph), or None."""
+        a chunk's graph), or None; kept_rows: row counts of `read_rows` forwards to prepare
+        too (a fork's tails)."""
 
     # -- forwards -------------------------------------------------------------------------------
     @abstractmethod

@@ -150,11 +150,13 @@ class Runners:
         t = self.rows_of(num_rows)
         return self._get(t, self.split) if t <= self.MAX_ROWS else None
 
-    def prepare(self, question_rows=None, pool=None) -> None:
-        """Capture the chunk runner, the decode runner and the question runners for these row
-        counts (default: `question_bucket_rows()`); with FA4 in the graph and `pool` (the
-        reader's block_store.KvPool) given, their graphs over that pool
-        (ChunkGraphs.prepare)."""
+    def prepare(self, question_rows=None, pool=None, kept_rows=()) -> None:
+        """Capture the chunk runner, the decode runner, the question runners for these row
+        counts (default: `question_bucket_rows()`) and the states-keeping runners of
+        kept_rows (`rows`: a fork's tails; with FA4 in the graph one graph per split count
+        each, 23 for 256-448 rows on an H100's 132 SMs, each holding its output GDN states:
+        19.8 MB on the 0.8B); with FA4 in the graph and `pool` (the reader's
+        block_store.KvPool) given, their graphs over that pool (ChunkGraphs.prepare)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
@@ -163,6 +165,8 @@ class Runners:
             runner = self.for_rows(rows)
             if runner is not None:
                 runner.prepare(pool)
+        for rows in kept_rows:
+            self.rows(rows).prepare(pool)
 
     def decode_loop(self):
         """runners.decode.DecodeLoop over the decode runner (its tail graph captured once)."""

@@ -7,7 +7,8 @@
 #       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again)
 #   bash evals/device/vllm_trial.sh cost     S, A (the host alone) and P (the peer) up when
 #       they are not (A and P compile: about 200 and 150 s), then the host's cost
-#   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow
+#   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow (PEER_ARGS:
+#       the phase's arguments, default "--repeats 6"; e.g. "--repeats 4 --question-at 100000")
 #   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
 #   bash evals/device/vllm_trial.sh launch A P   start servers and return (see launch below)
 # $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
@@ -32,6 +33,10 @@ export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
 out=${OUT:-out}
 mkdir -p "$out" "$TRIAL_DIR"
 deadline=$((SECONDS + ${BUDGET_S:-570}))
+# the hosts' --gpu-memory-utilization: 0.3 of an H200; on an 80 GB GPU 0.3 left the 4B host
+# too few Mamba cache blocks beside the shadow (vLLM refused to start, 2026-12-05), 0.5 there
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then HOST_UTIL=${HOST_UTIL:-0.5}; fi
 HOST_UTIL=${HOST_UTIL:-0.3}
 
 # compile caches carried back from an earlier call (vLLM's torch.compile, Triton's)
@@ -91,7 +96,7 @@ cost() {
 peer() {
     step 60 up S --host-util "$HOST_UTIL" || return 1
     step 250 up P || return 1            # the peer compiles (its own model)
-    step 150 peer --repeats 6            # about 150 turns of 0.5 s, two marks of 6 questions
+    step 150 peer ${PEER_ARGS:---repeats 6}   # about 150 turns of 0.5-1.5 s, two marks of 6 questions
 }
 
 # launch NAME...: start servers detached and return (A or P starting between two calls, while

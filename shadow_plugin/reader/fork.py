@@ -162,6 +162,14 @@ def tail_cut(at: int, grid: int) -> int:
     return cut if cut - line >= grid // 2 else line
 
 
+def tail_rows(grid: int) -> list[int]:
+    """The row counts of every tail tail_cut can cut at this grid (multiples of ROW_ALIGN
+    from half a grid to the grid less ROW_ALIGN: 256, 320, 384 and 448 at grid 512), for the
+    warm-up to capture their runners (Adapter.prepare's kept_rows)."""
+    first = -(-(grid // 2) // ROW_ALIGN) * ROW_ALIGN
+    return list(range(first, grid, ROW_ALIGN))
+
+
 def piece_len(pos: int, num_rest: int, grid: int) -> int:
     """Ids of the next piece of a fork at row `pos` (past its tail) with num_rest ids left: up
     to the next grid line while more than a grid's ids are left (a whole chunk at a grid
@@ -219,7 +227,10 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
     tail, num_tail = None, 0
     try:
         if cut > line:
-            tail, num_tail = tail_of(adapter, store, base, line, st.ids[line:cut], tails)
+            # at the session's end: its tip tail (replacing its older one in `tails`)
+            owner = session if at == len(st.ids) else None
+            tail, num_tail = tail_of(adapter, store, base, line, st.ids[line:cut], tails,
+                                     owner)
         for extra, rows in zip(extra_ids, extra_rows):
             fwd = st.ids[line:at] + list(extra)
             pinned = store.take_pages(base.pages[:line // rcfg.grid])
@@ -243,10 +254,10 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
 
 
 def tail_of(adapter: Adapter, store: PageStore, base: SessionState, line: int, ids: list[int],
-            tails: Tails | None) -> tuple[Tail, int]:
+            tails: Tails | None, owner: str | None = None) -> tuple[Tail, int]:
     """The tail ids = ids[line:cut] over `base` (its state at the grid line, C == line):
     found in `tails`, or forwarded now into a page of its own (Adapter.read_rows) and kept
-    there (when tails keep any). Returns (the tail, ids forwarded: 0 when found). The
+    there (when tails keep any; owner: the session whose tip tail it is, Tails.keep). Returns (the tail, ids forwarded: 0 when found). The
     caller gives its page back unless `tails` holds it. Raises PoolFull when no page can be
     had, and what the forward raises (its page given back)."""
     key = base_key(store, base.keys, line)
@@ -254,7 +265,7 @@ def tail_of(adapter: Adapter, store: PageStore, base: SessionState, line: int, i
         return tail, 0
     tail = make_tail(adapter, store, base, line, ids, key)
     if tails is not None:
-        tails.keep(store, tail)
+        tails.keep(store, tail, owner)
     return tail, len(ids)
 
 

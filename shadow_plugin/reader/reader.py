@@ -327,11 +327,13 @@ class Reader:
         return rewrites.classify(held, prompt, d, tok)
 
     def warm_up(self) -> float:
-        """Compile and capture the adapter's runners now (chunks, decode, question buckets)
-        instead of inside the first read, question or decode; returns the seconds it took
-        (about 0 on the CPU or without graphs)."""
+        """Compile and capture the adapter's runners now (chunks, decode, question buckets,
+        the states-keeping runners of every tail a fork can cut, fork.tail_rows) instead of
+        inside the first read, question or decode; returns the seconds it took (about 0 on
+        the CPU or without graphs). Inside a serving process a capture at first use would
+        sync the device and take graph memory after the host budgeted its own."""
         t0 = time.perf_counter()
-        self.adapter.prepare(pool=self.store.pool)
+        self.adapter.prepare(pool=self.store.pool, kept_rows=fork.tail_rows(self.config.grid))
         return time.perf_counter() - t0
 
     # -- reading -------------------------------------------------------------------------------
@@ -674,7 +676,7 @@ class Reader:
                 self.store_config.resident_bytes:
             return False
         tail = fork.make_tail(self.adapter, self.store, st, line, ids, key)
-        if not self.tails.keep(self.store, tail):
+        if not self.tails.keep(self.store, tail, owner=sid):
             self.store.manager.release(tail.page)
         self.adapter.sync()
         return True

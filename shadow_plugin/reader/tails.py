@@ -59,15 +59,21 @@ def base_key(store: PageStore, keys: list[bytes], line: int) -> bytes:
 
 class Tails:
     """The tails a reader keeps (at most max_tails, >= 0; 0 keeps none), by (base key, tail
-    ids). Counters: num_hits (a fork found its tail), num_made (tails forwarded and kept),
-    num_evicted (given up for room or dropped). Raises ValueError for a negative max_tails."""
+    ids), and each session's tip tail (the one kept at its end, `keep`'s owner): a session's
+    newer tip tail replaces its older one, whose line the session has left (on a 148-turn
+    session in vLLM the idle window made 153 tails and evicted 145 by age before this rule,
+    docs/vllm-trial-h100-2026-12-05.log). Counters: num_hits (a fork found its tail),
+    num_made (tails forwarded and kept), num_evicted (given up for room or dropped),
+    num_replaced (a session's older tip tail given up for its newer one). Raises ValueError
+    for a negative max_tails."""
 
     def __init__(self, max_tails: int):
         if not isinstance(max_tails, int) or isinstance(max_tails, bool) or max_tails < 0:
             raise ValueError(f"max_tails must be an integer >= 0, got {max_tails!r}")
         self.max_tails = max_tails
         self._held: OrderedDict[tuple[bytes, tuple[int, ...]], Tail] = OrderedDict()
-        self.num_hits = self.num_made = self.num_evicted = 0
+        self._tips: dict[str, tuple[bytes, tuple[int, ...]]] = {}   # session -> its tip's key
+        self.num_hits = self.num_made = self.num_evicted = self.num_replaced = 0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -90,13 +96,21 @@ class Tails:
         """Whether this very tail is held (its page is then this holder's to give back)."""
         return self._held.get((tail.key, tail.ids)) is tail
 
-    def keep(self, store: PageStore, tail: Tail) -> bool:
+    def keep(self, store: PageStore, tail: Tail, owner: str | None = None) -> bool:
         """Hold `tail` (its page's reference passes to this holder), the least recently used
-        given up (their pages back) while more than max_tails would be held. Returns False,
-        the page left to the caller, when none are kept or one of these ids is held."""
+        given up (their pages back) while more than max_tails would be held. owner: the
+        session whose end the tail is at (its tip tail), or None: the owner's older tip tail,
+        if still held, is given up first. Returns False, the page left to the caller, when
+        none are kept or one of these ids is held."""
         k = (tail.key, tail.ids)
         if self.max_tails == 0 or k in self._held:
             return False
+        if owner is not None:
+            old = self._tips.pop(owner, None)
+            if old is not None and old in self._held:
+                store.manager.release(self._held.pop(old).page)
+                self.num_replaced += 1
+            self._tips[owner] = k
         self._held[k] = tail
         self.num_made += 1
         while len(self._held) > self.max_tails:
@@ -117,8 +131,9 @@ class Tails:
         """Give up the least recently used tail (its page back); False when none is held."""
         if not self._held:
             return False
-        _, old = self._held.popitem(last=False)
+        k, old = self._held.popitem(last=False)
         store.manager.release(old.page)
+        self._forget_tip(k)
         self.num_evicted += 1
         return True
 
@@ -128,8 +143,14 @@ class Tails:
         for tail in self._held.values():
             store.manager.release(tail.page)
         self._held.clear()
+        self._tips.clear()
         self.num_evicted += n
         return n
+
+    def _forget_tip(self, k) -> None:
+        """No session's tip is the tail of key k any more."""
+        for owner in [o for o, tip in self._tips.items() if tip == k]:
+            del self._tips[owner]
 
     def pages(self) -> list[Page]:
         """The pages the held tails reference (one reference each)."""
@@ -141,4 +162,5 @@ class Tails:
 
     def stats(self) -> dict:
         return {"tails_held": len(self._held), "tail_hits": self.num_hits,
-                "tails_made": self.num_made, "tails_evicted": self.num_evicted}
+                "tails_made": self.num_made, "tails_evicted": self.num_evicted,
+                "tails_replaced": self.num_replaced}

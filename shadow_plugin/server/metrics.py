@@ -142,6 +142,8 @@ def _page_metrics(stats: dict):
     yield CounterMetricFamily("shadow_tails_evicted", "questions' tails given up (past "
                               "max_tails, past the resident cap, or at a planned stop)",
                               stats.get("tails_evicted", 0))
+    yield CounterMetricFamily("shadow_tails_replaced", "sessions' tip tails given up for "
+                              "their newer ones", stats.get("tails_replaced", 0))
     yield GaugeMetricFamily("shadow_tails_held", "questions' tails kept",
                             stats.get("tails_held", 0))
     yield GaugeMetricFamily("shadow_tail_bytes", "bytes of the kept tails (a page and a GDN "

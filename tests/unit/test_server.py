@@ -83,8 +83,8 @@ def test_a_scripted_session(client):
     assert f'shadow_pages{{state="pinned"}} {float(st["pages"]["pinned"])}' in metrics
     assert st["pages"]["pinned"] >= 5
     assert f"shadow_gdn_entry_bytes {float(st['gdn_entry_bytes'])}" in metrics
-    for name in ("tail_hits_total", "tails_made_total", "tails_evicted_total", "tails_held",
-                 "tail_bytes"):
+    for name in ("tail_hits_total", "tails_made_total", "tails_evicted_total",
+                 "tails_replaced_total", "tails_held", "tail_bytes"):
         key = name.removesuffix("_total")          # grid 64: no tail is ever cut (0 each)
         assert f"shadow_{name} {float(st[key])}" in metrics
     for kind, n in st["gdn_entry_evictions"].items():           # issue 33: per kind

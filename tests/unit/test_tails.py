@@ -127,6 +127,41 @@ def test_the_least_recently_used_tail_goes_and_its_page_with_it(tiny):
     assert len(reader.tails) == 0
 
 
+def test_a_sessions_newer_tip_tail_replaces_its_older_one_and_a_tail_below_c_does_not(tiny):
+    """Each turn leaves the session's older tail behind its line: the idle window's make_tail
+    (and a question at the end) replaces the session's tip tail instead of keeping both until
+    max_tails; a question below C keeps its tail beside it, and another session's tip stays."""
+    ids = rand_ids(5 * G + 150)
+    reader = Reader(tiny, grid=G, max_tails=8)
+    reader.feed("o", rand_ids(G + 200, 9), "prompt")
+    reader.read("o")
+    assert reader.make_tail("o")
+    for n in (G + 150, 2 * G + 150, 3 * G + 200):
+        reader.feed("s", ids[:n], "prompt")
+        reader.read("s")
+        assert reader.make_tail("s")
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (4, 2, 2)
+    assert st["tails_evicted"] == 0
+    q = rand_ids(10, 1)
+    below = reader.ask("s", q, ["y", "n"], at=2 * G + 170)       # below C: kept beside it
+    tip = reader.ask("s", q, ["y", "n"])                          # on the kept tip tail
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"], st["tail_hits"]) == \
+        (5, 2, 3, 1)
+    alone = _fresh(tiny, ids[:3 * G + 200], max_tails=0)
+    assert tip.probs == alone.ask("s", q, ["y", "n"]).probs
+    assert below.probs == alone.ask("s", q, ["y", "n"], at=2 * G + 170).probs
+    reader.feed("s", ids, "prompt")                               # a question at the new end
+    reader.read("s")
+    reader.ask("s", q, ["y", "n"])
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (6, 3, 3)
+    check_refs(reader)
+    reader.close()
+    assert len(reader.tails) == 0 and reader.tails._tips == {}
+
+
 def test_read_rows_refuses_what_is_not_a_piece(tiny):
     reader = Reader(tiny, grid=G)
     kv = contiguous_kv(reader.adapter.spec, G, 2 * G)
@@ -287,3 +322,7 @@ def test_graph_stats_name_the_runners_a_kept_tail_made(tiny):
     assert (stats["num_graphs"], stats["num_captures"], stats["num_failed_captures"],
             stats["capture_s"]) == (0, 0, 0, 0.0)
     assert _fresh(tiny, rand_ids(n)).adapter.graph_stats() == {}
+    warm = Reader(tiny, grid=G, cuda_graphs=True)
+    warm.warm_up()                          # every tail's runner made (captured on CUDA)
+    assert warm.adapter.graph_stats()["kept_rows"] == fork.tail_rows(G) == [128, 192]
+    assert fork.tail_rows(512) == [256, 320, 384, 448] and fork.tail_rows(64) == []
