@@ -167,7 +167,7 @@ def peer(args) -> None:
     result["shadow_graphs"] = status.get("graphs")
     result["shadow_tails"] = {k: status.get(k) for k in
                               ("tails_held", "tail_hits", "tails_made", "tails_evicted",
-                               "tail_bytes")}
+                               "tails_replaced", "tail_bytes")}
     result["peer_prefix_cache_metrics"] = prefix_hit_rate(peer_server)
     write_result("peer", result)
 

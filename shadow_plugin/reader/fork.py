@@ -257,11 +257,14 @@ def tail_of(adapter: Adapter, store: PageStore, base: SessionState, line: int, i
             tails: Tails | None, owner: str | None = None) -> tuple[Tail, int]:
     """The tail ids = ids[line:cut] over `base` (its state at the grid line, C == line):
     found in `tails`, or forwarded now into a page of its own (Adapter.read_rows) and kept
-    there (when tails keep any; owner: the session whose tip tail it is, Tails.keep). Returns (the tail, ids forwarded: 0 when found). The
-    caller gives its page back unless `tails` holds it. Raises PoolFull when no page can be
-    had, and what the forward raises (its page given back)."""
+    there (when tails keep any; owner: the session whose tip tail it is, Tails.keep, or
+    Tails.claim when found). Returns (the tail, ids forwarded: 0 when found). The caller
+    gives its page back unless `tails` holds it. Raises PoolFull when no page can be had,
+    and what the forward raises (its page given back)."""
     key = base_key(store, base.keys, line)
     if tails is not None and (tail := tails.find(key, ids)) is not None:
+        if owner is not None:
+            tails.claim(store, key, ids, owner)
         return tail, 0
     tail = make_tail(adapter, store, base, line, ids, key)
     if tails is not None:

@@ -186,6 +186,7 @@ class Reader:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""
         self.table.drop(validate.session_id(session))
         fork.drop_scratch(self.store, self._scratch.pop(session, None))
+        self.tails.forget(session)
 
     def stats(self) -> dict:
         """Residency and counters (block_store.SessionTable.stats), each session also flagged
@@ -652,9 +653,11 @@ class Reader:
         (shadow_plugin.reader.tails: ids[line:cut] for at = its ids' length), when the
         session is resident (a parked one is not restored for it), its whole chunks are read
         (C is the grid line at or below its end), it has a tail (fork.tail_cut: half a grid
-        or more past the line), the tail is not kept yet and its page fits under the resident
-        cap (past it the tails are given up first: one made without room would go at the next
-        settle, and be made again): for the idle window, so that the next question there
+        or more past the line), the tail is not kept yet (a kept one becomes the session's
+        tip tail too, Tails.claim) and its page fits under the resident cap, the session's
+        older tip tail, which it replaces, counted as room (past the cap the tails are given
+        up first: one made without room would go at the next settle, and be made again): for
+        the idle window, so that the next question there
         forwards at most ROW_ALIGN - 1 of the session's ids besides its own. Returns whether a
         forward ran. Raises KeyError for an unknown session,
         ValueError for a bad session id."""
@@ -670,8 +673,11 @@ class Reader:
             return False
         key, ids = base_key(self.store, st.keys, line), st.ids[line:cut]
         if self.tails.has(key, ids):
+            self.tails.claim(self.store, key, ids, sid)      # held: the session's tip too
             return False
-        need = self.store.pool.page_bytes + sum(c.nbytes + r.nbytes for c, r in st.gdn)
+        page_bytes = self.store.pool.page_bytes      # less its older tip's, which goes
+        need = page_bytes + sum(c.nbytes + r.nbytes for c, r in st.gdn) - \
+            self.tails.replaced_bytes(sid, page_bytes)
         if self.table.residency.resident_bytes(self.table.resident) + need > \
                 self.store_config.resident_bytes:
             return False

@@ -59,13 +59,14 @@ def base_key(store: PageStore, keys: list[bytes], line: int) -> bytes:
 
 class Tails:
     """The tails a reader keeps (at most max_tails, >= 0; 0 keeps none), by (base key, tail
-    ids), and each session's tip tail (the one kept at its end, `keep`'s owner): a session's
-    newer tip tail replaces its older one, whose line the session has left (on a 148-turn
-    session in vLLM the idle window made 153 tails and evicted 145 by age before this rule,
-    docs/vllm-trial-h100-2026-12-05.log). Counters: num_hits (a fork found its tail),
-    num_made (tails forwarded and kept), num_evicted (given up for room or dropped),
-    num_replaced (a session's older tip tail given up for its newer one). Raises ValueError
-    for a negative max_tails."""
+    ids), and each session's tip tail (the one kept at its end, `keep`'s owner, or found held
+    there, `claim`: sessions with the same ids share one): a session's newer tip tail
+    replaces its older one, whose line the session has left, unless it is another session's
+    tip (on a 148-turn session in vLLM the idle window made 153 tails and evicted 145 by age
+    before this rule, docs/vllm-trial-h100-2026-12-05.log). Counters: num_hits (a fork found
+    its tail), num_made (tails forwarded and kept), num_evicted (given up for room or
+    dropped), num_replaced (a session's older tip tail given up for its newer one). Raises
+    ValueError for a negative max_tails."""
 
     def __init__(self, max_tails: int):
         if not isinstance(max_tails, int) or isinstance(max_tails, bool) or max_tails < 0:
@@ -100,22 +101,51 @@ class Tails:
         """Hold `tail` (its page's reference passes to this holder), the least recently used
         given up (their pages back) while more than max_tails would be held. owner: the
         session whose end the tail is at (its tip tail), or None: the owner's older tip tail,
-        if still held, is given up first. Returns False, the page left to the caller, when
-        none are kept or one of these ids is held."""
+        if still held and no other session's tip, is given up first. Returns False, the page
+        left to the caller, when none are kept or one of these ids is held (`claim` it)."""
         k = (tail.key, tail.ids)
         if self.max_tails == 0 or k in self._held:
             return False
         if owner is not None:
-            old = self._tips.pop(owner, None)
-            if old is not None and old in self._held:
-                store.manager.release(self._held.pop(old).page)
-                self.num_replaced += 1
-            self._tips[owner] = k
+            self._set_tip(store, owner, k)
         self._held[k] = tail
         self.num_made += 1
         while len(self._held) > self.max_tails:
             self.drop_oldest(store)
         return True
+
+    def claim(self, store: PageStore, key: bytes, ids, owner: str) -> None:
+        """The held tail of ids over key (found at owner's end, not made) is owner's tip tail
+        too (sessions with the same ids share it): owner's older tip given up as `keep`
+        gives it up, this one kept while any session's tip. Nothing when it is not held."""
+        k = (key, tuple(ids))
+        if k in self._held:
+            self._set_tip(store, owner, k)
+
+    def forget(self, owner: str) -> None:
+        """Owner (a dropped session) has no tip tail any more; the tail stays (by content)."""
+        self._tips.pop(owner, None)
+
+    def replaced_bytes(self, owner: str, page_bytes: int) -> int:
+        """Bytes (its page, page_bytes, and GDN states) that owner's newer tip tail would give
+        back (its older tip, held and no other session's tip), else 0."""
+        old = self._tips.get(owner)
+        if old is None or old not in self._held or self._shared(owner, old):
+            return 0
+        return page_bytes + self._held[old].nbytes
+
+    def _shared(self, owner: str, k) -> bool:
+        """Whether a session other than owner has the tail of key k as its tip."""
+        return any(tip == k and o != owner for o, tip in self._tips.items())
+
+    def _set_tip(self, store: PageStore, owner: str, k) -> None:
+        """Owner's tip is the tail of key k now: its older one, held and no other session's
+        tip, is given up (num_replaced)."""
+        old = self._tips.get(owner)
+        if old is not None and old != k and old in self._held and not self._shared(owner, old):
+            store.manager.release(self._held.pop(old).page)
+            self.num_replaced += 1
+        self._tips[owner] = k
 
     def state_bytes(self) -> int:
         """The held tails' GDN states' bytes (their pages count as referenced pages):

@@ -162,6 +162,106 @@ def test_a_sessions_newer_tip_tail_replaces_its_older_one_and_a_tail_below_c_doe
     assert len(reader.tails) == 0 and reader.tails._tips == {}
 
 
+def test_a_tip_tail_two_sessions_share_stays_until_both_have_left_it(tiny):
+    """Sessions with the same ids have one tail at their end (by content): the idle window's
+    make_tail or a question at the end finds it held and makes it that session's tip too, so
+    one session's newer tail does not give up the tail the other is still at (it would be
+    forwarded again), and the last session to leave it does."""
+    ids, q = rand_ids(3 * G + 150), rand_ids(10, 1)
+    n1, n2 = G + 150, 2 * G + 150
+    reader = Reader(tiny, grid=G)
+    for sid in "abc":
+        reader.feed(sid, ids[:n1], "prompt")
+        reader.read(sid)
+    assert reader.make_tail("a") is True
+    assert reader.make_tail("b") is False                 # held: b's tip too
+    reader.ask("c", q, ["y", "n"])                         # found at c's end: c's tip too
+    reader.feed("a", ids[:n2], "prompt")
+    reader.read("a")
+    assert reader.make_tail("a") is True
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (2, 0, 2)
+    alone = _fresh(tiny, ids[:n1], max_tails=0)
+    for sid in "bc":                                       # on the kept tail, not made again
+        got = reader.ask(sid, q, ["y", "n"])
+        assert got.num_forwarded_tokens == n1 - fork.tail_cut(n1, G) + len(q)
+        assert got.probs == alone.ask("s", q, ["y", "n"]).probs
+    assert reader.tails.num_made == 2 and reader.tails.num_hits == 3
+    for sid in "bc":
+        reader.feed(sid, ids[:n2], "prompt")
+        reader.read(sid)
+    assert reader.make_tail("b") is False and reader.tails.num_replaced == 0   # c is there
+    reader.ask("c", q, ["y", "n"])                         # the last one leaves it
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (2, 1, 1)
+    check_refs(reader)
+    reader.drop("b")                                       # a dropped session has no tip
+    reader.drop("c")
+    reader.feed("a", ids, "prompt")
+    reader.read("a")
+    assert reader.make_tail("a") is True
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (3, 2, 1)
+    assert list(reader.tails._tips) == ["a"]
+    check_refs(reader)
+
+
+def test_the_idle_window_replaces_a_tip_tail_under_the_resident_cap(tiny):
+    """make_tail counts the session's older tip tail, which keeping the newer one gives up, as
+    room: a cap that holds the session and one tail lets the tip move with the session."""
+    ids, q = rand_ids(2 * G + 150), rand_ids(10, 1)
+    alone = _fresh(tiny, ids, max_tails=0)
+    gdn_bytes = sum(c.nbytes + r.nbytes for c, r in alone._get("s").gdn)
+    cap = alone.table.residency.resident_bytes(alone.table.resident) + \
+        alone.store.pool.page_bytes + gdn_bytes + 10      # the session and one tail
+    reader = _fresh(tiny, ids[:G + 150], resident_bytes=cap)
+    assert reader.make_tail("s") is True
+    reader.feed("s", ids, "prompt")
+    reader.read("s")
+    assert len(reader.tails) == 1                          # the older tip, under the cap
+    assert reader.make_tail("s") is True
+    st = reader.stats()
+    assert (st["tails_made"], st["tails_replaced"], st["tails_held"]) == (2, 1, 1)
+    assert reader.table.residency.resident_bytes(reader.table.resident) <= cap
+    got = _ask(reader, q)
+    assert got.probs == _ask(alone, q).probs and reader.tails.num_hits == 1
+    check_refs(reader)
+
+
+def test_forks_begun_on_a_tip_tail_give_their_bits_after_it_is_replaced(tiny):
+    """A question in pieces, questions at once and a decoding begun on the session's tip tail
+    hold a copy of its page and its states: the tip replaced (its page back, reused by other
+    sessions' reads) changes none of their bits."""
+    ids, n1 = rand_ids(2 * G + 170), G + 150
+    reader = _fresh(tiny, ids[:n1])
+    long_q, prompt = rand_ids(2 * G + 40, 3), rand_ids(12, 5)
+    items = [(rand_ids(20 + 7 * i, i), list("abcd")) for i in range(2)]
+    one = reader.begin_ask("s", long_q, list("abcd"))
+    assert reader.advance(one)                             # a piece read, more to come
+    many = reader.begin_ask_many("s", items)
+    gen = reader.begin_generate("s", prompt, max_new_tokens=6)
+    assert reader.tails.num_made == 1 and reader.tails.num_hits == 2
+    reader.feed("s", ids, "prompt")
+    reader.read("s")
+    assert reader.make_tail("s") and reader.tails.num_replaced == 1
+    for i in range(3):                                     # the freed page taken again
+        reader.feed(f"x{i}", rand_ids(2 * G, 20 + i), "prompt")
+        reader.read(f"x{i}")
+    alone = _fresh(tiny, ids[:n1], max_tails=0)
+    while reader.advance(one):
+        pass
+    assert reader.finish_ask(one).probs == _ask(alone, long_q).probs
+    while reader.advance_many(many):
+        pass
+    for got, (q, ch) in zip(reader.finish_ask_many(many), items):
+        assert got.probs == alone.ask("s", q, ch).probs
+    while reader.advance(gen):
+        pass
+    assert reader.finish_generate(gen).ids == \
+        alone.generate("s", prompt, max_new_tokens=6).ids
+    check_refs(reader)
+
+
 def test_read_rows_refuses_what_is_not_a_piece(tiny):
     reader = Reader(tiny, grid=G)
     kv = contiguous_kv(reader.adapter.spec, G, 2 * G)
