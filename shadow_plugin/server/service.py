@@ -126,14 +126,32 @@ class Service:
         self.busy_since: float | None = None  # when it last said busy (s since the epoch)
         self.stop_write_errors = 0            # files the planned stop failed to write
         self.registry = CollectorRegistry()
-        collector = Collector(lambda: self.shadow.metrics() if self.state == "ready" else None,
-                              cfg.metrics_sessions)
+        self._metrics_taken: tuple[float, dict] | None = None   # (monotonic s, metrics)
+        collector = Collector(self._metrics, cfg.metrics_sessions)
         self.registry.register(collector)
         self.history = History(cfg.history_every_s, cfg.history_samples)
         self.sampler = Sampler(self.history, collector,    # samples once the model is ready
                                prepare=lambda: self.state == "ready" and
                                self.reader.refresh_disk_listing())
         self._thread = threading.Thread(target=self._load, name="shadow-load", daemon=True)
+
+    def _metrics(self) -> dict | None:
+        """Shadow.metrics when ready (None before), kept with its time for metrics_snapshot."""
+        if self.state != "ready":
+            return None
+        out = self.shadow.metrics()
+        self._metrics_taken = (time.monotonic(), out)
+        return out
+
+    def metrics_snapshot(self, max_age_s: float) -> dict | None:
+        """The metrics the last collection took (the history's sampler takes them every
+        history_every_s in its own thread), if at most max_age_s (s) old, else None: what an
+        engine's thread can hand out without taking the shadow's lock or building the stats
+        itself (shadow_plugin.engine.embedded)."""
+        taken = self._metrics_taken
+        if taken is None or time.monotonic() - taken[0] > max_age_s:
+            return None
+        return taken[1]
 
     def start(self) -> None:
         """Start loading the model (once; a second start, e.g. a second lifespan, is a no-op)."""

@@ -3,6 +3,7 @@
 process (EmbeddedShadow: steps, the ration slot, the idle window), and the question routes
 reaching it through a remote door as vLLM's server does."""
 import logging
+import threading
 import time
 
 import pytest
@@ -326,3 +327,26 @@ def test_a_step_under_inference_mode_leaves_tensors_the_idle_thread_can_update(e
             time.monotonic() < deadline:
         time.sleep(0.05)
     assert shadow.position("im")[0] - shadow.position("im")[1] < G and shadow.check_exact("im")
+
+
+def test_an_engines_metrics_call_hands_out_the_samplers_take_without_the_lock(embedded):
+    """The API process asks for metrics every second on the engine's thread, between the
+    host's steps: once the history's sampler has taken them (its own thread), the call hands
+    that take out, without waiting for the shadow's lock (held here as a question's step
+    would) or building the stats; before any take, or once it is older than two sampling
+    intervals, the call builds them as before."""
+    emb = embedded
+    emb.service.sampler.stop()                          # its thread takes none now
+    emb.service._metrics_taken = None
+    built = emb.call("metrics", {})                     # no take yet: built here
+    assert built[0] == "ok" and built[1]["question_ms"]["sum"] == 0
+    emb.service.sampler.sample()                        # the sampler's take
+    took = emb.service._metrics_taken[1]
+    done = []
+    with emb.service.shadow.lock:                       # a question's step holds the lock
+        t = threading.Thread(target=lambda: done.append(emb.call("metrics", {})))
+        t.start()
+        t.join(5)
+    assert done and done[0] == ("ok", took) and done[0][1] is took
+    emb.service._metrics_taken = (time.monotonic() - 3.0, took)     # older than 2 x 1 s
+    assert emb.call("metrics", {})[1] is not took
