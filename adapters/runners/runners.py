@@ -110,9 +110,11 @@ class Runners:
     def captures(self) -> dict:
         """The runners made so far and their CUDA graphs: num_runners; num_graphs (held now);
         num_captures, num_failed_captures and capture_s (seconds) since the start (the
-        captures at first use, after `prepare`, included: each syncs the device); the row
-        counts of the question runners (`question_rows`) and of the states-keeping ones
-        (`kept_rows`: Runners.rows, a fork's tail). All 0 without graphs."""
+        captures at first use, after `prepare`, included: each syncs the device; the decode
+        loop's own tail graph included in num_graphs once captured); the row counts of the
+        question runners (`question_rows`; a question padded to the grid runs on the chunk
+        runner, not listed) and of the states-keeping ones (`kept_rows`: Runners.rows, a
+        fork's tail). All 0 without graphs."""
         out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
                "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
                "kept_rows": []}
@@ -124,6 +126,9 @@ class Runners:
                 out["kept_rows"].append(key[1])
             elif isinstance(key, int) and key > 1:
                 out["question_rows"].append(key)
+        if self._loop is not None and self._loop.graph is not None:     # the decode loop's
+            out["num_graphs"] += 1
+            out["num_captures"] += 1
         out["capture_s"] = round(out["capture_s"], 3)
         out["question_rows"].sort()
         out["kept_rows"].sort()
