@@ -72,7 +72,10 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
         r = host.http.post(host.url + "/v1/shadow/ask", json=body, timeout=HTTP_S)
         if r.status_code != 200:
             raise RuntimeError(f"ask: {r.status_code} {r.text[:300]}")
-        shadow.append({**r.json(), "http_ms": (time.perf_counter() - t0) * 1e3})
+        timing = dict(p.strip().split(";dur=") for p in
+                      r.headers.get("server-timing", "").split(",") if ";dur=" in p)
+        shadow.append({**r.json(), "http_ms": (time.perf_counter() - t0) * 1e3,
+                       "server_ms": float(timing.get("server", "nan"))})
     cached = [peer_question(peer, prompt, letters) for _ in range(repeats)]
     fresh = [peer_question(peer, prompt, letters, salt=f"fresh-{len(ids)}-{i}-{time.time()}")
              for i in range(repeats)]
@@ -82,6 +85,9 @@ def questions_at(host: VllmServer, peer: VllmServer, session: str, ids: list[int
            "shadow_http_ms": [round(s["http_ms"], 2) for s in shadow],
            # what the door, vLLM's utility calls and HTTP added to the worker's own time
            "shadow_overhead_ms": [round(s["http_ms"] - s["ms"], 2) for s in shadow],
+           # of it, the server's own (its route's Server-Timing less the forward): the rest
+           # is HTTP's and the client's
+           "shadow_server_overhead_ms": [round(s["server_ms"] - s["ms"], 2) for s in shadow],
            # each ask's ids forwarded: fewer once the idle window kept the session's tail
            "shadow_forwarded": [s["num_forwarded_tokens"] for s in shadow],
            "shadow_same_each_time": all(s["probs"] == p_shadow for s in shadow),

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Callable
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from shadow_plugin.reader.conflicts import Conflict
@@ -73,6 +73,18 @@ def ask_out(ans) -> schemas.AskOut:
                           backlog=ans.backlog, num_forwarded_tokens=ans.num_forwarded_tokens,
                           at=ans.at, beyond_max_positions=ans.beyond_max_positions,
                           stale=ans.stale)
+
+
+def server_timing(t0: float, answers) -> str:
+    """The Server-Timing header of a question's reply (W3C Server Timing): `forward`, the
+    reader's own time of its forward (the answers' `ms`, the largest: several questions share
+    one forward), and `server`, this route's time from its start (t0, time.perf_counter) to
+    the reply (the wait, the pool, a door's calls to an engine's worker and the forward), in
+    ms. A client's time less `server` is HTTP's; `server` less `forward` is the server's
+    own (inside vLLM: the API process's hops to the engine's worker and back)."""
+    forward_ms = max(a.ms for a in answers)
+    server_ms = (time.perf_counter() - t0) * 1e3
+    return f"forward;dur={forward_ms:.3f}, server;dur={server_ms:.3f}"
 
 
 def letter_choice(index: int, ans) -> dict:
@@ -175,16 +187,20 @@ def question_router(door, pool: AskPool) -> APIRouter:
     @r.post("/v1/conductor/shadow/ask", response_model=schemas.AskOut | schemas.AskManyOut,
             include_in_schema=False)
     @answered_async
-    async def ask_route(body: schemas.AskIn, request: Request):
+    async def ask_route(body: schemas.AskIn, request: Request, response: Response):
         """One question (question, choices: an AskOut), or several about one session
-        (questions: an AskManyOut, answers in order, from one forward)."""
+        (questions: an AskManyOut, answers in order, from one forward); the reply's
+        Server-Timing header says where its time went (server_timing)."""
+        t0 = time.perf_counter()
         if body.questions is not None:
             answers = await q.ask_many(request, body.session,
                                        [[x.question, x.choices] for x in body.questions],
                                        body.at, body.wait, body.timeout_s)
+            response.headers["Server-Timing"] = server_timing(t0, answers)
             return schemas.AskManyOut(answers=[ask_out(a) for a in answers])
         ans = await q.ask(request, body.session, body.question, body.choices, body.at,
                           body.wait, body.timeout_s)
+        response.headers["Server-Timing"] = server_timing(t0, [ans])
         return ask_out(ans)
 
     @r.post("/v1/shadow/summarize", response_model=schemas.SummarizeOut)

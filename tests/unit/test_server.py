@@ -285,6 +285,26 @@ def test_web_pages_cannot_drive_a_local_server(tmp_path):
     assert open_guard._foreign({b"host": b"10.0.0.5:8765", b"origin": b"http://x.example"})
 
 
+def test_an_asks_reply_says_where_its_time_went_in_server_timing(client):
+    """Server-Timing: `forward` is the answer's own ms (the largest of several questions'),
+    `server` the route's time, at least that; a client's time is at least `server`."""
+    client.post("/v1/shadow/sessions/st/turn", json={"prompt_ids": rand_ids(2 * G + 9, 3)},
+                headers=KEY)
+    for body in ({"question": "q", "choices": ["a", "b"]},
+                 {"questions": [{"question": "q", "choices": ["a", "b"]},
+                                {"question": "r?", "choices": ["x", "y", "z"]}]}):
+        t0 = time.perf_counter()
+        r = client.post("/v1/shadow/ask", headers=KEY, json={"session": "st", **body})
+        client_ms = (time.perf_counter() - t0) * 1e3
+        assert r.status_code == 200, r.text
+        parts = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
+        answers = r.json().get("answers") or [r.json()]
+        assert float(parts["forward"]) == pytest.approx(max(a["ms"] for a in answers),
+                                                        abs=1e-3)
+        assert float(parts["forward"]) <= float(parts["server"]) <= client_ms
+    client.post("/v1/shadow/sessions/st/end", headers=KEY)      # no turn left open
+
+
 def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     """With a backlog, the ask's chunks are committed one per hold of the reader's lock (a
     host's call waits at most one chunk), then the answer comes with C at the line."""
