@@ -88,6 +88,10 @@ follow() {
 }
 
 cost() {
+    # on an 80 GB GPU the three servers do not fit: the peer goes first (its phase is done)
+    if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then
+        python3 -m evals.vllm.trial down P 2>&1 | tee -a "$out/trial.log"
+    fi
     step 60 up S --host-util "$HOST_UTIL" || return 1
     step 330 up A --host-util "$HOST_UTIL" || return 1    # started while S is idle
     step 120 cost                        # 18 runs of 2-3 s and their gaps, 2 warm-ups

@@ -25,6 +25,7 @@ Phases (each prints its rows and writes $TRIAL_DIR/PHASE.json):
   32k and past 100k ids the router question, the shadow's ask beside the peer's request (the
   session plus the question, max_tokens 1, the letters' logprobs), the peer again without its
   cache (another cache_salt), the answers' KL, the check.
+- down NAME...: stop servers (their GPU memory free for another).
 - report: every phase's JSON in one object (the last line printed).
 
     python -m evals.vllm.trial up S --host-dir /tmp/models/host ...
@@ -69,6 +70,19 @@ def up(args) -> None:
     server.wait_ready(args.start_timeout_s, kill_after=False)
     print(f"{args.name}: up on {server.url} in {time.monotonic() - t0:.1f} s "
           f"({log_facts(server.log.read_text(errors='replace'))})", flush=True)
+
+
+def down(args) -> None:
+    """Stop the named servers (a planned stop: SIGTERM, then their engines' processes gone, so
+    their GPU memory is free): on an 80 GB GPU the peer goes before the host alone starts."""
+    servers = load_servers()
+    for name in args.names:
+        server = servers.get(name)
+        if server is None or not server.alive():
+            print(f"{name}: not up", flush=True)
+            continue
+        server.stop()
+        print(f"{name}: stopped", flush=True)
 
 
 def report(args) -> None:
@@ -134,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tokens", type=int, default=32)
             p.add_argument("--question-at", type=int, nargs="+", default=[32768, 100000])
             p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("down")
+    p.add_argument("names", nargs="+", choices=["S", "A", "P"])
+    p.set_defaults(func=down)
     p = sub.add_parser("report")
     p.set_defaults(func=report)
     return ap

@@ -111,3 +111,5 @@ def test_the_trials_phases_are_wired_to_their_modules():
     assert parser.parse_args(["peer"]).question_at == [32768, 100000]
     assert parser.parse_args(["peer"]).func is peer.peer
     assert parser.parse_args(["up", "S"]).func is trial.up
+    down = parser.parse_args(["down", "P", "A"])
+    assert down.func is trial.down and down.names == ["P", "A"]
