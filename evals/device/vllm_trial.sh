@@ -33,10 +33,14 @@ export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
 out=${OUT:-out}
 mkdir -p "$out" "$TRIAL_DIR"
 deadline=$((SECONDS + ${BUDGET_S:-570}))
-# the hosts' --gpu-memory-utilization: 0.3 of an H200; on an 80 GB GPU 0.3 left the 4B host
-# too few Mamba cache blocks beside the shadow (vLLM refused to start, 2026-12-05), 0.5 there
+# the hosts' --gpu-memory-utilization, 0.3; on an 80 GB GPU 0.3 left the 4B host 643 Mamba
+# cache blocks for vLLM's default max_num_seqs of 1024 (vLLM refused to start, 2026-12-05;
+# HOST_UTIL=0.5 ran, but S and A at 0.5 do not fit together): there every server also takes
+# --max-num-seqs 256 (one to eight agents here)
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then HOST_UTIL=${HOST_UTIL:-0.5}; fi
+if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then
+    TRIAL_VLLM_ARGS="$TRIAL_VLLM_ARGS --max-num-seqs 256"
+fi
 HOST_UTIL=${HOST_UTIL:-0.3}
 
 # compile caches carried back from an earlier call (vLLM's torch.compile, Triton's)
