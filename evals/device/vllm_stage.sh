@@ -23,8 +23,8 @@
 #       (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces vLLM's 0.1.10, which
 #       only vLLM's own CuTe kernels import, none of them on a Hopper host of Qwen3.5)
 #   bash evals/device/vllm_stage.sh tests    the GPU tests that need no FA4 wheels of their
-#       own (tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py) on the staged site,
-#       FA4 included when staged; the log in $OUT/gpu-tests.log (FA4's kernels compiled into
+#       own (tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py) on
+#       the staged site, FA4 included when staged; the log in $OUT/gpu-tests.log (FA4's kernels compiled into
 #       /tmp/fa4cache-tests, apart from the servers')
 set -euo pipefail
 cd "$(dirname "$0")/../.."
