@@ -43,6 +43,8 @@ from shadow_plugin.server.service import Service
 
 log = logging.getLogger(__name__)
 MAX_JOBS = 1000                               # tickets kept for their results at most
+METRICS_MAX_AGE_S = 5.0                       # the oldest sampler's take a metrics call hands
+#                                               out (2 sampling intervals, at most this)
 RESULT_WAIT_MAX_S = 0.02                      # the longest a `result` call holds the engine's
 #                                               loop (only while the host has no requests)
 
@@ -198,7 +200,8 @@ class EmbeddedShadow:
             # call runs on the engine's thread between the host's steps, every second from
             # the API process, and would otherwise wait for the shadow's lock there (a CPU
             # profile: 1 % of the worker's main thread) and build the stats itself
-            snap = self.service.metrics_snapshot(2 * self.cfg.history_every_s)
+            snap = self.service.metrics_snapshot(min(2 * self.cfg.history_every_s,
+                                                     METRICS_MAX_AGE_S))
             if snap is not None:
                 return ("ok", snap)
         if name in TICKETED:          # by ticket, in the question thread
