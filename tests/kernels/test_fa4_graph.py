@@ -199,13 +199,19 @@ def test_the_graph_body_gives_the_segmented_bits(tiny, monkeypatch):
 
 def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
     """Reader.warm_up passes its KV pool down, so runners with FA4 in the graph capture over
-    it before the first chunk (runners.capture.capture_splits)."""
+    it before the first chunk (runners.capture.capture_splits), and the rows of every tail a
+    fork can cut (fork.tail_rows), so their states-keeping runners are captured then too."""
+    from shadow_plugin.reader import fork
     from shadow_plugin.reader.reader import Reader
-    reader = Reader(tiny, grid=64)
     seen = []
-    monkeypatch.setattr(reader.adapter, "prepare", lambda pool=None: seen.append(pool))
-    reader.warm_up()
-    assert seen == [reader.table.store.pool] and seen[0] is not None
+    for grid in (64, 256):
+        reader = Reader(tiny, grid=grid)
+        monkeypatch.setattr(reader.adapter, "prepare",
+                            lambda pool=None, kept_rows=(): seen.append((pool, kept_rows)))
+        reader.warm_up()
+        assert seen[-1] == (reader.table.store.pool, fork.tail_rows(grid))
+        assert seen[-1][0] is not None
+    assert [rows for _, rows in seen] == [[], [128, 192]]
 
 
 def test_split_graphs_of_a_question_runner_keep_no_states(monkeypatch):
