@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The shadow inside vLLM 0.26's GPU engine on the H200 (evals/vllm/trial.py), after
+# The shadow inside vLLM 0.26's GPU engine on one GPU (evals/vllm/trial.py; run on an H200 and
+# an H100), after
 # evals/device/vllm_stage.sh 1 and 2 (in the same call as 2, or the next within 30 s; the
 # servers run in sessions of their own, so they outlive a call while the machine stays warm):
 #   bash evals/device/vllm_trial.sh follow   S up (the host with the connector), the agents,
 #       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
 #       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again)
-#   bash evals/device/vllm_trial.sh cost     S, A (the host alone) and P (the peer) up when
-#       they are not (A and P compile: about 200 and 150 s), then the host's cost
+#   bash evals/device/vllm_trial.sh cost     S and A (the host alone) up when they are not (A
+#       compiles: about 200 s; on an 80 GB GPU P, the peer, is stopped first), then the host's
+#       cost
 #   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow (PEER_ARGS:
 #       the phase's arguments, default "--repeats 6"; e.g. "--repeats 4 --question-at 100000")
 #   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
-#   bash evals/device/vllm_trial.sh launch A P   start servers and return (see launch below)
+#   bash evals/device/vllm_trial.sh launch S P   start servers, one after another, and return
+#       once the last has been started (see launch below)
 # $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
 # the phases go), the servers' logs (logs.tgz) and, with CACHES=1 and when they fit, the
 # compile caches (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh
@@ -33,15 +36,8 @@ export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
 out=${OUT:-out}
 mkdir -p "$out" "$TRIAL_DIR"
 deadline=$((SECONDS + ${BUDGET_S:-570}))
-# the hosts' --gpu-memory-utilization, 0.3; on an 80 GB GPU 0.3 left the 4B host 643 Mamba
-# cache blocks for vLLM's default max_num_seqs of 1024 (vLLM refused to start, 2026-12-05;
-# HOST_UTIL=0.5 ran, but S and A at 0.5 do not fit together): there every server also takes
-# --max-num-seqs 256 (one to eight agents here)
-gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then
-    TRIAL_VLLM_ARGS="$TRIAL_VLLM_ARGS --max-num-seqs 256"
-fi
 HOST_UTIL=${HOST_UTIL:-0.3}
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
 
 # compile caches carried back from an earlier call (vLLM's torch.compile, Triton's)
 if ls .devcache/caches.tgz.part-* > /dev/null 2>&1 && [ ! -f /tmp/.caches-restored ]; then
@@ -92,7 +88,8 @@ follow() {
 }
 
 cost() {
-    # on an 80 GB GPU the three servers do not fit: the peer goes first (its phase is done)
+    # on an 80 GB GPU S, A and P at their shares and the shadow beside S come near the card's
+    # memory: the peer goes first (its phase is done)
     if [ "${gpu_mib:-0}" -lt 100000 ] 2>/dev/null; then
         python3 -m evals.vllm.trial down P 2>&1 | tee -a "$out/trial.log"
     fi
@@ -107,15 +104,21 @@ peer() {
     step 150 peer ${PEER_ARGS:---repeats 6}   # about 150 turns of 0.5-1.5 s, two marks of 6 questions
 }
 
-# launch NAME...: start servers detached and return (A or P starting between two calls, while
-# the GPU is otherwise idle; the next call's `up` finds it and waits)
+# launch NAME...: start servers one after another and return once the last has been started
+# (detached; the next call's `up` finds it and waits). vLLM profiles the GPU's free memory as
+# it starts, so each server but the last is waited for until it is up: S and P started
+# together on the H100 (2026-12-05) broke each other's profile (S counted 5.34 GiB for its KV
+# cache where about 11.5 were free to it and refused to start; P's profile failed, "Error in
+# memory profiling"; docs/vllm-trial-h100-failed-start-2026-12-05.log)
 launch() {
     local name
-    for name in "$@"; do
-        python3 -m evals.vllm.trial up "$name" --host-util "$HOST_UTIL" --start-timeout-s 1 \
-            >> "$out/trial.log" 2>&1
-        echo "$name launched" | tee -a "$out/trial.log"
+    while [ $# -gt 1 ]; do
+        step 330 up "$1" --host-util "$HOST_UTIL" || return 1
+        shift
     done
+    python3 -m evals.vllm.trial up "$1" --host-util "$HOST_UTIL" --start-timeout-s 1 \
+        >> "$out/trial.log" 2>&1
+    echo "$1 launched" | tee -a "$out/trial.log"
 }
 
 case "${1:-}" in

@@ -76,12 +76,13 @@ def ask_out(ans) -> schemas.AskOut:
 
 
 def server_timing(t0: float, answers) -> str:
-    """The Server-Timing header of a question's reply (W3C Server Timing): `forward`, the
-    reader's own time of its forward (the answers' `ms`, the largest: several questions share
-    one forward), and `server`, this route's time from its start (t0, time.perf_counter) to
-    the reply (the wait, the pool, a door's calls to an engine's worker and the forward), in
-    ms. A client's time less `server` is HTTP's; `server` less `forward` is the server's
-    own (inside vLLM: the API process's hops to the engine's worker and back)."""
+    """The Server-Timing header of a question's reply (W3C Server Timing), in ms: `forward`,
+    the answers' `ms` (their forks' forwards from the grid line below their position; the
+    largest: several questions share one forward), and `server`, this route's time from its
+    start (t0, time.perf_counter) to the reply (a wait, the pool, the catch-up reading of a
+    backlog, a door's calls to an engine's worker and the forward). A client's time less
+    `server` is HTTP's; `server` less `forward` is the server's own and the catch-up's
+    (inside vLLM: the API process's hops to the engine's worker and back)."""
     forward_ms = max(a.ms for a in answers)
     server_ms = (time.perf_counter() - t0) * 1e3
     return f"forward;dur={forward_ms:.3f}, server;dur={server_ms:.3f}"
