@@ -71,15 +71,15 @@ class ChunkGraphs:
     attention.table; the default on other CUDA GPUs) or "sdpa" (eager only: the default on the
     CPU). fused: the layer's small ops through torch.compile (ops.fused_ops; default on CUDA),
     else ops.EAGER. split: the table attention's tiling (attention.tiling.SplitConfig, default
-    attention.tiling.READ; the committed bits depend on it). op_set: the ops to use, overriding `fused` (Runners shares one
-    compiled set). proj: model.fuse.FusedProjections (one GEMM for the projections that share
-    an input; default: with the fused ops). keep_states: runners.slots.StateSlots' keep (bits
-    unchanged). return_states: False for a question runner, whose `run` gives back no states
-    (with FA4 in the graph its graphs keep none: runners.slots.StateSlots' returned).
-    side_stream: the CUDA stream of its warm-ups (default: its own, made at the first;
-    runners.capture.side_stream: runners that share one share cuBLAS's workspace).
-    fa4_in_graph: with FA4 on CUDA, the whole body as one graph per number of splits
-    (runners.fa4_graph; default) instead of a graph per segment with FA4 between.
+    attention.tiling.READ; the committed bits depend on it). op_set: the ops to use, overriding
+    `fused` (Runners shares one compiled set). proj: model.fuse.FusedProjections (one GEMM for
+    the projections that share an input; default: with the fused ops). keep_states:
+    runners.slots.StateSlots' keep (bits unchanged). return_states: False for a question runner,
+    whose `run` gives back no states (with FA4 in the graph its graphs keep none:
+    runners.slots.StateSlots' returned). side_stream: the CUDA stream of its warm-ups (default:
+    its own, made at the first; runners.capture.side_stream: runners that share one share
+    cuBLAS's workspace). fa4_in_graph: with FA4 on CUDA, the whole body as one graph per number
+    of splits (runners.fa4_graph; default) instead of a graph per segment with FA4 between.
     Raises ValueError for an attention this device cannot run."""
 
     def __init__(self, model, t: int, attention: str | None = None, fused: bool | None = None,
