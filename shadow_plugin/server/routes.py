@@ -103,6 +103,7 @@ class Questions:
 
     def __init__(self, door, pool: AskPool):
         self.door, self.pool, self.waits = door, pool, Waits(door)
+        self._model: str | None = None     # the shadow's model, for chat.completion's `model`
 
     async def ask(self, request: Request | None, session: str, question: str,
                   choices: list[str], at: int | None, wait: bool = False,
@@ -145,13 +146,20 @@ class Questions:
         return await self.pool.run(shadow.summarize, session, instruction, max_tokens, at,
                                    disconnected=gone)
 
-    async def chat_completion(self, request: Request, body: schemas.ChatIn) -> dict:
+    async def chat_completion(self, request: Request, body: schemas.ChatIn,
+                              response: Response | None = None) -> dict:
         """A chat.completion: with choices, the label as the message and the letters'
         logprobs; without, a summary decoded with the question as its instruction; `n` equal
         choices of it (computed once); with `questions`, choice i the answer to questions[i]
-        (one forward for all; `shadow.answers` the AskOut of each)."""
-        status = await run_in_threadpool(self.door.status)
-        created, model = int(time.time()), f"shadow:{status.get('model', '')}"
+        (one forward for all; `shadow.answers` the AskOut of each). A question's reply
+        carries Server-Timing (server_timing) on `response`. The model's name comes from the
+        door's status once (inside vLLM a status is a call into the engine's worker that
+        builds every session's stats: not one a question)."""
+        t0 = time.perf_counter()
+        if self._model is None:
+            status = await run_in_threadpool(self.door.status)
+            self._model = status.get("model") or None
+        created, model = int(time.time()), f"shadow:{self._model or ''}"
         out = {"id": f"shadowcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                "created": created, "model": model}
         if body.questions is not None:
@@ -162,11 +170,15 @@ class Questions:
             out["shadow"] = schemas.AskManyOut(answers=[ask_out(a) for a in answers]).model_dump()
             usage = {"prompt_tokens": sum(a.num_forwarded_tokens for a in answers),
                      "completion_tokens": len(answers)}
+            if response is not None:
+                response.headers["Server-Timing"] = server_timing(t0, answers)
         elif body.choices:
             ans = await self.ask(request, body.session, body.question(), body.choices, body.at)
             choices = [letter_choice(i, ans) for i in range(body.n or 1)]
             usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
             out["shadow"] = ask_out(ans).model_dump()
+            if response is not None:
+                response.headers["Server-Timing"] = server_timing(t0, [ans])
         else:
             text, gen = await self.summarize(request, body.session, body.question(),
                                              body.max_tokens, body.at)
@@ -214,8 +226,8 @@ def question_router(door, pool: AskPool) -> APIRouter:
 
     @r.post("/v1/shadow/chat/completions")
     @answered_async
-    async def chat(body: schemas.ChatIn, request: Request):
-        return await q.chat_completion(request, body)
+    async def chat(body: schemas.ChatIn, request: Request, response: Response):
+        return await q.chat_completion(request, body, response)
 
     @r.get("/v1/shadow/status")
     @r.get("/v1/conductor/shadow/status", include_in_schema=False)

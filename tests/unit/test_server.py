@@ -485,8 +485,15 @@ def test_the_openai_shaped_question_sessions_and_check(client):
     lps = out["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     assert [x["token"] for x in lps] == ["A", "B"]
     assert [round(math.exp(x["logprob"]), 6) for x in lps] == [round(p, 6) for p in a["probs"]]
+    timing = dict(p.strip().split(";dur=") for p in r.headers["server-timing"].split(","))
+    assert float(timing["forward"]) == pytest.approx(out["shadow"]["ms"], abs=1e-3)
+    assert float(timing["forward"]) <= float(timing["server"])
+    assert out["model"] == f"shadow:{client.app.state.service.cfg.model}"
     s = client.post("/v1/shadow/chat/completions", json={**q, "max_tokens": 3},
-                    headers=KEY).json()
+                    headers=KEY)
+    assert "server-timing" not in s.headers             # a summary: no question's timing
+    s = s.json()
+    assert s["model"] == out["model"]
     assert isinstance(s["choices"][0]["message"]["content"], str)
     assert 1 <= s["usage"]["completion_tokens"] <= 3 and s["choices"][0]["logprobs"] is None
     bad = client.post("/v1/shadow/chat/completions", headers=KEY,
