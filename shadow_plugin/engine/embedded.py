@@ -198,8 +198,8 @@ class EmbeddedShadow:
         if name == "metrics":
             # the history sampler's last take (its own thread, every history_every_s): this
             # call runs on the engine's thread between the host's steps, every second from
-            # the API process, and would otherwise wait for the shadow's lock there (a CPU
-            # profile: 1 % of the worker's main thread) and build the stats itself
+            # the API process, and would otherwise wait there for the shadow's lock (held
+            # through a question's step or a chunk) and build the stats itself
             snap = self.service.metrics_snapshot(min(2 * self.cfg.history_every_s,
                                                      METRICS_MAX_AGE_S))
             if snap is not None:
@@ -247,7 +247,7 @@ class EmbeddedShadow:
         look either way."""
         ticket = next(self._tickets)
         # looked at before the question starts: once it runs, its thread contends for the GIL
-        # with this one, the engine's (the CPU engine's profile put 0.5 ms an ask here after)
+        # with this one, the engine's
         pushed = reply_to is not None and reachable(reply_to)
         job = self._jobs[ticket] = self._questions.submit(
             plain_mode(serve_call), self.service, name, kwargs)

@@ -129,21 +129,24 @@ class Tails:
 
     def replaced_bytes(self, owner: str, page_bytes: int) -> int:
         """Bytes (its page, page_bytes, and GDN states) that owner's newer tip tail would give
-        back (its older tip, held and no other session's tip), else 0."""
-        old = self._tips.get(owner)
-        if old is None or old not in self._held or self._shared(owner, old):
-            return 0
-        return page_bytes + self._held[old].nbytes
+        back (`_replaced`), else 0."""
+        old = self._replaced(owner)
+        return 0 if old is None else page_bytes + self._held[old].nbytes
 
-    def _shared(self, owner: str, k) -> bool:
-        """Whether a session other than owner has the tail of key k as its tip."""
-        return any(tip == k and o != owner for o, tip in self._tips.items())
+    def _replaced(self, owner: str, new=None):
+        """The key of owner's tip tail that a newer tip (key `new`) gives up: held, not `new`
+        and no other session's tip; else None."""
+        old = self._tips.get(owner)
+        if old is None or old == new or old not in self._held or any(
+                tip == old and o != owner for o, tip in self._tips.items()):
+            return None
+        return old
 
     def _set_tip(self, store: PageStore, owner: str, k) -> None:
-        """Owner's tip is the tail of key k now: its older one, held and no other session's
-        tip, is given up (num_replaced)."""
-        old = self._tips.get(owner)
-        if old is not None and old != k and old in self._held and not self._shared(owner, old):
+        """Owner's tip is the tail of key k now: its older one (`_replaced`) is given up
+        (num_replaced)."""
+        old = self._replaced(owner, k)
+        if old is not None:
             store.manager.release(self._held.pop(old).page)
             self.num_replaced += 1
         self._tips[owner] = k
@@ -192,6 +195,8 @@ class Tails:
         return len(self._held) * page_bytes + self.state_bytes()
 
     def stats(self) -> dict:
+        """Counts: tails_held (now), tail_hits, tails_made, tails_evicted, tails_replaced
+        (since the start)."""
         return {"tails_held": len(self._held), "tail_hits": self.num_hits,
                 "tails_made": self.num_made, "tails_evicted": self.num_evicted,
                 "tails_replaced": self.num_replaced}
