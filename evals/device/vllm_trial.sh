@@ -116,9 +116,8 @@ launch() {
         step 330 up "$1" --host-util "$HOST_UTIL" || return 1
         shift
     done
-    python3 -m evals.vllm.trial up "$1" --host-util "$HOST_UTIL" --start-timeout-s 1 \
-        >> "$out/trial.log" 2>&1
-    echo "$1 launched" | tee -a "$out/trial.log"
+    python3 -m evals.vllm.trial up "$1" --host-util "$HOST_UTIL" --no-wait 2>&1 \
+        | tee -a "$out/trial.log"
 }
 
 case "${1:-}" in

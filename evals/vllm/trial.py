@@ -54,7 +54,8 @@ from evals.vllm.server import VllmServer, log_facts
 def up(args) -> None:
     """Start server NAME (detached; recorded in the state at once, so that a call that ends
     while it starts leaves it findable), or wait for the one the state holds while it is
-    alive: a server is never started twice."""
+    alive: a server is never started twice. With --no-wait it returns once the server is
+    launched (or found alive)."""
     t0 = time.monotonic()
     server = load_servers().get(args.name)
     if server is not None and server.alive():
@@ -67,6 +68,9 @@ def up(args) -> None:
         log = trial_dir() / "logs" / f"{args.name}{args.log_suffix}.log"
         server = VllmServer.launch(server_spec(args.name, args), log, detached=True)
         save_server(args.name, server)
+    if args.no_wait:
+        print(f"{args.name}: launched on {server.url}", flush=True)
+        return
     server.wait_ready(args.start_timeout_s, kill_after=False)
     print(f"{args.name}: up on {server.url} in {time.monotonic() - t0:.1f} s "
           f"({log_facts(server.log.read_text(errors='replace'))})", flush=True)
@@ -122,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "sessions (about 270k ids) stay resident, so no spill falls in a timed turn")
     p.add_argument("--start-timeout-s", type=float, default=480)
     p.add_argument("--log-suffix", default="")
+    p.add_argument("--no-wait", action="store_true", help="return once launched (the next "
+                   "call's `up` finds it and waits)")
     p.add_argument("--vllm-args", default=os.environ.get("TRIAL_VLLM_ARGS", ""),
                    help="more vLLM flags for every server (default $TRIAL_VLLM_ARGS)")
     p.set_defaults(func=up)
