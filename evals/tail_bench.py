@@ -8,15 +8,15 @@
   question from cut;
 - `kept tail` (the idle window made it): fork_logits from cut only;
 - `ask kept` / `ask none`: Reader.ask's own ms (wall, the host's work included) with the tail
-  kept and with max_tails=0 (both as fork.tail_cut cuts: a tail under half a grid goes with
-  the question, so both are one forward there).
+  kept and with max_tails=0 (both as fork.tail_cut cuts: a tail under a quarter of a grid goes
+  with the question, so both are one forward there).
 
 Each arm's forwards run over the same session state (a reader that read ids[:line]), timed
 with CUDA events on CUDA (perf_counter on the CPU), warmed up first, the arms taken in turns;
 figures are medians over `repeats`. The question is the router's (ROUTER), `tail` ids past the
 grid line (330: the seed's measurement). The three forward arms cut at the multiple of 64 at or
-below the end whatever the tail; fork.tail_cut's half-grid rule applies to the ask arms only
-(a tail under half a grid: `forwarded_kept` equals `forwarded_none` and `tail_hits` is 0).
+below the end whatever the tail; fork.tail_cut's quarter-grid rule applies to the ask arms
+only (a tail under fork.min_tail: `forwarded_kept` equals `forwarded_none` and `tail_hits` is 0).
 Each context must be a multiple of the grid and each tail 64 to grid - 1 ids (refused
 otherwise, naming the flag).
 

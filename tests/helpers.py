@@ -102,13 +102,14 @@ def logits_by_hand(adapter, ids: list[int], q_ids: list[int],
     """The letters' logits [len(letters)] fp32 (a copy, the device synchronised) of the
     question q_ids after `ids`, forwarded by hand through the adapter on a KV of its own as
     shadow_plugin.reader.fork's module doc says: whole chunks from 0, the tail ids[line:cut]
-    (cut: the multiple of 64 at or below the end when that is half a grid or more past the
-    line, written out here, not fork.tail_cut), then the rest and the question from cut."""
+    (cut: the multiple of 64 at or below the end when that is a quarter of a grid (rounded up
+    to 64) or more past the line, written out here, not fork.tail_cut), then the rest and the
+    question from cut."""
     from block_store import contiguous_kv
     from block_store.memory.layout import zero_gdn
     g, at = adapter.grid, len(ids)
     line = at // g * g
-    cut = at // 64 * 64 if at // 64 * 64 - line >= g // 2 else line
+    cut = at // 64 * 64 if at // 64 * 64 - line >= -(-(g // 4) // 64) * 64 else line
     kv = contiguous_kv(adapter.spec, g, at + len(q_ids) + g)
     gdn = zero_gdn(adapter.spec)
     for pos in range(0, line, g):

@@ -11,8 +11,8 @@ forward always starts from the state at L = the grid line at or below `at`:
 Both paths give the same bits: the same ids on the same grid from equal states.
 
 From the line a fork forwards (every forward starts at a multiple of ROW_ALIGN, 64 rows):
-1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN when that holds half a grid or
-   more (`tail_cut`; else none), as a forward of its own that keeps its states
+1. the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN when that holds a quarter of a
+   grid or more (`tail_cut`; else none), as a forward of its own that keeps its states
    (Adapter.read_rows); what it gives depends only on ids[:cut], so the reader keeps it
    (reader.tails) and a question at the same place starts from it (each fork a copy of its
    page);
@@ -151,23 +151,30 @@ class Forward:
     end: int = 0
 
 
+def min_tail(grid: int) -> int:
+    """The fewest ids tail_cut cuts as a tail: a quarter of the grid, rounded up to a multiple
+    of ROW_ALIGN (128 at grid 512, 64 at 256 and at 128). On an H100 (0.8B, FA4) the router
+    question (172 ids) on a kept 128-id tail took 0.67 of one forward at 100,352 ids (4.64
+    against 6.91 ms) and 0.74 at 32,768, while a kept 64-id tail saved nothing (one forward of
+    236 rows falls in the question's own 256-row bucket: 4.97 ms both;
+    docs/tail-bench-h100-2026-12-05-b.log)."""
+    return -(-(grid // 4) // ROW_ALIGN) * ROW_ALIGN
+
+
 def tail_cut(at: int, grid: int) -> int:
     """Where a fork at `at` cuts its tail: the multiple of ROW_ALIGN at or below `at` when the
-    tail from the grid line holds half a grid or more, else the line (no tail: a shorter one
-    goes with the question). On an H100 at 100k ids (0.8B, FA4) a kept 64-id tail saved
-    nothing against one forward and forwarding it apart cost 3.1 ms more, while a kept tail
-    of 330 / 506 ids saved 2.3 / 5.3 ms (docs/tail-bench-h100-2026-12-05.log). A function of
-    `at` and the grid only: a fork's bits never depend on what was kept."""
+    tail from the grid line holds min_tail(grid) ids or more, else the line (no tail: a
+    shorter one goes with the question). A function of `at` and the grid only: a fork's bits
+    never depend on what was kept."""
     line, cut = at // grid * grid, at // ROW_ALIGN * ROW_ALIGN
-    return cut if cut - line >= grid // 2 else line
+    return cut if cut - line >= min_tail(grid) else line
 
 
 def tail_rows(grid: int) -> list[int]:
     """The row counts of every tail tail_cut can cut at this grid (multiples of ROW_ALIGN
-    from half a grid to the grid less ROW_ALIGN: 256, 320, 384 and 448 at grid 512), for the
+    from min_tail(grid) to the grid less ROW_ALIGN: 128, 192, ..., 448 at grid 512), for the
     warm-up to capture their runners (Adapter.prepare's kept_rows)."""
-    first = -(-(grid // 2) // ROW_ALIGN) * ROW_ALIGN
-    return list(range(first, grid, ROW_ALIGN))
+    return list(range(min_tail(grid), grid, ROW_ALIGN))
 
 
 def piece_len(pos: int, num_rest: int, grid: int) -> int:

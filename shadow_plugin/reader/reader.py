@@ -652,8 +652,8 @@ class Reader:
         """Forward and keep now the tail a question at the session's end forwards first
         (shadow_plugin.reader.tails: ids[line:cut] for at = its ids' length), when the
         session is resident (a parked one is not restored for it), its whole chunks are read
-        (C is the grid line at or below its end), it has a tail (fork.tail_cut: half a grid
-        or more past the line), the tail is not kept yet (a kept one becomes the session's
+        (C is the grid line at or below its end), it has a tail (fork.tail_cut: a quarter of a
+        grid or more past the line), the tail is not kept yet (a kept one becomes the session's
         tip tail too, Tails.claim) and its page fits under the resident cap, the session's
         older tip tail, which it replaces, counted as room (past the cap the tails are given
         up first: one made without room would go at the next settle, and be made again): for

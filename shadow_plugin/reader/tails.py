@@ -2,17 +2,18 @@
 
 A fork at `at` forwards, from the grid line `line` at or below `at` (shadow_plugin.reader.fork):
 first the tail ids[line:cut], cut = at // ROW_ALIGN * ROW_ALIGN (adapters.ROW_ALIGN, 64 rows)
-when that holds half a grid or more (fork.tail_cut), as a forward of its own that keeps its
-states (Adapter.read_rows), then ids[cut:at] and the question from cut. The tail's result, KV
-rows [line, cut) and the GDN states after cut, depends only on ids[:cut]: the state at the line
-is a pure function of ids[:line] (the contract, docs/design.md), which the page key of the page
-below the line names. So the reader keeps it, keyed by (that key, ids[line:cut]), and a question
-at the same place (the next question of a session, several questions at once, another session
-with the same ids) forwards ids[cut:at] and its own ids only: at most 63 ids of the session
-instead of up to grid - 1 (a tail shorter than half a grid is not cut: it goes with the
-question, under grid / 2 + 64 ids). On an H100 at 100k ids (0.8B, FA4) the router question took
-5.0 ms on a kept 506-id tail against 10.4 ms in one forward, 11.1 ms when the tail was not kept
-(docs/tail-bench-h100-2026-12-05.log).
+when that holds a quarter of a grid or more (fork.tail_cut), as a forward of its own that keeps
+its states (Adapter.read_rows), then ids[cut:at] and the question from cut. The tail's result,
+KV rows [line, cut) and the GDN states after cut, depends only on ids[:cut]: the state at the
+line is a pure function of ids[:line] (the contract, docs/design.md), which the page key of the
+page below the line names. So the reader keeps it, keyed by (that key, ids[line:cut]), and a
+question at the same place (the next question of a session, several questions at once, another
+session with the same ids) forwards ids[cut:at] and its own ids only: at most 63 ids of the
+session instead of up to grid - 1 (a tail shorter than a quarter of a grid is not cut: it goes
+with the question, under grid / 4 + 64 ids). On an H100 at 100k ids (0.8B, FA4) the router
+question took 5.0 ms on a kept 506-id tail against 10.4 ms in one forward, 11.1 ms when the tail
+was not kept (docs/tail-bench-h100-2026-12-05.log), and 4.6 ms on a kept 128-id tail against
+6.9 ms in one forward (docs/tail-bench-h100-2026-12-05-b.log).
 
 Held: one page (its rows [0, cut - line) the tail's KV rows, one reference) and the GDN states,
 per tail: a page and a GDN entry's bytes (about 25 MB for the 0.8B at grid 512, bf16). At most

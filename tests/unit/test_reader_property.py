@@ -255,7 +255,7 @@ def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, di
 
 
 # -- questions' tails (shadow_plugin.reader.tails): kept or not, the same answers -------------
-TG = 256                                             # tails of 128 and 192 ids exist here
+TG = 256                                             # tails of 64, 128 and 192 ids exist here
 tail_op = st.one_of(
     st.tuples(st.just("prompt"), SESSION, st.sampled_from(["append", "share", "below_c"]),
               st.integers(1, 2 * TG)),

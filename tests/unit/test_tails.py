@@ -1,8 +1,8 @@
 """Questions' tails (shadow_plugin.reader.tails): a fork forwards ids[line:cut] on its own
 (Adapter.read_rows), then the rest from cut; the reader keeps the tail, and a question found on
 a kept tail gives the bits it gets without one, the bits a fresh reader gives, and those of the
-forwards done by hand through the adapter. Grid 256: tails of 128 and 192 ids (fork.tail_cut:
-half a grid or more; a shorter one goes with the question)."""
+forwards done by hand through the adapter. Grid 256: tails of 64, 128 and 192 ids (fork.tail_cut:
+a quarter of a grid or more; a shorter one goes with the question)."""
 import pytest
 import torch
 from helpers import check_refs, fork_logits, logits_by_hand, rand_ids
@@ -43,7 +43,7 @@ def test_a_kept_tail_gives_the_bits_of_none_of_a_fresh_reader_and_of_the_forward
     kept = _fresh(tiny, ids)
     first = _ask(kept, q_ids)
     cut, line = fork.tail_cut(n, G), n // G * G
-    assert cut == (n // ROW_ALIGN * ROW_ALIGN if n - line >= G // 2 else line)
+    assert cut == (n // ROW_ALIGN * ROW_ALIGN if n - line >= G // 4 else line)
     assert kept.tails.num_made == (1 if cut > line else 0)
     second = _ask(kept, q_ids)                             # on the kept tail
     assert kept.tails.num_hits == (1 if cut > line else 0)
@@ -424,5 +424,5 @@ def test_graph_stats_name_the_runners_a_kept_tail_made(tiny):
     assert _fresh(tiny, rand_ids(n)).adapter.graph_stats() == {}
     warm = Reader(tiny, grid=G, cuda_graphs=True)
     warm.warm_up()                          # every tail's runner made (captured on CUDA)
-    assert warm.adapter.graph_stats()["kept_rows"] == fork.tail_rows(G) == [128, 192]
-    assert fork.tail_rows(512) == [256, 320, 384, 448] and fork.tail_rows(64) == []
+    assert warm.adapter.graph_stats()["kept_rows"] == fork.tail_rows(G) == [64, 128, 192]
+    assert fork.tail_rows(512) == [128, 192, 256, 320, 384, 448] and fork.tail_rows(64) == []
