@@ -5,7 +5,8 @@
 # servers run in sessions of their own, so they outlive a call while the machine stays warm):
 #   bash evals/device/vllm_trial.sh follow   S up (the host with the connector), the agents,
 #       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
-#       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again)
+#       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again;
+#       with FA4 staged about 6 minutes, its compiles too: `launch S P` in a call of its own)
 #   bash evals/device/vllm_trial.sh cost     S and A (the host alone) up when they are not (A
 #       compiles: about 200 s; on an 80 GB GPU P, the peer, is stopped first), then the host's
 #       cost
@@ -17,7 +18,9 @@
 # $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
 # the phases go), the servers' logs (logs.tgz) and, with CACHES=1 and when they fit, the
 # compile caches (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh
-# machine): at most 6 files. BUDGET_S (default 570) bounds the call: a step that would start
+# machine): at most 6 files. SHARE (default 0.02, the seed's) is S's SHADOW_SHARE, the in-turn
+# ration's share (read when S starts: a running S keeps its own; `python -m evals.vllm.trial
+# down S` first). BUDGET_S (default 570) bounds the call: a step that would start
 # too late is skipped and said so; a server still starting when a call ends is found and
 # waited for by the next call's step, never started twice.
 set -uo pipefail

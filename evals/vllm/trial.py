@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-trust", type=float, default=0.0, help="S's SHADOW_IDLE_TRUST; 0 "
                    "(the seed's rule): the ration reads during every turn, the cost to "
                    "measure; the default 0.5 leaves to the idle window what the gaps cover")
+    p.add_argument("--share", type=float, default=float(os.environ.get("SHARE", "0.02")),
+                   help="S's SHADOW_SHARE, the in-turn ration's share of the time since a "
+                   "turn's first token (default $SHARE, else the seed's 0.02)")
     p.add_argument("--shadow-gb", type=float, default=12.0, help="S's SHADOW_GB: the trial's "
                    "sessions (about 270k ids) stay resident, so no spill falls in a timed turn")
     p.add_argument("--start-timeout-s", type=float, default=480)

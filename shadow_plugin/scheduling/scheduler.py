@@ -9,8 +9,10 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
 - In-turn ration: `between_rounds(session)` may use `share` of the time since the host's first
   token of the turn (not since the turn's start: a long prefill must not earn decode time),
   minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
-  chunk's cost comes from the cost model. Reading goes by position, so the turn's prompt is read
-  before its output.
+  chunk's cost comes from the cost model, and a slice's own cost beyond its chunks (the host's
+  device syncs around it) from what the last slices were charged (`charge`), so a slice starts
+  only when both fit. Reading goes by position, so the turn's prompt is read before its
+  output.
 - Tails: once every session is fresh, the idle window forwards the tail of a question at the
   end of the most recent sessions (Reader.make_tail, shadow_plugin.reader.tails), so that a
   question there forwards its own ids and fewer of the session's (fork.tail_cut).
@@ -68,6 +70,10 @@ class Scheduler:
     closed_decode_ms: float = 0.0      # their time from first token to close
     idle_since_s: float | None = None                                 # no turn open since
     idle_memo: tuple[float, bool] | None = None     # (clock s, leave_to_idle's answer)
+    # what the last ration slices cost beyond their chunks (ms: the host's device syncs before
+    # and after, the bookkeeping), as charged; a slice is started only when its chunk and this
+    # fit the ration, so the ration holds to its share with the syncs counted
+    slice_overheads: deque = field(default_factory=lambda: deque(maxlen=4))
 
     # -- host events ----------------------------------------------------------------------------
     def turn_started(self, session: str) -> None:
@@ -133,8 +139,8 @@ class Scheduler:
         window waits for every open turn to finish; inside a turn the shadow reads only in the
         ration between the host's rounds), with each open turn's session, seconds since it
         opened, since its first token, since its last event, since its last round (None: none
-        yet), and until turn_timeout_s closes it as abandoned; or `host_busy` (the host's own signal says a
-        request it serves runs or waits)."""
+        yet), and until turn_timeout_s closes it as abandoned; or `host_busy` (the host's own
+        signal says a request it serves runs or waits)."""
         now = self.clock()
         if self.turns:
             return {"why": "turn_open", "turns": [
@@ -337,8 +343,8 @@ class Scheduler:
         question pending on this session, and every session's backlog (whole chunks, at the
         cost model's estimate) within idle_trust x expected_idle_ms. The answer is kept for
         IDLE_MEMO_S (the host asks every round: with 11 sessions a round costs 13 us kept
-        against 22 us asked afresh, evals/host_calls.py at cadb457 on a CPU); a turn's start or finish, a
-        forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
+        against 22 us asked afresh, evals/host_calls.py at cadb457 on a CPU); a turn's start or
+        finish, a forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
         answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
         if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
             return False
@@ -364,10 +370,16 @@ class Scheduler:
             return "fresh"
         if self.leave_to_idle(session):
             return "idle"
-        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        budget = min(self.ration_ms(session), self.cfg.slice_ms) - self.slice_overhead_ms()
         if self.cost.estimate(self.port.committed(session)) > budget + EPS_MS:
             return "ration"
         return None
+
+    def slice_overhead_ms(self) -> float:
+        """What a ration slice is expected to cost beyond its chunks: the mean of the last 4
+        slices' charges (ms), 0 before any."""
+        seen = self.slice_overheads
+        return sum(seen) / len(seen) if seen else 0.0
 
     def slice_due(self, session: str) -> bool:
         """Whether between_rounds would read a chunk now (slice_stop is None)."""
@@ -375,16 +387,23 @@ class Scheduler:
 
     def charge(self, session: str, ms: float) -> None:
         """Count ms more against the open turn's ration (what a slice cost beyond its chunks:
-        the syncs and the host-side work around them)."""
+        the syncs and the host-side work around them); later slices expect as much
+        (slice_overhead_ms). On an H100 inside vLLM a slice's two syncs cost about 6 ms
+        beside its 6.5-ms chunk, and slices started on the chunk's estimate alone spent
+        44-55 ms of a ration of 31-33 ms (BENCHMARKS.md, "The peer and the host's cost on one
+        H100, a second session")."""
+        if ms > 0:
+            self.slice_overheads.append(ms)
         if session in self.turns and ms > 0:
             self.turns[session].used_ms += ms
 
     def between_rounds(self, session: str) -> Slice:
         """One ration slice for the session of an open turn: whole chunks whose estimated cost
-        fits in min(ration, slice_ms)."""
+        fits in min(ration, slice_ms) less the slice's expected overhead
+        (slice_overhead_ms)."""
         if session in self.turns:
             self.turns[session].last_round_s = self.clock()
-        budget = min(self.ration_ms(session), self.cfg.slice_ms)
+        budget = min(self.ration_ms(session), self.cfg.slice_ms) - self.slice_overhead_ms()
         spent, done = [0.0], {}
         stop = "fresh"
         if self.leave_to_idle(session):

@@ -71,6 +71,32 @@ def test_share_counts_from_the_first_token_not_the_turn_start():
     assert sched.between_rounds("s") == Slice("ration", (("s", 30),), 150.0, "ration")
 
 
+def test_a_slice_starts_only_when_its_chunks_and_its_expected_overhead_fit_the_ration():
+    """What the host charged beyond a slice's chunks (its syncs) is expected of the next
+    slices too (the mean of the last 4): with 6 ms charged a slice, a 5-ms chunk needs 11 ms
+    of ration, so the turn's ration is not overdrawn by a slice's syncs."""
+    sched, reader, clock = make(share=0.02)
+    reader.add("s", 40 * G)
+    sched.turn_started("s")
+    sched.output("s")
+    clock.t = 0.5                                    # 2 % of 0.5 s = 10 ms: two 5-ms chunks
+    assert sched.slice_stop("s") is None and sched.slice_overhead_ms() == 0.0
+    assert sched.between_rounds("s").chunks == (("s", 2),)
+    sched.charge("s", 6.0)                           # the slice's syncs, as Host charges them
+    assert sched.slice_overhead_ms() == 6.0 and sched.turns["s"].used_ms == 16.0
+    clock.t = 1.25                                   # earned 25 ms, used 16: 9 ms left
+    assert sched.ration_ms("s") == pytest.approx(9.0)
+    assert sched.slice_stop("s") == "ration"         # 5 + 6 > 9: not started
+    assert sched.between_rounds("s").chunks == ()
+    clock.t = 1.35                                   # 11 ms left: one chunk and its overhead
+    assert sched.slice_stop("s") is None
+    assert sched.between_rounds("s").chunks == (("s", 1),)
+    sched.charge("s", 2.0)
+    assert sched.slice_overhead_ms() == 4.0          # the mean of the charges seen
+    sched.charge("s", 0.0)                           # nothing beyond the chunks: no sample
+    assert sched.slice_overhead_ms() == 4.0
+
+
 def test_idle_burst_reads_newest_turn_first_then_by_recency():
     sched, reader, clock = make(chunk_ms=100.0, idle_burst_s=1.0)
     for s, n in (("old", 3 * G), ("new", 4 * G)):
