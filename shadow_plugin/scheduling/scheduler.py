@@ -10,9 +10,10 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
   token of the turn (not since the turn's start: a long prefill must not earn decode time),
   minus what the turn used already, in slices of at most `slice_ms` of whole chunks; the next
   chunk's cost comes from the cost model, and a slice's own cost beyond its chunks (the host's
-  device syncs around it) from what the last slices were charged (`charge`), so a slice starts
-  only when both fit. Reading goes by position, so the turn's prompt is read before its
-  output.
+  device syncs around it) from what the last slices were charged (`charge`; at most the chunk's
+  estimate, so one stall does not hold the slices off for good), so a slice starts only when
+  both fit the ration (slice_ms bounds the chunks). Reading goes by position, so the turn's
+  prompt is read before its output.
 - Tails: once every session is fresh, the idle window forwards the tail of a question at the
   end of the most recent sessions (Reader.make_tail, shadow_plugin.reader.tails), so that a
   question there forwards its own ids and fewer of the session's (fork.tail_cut).
@@ -370,14 +371,25 @@ class Scheduler:
             return "fresh"
         if self.leave_to_idle(session):
             return "idle"
-        budget = min(self.ration_ms(session), self.cfg.slice_ms) - self.slice_overhead_ms()
-        if self.cost.estimate(self.port.committed(session)) > budget + EPS_MS:
+        if self.cost.estimate(self.port.committed(session)) > self._slice_budget_ms(session) \
+                + EPS_MS:
             return "ration"
         return None
 
+    def _slice_budget_ms(self, session: str) -> float:
+        """What a slice's chunks may cost (ms): the turn's ration less the slice's expected
+        overhead, at most slice_ms (slice_ms bounds the chunks; the overhead is paid from the
+        ration). The overhead expected is at most the next chunk's estimate: a stall charged
+        to one slice (a first sync behind the host's long prefill) must not hold the slices
+        off for good, since only a slice that runs is charged anew."""
+        chunk_ms = self.cost.estimate(self.port.committed(session))
+        overhead_ms = min(self.slice_overhead_ms(), chunk_ms)
+        return min(self.ration_ms(session) - overhead_ms, self.cfg.slice_ms)
+
     def slice_overhead_ms(self) -> float:
         """What a ration slice is expected to cost beyond its chunks: the mean of the last 4
-        slices' charges (ms), 0 before any."""
+        slices' charges (ms), 0 before any (a slice's budget counts at most the next chunk's
+        estimate of it: _slice_budget_ms)."""
         seen = self.slice_overheads
         return sum(seen) / len(seen) if seen else 0.0
 
@@ -399,11 +411,11 @@ class Scheduler:
 
     def between_rounds(self, session: str) -> Slice:
         """One ration slice for the session of an open turn: whole chunks whose estimated cost
-        fits in min(ration, slice_ms) less the slice's expected overhead
-        (slice_overhead_ms)."""
+        fits in the ration less the slice's expected overhead (slice_overhead_ms, at most the
+        first chunk's estimate), and in slice_ms."""
         if session in self.turns:
             self.turns[session].last_round_s = self.clock()
-        budget = min(self.ration_ms(session), self.cfg.slice_ms) - self.slice_overhead_ms()
+        budget = self._slice_budget_ms(session)
         spent, done = [0.0], {}
         stop = "fresh"
         if self.leave_to_idle(session):

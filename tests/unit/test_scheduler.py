@@ -97,6 +97,46 @@ def test_a_slice_starts_only_when_its_chunks_and_its_expected_overhead_fit_the_r
     assert sched.slice_overhead_ms() == 4.0
 
 
+def test_one_stall_charged_to_a_slice_does_not_starve_the_ration_of_later_turns():
+    """A slice whose first sync waited behind a stall (the host's long prefill queued on the
+    device) is charged 600 ms; the slices after it expect at most a chunk's estimate of
+    overhead, so a later turn's ration starts a slice once it holds two chunks' estimates
+    (without the cap no slice would ever start again: none would be charged anew)."""
+    sched, reader, clock = make(share=0.02)
+    reader.add("s", 80 * G)
+    sched.turn_started("s")
+    sched.output("s")
+    clock.t = 0.5
+    assert sched.between_rounds("s").chunks == (("s", 2),)
+    sched.charge("s", 600.0)                         # the stall
+    sched.turn_finished("s")
+    sched.turn_started("s")
+    sched.output("s")
+    clock.t += 0.49                                  # 9.8 ms earned: 5 + 5 do not fit
+    assert sched.slice_stop("s") == "ration"
+    clock.t += 0.02                                  # 10.2 ms: the chunk and its overhead
+    assert sched.slice_stop("s") is None
+    assert sched.between_rounds("s").chunks == (("s", 1),)
+    clock.t += 100.0                                 # and so on, whatever the stall
+    assert sched.slice_stop("s") is None
+
+
+def test_a_slices_expected_overhead_is_paid_from_the_ration_not_from_slice_ms():
+    """slice_ms bounds a slice's chunks (5 ms here, slice_ms 8); the overhead a slice is
+    expected to cost beyond them (6 ms charged each time) comes out of the turn's ration, so
+    with ration to spare slices go on being started."""
+    sched, reader, clock = make(share=0.02, slice_ms=8.0)
+    reader.add("s", 40 * G)
+    sched.turn_started("s")
+    sched.output("s")
+    for i in range(3):
+        clock.t += 10.0                              # 200 ms more of ration
+        assert sched.slice_stop("s") is None, i
+        assert sched.between_rounds("s").chunks == (("s", 1),)
+        sched.charge("s", 6.0)
+    assert sched.turns["s"].used_ms == pytest.approx(33.0)
+
+
 def test_idle_burst_reads_newest_turn_first_then_by_recency():
     sched, reader, clock = make(chunk_ms=100.0, idle_burst_s=1.0)
     for s, n in (("old", 3 * G), ("new", 4 * G)):
