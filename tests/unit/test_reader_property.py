@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from block_store.checkpoints import TIP_LINES
+from shadow_plugin.reader import fork
 from shadow_plugin.reader.reader import Reader
 
 G = 64
@@ -287,7 +288,7 @@ def test_answers_with_tails_kept_or_not_are_the_same(tiny, ops, seed, max_tails,
     plain = Reader(tiny, grid=TG, max_tails=0)
     sids = [f"t{i}" for i in range(NUM_SESSIONS)]
     for sid in sids:                 # each with a tail past its last line at first
-        n = rng.randrange(0, 3) * TG + rng.randrange(TG // 2 + 64, TG)
+        n = rng.randrange(0, 3) * TG + rng.randrange(fork.min_tail(TG), TG)   # 64-255
         reader.feed(sid, [rng.randrange(248320) for _ in range(n)], "prompt")
     for o in [("ask", 0, 2, "end")] + ops:
         sid = sids[o[1]]

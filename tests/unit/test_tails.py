@@ -36,8 +36,8 @@ def _ask(reader: Reader, q_ids, at=None):
     return reader.ask("s", q_ids, list("abcd"), at)
 
 
-@pytest.mark.parametrize("n", [3 * G + 128, 3 * G + 200, 3 * G + 255, 3 * G + 100, 3 * G + 30,
-                               100, 200])
+@pytest.mark.parametrize("n", [3 * G + 128, 3 * G + 200, 3 * G + 255, 3 * G + 100, 3 * G + 64,
+                               3 * G + 63, 3 * G + 30, 100, 200])
 def test_a_kept_tail_gives_the_bits_of_none_of_a_fresh_reader_and_of_the_forwards(tiny, n):
     ids, q_ids = rand_ids(n), rand_ids(40, 1)
     kept = _fresh(tiny, ids)
