@@ -400,8 +400,9 @@ class Scheduler:
     def charge(self, session: str, ms: float) -> None:
         """Count ms more against the open turn's ration (what a slice cost beyond its chunks:
         the syncs and the host-side work around them); later slices expect as much
-        (slice_overhead_ms). On an H100 inside vLLM a slice's two syncs cost about 6 ms
-        beside its 6.5-ms chunk, and slices started on the chunk's estimate alone spent
+        (slice_overhead_ms). On an H100 inside vLLM a slice's syncs cost about 6 ms (most of
+        it the first, waiting for the host's queued steps) beside its 6.5-ms chunk, and
+        slices started on the chunk's estimate alone spent
         44-55 ms of a ration of 31-33 ms (BENCHMARKS.md, "The peer and the host's cost on one
         H100, a second session")."""
         if ms > 0:
