@@ -6,7 +6,7 @@
 #   bash evals/device/vllm_trial.sh follow   S up (the host with the connector), the agents,
 #       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
 #       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again;
-#       with FA4 staged about 6 minutes, its compiles too: `launch S P` in a call of its own)
+#       with FA4 staged up to 7 minutes, its compiles too: `launch S P` in a call of its own)
 #   bash evals/device/vllm_trial.sh cost     S and A (the host alone) up when they are not (A
 #       compiles: about 200 s; on an 80 GB GPU P, the peer, is stopped first), then the host's
 #       cost
