@@ -443,7 +443,8 @@ def simulate_agents(agents: list[list[Request]], cfg: SchedulerConfig, ms_per_1k
     busy, next_start = [False], [math.inf]
     sched = Scheduler(cfg, reader, clock, lambda: busy[0] or clock.t >= next_start[0],
                       CostModel(ms_per_1k(0), cfg.grid))
-    e = _Engine(_Run(clock, reader, sched, busy, next_start), StepBudget(cfg.share, clock),
+    budget = StepBudget(cfg.share, clock, cfg.slice_ms)         # the engine's, as embedded's
+    e = _Engine(_Run(clock, reader, sched, busy, next_start), budget,
                 model, [_Agent(a) for a in agents], last_s=t0)
     _drive(e)
     backlogs = [b for *_, b in e.trace]

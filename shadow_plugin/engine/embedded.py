@@ -78,7 +78,7 @@ class EmbeddedShadow:
         self.cfg = cfg
         self.host = dict(host or {})
         self.service = Service(cfg)
-        self.budget = StepBudget(cfg.scheduler.share)
+        self.budget = StepBudget(cfg.scheduler.share, burst_ms=cfg.scheduler.slice_ms)
         self.turnstile: Turnstile | None = None
         self._follower: Follower | None = None
         self._events: deque = deque()

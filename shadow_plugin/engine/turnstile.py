@@ -7,8 +7,9 @@ engine's steps, and within the host's share in the per-step slot.
   only once the step has ended.
 - `StepBudget`: the per-step slot's engine-wide share. vLLM runs many requests a step; each
   turn's own ration (the scheduler's 2 % of its decode time) would add up across them, so the
-  slot also keeps the whole engine's: the slot's time at most `share` of the steps' time, one
-  session's ration slice a step, the sessions taken in turn.
+  slot also keeps the whole engine's: the slot's time at most `share` of the steps' time (a
+  token bucket that keeps at most one slice of unspent share), one session's ration slice a
+  step, the sessions taken in turn.
 """
 from __future__ import annotations
 
@@ -55,12 +56,19 @@ class Turnstile:
 
 
 class StepBudget:
-    """The slot's share of the engine's time. Args: share (0..1, SHADOW_SHARE); clock (s)."""
+    """The slot's share of the engine's time, as a token bucket: each step adds `share` of its
+    time to the slot's credit, at most `burst_ms` (the scheduler's slice_ms: one slice) kept
+    unspent; the slot runs while the credit is above 0 and its work is taken from it. Without
+    the cap an engine that stepped for an hour while the shadow had nothing to read would have
+    72 s of credit (2 % of 3,600 s), and eight agents' turns, each earning its own 2 %
+    ration, could then take 16 % of the host's time for minutes. Args: share (0..1,
+    SHADOW_SHARE); clock (s); burst_ms (ms, >= 0)."""
 
-    def __init__(self, share: float, clock=time.monotonic):
-        self.share, self.clock = share, clock
+    def __init__(self, share: float, clock=time.monotonic, burst_ms: float = 150.0):
+        self.share, self.clock, self.burst_ms = share, clock, burst_ms
         self.steps_ms = 0.0               # the engine's steps, from their start to their end
         self.slot_ms = 0.0                # the slot's work
+        self.credit_ms = 0.0              # share x steps less the slot's work, <= burst_ms
         self._began: float | None = None
         self._turn = 0
 
@@ -69,16 +77,20 @@ class StepBudget:
 
     def step_ends(self) -> None:
         if self._began is not None:
-            self.steps_ms += (self.clock() - self._began) * 1e3
+            step_ms = (self.clock() - self._began) * 1e3
+            self.steps_ms += step_ms
+            self.credit_ms = min(self.credit_ms + self.share * step_ms, self.burst_ms)
             self._began = None
 
     def next_session(self, sessions: Sequence[str]) -> str | None:
         """The session whose ration slice this step's slot runs (in turn), or None when the
-        slot has used its share of the steps' time."""
-        if not sessions or self.slot_ms >= self.share * self.steps_ms:
+        slot has no credit left (it has used its share of the steps' time)."""
+        if not sessions or self.credit_ms <= 0:
             return None
         self._turn += 1
         return sessions[self._turn % len(sessions)]
 
     def charge(self, ms: float) -> None:
+        """The slot worked ms (taken from the credit, which may go below 0 by one slice)."""
         self.slot_ms += ms
+        self.credit_ms -= ms

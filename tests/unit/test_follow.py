@@ -171,6 +171,41 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert share["lock_wait_ms"] + share["sync_wait_ms"] <= share["slot_ms"]
 
 
+def test_the_engine_wide_share_keeps_at_most_one_slice_of_unspent_credit():
+    """StepBudget is a token bucket: an hour of steps with nothing for the shadow to read
+    leaves it one slice of credit (burst_ms), not 72 s, so the turns that follow get the
+    share of their own steps; below 0 credit (a slice over it) no slot runs until the
+    steps repaid it."""
+    from shadow_plugin.engine.turnstile import StepBudget
+    from shadow_plugin.scheduling.sched_types import VirtualClock
+    clock = VirtualClock()
+    budget = StepBudget(0.02, clock, burst_ms=150.0)
+    assert budget.next_session(["a"]) is None                # no step yet: no credit
+
+    def step(s: float) -> None:
+        budget.step_begins()
+        clock.t += s
+        budget.step_ends()
+    for _ in range(3600):                                     # an hour of 1-s steps, no slot
+        step(1.0)
+    assert budget.credit_ms == 150.0 and budget.steps_ms == pytest.approx(3.6e6)
+    taken = 0.0
+    for _ in range(1000):                                     # 10 s of 10-ms steps, eager slots
+        step(0.01)
+        if budget.next_session(["a", "b"]) is not None:
+            budget.charge(40.0)                               # a slice of 40 ms a time
+            taken += 40.0
+    assert taken <= 0.02 * 10_000 + 150.0 + 40.0             # the share, the burst, one slice
+    assert taken >= 0.02 * 10_000                             # and no less than the share
+    budget.charge(500.0)                                      # a slice far over the credit
+    owed_ms = -budget.credit_ms
+    assert owed_ms >= 500.0 - 150.0 and budget.next_session(["a"]) is None
+    step(owed_ms / 0.02 / 1e3 - 0.5)                          # not yet repaid: still none
+    assert budget.next_session(["a"]) is None
+    step(1.0)                                                 # repaid, 10 ms over: a slot
+    assert budget.next_session(["a"]) is not None and budget.credit_ms == pytest.approx(10.0)
+
+
 def test_events_before_the_model_is_ready_are_kept_in_order(tmp_path):
     cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path / "s",
                         scheduler=SchedulerConfig(grid=G, poll_s=0.02))
