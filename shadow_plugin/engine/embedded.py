@@ -226,7 +226,8 @@ class EmbeddedShadow:
         return {"pid": os.getpid(), "embedded": True, "host": self.host,
                 "stepping": bool(self.turnstile and self.turnstile.stepping),
                 "engine_share": {"slot_ms": self.budget.slot_ms,
-                                 "steps_ms": self.budget.steps_ms, **self._slot_parts()},
+                                 "steps_ms": self.budget.steps_ms,
+                                 "credit_ms": self.budget.credit_ms, **self._slot_parts()},
                 "followed_requests": dict(follower.sessions) if follower else {}}
 
     def _slot_parts(self) -> dict:
