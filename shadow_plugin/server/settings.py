@@ -46,7 +46,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
     ("SHADOW_POLL_S", "", "0.2", "the idle loop's poll"),
     ("SHADOW_IDLE_BURST_S", "", "2", "the idle loop's longest burst"),
     ("SHADOW_SHARE", "", "0.02", "the in-turn ration, a share of the host's decode time"),
-    ("SHADOW_SLICE_MS", "", "150", "the longest ration slice"),
+    ("SHADOW_SLICE_MS", "", "150", "the most chunks' time a ration slice reads (ms); inside "
+     "an engine also the most unspent share the slot keeps"),
     ("SHADOW_TURN_TIMEOUT_S", "", "600", "a turn left open longer is closed"),
     ("SHADOW_IDLE_TRUST", "", "0.5", "how much of the backlog the ration leaves to idle gaps"),
     ("SHADOW_IDLE_AT_FINISH", "", "1", "open the idle window when a turn finishes"),
