@@ -211,7 +211,7 @@ def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
         reader.warm_up()
         assert seen[-1] == (reader.table.store.pool, fork.tail_rows(grid))
         assert seen[-1][0] is not None
-    assert [rows for _, rows in seen] == [[], [128, 192]]
+    assert [rows for _, rows in seen] == [[], [64, 128, 192]]
 
 
 def test_split_graphs_of_a_question_runner_keep_no_states(monkeypatch):
