@@ -234,12 +234,15 @@ class EmbeddedShadow:
         """Where the slot's time went (ms, summed since start): lock_wait_ms, waiting for the
         shadow's lock (held by the events thread or a question's step); sync_wait_ms, the
         slices that read waiting for the host's queued device work (their first sync); the
-        rest of slot_ms is the chunks and their bookkeeping. 0 before the model is up."""
+        rest of slot_ms is the chunks and their bookkeeping; and slice_overhead_ms, what the
+        scheduler now expects a slice to cost beyond its chunks (Scheduler.slice_overhead_ms;
+        read on the engine's thread, the one that charges it). 0 before the model is up."""
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
-            return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0}
+            return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0}
         return {"lock_wait_ms": shadow.slot_lock_wait_ms,
-                "sync_wait_ms": shadow.host.slice_sync_ms}
+                "sync_wait_ms": shadow.host.slice_sync_ms,
+                "slice_overhead_ms": shadow.host.scheduler.slice_overhead_ms()}
 
     def _submit(self, name: str, kwargs: dict, reply_to=None):
         """Queue the question; ("ticket", n, pushed): with a reply_to that this process can

@@ -170,6 +170,7 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert share["slot_ms"] > 0 and share["lock_wait_ms"] >= 0 and share["sync_wait_ms"] >= 0
     assert share["lock_wait_ms"] + share["sync_wait_ms"] <= share["slot_ms"]
     assert share["credit_ms"] <= 150.0                    # at most one slice (slice_ms) unspent
+    assert share["slice_overhead_ms"] >= 0.0              # the slices' syncs, as charged
 
 
 def test_the_engine_wide_share_keeps_at_most_one_slice_of_unspent_credit():

@@ -113,3 +113,52 @@ def test_the_trials_phases_are_wired_to_their_modules():
     assert parser.parse_args(["up", "S"]).func is trial.up
     down = parser.parse_args(["down", "P", "A"])
     assert down.func is trial.down and down.names == ["P", "A"]
+
+
+def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(tmp_path,
+                                                                                 monkeypatch):
+    """evals.vllm.cost over stand-in servers (no vLLM): arms alternate a, b, c with each arm
+    first in turn, each row holds the slot's time, its lock and sync waits and the overhead the
+    scheduler expects of a slice (status engine_share, read before and after the request),
+    and the summary pairs each run's b and c with its a."""
+    from types import SimpleNamespace
+
+    from evals.vllm import cost
+    log = tmp_path / "x.log"
+    log.write_text("GPU KV cache size: 1,000 tokens\n")
+    servers = {n: SimpleNamespace(name=n, log=log) for n in ("A", "S")}
+    script = agents.AgentScript("long", tuple(range(100, 4200)), ((7, 8),), None, ())
+    monkeypatch.setattr(cost, "load_servers", lambda: servers)
+    monkeypatch.setattr(cost.agents, "load", lambda path: [script])
+    monkeypatch.setattr(cost, "trial_dir", lambda: tmp_path)
+    monkeypatch.setattr(cost.time, "sleep", lambda s: None)
+    written = {}
+    monkeypatch.setattr(cost, "write_result", lambda phase, r: written.update({phase: r}))
+    share = {"slot_ms": 0.0, "lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0}
+    sent = []
+
+    def stream_timing(server, prompt, n, params):
+        sent.append((server.name, params))
+        if params and "shadow_session" in params:           # arm c: the slot worked 12 ms
+            share.update(slot_ms=share["slot_ms"] + 12.0, sync_wait_ms=share["sync_wait_ms"] + 5,
+                         slice_overhead_ms=5.5)
+        return {"decode_tok_s": {"A": 200.0, "S": 198.0}[server.name] - (
+            2.0 if params and "shadow_session" in params else 0.0), "ttft_ms": 300.0,
+            "gap_ms_median": 5.0, "slow_gaps_ms": []}
+    monkeypatch.setattr(cost, "stream_timing", stream_timing)
+    monkeypatch.setattr(cost, "shadow_status", lambda server: {
+        "chunks_by_window": {"ration": 0, "idle": 0}, "sessions": {},
+        "engine_share": dict(share)})
+    cost.cost(SimpleNamespace(agents=None, long="long", runs=2, prompt_ids=1024,
+                              new_tokens=8, gap_s=0.0))
+    rows = written["cost"]["rows"]
+    assert [(r["run"], r["arm"]) for r in rows] == [(0, "a"), (0, "b"), (0, "c"),
+                                                    (1, "b"), (1, "c"), (1, "a")]
+    c_rows = [r for r in rows if r["arm"] == "c"]
+    assert all(r["slot_ms"] == 12.0 and r["slot_sync_wait_ms"] == 5.0 and
+               r["slice_overhead_ms"] == 5.5 for r in c_rows)
+    assert [r["slot_ms"] for r in rows if r["arm"] == "b"] == [0.0, 0.0]
+    arms = written["cost"]["arms"]
+    assert arms["c"]["decode_vs_a_pct_each"] == [-2.0, -2.0]
+    assert arms["b"]["decode_vs_a_pct_median"] == pytest.approx(-1.0)
+    assert written["cost"]["capacity"]["S"]["kv_cache_tokens"] == 1000
