@@ -159,10 +159,11 @@ class Runners:
         """Capture the chunk runner, the decode runner, the question runners for these row
         counts (default: `question_bucket_rows()`) and the states-keeping runners of
         kept_rows (`rows`: a fork's tails; with FA4 in the graph one graph per split count
-        each, 50 for 128-448 rows on an H100's 132 SMs (16 and 11 of them at 128 and 192
-        rows), each holding its output GDN states: 19.8 MB on the 0.8B, about 0.99 GB in
-        all); with FA4 in the graph and `pool` (the reader's
-        block_store.KvPool) given, their graphs over that pool (ChunkGraphs.prepare)."""
+        each, 50 for 128-448 rows on an H100's 132 SMs by the split counts they can meet (16
+        and 11 of them at 128 and 192 rows), each holding its output GDN states: 19.8 MB on
+        the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
+        `pool` (the reader's block_store.KvPool) given, their graphs over that pool
+        (ChunkGraphs.prepare)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)

@@ -371,18 +371,17 @@ class Scheduler:
             return "fresh"
         if self.leave_to_idle(session):
             return "idle"
-        if self.cost.estimate(self.port.committed(session)) > self._slice_budget_ms(session) \
-                + EPS_MS:
+        chunk_ms = self.cost.estimate(self.port.committed(session))
+        if chunk_ms > self._slice_budget_ms(session, chunk_ms) + EPS_MS:
             return "ration"
         return None
 
-    def _slice_budget_ms(self, session: str) -> float:
+    def _slice_budget_ms(self, session: str, chunk_ms: float) -> float:
         """What a slice's chunks may cost (ms): the turn's ration less the slice's expected
         overhead, at most slice_ms (slice_ms bounds the chunks; the overhead is paid from the
-        ration). The overhead expected is at most the next chunk's estimate: a stall charged
-        to one slice (a first sync behind the host's long prefill) must not hold the slices
-        off for good, since only a slice that runs is charged anew."""
-        chunk_ms = self.cost.estimate(self.port.committed(session))
+        ration). The overhead expected is at most chunk_ms, the next chunk's estimate (ms): a
+        stall charged to one slice (a first sync behind the host's long prefill) must not hold
+        the slices off for good, since only a slice that runs is charged anew."""
         overhead_ms = min(self.slice_overhead_ms(), chunk_ms)
         return min(self.ration_ms(session) - overhead_ms, self.cfg.slice_ms)
 
@@ -416,7 +415,7 @@ class Scheduler:
         first chunk's estimate), and in slice_ms."""
         if session in self.turns:
             self.turns[session].last_round_s = self.clock()
-        budget = self._slice_budget_ms(session)
+        budget = self._slice_budget_ms(session, self.cost.estimate(self.port.committed(session)))
         spent, done = [0.0], {}
         stop = "fresh"
         if self.leave_to_idle(session):
