@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shadow_plugin.engine.follow import Follower, RequestEvent
+from shadow_plugin.engine.follow import START, Follower, RequestEvent
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
 from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.remote import TICKETED, serve_call
@@ -47,6 +47,8 @@ METRICS_MAX_AGE_S = 5.0                       # the oldest sampler's take a metr
 #                                               out (2 sampling intervals, at most this)
 RESULT_WAIT_MAX_S = 0.02                      # the longest a `result` call holds the engine's
 #                                               loop (only while the host has no requests)
+START_WAIT_S = 0.1                            # the longest a step's start waits for a queued
+#                                               turn's prompt to be applied (_hand_off_prompts)
 
 
 def plain_mode(fn):
@@ -82,8 +84,10 @@ class EmbeddedShadow:
         self.turnstile: Turnstile | None = None
         self._follower: Follower | None = None
         self._events: deque = deque()
-        self._wake = threading.Condition()     # _events, _queued, _applied
+        self._wake = threading.Condition()     # _events, _queued, _applied, _start_due
         self._queued = self._applied = 0
+        self._start_due = 0                    # _applied that the last queued prompt needs
+        self.start_wait_ms = 0.0               # steps' starts waiting for prompts (summed)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -136,12 +140,35 @@ class EmbeddedShadow:
         self.service.busy = True              # the idle window starts no chunk now
         self.budget.step_begins()
         if self.turnstile is not None:
+            self._hand_off_prompts()
             self.turnstile.step_begins()      # waits for the work in flight
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
                 self._queued += len(info.events)
+                if any(ev.kind == START for ev in info.events):
+                    self._start_due = self._queued
                 self._wake.notify_all()
+
+    def _hand_off_prompts(self) -> None:
+        """A turn's prompt queued at an earlier step and not applied yet: wait (at most
+        START_WAIT_S) until the events thread has applied it, before the step closes the
+        turnstile. The engine's thread waits, so the events thread has the GIL and the
+        turnstile: on a GPU the host holds the GIL through its steps, and a woken events
+        thread could wait many steps for it (tests/unit/test_follow.py), while the turn it
+        was to follow went unread in its ration. Costs the step one prompt's apply (about
+        1.6 ms for 16k ids on the 2-core CPU, once a request); summed in start_wait_ms."""
+        with self._wake:
+            if self._applied >= self._start_due:
+                return
+            t0 = time.perf_counter()
+            deadline = time.monotonic() + START_WAIT_S
+            while self._applied < self._start_due and self.service.state != "failed":
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake.wait(left)
+            self.start_wait_ms += (time.perf_counter() - t0) * 1e3
 
     def wait_applied(self, timeout_s: float | None = None) -> bool:
         """Wait until every event queued so far is applied (or the model failed to load);
@@ -236,11 +263,15 @@ class EmbeddedShadow:
         slices that read waiting for the host's queued device work (their first sync); the
         rest of slot_ms is the chunks and their bookkeeping; and slice_overhead_ms, what the
         scheduler now expects a slice to cost beyond its chunks (Scheduler.slice_overhead_ms;
-        read on the engine's thread, the one that charges it). 0 before the model is up."""
+        read on the engine's thread, the one that charges it). 0 before the model is up.
+        Beside them, outside the slot: start_wait_ms, the steps' starts waiting for a turn's
+        prompt to be applied (_hand_off_prompts)."""
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
-            return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0}
-        return {"lock_wait_ms": shadow.slot_lock_wait_ms,
+            return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
+                    "start_wait_ms": self.start_wait_ms}
+        return {"start_wait_ms": self.start_wait_ms,
+                "lock_wait_ms": shadow.slot_lock_wait_ms,
                 "sync_wait_ms": shadow.host.slice_sync_ms,
                 "slice_overhead_ms": shadow.host.scheduler.slice_overhead_ms()}
 

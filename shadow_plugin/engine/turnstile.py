@@ -1,10 +1,10 @@
 """When the shadow may work inside a serving engine's process (docs/vllm.md): between the
 engine's steps, and within the host's share in the per-step slot.
 
-- `Turnstile`: the one lock, admitted only between steps. A step's start closes it and waits
-  for the holder's work in flight (one chunk, one event batch, one question forward), so the
-  host's step waits at most that long; the shadow's threads (events, questions) take it again
-  only once the step has ended.
+- `Turnstile`: the one lock, admitted only between steps. A step's start first lets in the
+  shadow's threads (events, questions) that asked before it, then closes and waits for the
+  work in flight (one chunk, one event batch, one question forward), so the host's step waits
+  at most one hold a thread, and a host that steps back to back still lets them in.
 - `StepBudget`: the per-step slot's engine-wide share. vLLM runs many requests a step; each
   turn's own ration (the scheduler's 2 % of its decode time) would add up across them, so the
   slot also keeps the whole engine's: the slot's time at most `share` of the steps' time (a
@@ -20,35 +20,83 @@ from typing import Sequence
 
 
 class Turnstile:
-    """Args: lock (the one lock: the host interface's, re-entrant)."""
+    """The one lock, admitted between steps, first come first served at each step's start.
 
-    def __init__(self, lock):
+    A shadow thread that asks to get in (`with turnstile():`) is admitted only while no step
+    runs; a step's start (`step_begins`, on the host's thread) first lets in every shadow
+    thread that asked before it (each then does one hold's work: an event batch, a question's
+    step), then closes, then waits for the work in flight (a hold, or the idle loop's chunk,
+    which takes the lock itself). Without the hand-off a host that steps back to back and
+    holds the GIL through each step (vLLM on a GPU: a 4-ms decode step of launches and Python,
+    microseconds between steps) never let the shadow in while it had requests: by the time a
+    woken thread held the GIL the next step had begun (seen on an H100: a turn's prompt
+    reached the shadow only once the host went idle; tests/unit/test_turnstile.py). So a step
+    waits for at most one hold per shadow thread, as the design says (docs/vllm.md).
+
+    Args: lock (the one lock: the host interface's, re-entrant); max_wait_s (how long a step's
+    start waits for the threads that asked before it: a bound against a thread that asked and
+    stalls elsewhere; they come in at a later step's start)."""
+
+    def __init__(self, lock, max_wait_s: float = 1.0):
         self.lock = lock
-        self._between = threading.Event()        # set: no step runs
-        self._between.set()
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition(threading.Lock())   # the fields below
+        self._stepping = False
+        self._due: int | None = None  # while a step starts or runs: the holds it lets in first
+        self._asked = 0               # holds asked for since the start (a hold's ticket)
+        self._settled = 0             # of them, those that got in (or gave up asking)
 
     def step_begins(self) -> None:
-        """Close, then wait for the work in flight (the holder's chunk) to end."""
-        self._between.clear()
+        """Let in the shadow threads that asked before this step (holds asked for meanwhile
+        wait for the next step's start), close, then wait for the work in flight (a hold, the
+        idle loop's chunk) to end."""
+        with self._cond:
+            self._due, deadline = self._asked, time.monotonic() + self.max_wait_s
+            while self._settled < self._due:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._stepping = True
         with self.lock:
             pass
 
     def step_ends(self) -> None:
-        self._between.set()
+        with self._cond:
+            self._stepping, self._due = False, None
+            self._cond.notify_all()
 
     @property
     def stepping(self) -> bool:
-        return not self._between.is_set()
+        return self._stepping
+
+    def _shut(self, ticket: int) -> bool:
+        """Whether the hold `ticket` must wait now (a step runs, or starts after it asked)."""
+        return self._stepping or (self._due is not None and ticket >= self._due)
 
     @contextmanager
     def __call__(self):
         """Hold the lock between two steps (waiting for the step in progress to end)."""
-        while True:
-            self._between.wait()
-            self.lock.acquire()
-            if self._between.is_set():
-                break
-            self.lock.release()                 # a step began meanwhile: let it run
+        with self._cond:
+            ticket = self._asked
+            self._asked += 1
+        try:
+            while True:
+                with self._cond:
+                    while self._shut(ticket):
+                        self._cond.wait()
+                self.lock.acquire()
+                with self._cond:
+                    if not self._shut(ticket):  # in: counted while the lock is held, so the
+                        self._settled += 1      # step that waited for it waits for the hold
+                        self._cond.notify_all()
+                        break
+                self.lock.release()             # a step began meanwhile: let it run
+        except BaseException:
+            with self._cond:                    # never in: the steps stop waiting for it
+                self._settled += 1
+                self._cond.notify_all()
+            raise
         try:
             yield
         finally:

@@ -119,7 +119,8 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
                                                                                  monkeypatch):
     """evals.vllm.cost over stand-in servers (no vLLM): arms alternate a, b, c with each arm
     first in turn, each row holds the slot's time, its lock and sync waits and the overhead the
-    scheduler expects of a slice (status engine_share, read before and after the request),
+    scheduler expects of a slice and the steps' waits for the turn's prompt (status
+    engine_share, read before and after the request),
     and the summary pairs each run's b and c with its a."""
     from types import SimpleNamespace
 
@@ -134,14 +135,15 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
     monkeypatch.setattr(cost.time, "sleep", lambda s: None)
     written = {}
     monkeypatch.setattr(cost, "write_result", lambda phase, r: written.update({phase: r}))
-    share = {"slot_ms": 0.0, "lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0}
+    share = {"slot_ms": 0.0, "lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
+             "start_wait_ms": 0.0}
     sent = []
 
     def stream_timing(server, prompt, n, params):
         sent.append((server.name, params))
         if params and "shadow_session" in params:           # arm c: the slot worked 12 ms
             share.update(slot_ms=share["slot_ms"] + 12.0, sync_wait_ms=share["sync_wait_ms"] + 5,
-                         slice_overhead_ms=5.5)
+                         slice_overhead_ms=5.5, start_wait_ms=share["start_wait_ms"] + 1.5)
         return {"decode_tok_s": {"A": 200.0, "S": 198.0}[server.name] - (
             2.0 if params and "shadow_session" in params else 0.0), "ttft_ms": 300.0,
             "gap_ms_median": 5.0, "slow_gaps_ms": []}
@@ -156,8 +158,8 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
                                                     (1, "b"), (1, "c"), (1, "a")]
     c_rows = [r for r in rows if r["arm"] == "c"]
     assert all(r["slot_ms"] == 12.0 and r["slot_sync_wait_ms"] == 5.0 and
-               r["slice_overhead_ms"] == 5.5 for r in c_rows)
-    assert [r["slot_ms"] for r in rows if r["arm"] == "b"] == [0.0, 0.0]
+               r["slice_overhead_ms"] == 5.5 and r["start_wait_ms"] == 1.5 for r in c_rows)
+    assert [(r["slot_ms"], r["start_wait_ms"]) for r in rows if r["arm"] == "b"] == [(0.0, 0.0)] * 2
     arms = written["cost"]["arms"]
     assert arms["c"]["decode_vs_a_pct_each"] == [-2.0, -2.0]
     assert arms["b"]["decode_vs_a_pct_median"] == pytest.approx(-1.0)

@@ -1,0 +1,130 @@
+"""shadow_plugin.engine.turnstile: the turnstile between a serving engine's steps (the shadow's
+threads, request events and questions, get in between two steps even when the host's thread
+steps back to back and holds the GIL through each step: vLLM on a GPU, about 4 ms a decode step
+of launches and Python, a few microseconds between steps; and never while a step runs), and
+the per-step slot's engine-wide share (StepBudget)."""
+import threading
+import time
+
+import pytest
+
+from shadow_plugin.engine.turnstile import StepBudget, Turnstile
+from shadow_plugin.scheduling.sched_types import VirtualClock
+
+
+def _spin(s: float) -> None:
+    """Busy for s seconds in Python, holding the GIL (as the host's thread does in a step)."""
+    end = time.perf_counter() + s
+    while time.perf_counter() < end:
+        pass
+
+
+class _Host:
+    """A host thread stepping back to back: step_begins, `step_s` of Python, step_ends."""
+
+    def __init__(self, ts: Turnstile, step_s: float = 0.002):
+        self.ts, self.step_s = ts, step_s
+        self.steps = 0
+        self.in_step = False
+        self.overlaps = 0            # shadow holds that saw a step running
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.ts.step_begins()
+            self.in_step = True
+            _spin(self.step_s)
+            self.in_step = False
+            self.steps += 1
+            self.ts.step_ends()
+
+    def __enter__(self):
+        self.thread.start()
+        while self.steps < 3:
+            time.sleep(0.001)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+
+
+def test_a_shadow_thread_gets_in_between_back_to_back_steps_that_hold_the_gil():
+    """Each of 20 holds asked for while the host steps back to back gets in within two steps
+    of asking, between steps (never while one runs); the host keeps stepping."""
+    ts = Turnstile(threading.RLock())
+    waits = []
+    with _Host(ts) as host:
+        for _ in range(20):
+            asked = host.steps
+            with ts():
+                if host.in_step:
+                    host.overlaps += 1
+                waits.append(host.steps - asked)
+                _spin(0.0005)                     # the hold's work: an event batch
+        stepped = host.steps
+    assert host.overlaps == 0
+    assert max(waits) <= 2, waits
+    assert stepped >= 20
+
+
+def test_the_host_waits_for_a_hold_in_flight_and_admits_only_those_that_asked_before_it():
+    """A hold that got in finishes before the next step starts (the step waits for it); a
+    shadow thread that asks again at once does not hold the host off for more than one hold
+    a step."""
+    ts = Turnstile(threading.RLock())
+    holds, stop = [], threading.Event()
+
+    def greedy() -> None:                          # asks again as soon as it is out
+        while not stop.is_set():
+            with ts():
+                holds.append(host.steps)
+                _spin(0.001)
+
+    with _Host(ts) as host:
+        t = threading.Thread(target=greedy, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        stop.set()
+        t.join(5)
+        steps = host.steps
+    # at most one hold between two steps (the greedy thread's next ask waits for the next gap)
+    per_gap = {}
+    for s in holds:
+        per_gap[s] = per_gap.get(s, 0) + 1
+    assert holds and max(per_gap.values()) == 1, per_gap
+    assert steps >= len(holds) - 1
+
+
+def test_the_engine_wide_share_keeps_at_most_one_slice_of_unspent_credit():
+    """StepBudget is a token bucket: an hour of steps with nothing for the shadow to read
+    leaves it one slice of credit (burst_ms), not 72 s, so the turns that follow get the
+    share of their own steps; below 0 credit (a slice over it) no slot runs until the
+    steps repaid it."""
+    clock = VirtualClock()
+    budget = StepBudget(0.02, clock, burst_ms=150.0)
+    assert budget.next_session(["a"]) is None                # no step yet: no credit
+
+    def step(s: float) -> None:
+        budget.step_begins()
+        clock.t += s
+        budget.step_ends()
+    for _ in range(3600):                                     # an hour of 1-s steps, no slot
+        step(1.0)
+    assert budget.credit_ms == 150.0 and budget.steps_ms == pytest.approx(3.6e6)
+    taken = 0.0
+    for _ in range(1000):                                     # 10 s of 10-ms steps, eager slots
+        step(0.01)
+        if budget.next_session(["a", "b"]) is not None:
+            budget.charge(40.0)                               # a slice of 40 ms a time
+            taken += 40.0
+    assert taken <= 0.02 * 10_000 + 150.0 + 40.0             # the share, the burst, one slice
+    assert taken >= 0.02 * 10_000                             # and no less than the share
+    budget.charge(500.0)                                      # a slice far over the credit
+    owed_ms = -budget.credit_ms
+    assert owed_ms >= 500.0 - 150.0 and budget.next_session(["a"]) is None
+    step(owed_ms / 0.02 / 1e3 - 0.5)                          # not yet repaid: still none
+    assert budget.next_session(["a"]) is None
+    step(1.0)                                                 # repaid, 10 ms over: a slot
+    assert budget.next_session(["a"]) is not None and budget.credit_ms == pytest.approx(10.0)
