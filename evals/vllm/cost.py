@@ -91,14 +91,21 @@ def cost(args) -> None:
 
 
 def summarize_cost(rows: list[dict], host_a: VllmServer, host_s: VllmServer) -> dict:
-    """Per arm: median and mean decode tok/s and TTFT, the paired deltas against arm a (each
-    run's b or c against the same run's a), and each server's KV-cache capacity."""
+    """Per arm: median and mean decode tok/s and TTFT, the chunks its turns' ration read and in
+    how many runs (c's reading in the turn is what it measures: on an H100 a starved events
+    thread once left it at 2 chunks in 6 runs), the paired deltas against arm a (each run's b
+    or c against the same run's a), and each server's KV-cache capacity."""
     arms = {}
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
         if not mine:
             continue
         arms[arm] = {"runs": len(mine),
+                     # whether the arm did what it names: c's ration read in its turns
+                     "ration_chunks": sum(r.get("shadow_chunks", {}).get("ration", 0)
+                                          for r in mine),
+                     "runs_with_ration": sum(1 for r in mine
+                                             if r.get("shadow_chunks", {}).get("ration", 0)),
                      "decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in mine),
                      "decode_tok_s_mean": statistics.fmean(r["decode_tok_s"] for r in mine),
                      "ttft_ms_median": statistics.median(r["ttft_ms"] for r in mine),

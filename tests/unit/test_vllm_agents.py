@@ -144,12 +144,14 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
         if params and "shadow_session" in params:           # arm c: the slot worked 12 ms
             share.update(slot_ms=share["slot_ms"] + 12.0, sync_wait_ms=share["sync_wait_ms"] + 5,
                          slice_overhead_ms=5.5, start_wait_ms=share["start_wait_ms"] + 1.5)
+            windows["ration"] += 2                          # two ration chunks in the turn
         return {"decode_tok_s": {"A": 200.0, "S": 198.0}[server.name] - (
             2.0 if params and "shadow_session" in params else 0.0), "ttft_ms": 300.0,
             "gap_ms_median": 5.0, "slow_gaps_ms": []}
     monkeypatch.setattr(cost, "stream_timing", stream_timing)
+    windows = {"ration": 0, "idle": 0}
     monkeypatch.setattr(cost, "shadow_status", lambda server: {
-        "chunks_by_window": {"ration": 0, "idle": 0}, "sessions": {},
+        "chunks_by_window": dict(windows), "sessions": {},
         "engine_share": dict(share)})
     cost.cost(SimpleNamespace(agents=None, long="long", runs=2, prompt_ids=1024,
                               new_tokens=8, gap_s=0.0))
@@ -161,6 +163,8 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
                r["slice_overhead_ms"] == 5.5 and r["start_wait_ms"] == 1.5 for r in c_rows)
     assert [(r["slot_ms"], r["start_wait_ms"]) for r in rows if r["arm"] == "b"] == [(0.0, 0.0)] * 2
     arms = written["cost"]["arms"]
+    assert (arms["c"]["ration_chunks"], arms["c"]["runs_with_ration"]) == (4, 2)
+    assert (arms["b"]["ration_chunks"], arms["b"]["runs_with_ration"]) == (0, 0)
     assert arms["c"]["decode_vs_a_pct_each"] == [-2.0, -2.0]
     assert arms["b"]["decode_vs_a_pct_median"] == pytest.approx(-1.0)
     assert written["cost"]["capacity"]["S"]["kv_cache_tokens"] == 1000
