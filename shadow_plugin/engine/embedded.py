@@ -123,14 +123,22 @@ class EmbeddedShadow:
                     return
                 batch = list(self._events)
                 self._events.clear()
-            with self.turnstile():
-                try:
-                    self._follower.apply(batch)
-                except ValueError as e:
-                    log.warning("shadow: request events skipped: %s", e)
+            self._apply(batch)
             with self._wake:
                 self._applied += len(batch)
                 self._wake.notify_all()
+
+    def _apply(self, batch: list[RequestEvent]) -> None:
+        """Apply one batch of events between steps; a batch that fails is logged and skipped:
+        the thread must outlive it, or the events after it would never be applied, and every
+        later step's start would wait START_WAIT_S for a prompt (_hand_off_prompts)."""
+        try:
+            with self.turnstile():
+                self._follower.apply(batch)
+        except ValueError as e:                # bad events (Follower.apply): the others ran
+            log.warning("shadow: request events skipped: %s", e)
+        except Exception:                      # a restore that failed, a bug: the batch's rest
+            log.exception("shadow: a batch of request events failed; the thread goes on")
 
     # -- the engine's step ----------------------------------------------------------------------
     def begin_step(self, info: StepInfo) -> None:
