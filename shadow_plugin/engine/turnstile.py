@@ -45,6 +45,7 @@ class Turnstile:
         self._due: int | None = None  # while a step starts or runs: the holds it lets in first
         self._asked = 0               # holds asked for since the start (a hold's ticket)
         self._settled = 0             # of them, those that got in (or gave up asking)
+        self._inside = threading.local()  # depth: this thread's holds, nested
 
     def step_begins(self) -> None:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
@@ -76,7 +77,26 @@ class Turnstile:
 
     @contextmanager
     def __call__(self):
-        """Hold the lock between two steps (waiting for the step in progress to end)."""
+        """Hold the lock between two steps (waiting for the step in progress to end). A hold
+        nested in the same thread's hold re-enters the lock at once, with no ticket: the step
+        that starts meanwhile waits for the outer hold, and would wait for good for an inner
+        one that waited for the step."""
+        inside = self._inside
+        if getattr(inside, "depth", 0):
+            self.lock.acquire()
+        else:
+            self._get_in()
+        inside.depth = getattr(inside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            inside.depth -= 1
+            self.lock.release()
+
+    def _get_in(self) -> None:
+        """Take a ticket and wait for the lock until no step runs or starts after it; the
+        lock is held on return. Settled either way (in, or raised), so no step waits for
+        it after."""
         with self._cond:
             ticket = self._asked
             self._asked += 1
@@ -90,17 +110,13 @@ class Turnstile:
                     if not self._shut(ticket):  # in: counted while the lock is held, so the
                         self._settled += 1      # step that waited for it waits for the hold
                         self._cond.notify_all()
-                        break
+                        return
                 self.lock.release()             # a step began meanwhile: let it run
         except BaseException:
             with self._cond:                    # never in: the steps stop waiting for it
                 self._settled += 1
                 self._cond.notify_all()
             raise
-        try:
-            yield
-        finally:
-            self.lock.release()
 
 
 class StepBudget:

@@ -128,3 +128,71 @@ def test_the_engine_wide_share_keeps_at_most_one_slice_of_unspent_credit():
     assert budget.next_session(["a"]) is None
     step(1.0)                                                 # repaid, 10 ms over: a slot
     assert budget.next_session(["a"]) is not None and budget.credit_ms == pytest.approx(10.0)
+
+
+def test_a_hold_nested_in_the_same_threads_hold_does_not_wait_for_a_step_that_waits_for_it():
+    """A thread inside a hold that asks again (a nested `with turnstile():`) while a step
+    starts: the step waits for the outer hold, so the inner one must not wait for the step
+    (it did, for its ticket was asked after the step's start: both threads hung for good); it
+    re-enters the lock at once, and the step runs once the outer hold ends."""
+    ts = Turnstile(threading.RLock())
+    inside, nested, order = threading.Event(), threading.Event(), []
+
+    def shadow_thread() -> None:
+        with ts():
+            inside.set()
+            nested.wait(5)
+            with ts():
+                order.append("inner")
+            order.append("outer")
+
+    t = threading.Thread(target=shadow_thread, daemon=True)
+    t.start()
+    assert inside.wait(5)
+    host = threading.Thread(target=lambda: (ts.step_begins(), order.append("step")), daemon=True)
+    host.start()
+    time.sleep(0.05)                               # the step's start waits for the hold
+    nested.set()
+    t.join(3)
+    host.join(3)
+    assert not t.is_alive() and not host.is_alive()
+    assert order == ["inner", "outer", "step"]
+    ts.step_ends()
+    assert ts._asked == ts._settled == 1           # the nested hold took no ticket
+
+
+def test_failed_holds_leave_the_tickets_balanced():
+    """A hold whose body raises, and one whose lock.acquire raises, are settled: the next
+    step's start waits for nobody (not max_wait_s)."""
+    class FlakyLock:
+        def __init__(self):
+            self.lock, self.failures = threading.RLock(), 0
+
+        def acquire(self):
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("acquire failed")
+            return self.lock.acquire()
+
+        def release(self):
+            self.lock.release()
+
+        def __enter__(self):
+            self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+
+    lock = FlakyLock()
+    ts = Turnstile(lock)
+    with pytest.raises(KeyError):
+        with ts():
+            raise KeyError("body")
+    lock.failures = 1
+    with pytest.raises(RuntimeError):
+        with ts():
+            pass
+    t0 = time.perf_counter()
+    ts.step_begins()
+    assert time.perf_counter() - t0 < 0.1 and ts._asked == ts._settled == 2
+    ts.step_ends()
