@@ -165,7 +165,10 @@ class EmbeddedShadow:
         turnstile: on a GPU the host holds the GIL through its steps, and a woken events
         thread could wait many steps for it (tests/unit/test_follow.py), while the turn it
         was to follow went unread in its ration. Costs the step one prompt's apply (about
-        1.6 ms for 16k ids on the 2-core CPU, once a request); summed in start_wait_ms."""
+        1.6 ms for 16k ids on the 2-core CPU, once a request); summed in start_wait_ms. The
+        turnstile is open meanwhile, so a question thread may take more than its one hold
+        then (a review measured up to 6 holds of 1 ms in one hand-off); bounded by
+        START_WAIT_S, and only while a prompt waits."""
         with self._wake:
             if self._applied >= self._start_due:
                 return
@@ -328,7 +331,7 @@ class EmbeddedShadow:
             return
         with self._wake:
             self._closed = True
-            self._wake.notify()
+            self._wake.notify_all()
         if self.turnstile is not None:
             self.turnstile.step_ends()        # a question waiting for a step's end goes on
         self._questions.shutdown(wait=False, cancel_futures=True)

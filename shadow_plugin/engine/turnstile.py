@@ -50,8 +50,12 @@ class Turnstile:
     def step_begins(self) -> None:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
         wait for the next step's start), close, then wait for the work in flight (a hold, the
-        idle loop's chunk) to end."""
+        idle loop's chunk) to end. A start with no end of the step before it (an engine that
+        skipped one) opens the gate first: its thread is between steps."""
         with self._cond:
+            if self._stepping:
+                self._stepping = False
+                self._cond.notify_all()
             self._due, deadline = self._asked, time.monotonic() + self.max_wait_s
             while self._settled < self._due:
                 left = deadline - time.monotonic()

@@ -196,3 +196,24 @@ def test_failed_holds_leave_the_tickets_balanced():
     ts.step_begins()
     assert time.perf_counter() - t0 < 0.1 and ts._asked == ts._settled == 2
     ts.step_ends()
+
+
+def test_a_step_start_with_no_end_before_it_still_lets_a_waiting_hold_in():
+    """An engine that starts a step twice (no end between) is between steps at the second
+    start: a hold that asked meanwhile gets in there, not after the 1-s bound."""
+    ts = Turnstile(threading.RLock())
+    ts.step_begins()                                  # a step, never ended
+    entered = threading.Event()
+
+    def hold() -> None:
+        with ts():
+            entered.set()
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    time.sleep(0.05)                                  # it asked, and waits for the step
+    assert not entered.is_set()
+    t0 = time.monotonic()
+    ts.step_begins()                                  # the next start: it gets in first
+    assert entered.is_set() and time.monotonic() - t0 < 0.5
+    ts.step_ends()
+    t.join(5)
