@@ -27,12 +27,19 @@ class AskPool:
     worker. Its counters are touched from the event loop only."""
 
     def __init__(self, workers: int, queue: int):
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
+        self.resize(workers, queue)
+        self.num_in = 0                   # questions running or queued
+
+    def resize(self, workers: int, queue: int) -> None:
+        """Set the sizes (before the first question: its threads start then). ValueError for
+        workers < 1 or queue < 0; RuntimeError once a question has run."""
         if workers < 1 or queue < 0:
             raise ValueError(f"the question pool needs workers >= 1 and queue >= 0, got "
                              f"{workers} and {queue}")
+        if self._executor is not None:
+            raise RuntimeError("the question pool's threads have started: its size is fixed")
         self.workers, self.queue = workers, queue
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None   # on first use
-        self.num_in = 0                   # questions running or queued
 
     @property
     def full(self) -> bool:

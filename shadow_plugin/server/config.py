@@ -126,6 +126,17 @@ class ServiceConfig:
     max_tails: int = 8
 
     @classmethod
+    def from_env_with(cls, extra: dict | None, env=None) -> "ServiceConfig":
+        """from_env with `extra`'s entries over the variables (a key SHADOW_NAME or NAME, any
+        case; a value as its text): vLLM's kv_connector_extra_config. ValueError naming a
+        variable that does not parse."""
+        merged = dict(os.environ if env is None else env)
+        for key, value in (extra or {}).items():
+            name = str(key).upper()
+            merged[name if name.startswith("SHADOW_") else f"SHADOW_{name}"] = str(value)
+        return cls.from_env(merged)
+
+    @classmethod
     def from_env(cls, env=None) -> "ServiceConfig":
         """Read the variables above; ValueError naming a variable that does not parse."""
         env = os.environ if env is None else env

@@ -67,13 +67,9 @@ class ShadowMetadata(KVConnectorMetadata):
 
 def settings(extra: dict[str, Any] | None, environ=None) -> ServiceConfig:
     """ServiceConfig from the SHADOW_* variables, with kv_connector_extra_config's entries
-    (SHADOW_NAME or name, any case) over them. ValueError naming a bad one."""
-    env = dict(os.environ if environ is None else environ)
-    for key, value in (extra or {}).items():
-        name = key.upper()
-        env[name if name.startswith("SHADOW_") else f"SHADOW_{name}"] = \
-            str(value)
-    return ServiceConfig.from_env(env)
+    (SHADOW_NAME or name, any case) over them (ServiceConfig.from_env_with). ValueError
+    naming a bad one."""
+    return ServiceConfig.from_env_with(extra, environ)
 
 
 def _client_params(request) -> tuple[dict, ...]:

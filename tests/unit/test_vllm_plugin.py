@@ -309,3 +309,40 @@ def test_the_installed_vllm_offers_what_data_parallelism_relies_on():
     assert "_dp{dp_rank}" in inspect.getsource(EngineCoreProc.run_engine_core)
     from vllm.entrypoints.generate.base import serving
     assert "X-data-parallel-rank" in inspect.getsource(serving)
+
+
+def test_the_question_pool_takes_its_size_from_kv_connector_extra_config(monkeypatch, caplog):
+    """SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE in kv_connector_extra_config size the API
+    server's question pool, over the environment, as the worker's settings read them; a bad
+    one is logged and the environment's size kept."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    monkeypatch.setenv("SHADOW_ASK_WORKERS", "3")
+    for extra, expected in (({"ask_workers": 5, "SHADOW_ASK_QUEUE": "7"}, (5, 7)),
+                            ({"ask_workers": "many"}, (3, 32)), ({}, (3, 32))):
+        plugin, engine = endpoint.ShadowEndpoint(), _Engine()
+        engine.vllm_config = _vllm_config(types.SimpleNamespace(data_parallel_size=1), extra)
+        app = FastAPI()
+        plugin.attach_router(app)
+        assert (plugin.pool.workers, plugin.pool.queue) == (3, 32)      # the environment's
+
+        async def init(_app, plugin=plugin, engine=engine):
+            await plugin.init_state(engine, None, None)
+
+        with caplog.at_level(logging.WARNING), TestClient(app) as client:
+            client.portal.call(init, app)
+            assert (plugin.pool.workers, plugin.pool.queue) == expected
+        if extra.get("ask_workers") == "many":
+            assert any("keeps its size" in r.getMessage() for r in caplog.records)
+
+
+def test_the_question_pools_size_is_fixed_once_its_threads_started():
+    from shadow_plugin.server.ask_pool import AskPool
+    pool = AskPool(2, 4)
+    pool.resize(3, 5)
+    assert (pool.workers, pool.queue) == (3, 5)
+    with pytest.raises(ValueError, match="workers >= 1"):
+        pool.resize(0, 5)
+    pool._executor = object()              # as after the first question
+    with pytest.raises(RuntimeError, match="fixed"):
+        pool.resize(4, 4)
