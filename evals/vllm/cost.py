@@ -67,9 +67,10 @@ def cost(args) -> None:
             row["slot_ms"] = share.get("slot_ms", 0.0) - share_before.get("slot_ms", 0.0)
             for part in ("lock_wait_ms", "sync_wait_ms"):     # where the slot's time went
                 row[f"slot_{part}"] = share.get(part, 0.0) - share_before.get(part, 0.0)
-            # outside the slot: the steps' starts waiting for the turn's prompt to be applied
-            row["start_wait_ms"] = share.get("start_wait_ms", 0.0) - \
-                share_before.get("start_wait_ms", 0.0)
+            # outside the slot, what the steps' starts waited for: the turn's prompt to be
+            # applied, and the turnstile (event batches, questions, the idle chunk in flight)
+            for part in ("start_wait_ms", "gate_wait_ms"):
+                row[part] = share.get(part, 0.0) - share_before.get(part, 0.0)
             # what the scheduler expects a ration slice to cost beyond its chunks, after it
             row["slice_overhead_ms"] = share.get("slice_overhead_ms", 0.0)
             after = wait_idle(host_s, 60)["chunks_by_window"]     # and what the gap read
@@ -82,7 +83,8 @@ def cost(args) -> None:
                   f"gap after it {row['shadow_chunks_with_gap']}), slot {row['slot_ms']:.1f} "
                   f"ms (lock {row['slot_lock_wait_ms']:.1f}, sync {row['slot_sync_wait_ms']:.1f}"
                   f"; a slice's overhead expected {row['slice_overhead_ms']:.1f}), the prompt's "
-                  f"hand-off {row['start_wait_ms']:.1f} ms, token gaps "
+                  f"hand-off {row['start_wait_ms']:.1f} ms, the turnstile "
+                  f"{row['gate_wait_ms']:.1f} ms, token gaps "
                   f"median {row['gap_ms_median']:.2f} ms, slow "
                   f"{[round(g, 1) for g in row['slow_gaps_ms']]}", flush=True)
             (trial_dir() / "cost.json").write_text(json.dumps(     # kept should the call end

@@ -88,6 +88,7 @@ class EmbeddedShadow:
         self._queued = self._applied = 0
         self._start_due = 0                    # _applied that the last queued prompt needs
         self.start_wait_ms = 0.0               # steps' starts waiting for prompts (summed)
+        self.gate_wait_ms = 0.0                # ... for the shadow's holds (summed)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -149,7 +150,9 @@ class EmbeddedShadow:
         self.budget.step_begins()
         if self.turnstile is not None:
             self._hand_off_prompts()
+            t0 = time.perf_counter()
             self.turnstile.step_begins()      # waits for the work in flight
+            self.gate_wait_ms += (time.perf_counter() - t0) * 1e3
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
@@ -275,13 +278,16 @@ class EmbeddedShadow:
         rest of slot_ms is the chunks and their bookkeeping; and slice_overhead_ms, what the
         scheduler now expects a slice to cost beyond its chunks (Scheduler.slice_overhead_ms;
         read on the engine's thread, the one that charges it). 0 before the model is up.
-        Beside them, outside the slot: start_wait_ms, the steps' starts waiting for a turn's
-        prompt to be applied (_hand_off_prompts)."""
+        Beside them, outside the slot, what the steps' starts waited for: start_wait_ms, a
+        turn's prompt to be applied (_hand_off_prompts); gate_wait_ms, the turnstile (the
+        holds that asked before the step: event batches, questions' steps; the idle loop's
+        chunk in flight)."""
+        waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
-                    "start_wait_ms": self.start_wait_ms}
-        return {"start_wait_ms": self.start_wait_ms,
+                    **waits}
+        return {**waits,
                 "lock_wait_ms": shadow.slot_lock_wait_ms,
                 "sync_wait_ms": shadow.host.slice_sync_ms,
                 "slice_overhead_ms": shadow.host.scheduler.slice_overhead_ms()}

@@ -172,6 +172,7 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert share["credit_ms"] <= 150.0                    # at most one slice (slice_ms) unspent
     assert share["slice_overhead_ms"] >= 0.0              # the slices' syncs, as charged
     assert share["start_wait_ms"] >= 0.0                  # steps waiting for a prompt's apply
+    assert share["gate_wait_ms"] > 0.0                    # ... and at the turnstile (timed)
 
 
 def _spin_step(emb, events=(), running=(), has_requests=True, host_s=0.003):

@@ -136,14 +136,15 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
     written = {}
     monkeypatch.setattr(cost, "write_result", lambda phase, r: written.update({phase: r}))
     share = {"slot_ms": 0.0, "lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
-             "start_wait_ms": 0.0}
+             "start_wait_ms": 0.0, "gate_wait_ms": 0.0}
     sent = []
 
     def stream_timing(server, prompt, n, params):
         sent.append((server.name, params))
         if params and "shadow_session" in params:           # arm c: the slot worked 12 ms
             share.update(slot_ms=share["slot_ms"] + 12.0, sync_wait_ms=share["sync_wait_ms"] + 5,
-                         slice_overhead_ms=5.5, start_wait_ms=share["start_wait_ms"] + 1.5)
+                         slice_overhead_ms=5.5, start_wait_ms=share["start_wait_ms"] + 1.5,
+                         gate_wait_ms=share["gate_wait_ms"] + 0.5)
             windows["ration"] += 2                          # two ration chunks in the turn
         return {"decode_tok_s": {"A": 200.0, "S": 198.0}[server.name] - (
             2.0 if params and "shadow_session" in params else 0.0), "ttft_ms": 300.0,
@@ -160,7 +161,8 @@ def test_the_cost_phase_records_each_runs_slot_and_the_slices_expected_overhead(
                                                     (1, "b"), (1, "c"), (1, "a")]
     c_rows = [r for r in rows if r["arm"] == "c"]
     assert all(r["slot_ms"] == 12.0 and r["slot_sync_wait_ms"] == 5.0 and
-               r["slice_overhead_ms"] == 5.5 and r["start_wait_ms"] == 1.5 for r in c_rows)
+               r["slice_overhead_ms"] == 5.5 and r["start_wait_ms"] == 1.5 and
+               r["gate_wait_ms"] == 0.5 for r in c_rows)
     assert [(r["slot_ms"], r["start_wait_ms"]) for r in rows if r["arm"] == "b"] == [(0.0, 0.0)] * 2
     arms = written["cost"]["arms"]
     assert (arms["c"]["ration_chunks"], arms["c"]["runs_with_ration"]) == (4, 2)
