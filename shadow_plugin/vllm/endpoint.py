@@ -150,6 +150,7 @@ class ShadowEndpoint:
         cfg = ServiceConfig.from_env()
         door = RankedService(self.call_rank, self.call_all, lambda: self.num_ranks)
         self.pool = AskPool(cfg.ask_workers, cfg.ask_queue)      # sized again at init_state
+        self.collector = Collector(lambda: self.metrics, cfg.metrics_sessions)   # and this
         app.include_router(question_router(door, self.pool))
         app.include_router(dashboard_router(self.history))
         self._stop_at_lifespan_end(app)
@@ -199,7 +200,7 @@ class ShadowEndpoint:
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
-        self._size_pool(engine_client)
+        self._apply_settings(engine_client)
         self.engines = engine_identities(engine_client)
         num_dp = data_parallel_size(engine_client)
         if num_dp > 1 and not self.engines:
@@ -217,22 +218,26 @@ class ShadowEndpoint:
         self._task = loop.create_task(self._refresh_metrics())
         self._stop_first(engine_client, loop)
 
-    def _size_pool(self, engine_client) -> None:
-        """The question pool's size (SHADOW_ASK_WORKERS, SHADOW_ASK_QUEUE) from
-        kv_connector_extra_config over the environment, as the worker reads its settings:
-        attach_router runs before vLLM's config is at hand, so it read the environment alone.
-        A setting that does not parse is the worker's to refuse (its load fails naming it):
-        logged here, and the environment's size kept."""
+    def _apply_settings(self, engine_client) -> None:
+        """The API server's own settings from kv_connector_extra_config over the environment,
+        as the worker reads its: the question pool's size (SHADOW_ASK_WORKERS,
+        SHADOW_ASK_QUEUE) and the sessions with /metrics series of their own
+        (SHADOW_METRICS_SESSIONS). attach_router runs before vLLM's config is at hand, so it
+        read the environment alone. A setting that does not parse is the worker's to refuse
+        (its load fails naming it): logged here, and the environment's kept. (The dashboard's
+        history on vLLM samples every METRICS_EVERY_S and keeps HISTORY_SAMPLES.)"""
         kv = getattr(getattr(engine_client, "vllm_config", None), "kv_transfer_config", None)
         extra = getattr(kv, "kv_connector_extra_config", None)
-        if not extra or self.pool is None:
-            return
         try:
             cfg = ServiceConfig.from_env_with(extra)
-            self.pool.resize(cfg.ask_workers, cfg.ask_queue)
+            self.collector = Collector(lambda: self.metrics, cfg.metrics_sessions)
+            if self.pool is not None and extra:
+                self.pool.resize(cfg.ask_workers, cfg.ask_queue)
         except (ValueError, RuntimeError) as e:
-            log.warning("shadow: the question pool keeps its size from the environment "
-                        "(%d workers, queue %d): %s", self.pool.workers, self.pool.queue, e)
+            log.warning("shadow: the API server keeps its settings from the environment "
+                        "(question pool %s, %d sessions with /metrics series): %s",
+                        self.pool and (self.pool.workers, self.pool.queue),
+                        self.collector.max_session_series, e)
 
     def _stop_first(self, engine_client, loop) -> None:
         """On a planned stop (SIGTERM) vLLM's front end stops the engine at once (killing its

@@ -313,27 +313,32 @@ def test_the_installed_vllm_offers_what_data_parallelism_relies_on():
 
 def test_the_question_pool_takes_its_size_from_kv_connector_extra_config(monkeypatch, caplog):
     """SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE in kv_connector_extra_config size the API
-    server's question pool, over the environment, as the worker's settings read them; a bad
-    one is logged and the environment's size kept."""
+    server's question pool, and SHADOW_METRICS_SESSIONS its /metrics series, over the
+    environment, as the worker's settings read them; a bad one is logged and the
+    environment's kept."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     monkeypatch.setenv("SHADOW_ASK_WORKERS", "3")
-    for extra, expected in (({"ask_workers": 5, "SHADOW_ASK_QUEUE": "7"}, (5, 7)),
-                            ({"ask_workers": "many"}, (3, 32)), ({}, (3, 32))):
+    monkeypatch.setenv("SHADOW_METRICS_SESSIONS", "8")
+    for extra, expected in (({"ask_workers": 5, "SHADOW_ASK_QUEUE": "7",
+                              "metrics_sessions": 64}, (5, 7, 64)),
+                            ({"ask_workers": "many"}, (3, 32, 8)), ({}, (3, 32, 8))):
         plugin, engine = endpoint.ShadowEndpoint(), _Engine()
         engine.vllm_config = _vllm_config(types.SimpleNamespace(data_parallel_size=1), extra)
         app = FastAPI()
         plugin.attach_router(app)
-        assert (plugin.pool.workers, plugin.pool.queue) == (3, 32)      # the environment's
+        assert (plugin.pool.workers, plugin.pool.queue,
+                plugin.collector.max_session_series) == (3, 32, 8)      # the environment's
 
         async def init(_app, plugin=plugin, engine=engine):
             await plugin.init_state(engine, None, None)
 
         with caplog.at_level(logging.WARNING), TestClient(app) as client:
             client.portal.call(init, app)
-            assert (plugin.pool.workers, plugin.pool.queue) == expected
+            assert (plugin.pool.workers, plugin.pool.queue,
+                    plugin.collector.max_session_series) == expected
         if extra.get("ask_workers") == "many":
-            assert any("keeps its size" in r.getMessage() for r in caplog.records)
+            assert any("keeps its settings" in r.getMessage() for r in caplog.records)
 
 
 def test_the_question_pools_size_is_fixed_once_its_threads_started():
