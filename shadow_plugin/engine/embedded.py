@@ -167,18 +167,16 @@ class EmbeddedShadow:
         turnstile. The engine's thread waits, so the events thread has the GIL and the
         turnstile: on a GPU the host holds the GIL through its steps, and a woken events
         thread could wait many steps for it (tests/unit/test_follow.py), while the turn it
-        was to follow went unread in its ration. Costs the step one prompt's apply (about
-        1.6 ms for 16k ids on the 2-core CPU, once a request); summed in start_wait_ms. The
-        turnstile is open meanwhile, so a question thread may take more than its one hold
-        then (a review measured up to 6 holds of 1 ms in one hand-off); bounded by
-        START_WAIT_S, and only while a prompt waits."""
+        was to follow went unread in its ration. Costs the step one prompt's apply
+        (Follower.apply: Reader.feed's hashing and page lookups), once a request; summed in
+        start_wait_ms. The turnstile is open meanwhile, so a question thread may take more
+        than its one hold then; bounded by START_WAIT_S, and only while a prompt waits."""
         with self._wake:
             if self._applied >= self._start_due:
                 return
             t0 = time.perf_counter()
-            deadline = time.monotonic() + START_WAIT_S
             while self._applied < self._start_due and self.service.state != "failed":
-                left = deadline - time.monotonic()
+                left = START_WAIT_S - (time.perf_counter() - t0)
                 if left <= 0:
                     break
                 self._wake.wait(left)

@@ -67,6 +67,7 @@ class Turnstile:
             pass
 
     def step_ends(self) -> None:
+        """Open: the holds waiting for the step go in (those it let in first are done)."""
         with self._cond:
             self._stepping, self._due = False, None
             self._cond.notify_all()

@@ -65,13 +65,6 @@ class ShadowMetadata(KVConnectorMetadata):
     info: StepInfo
 
 
-def settings(extra: dict[str, Any] | None, environ=None) -> ServiceConfig:
-    """ServiceConfig from the SHADOW_* variables, with kv_connector_extra_config's entries
-    (SHADOW_NAME or name, any case) over them (ServiceConfig.from_env_with). ValueError
-    naming a bad one."""
-    return ServiceConfig.from_env_with(extra, environ)
-
-
 def _client_params(request) -> tuple[dict, ...]:
     """What a client passed: kv_transfer_params, then vllm_xargs (sampling_params.extra_args)."""
     found = (getattr(request, "kv_transfer_params", None),
@@ -187,13 +180,14 @@ def for_data_parallel(cfg: ServiceConfig, dp_rank: int) -> ServiceConfig:
 
 
 def _worker_settings(extra: dict | None) -> ServiceConfig:
-    """settings() in the worker: on CUDA the shadow's device is the worker's own GPU unless
-    SHADOW_DEVICE names one (a thread of its own would otherwise start on cuda:0)."""
+    """ServiceConfig.from_env_with in the worker: on CUDA the shadow's device is the worker's
+    own GPU unless SHADOW_DEVICE names one (a thread of its own would otherwise start on
+    cuda:0)."""
     import torch
     env = dict(os.environ)
     if not env.get("SHADOW_DEVICE") and torch.cuda.is_available():
         env["SHADOW_DEVICE"] = f"cuda:{torch.cuda.current_device()}"
-    return settings(extra, env)
+    return ServiceConfig.from_env_with(extra, env)
 
 
 class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
@@ -204,7 +198,7 @@ class ShadowConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config
         dp_rank, dp_on = data_parallel(vllm_config)
         if dp_on:                           # refused at once, in the engine's own process
-            for_data_parallel(settings(extra), dp_rank)
+            for_data_parallel(ServiceConfig.from_env_with(extra), dp_rank)
         self._tracker: RequestTracker | None = None
         self._requests: dict[str, Any] = {}             # scheduler: live vLLM requests
         self._shadow: EmbeddedShadow | None = None
