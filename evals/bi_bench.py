@@ -10,6 +10,14 @@
 - `speed`: the invariant linear against F.linear at M = 512, 1,024, 2,048, 4,096 on each
   projection shape, per tile asked for (--tiles; a tile's bits are its own), CUDA events,
   warm-up, the median of --iters.
+- `graphs`: what a batched read inside CUDA graphs (not built) could keep and gain, from what
+  exists: per 512-row block of a B x 512-row input (B = 2, 4, 8), whether the graph path's
+  GEMMs (cuBLAS over the fused projection weights, model.fuse, and the unfused output
+  projections) and its compiled small ops (ops.fused_ops) give each block the bits it gets
+  alone (`blocks_differ`: the (B, block) pairs that do not); and the ceiling of its speed: one
+  ChunkGraphs forward of B x 512 rows of one sequence at each context (every layer over all
+  rows, FA4 over the pages) against B forwards of 512 rows (`ceiling`; a batched read over B
+  sessions adds B attentions and GDN recurrences in place of one).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -20,7 +28,7 @@
   a time over batched.
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
-        [--parts probe,speed,read] [--contexts 16384,65536] [--batches 1,2,4,8]
+        [--parts probe,speed,graphs,read] [--contexts 16384,65536] [--batches 1,2,4,8]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
 
@@ -120,6 +128,96 @@ def probe_part(model, grid: int) -> dict:
                "residual_add": rows_differ(lambda t: t + t * 0.5, h, counts)}
     return {"linear_rows_differ_at_m": linears, "rowwise_rows_differ_at_m": rowwise,
             "gdn_fla": gdn_probe(model, grid)}
+
+
+def blocks_differ(fn, inputs: list[torch.Tensor], block: int, batches) -> list[list[int]]:
+    """[B, b] for each B in batches and block b < B where fn over the first B * block rows of
+    inputs (each [>= max(B) * block, ...]) gives block b other bits than fn over block b's
+    rows alone (fn returns a tensor or a tuple of them, all row-major in the rows)."""
+    def rows(out, lo, hi):
+        return [o[lo:hi] for o in (out if isinstance(out, tuple) else (out,))]
+    out = []
+    for b_count in batches:
+        whole = fn(*[x[:b_count * block] for x in inputs])
+        for b in range(b_count):
+            lo, hi = b * block, (b + 1) * block
+            alone = fn(*[x[lo:hi] for x in inputs])
+            if not all(torch.equal(p, q) for p, q in zip(rows(whole, lo, hi),
+                                                         rows(alone, 0, block))):
+                out.append([b_count, b])
+    return out
+
+
+def graphs_part(model, args) -> dict:
+    """`graphs` (module doc): blocks_differ per GEMM weight and compiled op, then the ceiling's
+    ms per context and B (CUDA events, the median of --repeats after a warm-up round)."""
+    from adapters import spec_for
+    from adapters.runners import graphs
+    from block_store import KvPool, PagedKv
+    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
+    batches = [b for b in args.batches if b > 1]
+    one = graphs.ChunkGraphs(model, grid, page_rows=grid, keep_states=True)
+    g = torch.Generator(device=dev).manual_seed(2)
+    rows = grid * max(args.batches)
+    rnd = lambda *shape: torch.randn(rows, *shape, device=dev, generator=g).to(dt)  # noqa: E731
+    weights = {}
+    if one.proj is not None:
+        for kind in ("gdn_in", "attn_in", "mlp_in"):
+            fused = getattr(one.proj, kind)
+            if fused:
+                w = next(iter(fused.values()))
+                weights[f"fused {kind} {w.shape[0]}x{w.shape[1]}"] = w
+    weights.update(projection_shapes(model))
+    out = {"gemm_blocks_differ": {n: blocks_differ(lambda x, w=w: F.linear(x, w),
+                                                   [rnd(w.shape[1])], grid, batches)
+                                  for n, w in weights.items()}}
+    op, eps, hid = one.ops, cfg.rms_norm_eps, cfg.hidden_size
+    w_h = model.layers[0].input_layernorm.weight
+    hv, vd = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    w_v = next(m.norm.weight for m in (x.linear_attn for x in model.layers
+                                       if hasattr(x, "linear_attn")))
+    inter, hd = cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
+    out["ops_blocks_differ"] = {
+        "rms_norm": blocks_differ(lambda x: op.rms_norm(x, w_h, eps), [rnd(hid)], grid,
+                                  batches),
+        "add_rms_norm": blocks_differ(lambda x, h: op.add_rms_norm(x, h, w_h, eps),
+                                      [rnd(hid), rnd(hid)], grid, batches),
+        "gated_rms_norm": blocks_differ(lambda x, z: op.gated_rms_norm(x, z, w_v, eps),
+                                        [rnd(hv, vd), rnd(hv, vd)], grid, batches),
+        "swiglu": blocks_differ(op.swiglu, [rnd(inter), rnd(inter)], grid, batches),
+        "sigmoid_gate": blocks_differ(op.sigmoid_gate, [rnd(hd), rnd(hd)], grid, batches)}
+    print(f"graphs blocks {json.dumps(out)}", file=sys.stderr, flush=True)
+    # the ceiling: one sequence's pages, random rows (timing only)
+    spec = spec_for(cfg, dev, dt)
+    num_pages = (max(args.contexts) + rows) // grid + 1
+    pool = KvPool(spec, grid, num_pages)
+    pool.block.normal_(generator=g)
+    kv = PagedKv(pool, [pool.manager.allocate().index for _ in range(num_pages)])
+    gdn = [(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
+            torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
+           for _ in range(spec.num_gdn)]
+    ids = torch.randint(0, cfg.vocab_size, (rows,), device=dev, generator=g)
+    runners = {1: one}
+    for b in batches:
+        runners[b] = graphs.ChunkGraphs(model, grid * b, page_rows=grid, op_set=one.ops,
+                                        proj=one.proj, keep_states=True,
+                                        side_stream=one.side_stream)
+    out["ceiling"] = {}
+    for context in args.contexts:
+        for b in args.batches:
+            times = {"one_at_a_time": [], "one_forward": []}
+            for k in range(args.repeats + 1):           # round 0: warm-up (and captures)
+                ms_each = _timed_ms(lambda: [one.run(ids[:grid], context, kv, gdn)
+                                             for _ in range(b)])
+                ms_one = _timed_ms(lambda: runners[b].run(ids[:grid * b], context, kv, gdn))
+                if k:
+                    times["one_at_a_time"].append(ms_each)
+                    times["one_forward"].append(ms_one)
+            row = {arm: round(statistics.median(ts), 2) for arm, ts in times.items()}
+            row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
+            out["ceiling"][f"{context}x{b}"] = row
+            print(f"graphs ceiling {context}x{b} {row}", file=sys.stderr, flush=True)
+    return out                    # its runners and pool go with this frame
 
 
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -269,6 +367,7 @@ def run(args) -> dict:
            **versions(), "commit": git_commit(), "date": str(datetime.date.today())}
     parts = {"probe": lambda: probe_part(model, args.grid),
              "speed": lambda: speed_part(model, args.tiles, args.iters),
+             "graphs": lambda: graphs_part(model, args),
              "read": lambda: read_part(model, args)}
     for name in args.parts:
         res[name] = parts[name]()
@@ -302,8 +401,8 @@ def main(argv=None) -> int:
                     help="each reader's resident cap (8 sessions at 64k hold ~6.3 GiB of KV)")
     ap.add_argument("--out", help="also write the JSON here after each part")
     args = ap.parse_args(argv)
-    if not set(args.parts.split(",")) <= {"probe", "speed", "read"}:
-        ap.error(f"--parts takes probe, speed, read; got {args.parts!r}")
+    if not set(args.parts.split(",")) <= {"probe", "speed", "graphs", "read"}:
+        ap.error(f"--parts takes probe, speed, graphs, read; got {args.parts!r}")
     args.parts, args.arms = args.parts.split(","), args.arms.split(",")
     args.tiles = [invariant.Tile.parse(t) for t in args.tiles.split(",") if t]
     print(json.dumps(run(args)))

@@ -26,6 +26,8 @@
 #       own (tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py) on
 #       the staged site, FA4 included when staged; the log in $OUT/gpu-tests.log (FA4's kernels compiled into
 #       /tmp/fa4cache-tests, apart from the servers')
+#   bash evals/device/vllm_stage.sh bench MODULE ARGS...   `python3 -m evals.MODULE ARGS` on
+#       the staged site, FA4 included when staged (e.g. `bench bi_bench --parts graphs`)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST_PRESET=${HOST_PRESET:-qwen3.5-4b}
@@ -131,7 +133,23 @@ tests)
         tests/gpu/test_tails_cuda.py \
         tests/gpu/test_batch_cuda.py
     ;;
+bench)
+    # bench MODULE ARGS...: `python3 -m evals.MODULE ARGS` on the staged site (FA4 included),
+    # its output in $out/MODULE.log, the last line (its JSON) printed; BENCH_S (default 300)
+    # bounds it
+    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
+    set +eu
+    source evals/device/env.sh
+    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache-tests \
+        PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+    mod=$2
+    shift 2
+    timeout "${BENCH_S:-300}" python3 -m "evals.$mod" "$@" 2>&1 | quiet | tee "$out/$mod.log" \
+        | grep -v "^{" | cut -c1-600
+    tail -n 1 "$out/$mod.log" | cut -c1-3000
+    ;;
 *)
-    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b|tests"; exit 2
+    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b|tests|bench MODULE ARGS"; exit 2
     ;;
 esac

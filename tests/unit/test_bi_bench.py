@@ -1,0 +1,30 @@
+"""evals.bi_bench's graphs part on the CPU: blocks_differ finds the blocks whose bits depend on
+what else is in the batch, and the part runs its code paths (eagerly, random:tiny) to a
+report with every projection, op and ceiling row."""
+import torch
+
+from evals.bi_bench import blocks_differ, graphs_part
+
+
+def test_blocks_differ_names_the_blocks_a_batch_changes():
+    x = torch.arange(24, dtype=torch.float32).reshape(12, 2)
+    assert blocks_differ(lambda t: t * 2, [x], 3, [2, 4]) == []
+    # each row minus the batch's first row: every block but the first changes in a batch
+    assert blocks_differ(lambda t: t - t[:1], [x], 3, [2, 4]) == [[2, 1], [4, 1], [4, 2],
+                                                                  [4, 3]]
+    # a tuple of outputs, the second row-wise and the first the batch's mean: both counted
+    assert blocks_differ(lambda t: (t * 0 + t.mean(), t + 1), [x], 6, [2]) == [[2, 0], [2, 1]]
+
+
+def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
+    class Args:
+        grid, batches, contexts, repeats = 64, [1, 2], [128], 1
+    out = graphs_part(tiny, Args)
+    assert set(out) == {"gemm_blocks_differ", "ops_blocks_differ", "ceiling"}
+    assert {"down_proj 128x256", "q_proj 512x128"} <= set(out["gemm_blocks_differ"])
+    assert set(out["ops_blocks_differ"]) == {"rms_norm", "add_rms_norm", "gated_rms_norm",
+                                             "swiglu", "sigmoid_gate"}
+    assert set(out["ceiling"]) == {"128x1", "128x2"}
+    for row in out["ceiling"].values():
+        assert row["one_at_a_time"] > 0 and row["one_forward"] > 0
+        assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
