@@ -13,8 +13,9 @@
 - `graphs`: what a batched read inside CUDA graphs (not built) could keep and gain, from what
   exists: per 512-row block of a B x 512-row input (B = 2, 4, 8), whether the graph path's
   GEMMs (cuBLAS over the fused projection weights, model.fuse, and the unfused output
-  projections) and its compiled small ops (ops.fused_ops) give each block the bits it gets
-  alone (`blocks_differ`: the (B, block) pairs that do not); and the ceiling of its speed: one
+  projections; also per 128- and 64-row block, the questions' small buckets) and its compiled
+  small ops (ops.fused_ops) give each block the bits it gets alone (`blocks_differ`: the
+  (B, block) pairs that do not); and the ceiling of its speed: one
   ChunkGraphs forward of B x 512 rows of one sequence at each context (every layer over all
   rows, FA4 over the pages) against B forwards of 512 rows (`ceiling`; a batched read over B
   sessions adds B attentions and GDN recurrences in place of one).
@@ -168,9 +169,11 @@ def graphs_part(model, args) -> dict:
                 w = next(iter(fused.values()))
                 weights[f"fused {kind} {w.shape[0]}x{w.shape[1]}"] = w
     weights.update(projection_shapes(model))
-    out = {"gemm_blocks_differ": {n: blocks_differ(lambda x, w=w: F.linear(x, w),
-                                                   [rnd(w.shape[1])], grid, batches)
-                                  for n, w in weights.items()}}
+    # blocks of a grid chunk (a batched read) and of the small question buckets (questions
+    # batched over one session, runners.Runners.SMALL_BUCKET_ROWS)
+    out = {f"gemm_blocks_differ_{block}": {
+        n: blocks_differ(lambda x, w=w: F.linear(x, w), [rnd(w.shape[1])], block, batches)
+        for n, w in weights.items()} for block in (grid, 128, 64)}
     op, eps, hid = one.ops, cfg.rms_norm_eps, cfg.hidden_size
     w_h = model.layers[0].input_layernorm.weight
     hv, vd = cfg.linear_num_value_heads, cfg.linear_value_head_dim

@@ -20,8 +20,9 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
     class Args:
         grid, batches, contexts, repeats = 64, [1, 2], [128], 1
     out = graphs_part(tiny, Args)
-    assert set(out) == {"gemm_blocks_differ", "ops_blocks_differ", "ceiling"}
-    assert {"down_proj 128x256", "q_proj 512x128"} <= set(out["gemm_blocks_differ"])
+    assert set(out) == {"gemm_blocks_differ_64", "gemm_blocks_differ_128", "ops_blocks_differ",
+                        "ceiling"}
+    assert {"down_proj 128x256", "q_proj 512x128"} <= set(out["gemm_blocks_differ_64"])
     assert set(out["ops_blocks_differ"]) == {"rms_norm", "add_rms_norm", "gated_rms_norm",
                                              "swiglu", "sigmoid_gate"}
     assert set(out["ceiling"]) == {"128x1", "128x2"}
