@@ -75,7 +75,9 @@ class ShadowEndpoint:
     def __init__(self):
         self.engine_client = None
         self.metrics: dict | None = None          # the last metrics fetched from the worker
-        self.collector = Collector(lambda: self.metrics)
+        self.settings: ServiceConfig | None = None    # the environment's, at attach_router;
+        # kv_connector_extra_config over them at init_state (_apply_settings)
+        self.collector: Collector | None = None  # /metrics, made once at init_state
         self.history = History(METRICS_EVERY_S, HISTORY_SAMPLES)
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None    # the server's, at init_state
@@ -147,10 +149,9 @@ class ShadowEndpoint:
 
     # -- vLLM's hooks ---------------------------------------------------------------------------
     def attach_router(self, app) -> None:
-        cfg = ServiceConfig.from_env()
+        cfg = self.settings = ServiceConfig.from_env()
         door = RankedService(self.call_rank, self.call_all, lambda: self.num_ranks)
         self.pool = AskPool(cfg.ask_workers, cfg.ask_queue)      # sized again at init_state
-        self.collector = Collector(lambda: self.metrics, cfg.metrics_sessions)   # and this
         app.include_router(question_router(door, self.pool))
         app.include_router(dashboard_router(self.history))
         self._stop_at_lifespan_end(app)
@@ -201,6 +202,7 @@ class ShadowEndpoint:
         if engine_client is None:            # vLLM's render-only server: no engine, no shadow
             return
         self._apply_settings(engine_client)
+        self.collector = Collector(lambda: self.metrics, self.settings.metrics_sessions)
         self.engines = engine_identities(engine_client)
         num_dp = data_parallel_size(engine_client)
         if num_dp > 1 and not self.engines:
@@ -230,14 +232,15 @@ class ShadowEndpoint:
         extra = getattr(kv, "kv_connector_extra_config", None)
         try:
             cfg = ServiceConfig.from_env_with(extra)
-            self.collector = Collector(lambda: self.metrics, cfg.metrics_sessions)
             if self.pool is not None and extra:
                 self.pool.resize(cfg.ask_workers, cfg.ask_queue)
+            self.settings = cfg
         except (ValueError, RuntimeError) as e:
+            self.settings = self.settings or ServiceConfig.from_env()
             log.warning("shadow: the API server keeps its settings from the environment "
                         "(question pool %s, %d sessions with /metrics series): %s",
                         self.pool and (self.pool.workers, self.pool.queue),
-                        self.collector.max_session_series, e)
+                        self.settings.metrics_sessions, e)
 
     def _stop_first(self, engine_client, loop) -> None:
         """On a planned stop (SIGTERM) vLLM's front end stops the engine at once (killing its

@@ -328,7 +328,7 @@ def test_the_question_pool_takes_its_size_from_kv_connector_extra_config(monkeyp
         app = FastAPI()
         plugin.attach_router(app)
         assert (plugin.pool.workers, plugin.pool.queue,
-                plugin.collector.max_session_series) == (3, 32, 8)      # the environment's
+                plugin.settings.metrics_sessions) == (3, 32, 8)      # the environment's
 
         async def init(_app, plugin=plugin, engine=engine):
             await plugin.init_state(engine, None, None)
