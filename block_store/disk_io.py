@@ -105,6 +105,62 @@ def line_on_disk(store: PageStore, ids, most: int, seen: dict[Path, bool] | None
     return 0
 
 
+def prefetch_pages(store: PageStore, ids, pinned: bool | None = None,
+                   max_pages: int | None = None, before_read=None) -> int:
+    """Read ahead, into store.prefetched, the page files a restore or resume of `ids` would
+    read: the pages of its whole grid chunks from the first, in order, that the pool does not
+    hold (memory.pool's lookup), up to the first whose file is not on disk (or is refused: the
+    restore finds it again and sets it aside), at most `max_pages` (default: what
+    store.prefetched may hold). Files are read and checked in threads as load_resume reads
+    them (page_read.read_page_into), GROUP_PAGES into one buffer (`pinned`: page-locked,
+    default on CUDA); rows already held are skipped. `before_read()` is called once before
+    the first file is read (not when there is none to read). Called without the reader's
+    lock: it reads the pool's index and the disk only, and changes nothing but
+    store.prefetched. Returns the pages read. 0 without a disk."""
+    disk, pre, g = store.disk, store.prefetched, store.grid
+    if disk is None or pre is None:
+        return 0
+    most = pre.max_bytes // store.pool.page_bytes if max_pages is None else max_pages
+    keys, todo = [], []                      # (key, chunk ids) to read, in order
+    for i in range(len(ids) // g):
+        chunk = [int(x) for x in ids[i * g:(i + 1) * g]]
+        keys.append(store.key_after(keys, chunk))
+        key = keys[-1]
+        if store.manager.lookup(key, chunk) is not None or key in pre:
+            continue
+        if len(todo) >= most or not disk.has_page(key):
+            break
+        todo.append((key, chunk))
+    if todo and before_read is not None:
+        before_read()
+    return _read_ahead(store, todo, _pinned(store, pinned))
+
+
+def _read_ahead(store: PageStore, todo: list, pinned: bool) -> int:
+    """prefetch_pages' reads: pages `todo` ((key, chunk ids), in order) into
+    store.prefetched, up to the first refused. Returns the pages read."""
+    block, num_read = store.pool.block, 0
+    with ThreadPoolExecutor(IO_THREADS) as threads:
+        for at in range(0, len(todo), GROUP_PAGES):
+            group = todo[at:at + GROUP_PAGES]
+            rows = torch.empty(len(group), *block.shape[:2], *block.shape[3:],
+                               dtype=block.dtype, pin_memory=pinned)
+
+            def read(j: int, group=group, rows=rows) -> bool:
+                try:
+                    read_page_into(store.disk, group[j][0], group[j][1], rows[j])
+                    return True
+                except RefusedFile:
+                    return False
+            ok = list(threads.map(read, range(len(group))))
+            for j, (key, _) in enumerate(group):
+                if not ok[j]:
+                    return num_read
+                store.prefetched.put(key, rows[j])
+                num_read += 1
+    return num_read
+
+
 def _pinned(store: PageStore, pinned: bool | None) -> bool:
     return store.spec.device.type == "cuda" if pinned is None else pinned
 
@@ -190,9 +246,20 @@ def load_checkpoints(store: PageStore, st: SessionState, m: Manifest) -> None:
 
 def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[int],
                 pages: list, pinned: bool, fast: bool, threads: ThreadPoolExecutor) -> None:
-    """Pages `group` of `res` (indices into res.pages) from disk into pool pages `pages`, the
-    files read by `threads`."""
+    """Pages `group` of `res` (indices into res.pages) into pool pages `pages`: the rows read
+    ahead (store.prefetched, prefetch_pages) where they are held, else from disk, the files
+    read by `threads`."""
     g, block = store.grid, store.pool.block
+    if store.prefetched is not None:
+        ahead = [store.prefetched.take(res.keys[i]) for i in group]
+        for rows, page in zip(ahead, pages):
+            if rows is not None:             # read and checked by prefetch_pages
+                put_pages(store.pool, [page.index], rows[None])
+        left = [j for j, rows in enumerate(ahead) if rows is None]
+        if len(left) < len(group):
+            group, pages = [group[j] for j in left], [pages[j] for j in left]
+        if not group:
+            return
     rows = torch.empty(len(group), *block.shape[:2], *block.shape[3:], dtype=block.dtype,
                        pin_memory=pinned)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from block_store.disk.prefetch import PrefetchedPages
 from block_store.disk.store import DiskStore
 from block_store.memory.gdn_table import GdnEntry, GdnTable
 from block_store.memory.keys import next_key
@@ -50,11 +51,15 @@ class PageStore:
     copying the pool into a larger one); disk: the disk tier (None: none). More pages are
     added as needed (`allocate`); the caller (table.SessionTable) keeps the cap. With a disk,
     `spill` (spill.Spill) writes a cached page before its memory is reused and a loose GDN
-    entry before it is evicted, by key, unless the disk holds them (None without a disk)."""
+    entry before it is evicted, by key, unless the disk holds them (None without a disk);
+    prefetch_bytes: what `prefetched` (disk.prefetch.PrefetchedPages, with a disk) may hold."""
 
     def __init__(self, spec: StateSpec, grid: int, root: bytes, gdn_budget_bytes: int,
-                 num_pages: int = 0, disk: DiskStore | None = None):
+                 num_pages: int = 0, disk: DiskStore | None = None, prefetch_bytes: int = 0):
         self.spec, self.grid, self.root, self.disk = spec, grid, root, disk
+        # page rows read ahead of a restore (disk_io.prefetch_pages; None without a disk)
+        self.prefetched = PrefetchedPages(prefetch_bytes) \
+            if disk is not None and prefetch_bytes > 0 else None
         self.pool = KvPool(spec, grid, num_pages)
         self.gdn = GdnTable(gdn_budget_bytes)
         self.counters = PageCounters()

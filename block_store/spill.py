@@ -15,11 +15,11 @@ nothing else) are copied to the CPU (no copy when they are there already). The f
 by WRITERS background threads; at most `max_pending` writes are queued (a caller past it waits
 for the oldest), so the host memory held is bounded and evictions back to back go at the disk's
 pace (evals/spill_probe.py at cadb457, 0.8B pages on the H200 host: 1.4-1.5 ms median a page on the
-caller's side, about 3 ms a page on average over 64 in a row; one writer: 4.6-5.2 ms median). A page's content is a pure function of its
-key, so a write raced by another writer of the same key (a park, another process) leaves the
-same bits (files.atomic_save renames whole files). A failed write is logged and counted
-(`counters.write_errors`), never raised into a read. Without a disk there is no Spill: nothing
-is copied or written.
+caller's side, about 3 ms a page on average over 64 in a row; one writer: 4.6-5.2 ms median). A
+page's content is a pure function of its key, so a write raced by another writer of the same key (a
+park, another process) leaves the same bits (files.atomic_save renames whole files). A failed write
+is logged and counted (`counters.write_errors`), never raised into a read. Without a disk there is
+no Spill: nothing is copied or written.
 """
 from __future__ import annotations
 

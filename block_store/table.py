@@ -11,6 +11,7 @@ import numpy as np
 from block_store.disk.files import FileIdentity
 from block_store.disk.manifest import Superseded
 from block_store.disk.store import DiskStore, writer_token
+from block_store.disk_io import prefetch_pages
 from block_store.memory.keys import identity_key
 from block_store.memory.layout import StateSpec
 from block_store.pages import PageStore
@@ -31,7 +32,7 @@ class SessionTable:
         self.spec, self.cfg = spec, cfg
         disk = DiskStore(cfg.disk_dir, ident) if cfg.disk_dir is not None else None
         self.store = PageStore(spec, grid, identity_key(ident.as_meta()), cfg.gdn_bytes,
-                               disk=disk)
+                               disk=disk, prefetch_bytes=cfg.prefetch_bytes)
         if spec.device.type == "cuda":       # the pages the cap holds, allocated up front
             pages_bytes = max(0, cfg.resident_bytes - cfg.gdn_bytes)
             self.store.pool.grow(pages_bytes // self.store.pool.page_bytes)
@@ -64,6 +65,20 @@ class SessionTable:
     def knows(self, sid: str) -> bool:
         """Whether the session is resident, parked or has a file on disk; restores nothing."""
         return sid in self.resident or self.residency.knows(sid)
+
+    def prefetch(self, sid: str, prompt=None, before_read=None) -> int:
+        """Read ahead the page files a restore of `sid` (parked: its held ids) or a resume of
+        `prompt` (a session this table does not hold: what a prefix on disk gives it) would
+        read (disk_io.prefetch_pages, which calls `before_read()` before its first file
+        read); nothing for a resident session or without a disk.
+        Called without the reader's lock (it changes only the page store's `prefetched`), so
+        the restore under the lock only copies the rows into the pool. Returns the pages
+        read."""
+        if sid in self.resident or self.store.prefetched is None:
+            return 0
+        rec = self.residency.parked.get(sid)
+        ids = rec.ids if rec is not None else prompt
+        return 0 if ids is None else prefetch_pages(self.store, ids, before_read=before_read)
 
     def get(self, sid: str) -> SessionState:
         """The session's state, restored from disk when parked; it becomes the most recently

@@ -87,6 +87,7 @@ class EmbeddedShadow:
         self._wake = threading.Condition()     # _events, _queued, _applied, _start_due
         self._queued = self._applied = 0
         self._start_due = 0                    # _applied that the last queued prompt needs
+        self._prefetching = False              # the events thread reads pages ahead (_prefetch)
         self.start_wait_ms = 0.0               # steps' starts waiting for prompts (summed)
         self.gate_wait_ms = 0.0                # ... for the shadow's holds (summed)
         self._jobs: dict[int, concurrent.futures.Future] = {}
@@ -133,6 +134,7 @@ class EmbeddedShadow:
         """Apply one batch of events between steps; a batch that fails is logged and skipped:
         the thread must outlive it, or the events after it would never be applied, and every
         later step's start would wait START_WAIT_S for a prompt (_hand_off_prompts)."""
+        self._prefetch(batch)
         try:
             with self.turnstile():
                 self._follower.apply(batch)
@@ -140,6 +142,29 @@ class EmbeddedShadow:
             log.warning("shadow: request events skipped: %s", e)
         except Exception:                      # a restore that failed, a bug: the batch's rest
             log.exception("shadow: a batch of request events failed; the thread goes on")
+
+    def _prefetch(self, batch: list[RequestEvent]) -> None:
+        """Before the batch's hold: the page files of the named sessions its prompts start
+        read ahead (ShadowReader.prefetch: a parked session's restore then only copies rows
+        into the pool under the hold, where it read and hashed them, 140-177 ms at 100k on
+        the H200). Meanwhile a step's start does not wait for these prompts
+        (_hand_off_prompts): they are applied at a later step's start."""
+        named = [(ev.session, ev.ids) for ev in batch if ev.kind == START and ev.session]
+        try:
+            for session, ids in named:
+                self.service.shadow.prefetch(session, ids, self._reading_ahead)
+        except Exception:                      # a read-ahead: the restore reads what it lacks
+            log.exception("shadow: reading a parked session's pages ahead failed")
+        finally:
+            with self._wake:
+                self._prefetching = False
+
+    def _reading_ahead(self) -> None:
+        """_prefetch's files are about to be read: a step's start waiting for the batch's
+        prompts stops waiting (_hand_off_prompts)."""
+        with self._wake:
+            self._prefetching = True
+            self._wake.notify_all()
 
     # -- the engine's step ----------------------------------------------------------------------
     def begin_step(self, info: StepInfo) -> None:
@@ -169,13 +194,16 @@ class EmbeddedShadow:
         thread could wait many steps for it (tests/unit/test_follow.py), while the turn it
         was to follow went unread in its ration. Costs the step one prompt's apply
         (Follower.apply: Reader.feed's hashing and page lookups), once a request; summed in
-        start_wait_ms. The turnstile is open meanwhile, so a question thread may take more
-        than its one hold then; bounded by START_WAIT_S, and only while a prompt waits."""
+        start_wait_ms. Not while the events thread reads a parked session's pages ahead
+        (_prefetch): the step would wait for the disk. The turnstile is open meanwhile, so a
+        question thread may take more than its one hold then; bounded by START_WAIT_S, and
+        only while a prompt waits."""
         with self._wake:
-            if self._applied >= self._start_due:
+            if self._applied >= self._start_due or self._prefetching:
                 return
             t0 = time.perf_counter()
-            while self._applied < self._start_due and self.service.state != "failed":
+            while self._applied < self._start_due and not self._prefetching and \
+                    self.service.state != "failed":
                 left = START_WAIT_S - (time.perf_counter() - t0)
                 if left <= 0:
                     break

@@ -10,6 +10,7 @@ state equals a fresh prefill of ids[:C] on the same grid, bit for bit (`check_ex
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from shadow_plugin.reader import exact, fork, lines, rewrites
 from shadow_plugin.reader.conflicts import StaleSession
 from shadow_plugin.reader.step import ReaderConfig, read_chunk, read_chunks
 from shadow_plugin.reader.tails import Tails, base_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,21 @@ class Reader:
     def knows(self, session: str) -> bool:
         """Whether the session is held (resident, parked or on disk); restores nothing."""
         return self.table.knows(validate.session_id(session))
+
+    def prefetch(self, session: str, prompt=None, before_read=None) -> int:
+        """Read ahead, without the lock, the page files that restoring `session` (parked) or
+        resuming `prompt` (ids of a session not held: a prefix on disk) would read under it
+        (block_store.SessionTable.prefetch; `before_read()` is called before the first file
+        is read), so the restore only copies rows into the pool.
+        Best effort: returns the pages read, 0 for a resident session, without a disk, or
+        when a read failed (the restore reads what is missing). Raises ValueError for a bad
+        session id only."""
+        sid = validate.session_id(session)
+        try:
+            return self.table.prefetch(sid, prompt, before_read)
+        except Exception:                 # noqa: BLE001 (a read-ahead: the restore decides)
+            log.debug("prefetch of session %r failed", sid, exc_info=True)
+            return 0
 
     def drop(self, session: str) -> None:
         """Forget a session: its tensors, its record and its file. KeyError when unknown."""

@@ -173,6 +173,16 @@ class Shadow:
         return Fed(result, *self._position(session))
 
     # -- host events ---------------------------------------------------------------------------
+    def prefetch(self, session: str, ids, before_read=None) -> int:
+        """Reader.prefetch without the lock: a parked session's page files (or a new
+        session's prefix on disk) read ahead of its turn, so the restore under the lock only
+        copies (`before_read()` is called before the first file is read); 0 for a session
+        name that is not valid (its turn refuses it) or nothing to read."""
+        try:
+            return self.reader.prefetch(session, ids, before_read)
+        except ValueError:
+            return 0
+
     def turn(self, session: str, ids: list[int], profile: str | None,
              router_label: str | None, require_durable: bool = True) -> Fed | None:
         """A new turn under its profile: None when the profile's mode is off (not followed);
@@ -191,6 +201,8 @@ class Shadow:
                     self.last_answer.pop(session, None)
                 self.unfollowed.add(session)
             return None
+        # a parked session's pages read ahead without the lock: under it the restore copies
+        self.prefetch(session, ids)
         with self._held():
             self.reader.sync(session)           # another server's newer manifest (shared)
             try:

@@ -247,6 +247,53 @@ def test_an_events_batch_that_fails_unexpectedly_costs_the_steps_no_wait(embedde
     assert emb.wait_applied(10) and follower.sessions.get("r2") == "next"
 
 
+def test_a_parked_sessions_pages_are_read_before_the_hold_and_steps_do_not_wait(embedded,
+                                                                                 monkeypatch):
+    """A turn of a session parked on disk (its pages forgotten by memory): the events thread
+    reads its page files before it takes the turnstile (slowed here to 40 ms a page), the
+    host's steps meanwhile do not wait for the prompt's apply (START_WAIT_S each, before),
+    and the restore under the hold reads no page file; the session is exact."""
+    import block_store.disk_io as disk_io
+    t, emb = RequestTracker(), embedded
+    _events_thread_up(emb)
+    shadow = emb.service.shadow
+    prompt = rand_ids(5 * G + 3, 8)
+    t.start("r", prompt, "p")
+    _step(emb, t.take(), ("r",), True)
+    t.finish("r", [])
+    _step(emb, t.take(), (), False)
+    deadline = time.monotonic() + 30
+    while shadow.position("p")[1] < 5 * G and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with shadow.lock:
+        table = shadow.reader.table
+        table.park("p")
+        assert table.store.manager.forget_cached() == 5
+    reads, applied_at = [], []
+    real_read, apply = disk_io.read_page_into, emb._follower.apply
+
+    def slow_read(*a, **kw):
+        time.sleep(0.04)
+        reads.append(time.monotonic())
+        return real_read(*a, **kw)
+
+    def apply_noted(batch):
+        applied_at.append(len(reads))
+        apply(batch)
+    monkeypatch.setattr(disk_io, "read_page_into", slow_read)
+    emb._follower.apply = apply_noted
+    t.start("r2", prompt + rand_ids(20, 9), "p")
+    steps_s, deadline = [], time.monotonic() + 20
+    while not (applied_at and emb.wait_applied(0)) and time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        _spin_step(emb, t.take(), ("r2",))
+        steps_s.append(time.perf_counter() - t0)
+    assert applied_at == [5] and len(reads) == 5, (applied_at, len(reads))
+    assert max(steps_s) < 0.08, steps_s            # none waited START_WAIT_S (0.1 s)
+    assert shadow.reader.table.store.prefetched.counts()["num_taken"] == 5
+    assert shadow.check_exact("p")
+
+
 def test_a_question_is_answered_while_the_host_steps_back_to_back_holding_the_gil(embedded):
     """A question asked while the host steps back to back (the GIL held through each step):
     its reads, one hold a step, all get in; answered within 60 steps (12-13 on the 2-core

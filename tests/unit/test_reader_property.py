@@ -220,8 +220,9 @@ def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, di
                                                              gdn_entries):
     """Random sessions fed, rewritten, sharing prefixes, read together in random batches
     (Reader.read_batch: one forward for the chunks of several) or alone, asked several
-    questions in one forward, parked to disk and restored: after every step every session's
-    committed state equals its fresh prefill, bit for bit."""
+    questions in one forward, parked to disk and restored (from its files or from rows read
+    ahead of the restore): after every step every session's committed state equals its fresh
+    prefill, bit for bit."""
     import tempfile
     rng = random.Random(seed)
     budget = None if gdn_entries is None else gdn_entries * 61440
@@ -249,6 +250,9 @@ def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, di
             _asks_equal_alone(reader, sids[o[1]], o[2], o[3], rng)
         elif o[0] == "park" and sids[o[1]] in reader.table.resident:
             reader.table.park(sids[o[1]])
+            if folder is not None and rng.random() < 0.5:   # memory forgets its pages, and
+                reader.table.forget_memory()                # a turn's events read them
+                reader.prefetch(sids[o[1]])                 # ahead of the restore
         for sid in sids:
             assert reader.committed(sid) % G == 0
             assert reader.committed(sid) <= len(reader.ids(sid))
