@@ -282,6 +282,9 @@ class SessionTable:
                 "num_resident": len(self.resident), "num_parked": len(self.residency.parked),
                 "spills": c.spills, "drops": c.drops, "restores": c.restores,
                 "restore_ms": c.restore_ms,
+                # pages read ahead of restores (disk_io.prefetch_pages) and taken by them
+                "prefetch": None if self.store.prefetched is None else
+                self.store.prefetched.counts(),
                 "refusals": sum(refusals.values()), "refusal_reasons": refusals,
                 "deleted_files": c.deleted_files, "superseded": c.superseded,
                 "write_errors": c.write_errors + (

@@ -31,8 +31,8 @@ SUMMED = ("read_tokens", "totals", "chunks_by_window", "prefix_cache_queried_tok
           "prefix_cache_hit_tokens", "reread_tokens", "turn_starts", "gdn_entry_hits",
           "gdn_entry_evictions", "pages", "gdn_entries", "gdn_entry_bytes",
           "gdn_entries_by_kind", "resident_bytes", "resident_cap_bytes", "pool_bytes",
-          "num_resident", "num_parked", "spills", "drops", "restores", "restore_ms", "refusals",
-          "refusal_reasons", "deleted_files", "superseded", "write_errors",
+          "num_resident", "num_parked", "spills", "drops", "restores", "restore_ms", "prefetch",
+          "refusals", "refusal_reasons", "deleted_files", "superseded", "write_errors",
           "gdn_entries_evicted", "pages_reused", "evicted_written", "gdn_entries_not_written",
           "evicted_already_on_disk", "ration_ms", "host_decode_ms", "restarts")
 # What every rank counts of the one shared folder: taken once (the largest), not summed.

@@ -81,6 +81,8 @@ def test_a_parked_session_restores_from_rows_read_ahead_bit_for_bit(tiny, tmp_pa
     assert len(reads) == 5                          # no page file read under the lock
     assert all(before[k].equal(after[k]) for k in before)
     assert pre.counts()["num_taken"] == 5 and pre.counts()["num_held"] == 0
+    assert r.stats()["prefetch"] == {"num_put": 5, "num_taken": 5, "num_dropped": 0,
+                                     "num_held": 0, "held_bytes": 0}
     got = r.stats()["prefix_cache_hit_tokens"]
     assert got["disk"] - hits["disk"] == 5 * G      # still counted as the disk tier's
     r.read("a")
@@ -111,6 +113,7 @@ def test_nothing_is_read_ahead_for_a_resident_session_or_without_a_disk(tiny, tm
     from shadow_plugin.reader.reader import Reader
     plain = Reader(tiny, grid=G)
     assert plain.table.store.prefetched is None and plain.prefetch("a", [1, 2, 3]) == 0
+    assert plain.stats()["prefetch"] is None
     with pytest.raises(ValueError):
         r.prefetch("")
 
