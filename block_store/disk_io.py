@@ -21,7 +21,7 @@ import torch
 from block_store.disk.files import RefusedFile
 from block_store.disk.page_read import read_page_into, whole
 from block_store.disk.store import DiskStore, Manifest
-from block_store.memory.kv_pool import pages_to_cpu, put_pages
+from block_store.memory.kv_pool import pages_to_cpu, put_page, put_pages
 from block_store.pages import PageStore, Resume
 from block_store.session import Checkpoint, SessionState
 
@@ -108,56 +108,61 @@ def line_on_disk(store: PageStore, ids, most: int, seen: dict[Path, bool] | None
 def prefetch_pages(store: PageStore, ids, pinned: bool | None = None,
                    max_pages: int | None = None, before_read=None) -> int:
     """Read ahead, into store.prefetched, the page files a restore or resume of `ids` would
-    read: the pages of its whole grid chunks from the first, in order, that the pool does not
-    hold (memory.pool's lookup), up to the first whose file is not on disk (or is refused: the
-    restore finds it again and sets it aside), at most `max_pages` (default: what
-    store.prefetched may hold). Files are read and checked in threads as load_resume reads
-    them (page_read.read_page_into), GROUP_PAGES into one buffer (`pinned`: page-locked,
-    default on CUDA); rows already held are skipped. `before_read()` is called once before
-    the first file is read (not when there is none to read). Called without the reader's
-    lock: it reads the pool's index and the disk only, and changes nothing but
+    read: of its whole grid chunks from the first, in order, up to the first whose file is not
+    on disk, those the pool does not hold (memory.pool's lookup), and only below the deepest
+    grid line where a GDN state is held (in the GDN table or on disk): a resume stops there
+    (pages.find_resume). At most `max_pages`, and what store.prefetched has room for (default:
+    both). Files are read and checked in threads as load_resume reads them
+    (page_read.read_page_into), each page into a buffer of its own (`pinned`: page-locked,
+    default on CUDA), up to the first refused (the restore finds it again and sets it aside);
+    rows already held are skipped. `before_read()` is called once before the first file is
+    read (not when there is none to read). Called without the reader's lock: it reads the
+    pool's and the GDN table's indexes and the disk only, and changes nothing but
     store.prefetched. Returns the pages read. 0 without a disk."""
     disk, pre, g = store.disk, store.prefetched, store.grid
     if disk is None or pre is None:
         return 0
-    most = pre.max_bytes // store.pool.page_bytes if max_pages is None else max_pages
-    keys, todo = [], []                      # (key, chunk ids) to read, in order
+    room = pre.free_bytes() // store.pool.page_bytes
+    most = room if max_pages is None else min(room, max_pages)
+    keys, todo, stop = [], [], 0             # todo: (page, key, chunk ids); stop: a state line
     for i in range(len(ids) // g):
         chunk = [int(x) for x in ids[i * g:(i + 1) * g]]
         keys.append(store.key_after(keys, chunk))
         key = keys[-1]
-        if store.manager.lookup(key, chunk) is not None or key in pre:
-            continue
-        if len(todo) >= most or not disk.has_page(key):
+        held = store.manager.lookup(key, chunk) is not None
+        if not held and not disk.has_page(key):
             break
-        todo.append((key, chunk))
+        entry = store.gdn.entries.get(key)
+        if (entry is not None and entry.line == (i + 1) * g) or disk.entry_path(key).is_file():
+            stop = i + 1
+        if not held and key not in pre:
+            todo.append((i, key, chunk))
+    todo = [t for t in todo if t[0] < stop][:max(0, most)]
     if todo and before_read is not None:
         before_read()
     return _read_ahead(store, todo, _pinned(store, pinned))
 
 
 def _read_ahead(store: PageStore, todo: list, pinned: bool) -> int:
-    """prefetch_pages' reads: pages `todo` ((key, chunk ids), in order) into
+    """prefetch_pages' reads: pages `todo` ((page, key, chunk ids), in order) into
     store.prefetched, up to the first refused. Returns the pages read."""
-    block, num_read = store.pool.block, 0
-    with ThreadPoolExecutor(IO_THREADS) as threads:
-        for at in range(0, len(todo), GROUP_PAGES):
-            group = todo[at:at + GROUP_PAGES]
-            rows = torch.empty(len(group), *block.shape[:2], *block.shape[3:],
-                               dtype=block.dtype, pin_memory=pinned)
+    block = store.pool.block
 
-            def read(j: int, group=group, rows=rows) -> bool:
-                try:
-                    read_page_into(store.disk, group[j][0], group[j][1], rows[j])
-                    return True
-                except RefusedFile:
-                    return False
-            ok = list(threads.map(read, range(len(group))))
-            for j, (key, _) in enumerate(group):
-                if not ok[j]:
-                    return num_read
-                store.prefetched.put(key, rows[j])
-                num_read += 1
+    def read(item) -> torch.Tensor | None:
+        rows = torch.empty(*block.shape[:2], *block.shape[3:], dtype=block.dtype,
+                           pin_memory=pinned)
+        try:
+            read_page_into(store.disk, item[1], item[2], rows)
+            return rows
+        except RefusedFile:
+            return None
+    num_read = 0
+    with ThreadPoolExecutor(IO_THREADS) as threads:
+        for item, rows in zip(todo, threads.map(read, todo)):
+            if rows is None:
+                break
+            store.prefetched.put(item[1], item[2], rows)
+            num_read += 1
     return num_read
 
 
@@ -251,10 +256,10 @@ def _load_group(store: PageStore, res: Resume, prompt: list[int], group: list[in
     read by `threads`."""
     g, block = store.grid, store.pool.block
     if store.prefetched is not None:
-        ahead = [store.prefetched.take(res.keys[i]) for i in group]
+        ahead = [store.prefetched.take(res.keys[i], prompt[i * g:(i + 1) * g]) for i in group]
         for rows, page in zip(ahead, pages):
             if rows is not None:             # read and checked by prefetch_pages
-                put_pages(store.pool, [page.index], rows[None])
+                put_page(store.pool, page.index, rows)
         left = [j for j, rows in enumerate(ahead) if rows is None]
         if len(left) < len(group):
             group, pages = [group[j] for j in left], [pages[j] for j in left]

@@ -115,6 +115,8 @@ class SessionTable:
         or GDN entries were written to disk since, the disk's cap and TTL (Residency's sweep,
         when due)."""
         self.residency.make_room(self.resident, keep)
+        if self.store.prefetched is not None:         # rows read ahead and never taken
+            self.store.prefetched.drop_aged()
         spill = self.store.spill
         if spill is not None and spill.wrote:
             spill.wrote = False

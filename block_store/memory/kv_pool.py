@@ -146,6 +146,16 @@ def put_pages(pool: KvPool, pages: Sequence[int], kv: torch.Tensor) -> None:
         pool.block.index_copy_(2, idx, src.movedim(0, 2))
 
 
+def put_page(pool: KvPool, page: int, kv: torch.Tensor) -> None:
+    """Write kv [num_attention, 2, G, Hkv, D] (any device; one page's rows of every layer)
+    into page `page`: one copy, asynchronous from page-locked memory (no index tensor made on
+    the device: nothing waits). Raises ValueError for rows of another shape."""
+    want = (*pool.block.shape[:2], *pool.block.shape[3:])
+    if tuple(kv.shape) != want:
+        raise ValueError(f"a page needs kv of shape {want}, got {tuple(kv.shape)}")
+    pool.block[:, :, page].copy_(kv, non_blocking=kv.is_pinned())
+
+
 def pages_to_cpu(pool: KvPool, pages: Sequence[int], pinned: bool = False) -> torch.Tensor:
     """Copies of the pages' rows on the CPU, kv [n, num_attention, 2, G, Hkv, D] (page j's
     rows contiguous: what a page file holds), in page-locked memory when `pinned`; one

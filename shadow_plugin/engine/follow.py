@@ -100,9 +100,11 @@ class Follower:
     def _apply(self, ev: RequestEvent) -> None:
         if ev.kind == START:
             session = self._session_for(ev)
-            self.door.turn(session, list(ev.ids), None, None,   # refused: the request is
-                           require_durable=False)
-            self.sessions[ev.request_id] = session              # not followed
+            # under the events thread's hold: its pages were read ahead before it
+            # (EmbeddedShadow._prefetch); a refused turn raises, and the request is not followed
+            self.door.turn(session, list(ev.ids), None, None, require_durable=False,
+                           read_ahead=False)
+            self.sessions[ev.request_id] = session
         elif ev.kind == OUTPUT:
             session = self.sessions.get(ev.request_id)
             if session is not None:               # else its turn was refused

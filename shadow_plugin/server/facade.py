@@ -184,12 +184,14 @@ class Shadow:
             return 0
 
     def turn(self, session: str, ids: list[int], profile: str | None,
-             router_label: str | None, require_durable: bool = True) -> Fed | None:
+             router_label: str | None, require_durable: bool = True,
+             read_ahead: bool = True) -> Fed | None:
         """A new turn under its profile: None when the profile's mode is off (not followed);
         registers the router question at the insertion point when the profile asks for it.
         Raises ValueError for an unknown profile or bad ids (nothing changes), NotDurable when
         the disk refused the session's manifest (the turn is held in memory: resending it
-        changes nothing but the manifest)."""
+        changes nothing but the manifest). read_ahead: a parked session's page files are read
+        before the lock is taken (prefetch); off for a caller that holds the lock already."""
         if profile is not None and profile not in self.profiles:
             raise ValueError(f"unknown profile {profile!r}")
         prof = self.profiles.get(profile, Profile())
@@ -201,8 +203,8 @@ class Shadow:
                     self.last_answer.pop(session, None)
                 self.unfollowed.add(session)
             return None
-        # a parked session's pages read ahead without the lock: under it the restore copies
-        self.prefetch(session, ids)
+        if read_ahead:       # a parked session's pages, without the lock (off for a caller
+            self.prefetch(session, ids)      # that holds it: the reads would happen under it)
         with self._held():
             self.reader.sync(session)           # another server's newer manifest (shared)
             try:

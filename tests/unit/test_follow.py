@@ -52,8 +52,9 @@ class _Door:
     def __init__(self, reader):
         self.reader, self.calls = reader, []
 
-    def turn(self, session, ids, profile, label, require_durable=True):
+    def turn(self, session, ids, profile, label, require_durable=True, read_ahead=True):
         assert not require_durable                    # an engine's events: no host retries
+        assert not read_ahead                         # under the hold: read ahead before it
         self.calls.append(("turn", session))
         self.reader.feed(session, ids, "prompt")
 

@@ -21,16 +21,19 @@ def _rows(n: int) -> torch.Tensor:
 
 def test_the_holder_keeps_its_bytes_and_drops_the_oldest_first():
     pre = PrefetchedPages(max_bytes=10)
-    assert pre.put(b"a", _rows(4)) and pre.put(b"b", _rows(4))
-    assert pre.put(b"c", _rows(4))                 # 12 > 10: a goes
+    assert pre.put(b"a", [1], _rows(4)) and pre.put(b"b", [2], _rows(4))
+    assert pre.free_bytes() == 2
+    assert pre.put(b"c", [3], _rows(4))             # 12 > 10: a goes
     assert b"a" not in pre and b"b" in pre and pre.held_bytes == 8
-    assert not pre.put(b"d", _rows(11))            # alone over the cap: refused, nothing lost
+    assert not pre.put(b"d", [4], _rows(11))        # alone over the cap: refused, nothing lost
     assert len(pre) == 2 and pre.held_bytes == 8
-    assert pre.put(b"b", _rows(2)) and pre.held_bytes == 6     # replaced
-    got = pre.take(b"c")
-    assert got is not None and got.numel() == 4 and pre.take(b"c") is None
+    assert pre.put(b"b", [2], _rows(2)) and pre.held_bytes == 6     # replaced
+    assert pre.take(b"c", [9]) is None and b"c" not in pre          # read for other ids
+    assert pre.put(b"c", [3], _rows(4))
+    got = pre.take(b"c", [3])
+    assert got is not None and got.numel() == 4 and pre.take(b"c", [3]) is None
     pre.clear()
-    assert pre.counts() == {"num_put": 4, "num_taken": 1, "num_dropped": 3, "num_held": 0,
+    assert pre.counts() == {"num_put": 5, "num_taken": 1, "num_dropped": 4, "num_held": 0,
                             "held_bytes": 0}
     with pytest.raises(ValueError, match="max_bytes"):
         PrefetchedPages(-1)
@@ -38,9 +41,11 @@ def test_the_holder_keeps_its_bytes_and_drops_the_oldest_first():
 
 def test_rows_not_taken_in_time_are_dropped():
     pre = PrefetchedPages(max_bytes=100, max_age_s=0.05)
-    pre.put(b"a", _rows(4))
+    pre.put(b"a", [1], _rows(4))
     time.sleep(0.1)
-    assert pre.take(b"a") is None and pre.counts()["num_dropped"] == 1
+    assert pre.counts()["num_held"] == 1            # counts() reports, drops nothing
+    pre.drop_aged()                                 # as the reader's settle does
+    assert pre.counts()["num_held"] == 0 and pre.counts()["num_dropped"] == 1
 
 
 def _parked(tiny, tmp_path, num_chunks=5, seed=2):
@@ -76,6 +81,9 @@ def test_a_parked_session_restores_from_rows_read_ahead_bit_for_bit(tiny, tmp_pa
     assert r.prefetch("a") == 0                     # held already: nothing read again
     pre = r.table.store.prefetched
     assert pre.counts()["num_held"] == 5
+    page_bytes = r.table.store.pool.page_bytes      # each page its own buffer: held = counted
+    assert all(rows.untyped_storage().nbytes() == page_bytes for rows, _, _ in
+               pre._rows.values())
     hits = r.stats()["prefix_cache_hit_tokens"]
     after = r.state_tensors("a")                    # the restore
     assert len(reads) == 5                          # no page file read under the lock
@@ -97,9 +105,10 @@ def test_a_restore_reads_what_was_not_read_ahead(tiny, tmp_path, monkeypatch):
     ids = r.table.residency.parked["a"].ids
     assert disk_io.prefetch_pages(r.table.store, ids, max_pages=2) == 2
     pre = r.table.store.prefetched
-    pre.take(next(iter(pre._rows)))                # as if aged out
+    pre.clear()                                     # as if aged out
+    assert disk_io.prefetch_pages(r.table.store, ids, max_pages=1) == 1
     after = r.state_tensors("a")
-    assert len(reads) == 2 + 4
+    assert len(reads) == 2 + 1 + 4
     assert all(before[k].equal(after[k]) for k in before)
 
 
@@ -131,3 +140,49 @@ def test_a_new_sessions_prefix_on_disk_is_read_ahead_from_its_prompt(tiny, tmp_p
     assert len(reads) == 4 and r.committed("b") == 4 * G
     r.read("b")
     assert r.check_exact("b")
+
+
+def test_nothing_is_read_past_the_deepest_line_a_resume_can_take(tiny, tmp_path, monkeypatch):
+    """A new session sharing 4 of a parked session's 5 pages, its GDN states on disk at 3 G
+    and 4 G gone (as the TTL deletes files): a resume stops at the deepest line with a state
+    (2 G), so only the 2 pages below it are read ahead, and both are taken."""
+    r, _ = _parked(tiny, tmp_path, num_chunks=5, seed=6)
+    held = [int(x) for x in r.table.residency.parked["a"].ids]
+    store = r.table.store
+    assert store.disk.entry_path(_key_at(store, held, 2)).is_file()
+    for i in (3, 4):
+        store.disk.entry_path(_key_at(store, held, i)).unlink(missing_ok=True)
+    prompt = held[:4 * G] + rand_ids(G + 3, random.Random(7))
+    reads = _count_file_reads(monkeypatch)
+    want = 2
+    assert r.prefetch("b", prompt) == want and len(reads) == want
+    r.feed("b", prompt, "prompt")
+    assert r.committed("b") == want * G and len(reads) == want
+    assert r.stats()["prefetch"]["num_held"] == 0
+
+
+def _key_at(store, ids, n):
+    keys = []
+    for i in range(n):
+        keys.append(store.key_after(keys, ids[i * G:(i + 1) * G]))
+    return keys[-1]
+
+
+def test_two_sessions_read_ahead_in_turn_keep_each_others_rows(tiny, tmp_path, monkeypatch):
+    """The read-ahead takes what the holder has room for, never evicting rows read for
+    another session: two parked sessions read ahead one after the other under a cap of 6
+    pages (5 each): the first keeps its 5, the second gets 1, and both restores take theirs."""
+    r = disk_reader(tiny, tmp_path, G)
+    for sid, seed in (("a", 1), ("b", 2)):
+        r.feed(sid, rand_ids(5 * G + 3, random.Random(seed)), "prompt")
+        r.read(sid)
+        r.table.park(sid)
+    r.table.store.manager.forget_cached()
+    store = r.table.store
+    store.prefetched = PrefetchedPages(6 * store.pool.page_bytes)
+    assert r.prefetch("a") == 5 and r.prefetch("b") == 1
+    reads = _count_file_reads(monkeypatch)
+    r.state_tensors("a")
+    r.state_tensors("b")
+    assert len(reads) == 4 and store.prefetched.counts()["num_taken"] == 6
+    assert r.check_exact("a") and r.check_exact("b")
