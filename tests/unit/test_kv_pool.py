@@ -69,3 +69,21 @@ def test_a_layer_off_16_bytes_is_refused_by_name():
     pool = types.SimpleNamespace(block=meta.pool_base, pointers=[base, base + 16, base + 34, 0])
     with pytest.raises(ValueError, match=f"a layer at {base + 34:#x}"):
         meta.pool_places(pool)
+
+
+def test_one_pages_rows_go_where_put_pages_puts_them():
+    """kv_pool.put_page (a read-ahead page's one copy) writes page p's rows as put_pages does,
+    and nothing else; rows of another shape are refused, the pool unchanged."""
+    from block_store.memory.kv_pool import put_page, put_pages
+    one, many = KvPool(SPEC, 64, 4), KvPool(SPEC, 64, 4)
+    base = torch.randn(one.block.shape).to(one.block.dtype)
+    one.block.copy_(base)
+    many.block.copy_(base)
+    rows = torch.randn(2, *one.block.shape[:2], *one.block.shape[3:]).to(one.block.dtype)
+    put_page(one, 3, rows[0])
+    put_page(one, 1, rows[1])
+    put_pages(many, [3, 1], rows)
+    assert torch.equal(one.block, many.block) and not torch.equal(one.block, base)
+    with pytest.raises(ValueError, match="shape"):
+        put_page(one, 0, rows[0][:, :, :32])
+    assert torch.equal(one.block, many.block)
