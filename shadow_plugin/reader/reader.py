@@ -91,15 +91,17 @@ class Reader:
     deleted, 48 h); gdn_bytes (what unreferenced GDN table entries may keep; None: a quarter
     of resident_bytes); disk_shared (other servers use the folder: block_store.StoreConfig;
     `sync`), disk_grace_s (files younger than this, s, are never deleted; None: 60 with
-    disk_shared, else 0); cuda_graphs, fused_ops, attn_split, attention: how the forwards run
+    disk_shared, else 0); prefetch_bytes (page rows read ahead of restores, `prefetch`, may
+    hold this much host memory; None: half of resident_bytes, at most 2 GiB); cuda_graphs,
+    fused_ops, attn_split, attention: how the forwards run
     (adapters.make_adapter; refused with an adapter already built); max_tails: questions'
     tails kept (shadow_plugin.reader.tails: a page and a GDN state's bytes each; 0: none).
     Questions, decoding and summaries: ask, generate, summarize.
     On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
     and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
     a chunk's bits depend on (Adapter.identity).
-    Raises ValueError for a bad grid, max_checkpoints, resident_bytes, gdn_bytes or
-    max_tails, an attention this device cannot run, or an attention, attn_split or
+    Raises ValueError for a bad grid, max_checkpoints, resident_bytes, gdn_bytes,
+    prefetch_bytes or max_tails, an attention this device cannot run, or an attention, attn_split or
     fused_ops without the runners.
     """
 
@@ -107,7 +109,7 @@ class Reader:
                  max_checkpoints: int = 6, tokenizer=None, resident_bytes: int = 4 * 2**30,
                  disk_dir=None, disk_bytes: int | None = None, disk_ttl_s: float = 48 * 3600,
                  gdn_bytes: int | None = None, disk_shared: bool = False,
-                 disk_grace_s: float | None = None,
+                 disk_grace_s: float | None = None, prefetch_bytes: int | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
                  attn_split=None, attention: str | None = None, max_tails: int = 8):
         options = (cuda_graphs, fused_ops, attn_split, attention)
@@ -122,7 +124,7 @@ class Reader:
             self.config = ReaderConfig(512 if grid is None else grid, max_checkpoints)
             self.adapter = make_adapter(model, self.config.grid, *options)
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
-                                        gdn_bytes, disk_shared, disk_grace_s)
+                                        gdn_bytes, disk_shared, disk_grace_s, prefetch_bytes)
         self._tokenizer = tokenizer
         # since start; num_batched_forwards / num_batched_chunks: forwards that read chunks of
         # two or more sessions at once (read_batch) and the chunks they read

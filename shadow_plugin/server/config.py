@@ -4,6 +4,7 @@ SHADOW_MODEL (required: a model directory or random:NAME), SHADOW_DEVICE, SHADOW
 and state, default ~/.shadow-reader), SHADOW_GB (resident cap, GiB), SHADOW_GRID, SHADOW_DISK
 ("auto" = a cache folder under the home directory, "off", or a path), SHADOW_DISK_GB,
 SHADOW_DISK_SHARED (1: other servers use the folder too), SHADOW_DISK_GRACE_S,
+SHADOW_PREFETCH_GB (host memory for page files read ahead of restores),
 SHADOW_API_KEY, SHADOW_MAX_BODY_MB, SHADOW_PROFILES (a YAML file), SHADOW_HISTORY_S (the
 dashboard's sampling interval, s) and SHADOW_HISTORY_SAMPLES (its ring's size),
 SHADOW_ASK_WORKERS and SHADOW_ASK_QUEUE (the question pool), SHADOW_ASK_MAX_CATCHUP_TOKENS (the
@@ -79,7 +80,8 @@ class ServiceConfig:
     disk_gb (None: no cap); disk_ttl_h (files older than this are deleted, hours);
     disk_shared (other servers use the folder too: StoreConfig.disk_shared); disk_grace_s
     (files younger than this, s, are never deleted; None: 60 with disk_shared, else 0);
-    api_key (None: no key); max_body_bytes; max_ids (per request);
+    prefetch_gb (host memory for page files read ahead of restores, GiB; None: half of
+    resident_gb, at most 2; 0: none); api_key (None: no key); max_body_bytes; max_ids (per request);
     profiles_path (server.router_journal.load_profiles); scheduler; bind_host (the address
     served; on a loopback address the Host header must name the loopback); history_every_s,
     history_samples: the dashboard's history (server.history.History: one sample every
@@ -105,6 +107,7 @@ class ServiceConfig:
     disk_ttl_h: float = 48.0
     disk_shared: bool = False
     disk_grace_s: float | None = None
+    prefetch_gb: float | None = None
     api_key: str | None = None
     max_body_bytes: int = 64 * 2**20
     max_ids: int = 4 * 2**20
@@ -151,6 +154,7 @@ class ServiceConfig:
                    disk_ttl_h=_num(env, "DISK_TTL_H", 48.0),
                    disk_shared=_flag(env, "DISK_SHARED"),
                    disk_grace_s=_num(env, "DISK_GRACE_S", None),
+                   prefetch_gb=_num(env, "PREFETCH_GB", None),
                    api_key=_get(env, "API_KEY"),
                    max_body_bytes=int(_num(env, "MAX_BODY_MB", 64.0) * 2**20),
                    profiles_path=Path(_get(env, "PROFILES")) if _get(env, "PROFILES") else None,

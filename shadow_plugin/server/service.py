@@ -177,6 +177,8 @@ class Service:
                                  disk_dir=cfg.disk_dir, disk_bytes=disk_bytes,
                                  disk_ttl_s=cfg.disk_ttl_h * 3600,
                                  disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s,
+                                 prefetch_bytes=None if cfg.prefetch_gb is None else
+                                 int(cfg.prefetch_gb * 2**30),
                                  attention=cfg.attention, max_tails=cfg.max_tails)
             self.reader.adapter.bind_thread()
             self.reader.warm_up()

@@ -17,6 +17,8 @@ SETTINGS: tuple[tuple[str, str, str, str], ...] = (
      "newer manifest another server wrote"),
     ("SHADOW_DISK_GRACE_S", "", "60 shared, else 0", "files written or used this recently "
      "(s) are never deleted by the TTL or the cap"),
+    ("SHADOW_PREFETCH_GB", "", "GB/2, <= 2", "host memory (GiB) for page files "
+     "read ahead of a parked session's restore, without the lock; 0: none"),
     ("SHADOW_DIR", "", "~/.shadow-reader", "the router journal (shadow.jsonl)"),
     ("SHADOW_API_KEY", "--api-key", "none", "bearer key on every route but /healthz and the "
      "dashboard's page (prefer the variable: a flag shows in ps)"),

@@ -54,6 +54,9 @@ def check_paths(cfg: ServiceConfig) -> None:
     if cfg.disk_grace_s is not None and not cfg.disk_grace_s >= 0:
         raise ValueError(f"SHADOW_DISK_GRACE_S={cfg.disk_grace_s}: the grace period must be "
                          "0 or more seconds")
+    if cfg.prefetch_gb is not None and not 0 <= cfg.prefetch_gb < float("inf"):
+        raise ValueError(f"SHADOW_PREFETCH_GB={cfg.prefetch_gb}: the read-ahead's memory must "
+                         "be 0 or more GiB")
     if cfg.disk_dir is not None:
         check_folder(cfg.disk_dir, "SHADOW_DISK")
     check_folder(cfg.state_dir, "SHADOW_DIR")

@@ -186,3 +186,22 @@ def test_two_sessions_read_ahead_in_turn_keep_each_others_rows(tiny, tmp_path, m
     r.state_tensors("b")
     assert len(reads) == 4 and store.prefetched.counts()["num_taken"] == 6
     assert r.check_exact("a") and r.check_exact("b")
+
+
+def test_the_read_aheads_memory_is_a_setting(tiny, tmp_path):
+    """SHADOW_PREFETCH_GB reaches the reader's holder (0: no read-ahead); a negative one is
+    refused at start naming the variable; unset it is half the resident cap, at most 2 GiB."""
+    from shadow_plugin.reader.reader import Reader
+    from shadow_plugin.server.config import ServiceConfig
+    from shadow_plugin.server.startup import check_paths
+    env = {"SHADOW_MODEL": "random:tiny", "SHADOW_DIR": str(tmp_path / "state")}
+    assert ServiceConfig.from_env(env).prefetch_gb is None
+    assert ServiceConfig.from_env({**env, "SHADOW_PREFETCH_GB": "0.5"}).prefetch_gb == 0.5
+    with pytest.raises(ValueError, match="SHADOW_PREFETCH_GB"):
+        check_paths(ServiceConfig.from_env({**env, "SHADOW_PREFETCH_GB": "-1"}))
+    sized = Reader(tiny, grid=G, disk_dir=tmp_path / "d1", prefetch_bytes=3 * 2**20)
+    assert sized.table.store.prefetched.max_bytes == 3 * 2**20
+    assert Reader(tiny, grid=G, disk_dir=tmp_path / "d2",
+                  prefetch_bytes=0).table.store.prefetched is None
+    default = Reader(tiny, grid=G, disk_dir=tmp_path / "d3", resident_bytes=2**30)
+    assert default.table.store.prefetched.max_bytes == 2**29
