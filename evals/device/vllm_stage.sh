@@ -32,6 +32,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOST_PRESET=${HOST_PRESET:-qwen3.5-4b}
 stage=/tmp/vstage
+# staged_site: the tests' and benchmarks' environment on the site `2` (and `fa4b`) staged:
+# env.sh ($out, gpu_pytest, quiet), Triton on the GPU, FA4's kernels compiled into
+# /tmp/fa4cache-tests (apart from the servers')
+staged_site() {
+    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
+    set +eu
+    source evals/device/env.sh
+    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache-tests \
+        PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+}
+
 case "${1:-}" in
 pack)
     dl=${DL:-/tmp/vllm26-dl}
@@ -123,12 +135,7 @@ flash_attn.cute, tvm_ffi; print('vllm', vllm.__version__, 'with flash_attn.cute,
 tvm_ffi.__version__)"
     ;;
 tests)
-    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
-    set +eu
-    source evals/device/env.sh
-    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD \
-        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache-tests \
-        PYTHONUNBUFFERED=1
+    staged_site
     gpu_pytest "${TESTS_S:-330}" gpu-tests.log tests/gpu/test_long_question_cuda.py \
         tests/gpu/test_tails_cuda.py \
         tests/gpu/test_batch_cuda.py
@@ -137,12 +144,7 @@ bench)
     # bench MODULE ARGS...: `python3 -m evals.MODULE ARGS` on the staged site (FA4 included),
     # its output in $out/MODULE.log, the last line (its JSON) printed; BENCH_S (default 300)
     # bounds it
-    [ -f /tmp/site/.vllm-staged ] || { echo "no vLLM in /tmp/site: run 'vllm_stage.sh 2' first"; exit 1; }
-    set +eu
-    source evals/device/env.sh
-    export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/site:$PWD \
-        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4cache-tests \
-        PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+    staged_site
     mod=$2
     shift 2
     timeout "${BENCH_S:-300}" python3 -m "evals.$mod" "$@" 2>&1 | quiet | tee "$out/$mod.log" \
