@@ -4,12 +4,17 @@ single-token runner and its device-fed decode loop). On CUDA each runner replays
 with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
 run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
-reference on CUDA. Batches (`read_chunks`, `fork_logits_batch`) run one at a time here for
-now (the Adapter's default): cuBLAS picks its GEMM kernels by the row count, so a batched
-forward on CUDA needs GEMMs with fixed tiles and no split-K, and graphs per batch shape.
+reference on CUDA. Grid chunks of several sessions (`read_chunks`) run one at a time here (the
+Adapter's default): a batched read in graphs would gain at most 1.53x at B = 4 on an H100
+(evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
+waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks
+of one ask) run in one forward (runners.question_batch.QuestionBatch), each question with the
+bits it gets alone: the first batch of each shape is checked against the same forks run alone
+(`_checked`), and a shape whose bits differ runs one fork at a time from then on.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +38,10 @@ class GraphAdapter(Adapter):
         if self.runners.chunk.t != grid:
             raise ValueError(f"the runners read chunks of {self.runners.chunk.t} ids, the "
                              f"grid is {grid}")
+        # (B, T) -> whether a batch of B forks of T rows gave each the bits of its own
+        # runner (checked at its first batch, `_checked`)
+        self.batch_bits: dict[tuple[int, int], bool] = {}
+        self.num_question_batches = 0          # batches run in one forward
 
     @property
     def path(self) -> str:
@@ -42,8 +51,77 @@ class GraphAdapter(Adapter):
         self.runners.prepare(pool=pool, kept_rows=kept_rows)
 
     def graph_stats(self) -> dict:
-        """Runners.captures: the runners, their graphs and what capturing them took."""
-        return self.runners.captures()
+        """Runners.captures: the runners, their graphs and what capturing them took; with
+        `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
+        bits, as its first batch was checked}) and num_question_batches (batches run in one
+        forward)."""
+        out = self.runners.captures()
+        out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
+                                      sorted(self.batch_bits.items())}
+        out["num_question_batches"] = self.num_question_batches
+        return out
+
+    def batches(self, lengths: Sequence[int] | None = None) -> bool:
+        """Whether questions' last forwards run in one forward here: with lengths, when there
+        are 2 or more and each pads to a question bucket of at most Runners.BUCKET rows (the
+        forks of one ask; a shape whose first batch gave other bits than alone
+        (`batch_bits`) runs one at a time inside fork_logits_batch). Grid chunks never do
+        (read_chunks runs them one at a time), so lengths of a grid's ids say no."""
+        runners = self.runners
+        if lengths is None:
+            return runners.batches_questions
+        return runners.batches_questions and len(lengths) >= 2 and all(
+            0 < n < self.grid and runners.rows_of(n) <= runners.BUCKET for n in lengths)
+
+    def fork_logits_batch(self, items) -> list[torch.Tensor]:
+        """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos whose
+        ids pad to one bucket (Runners.rows_of) in one forward (Runners.question_batch), each
+        with the bits fork_logits gives it alone, checked at the first batch of each shape
+        (`_checked`); the others one at a time. Returns [len(token_ids)] fp32 each."""
+        items = [(list(ids), *rest) for ids, *rest in items]
+        groups: dict = {}
+        for i, (ids, pos, *_) in enumerate(items):
+            groups.setdefault((pos, self.runners.rows_of(len(ids))), []).append(i)
+        out: list = [None] * len(items)
+        for (_, rows), idx in groups.items():
+            batch = self.runners.question_batch(rows, len(idx))
+            if batch is None or not self.batch_bits.get((len(idx), batch.t), True):
+                for i in idx:
+                    out[i] = self.fork_logits(*items[i])
+                continue
+            hidden = self._checked(batch, [items[i] for i in idx])
+            for i, h in zip(idx, hidden):
+                ids, token_ids = items[i][0], items[i][4]
+                out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
+                                           self._ids(token_ids))[0].float()
+        return out
+
+    def _checked(self, batch, items) -> list[torch.Tensor]:
+        """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
+        of its shape, also from each fork's own runner (run after, so the KV rows they leave
+        are its), compared bit for bit on the forks' real rows: a shape that differs is
+        recorded in batch_bits (with a RuntimeWarning) and its forks get their own runner's
+        rows."""
+        t, key = batch.t, (len(items), batch.t)
+        padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
+                  for ids, pos, kv, gdn, _ in items]
+        hidden = batch.run(padded)
+        self.num_question_batches += 1
+        if key in self.batch_bits:
+            return hidden
+        runner = self.runners.for_rows(t)
+        alone = [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
+                 for ids, pos, kv, gdn in padded]
+        same = all(torch.equal(a[:len(ids)], b[:len(ids)])
+                   for a, b, (ids, *_) in zip(alone, hidden, items))
+        self.batch_bits[key] = same
+        if not same:
+            self.num_question_batches -= 1
+            warnings.warn(f"a batch of {key[0]} questions of {t} rows gave other bits than "
+                          f"each alone on {self.model.device}; such batches run one question "
+                          f"at a time in this process", RuntimeWarning, stacklevel=3)
+            return alone
+        return hidden
 
     def kernel_picks(self) -> str:
         """The chunk runner's picks, digested at its warm-up (ChunkGraphs.prepare, run now if

@@ -19,6 +19,13 @@
   ChunkGraphs forward of B x 512 rows of one sequence at each context (every layer over all
   rows, FA4 over the pages) against B forwards of 512 rows (`ceiling`; a batched read over B
   sessions adds B attentions and GDN recurrences in place of one).
+- `questions`: several questions over one session in one forward (issue 36, item 3): per
+  context and question bucket (--question-rows), B forks at the context's end over the
+  session's shared pages (a page of its own each, random states and ids), their last forwards
+  one at a time through the bucket's runner against one forward of runners.question_batch
+  (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's ms over one question's
+  (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
+  batch equal to its runner's alone, bit for bit.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -29,7 +36,8 @@
   a time over batched.
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
-        [--parts probe,speed,graphs,read] [--contexts 16384,65536] [--batches 1,2,4,8]
+        [--parts probe,speed,graphs,questions,read] [--contexts 16384,65536]
+        [--batches 1,2,4,8] [--question-rows 64,128]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
 
@@ -223,6 +231,58 @@ def graphs_part(model, args) -> dict:
     return out                    # its runners and pool go with this frame
 
 
+def questions_part(model, args) -> dict:
+    """`questions` (module doc): per context, bucket and B the two arms' ms (CUDA events, the
+    median of --repeats rounds after a warm-up round that also captures the graphs, the arms
+    in turns each round) and the batch's bits against each fork alone."""
+    from adapters import spec_for
+    from adapters.runners.runners import Runners
+    from block_store import KvPool, PagedKv
+    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
+    runners, num = Runners(model, grid), max(args.batches)
+    g = torch.Generator(device=dev).manual_seed(3)
+    spec = spec_for(cfg, dev, dt)
+    num_shared = max(args.contexts) // grid
+    pool = KvPool(spec, grid, num_shared + num + 1)
+    pool.block.normal_(generator=g)
+    shared = [pool.manager.allocate().index for _ in range(num_shared)]
+    own = [pool.manager.allocate().index for _ in range(num)]
+    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
+             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
+            for _ in range(spec.num_gdn)] for _ in range(num)]
+    ids = torch.randint(0, cfg.vocab_size, (num, max(args.question_rows)),  # host lists,
+                        generator=torch.Generator().manual_seed(3))         # as a reader's
+    out = {}
+    for rows in args.question_rows:
+        alone = runners.for_rows(rows)
+        alone.prepare(pool)
+        for context in args.contexts:
+            pages = shared[:context // grid]
+            forks = [(ids[b, :rows].tolist(), context, PagedKv(pool, pages + [own[b]]), gdn[b])
+                     for b in range(num)]
+            for b in args.batches:
+                batch = runners.question_batch(rows, b)
+                each = lambda b=b: [alone.run(*f)[0] for f in forks[:b]]  # noqa: E731
+                one = (lambda: batch.run(forks[:b])) if batch else each
+                times = {"one_at_a_time": [], "one_forward": []}
+                for k in range(args.repeats + 1):      # round 0: warm-up and captures
+                    ms_each, ms_one = _timed_ms(each), _timed_ms(one)
+                    if k:
+                        times["one_at_a_time"].append(ms_each)
+                        times["one_forward"].append(ms_one)
+                row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
+                row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
+                if b == 1:
+                    one_ms = row["one_at_a_time"]
+                row["over_one"] = round(row["one_forward"] / one_ms, 3)
+                row["exact"] = all(torch.equal(x, y) for x, y in zip(each(), one()))
+                out[f"{context}x{rows}x{b}"] = row
+                print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
+                      flush=True)
+    out["captures"] = runners.captures()
+    return out
+
+
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over iters calls (CUDA events), after warmup calls."""
     for _ in range(warmup):
@@ -371,6 +431,7 @@ def run(args) -> dict:
     parts = {"probe": lambda: probe_part(model, args.grid),
              "speed": lambda: speed_part(model, args.tiles, args.iters),
              "graphs": lambda: graphs_part(model, args),
+             "questions": lambda: questions_part(model, args),
              "read": lambda: read_part(model, args)}
     for name in args.parts:
         res[name] = parts[name]()
@@ -394,6 +455,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="probe,speed,read")
     ap.add_argument("--contexts", type=_ints, default=[16384, 65536])
     ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
+    ap.add_argument("--question-rows", type=_ints, default=[64, 128],
+                    help="the questions' buckets (`questions`)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiles", default="64x128x64x4x3,128x128x64x8x3,64x64x64x4x4",
@@ -404,8 +467,8 @@ def main(argv=None) -> int:
                     help="each reader's resident cap (8 sessions at 64k hold ~6.3 GiB of KV)")
     ap.add_argument("--out", help="also write the JSON here after each part")
     args = ap.parse_args(argv)
-    if not set(args.parts.split(",")) <= {"probe", "speed", "graphs", "read"}:
-        ap.error(f"--parts takes probe, speed, graphs, read; got {args.parts!r}")
+    if not set(args.parts.split(",")) <= {"probe", "speed", "graphs", "questions", "read"}:
+        ap.error(f"--parts takes probe, speed, graphs, questions, read; got {args.parts!r}")
     args.parts, args.arms = args.parts.split(","), args.arms.split(",")
     args.tiles = [invariant.Tile.parse(t) for t in args.tiles.split(",") if t]
     print(json.dumps(run(args)))

@@ -263,6 +263,12 @@ class FA4Attention:
         from adapters.attention.combine import combine_lse
         combine_lse(o_part, lse_part, out)
 
+    def split_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream the splits run on beside the caller's (`_side`'s, made at its first use
+        on `device`): what a runner that calls FA4 inside its own graph (runners.fa4_graph)
+        forks its splits onto."""
+        return self._side(device)[0]
+
     def _side(self, device: torch.device) -> tuple:
         """(stream of the highest priority, an event for the caller's stream, one for it) on
         `device`, made at its first use there."""

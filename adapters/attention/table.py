@@ -195,6 +195,12 @@ def _align(base: torch.Tensor, x: torch.Tensor) -> int:
     return 16 // base.element_size()
 
 
+def kv_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, Hkv, D] as write_kv takes it: itself when each row is contiguous within (the
+    k, v column slices of a fused projection's rows), else a contiguous copy."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, places: torch.Tensor,
              pos: torch.Tensor, pages: torch.Tensor, page_rows: int) -> None:
     """k, v [T, Hkv, D] (each row's Hkv * D values contiguous; rows may be strided, as the

@@ -59,11 +59,6 @@ def default_attention(device: torch.device, dtype: torch.dtype) -> str:
     return "fa4" if fa4.available(device, dtype) else "table"
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x [T, Hkv, D] as write_kv takes it: itself when each row is contiguous within."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
-
-
 class ChunkGraphs:
     """Runs chunks of exactly `t` ids through `model`; CUDA graphs on CUDA.
 
@@ -166,8 +161,8 @@ class ChunkGraphs:
         sequence's pages, the pools' places, pos and the page table read from meta (inside
         a graph: no host call)."""
         m = self.staged
-        self._at.write_kv(_rows(k), _rows(v), m.pool_base, m.places(j), m.pos, m.table(),
-                          self.page_rows)
+        self._at.write_kv(self._at.kv_rows(k), self._at.kv_rows(v), m.pool_base, m.places(j),
+                          m.pos, m.table(), self.page_rows)
 
     def _pages(self, j: int):
         """Layer j's LayerPages over the pools of this run, its table a view of meta."""
@@ -181,7 +176,7 @@ class ChunkGraphs:
         (q, k, v), out = self._qkv[j], self.attn_out[j]
         if self._tables is not None:                    # FA4 over the device-built tables
             from adapters.runners import fa4_graph
-            side = self._between._side(q.device)[0] if self._between.overlap and \
+            side = self._between.split_stream(q.device) if self._between.overlap and \
                 q.is_cuda else None
             fa4_graph.attend(fa4.forward(), q, *self._kv.pool.layer(j), self._tables,
                              out, side)

@@ -60,6 +60,7 @@ class Runners:
         self._sized: dict = {}
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
+        self._batches: dict = {}          # (t, B) -> question_batch.QuestionBatch
 
     @property
     def path(self) -> str:
@@ -107,22 +108,52 @@ class Runners:
                 runner.split_graphs.pin(self._pool)
         return self._sized[key]
 
+    def question_batch(self, num_rows: int, num_seqs: int):
+        """The runner of num_seqs question forks of num_rows ids each (padded as `for_rows`
+        pads them) in one forward (runners.question_batch.QuestionBatch over that bucket's
+        runner), made at first use; None where questions are not batched: fewer than 2
+        forks, a bucket past BUCKET rows, or an attention QuestionBatch does not take (the
+        table attention)."""
+        t = self.rows_of(num_rows)
+        if num_seqs < 2 or t > self.BUCKET or not self.batches_questions:
+            return None
+        key = (t, num_seqs)
+        if key not in self._batches:
+            from adapters.runners.question_batch import QuestionBatch
+            batch = self._batches[key] = QuestionBatch(self._get(t, self.split), num_seqs)
+            if batch.split_graphs is not None and self._pool is not None:
+                batch.split_graphs.pin(self._pool)          # the reader's pool, as _made
+        return self._batches[key]
+
+    @property
+    def batches_questions(self) -> bool:
+        """Whether `question_batch` makes batches here: FA4 inside the graph (CUDA) or SDPA
+        without graphs (the CPU); not the table attention."""
+        c = self.chunk
+        return (c.attention == "fa4" and c.split_graphs is not None) or \
+            (c.attention == "sdpa" and not c.use_graphs)
+
     def captures(self) -> dict:
         """The runners made so far and their CUDA graphs: num_runners; num_graphs (held now);
         num_captures, num_failed_captures and capture_s (seconds) since the start (the
         captures at first use, after `prepare`, included: each syncs the device; the decode
         loop's own tail graph included in num_graphs once captured); the row counts of the
         question runners (`question_rows`; a question padded to the grid runs on the chunk
-        runner, not listed) and of the states-keeping ones (`kept_rows`: Runners.rows, a
-        fork's tail). All 0 without graphs."""
+        runner, not listed), of the states-keeping ones (`kept_rows`: Runners.rows, a
+        fork's tail) and the question batches' "BxT" (`question_batches`: B forks of T
+        rows, question_batch; their graphs counted with the others). All 0 without
+        graphs."""
         out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
                "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
-               "kept_rows": []}
-        for key, runner in [("chunk", self.chunk), *self._sized.items()]:
+               "kept_rows": [], "question_batches": []}
+        batches = [(("batch",) + key, b) for key, b in sorted(self._batches.items())]
+        for key, runner in [("chunk", self.chunk), *self._sized.items(), *batches]:
             for name, value in runner.captures().items():
                 out[name] += value
             out["num_runners"] += 1
-            if isinstance(key, tuple):
+            if isinstance(key, tuple) and key[0] == "batch":
+                out["question_batches"].append(f"{key[2]}x{key[1]}")
+            elif isinstance(key, tuple):
                 out["kept_rows"].append(key[1])
             elif isinstance(key, int) and key > 1:
                 out["question_rows"].append(key)

@@ -12,6 +12,10 @@
 #       batched forward keep a row's bits on CUDA, the invariant linear against cuBLAS, and
 #       the batched read ('eager+bi', B = 1-8 at 16k and 64k) against one at a time, exact
 #       (issue 36; JSON also in $out/bi-bench.json after each part, should the timeout hit)
+#   bash evals/device/bench_h200.sh questions   `python -m evals.bi_bench --parts questions`:
+#       B = 1, 2, 4, 8 questions over one session at 16k and 100k in one forward
+#       (runners.question_batch) against one at a time, 64- and 128-row buckets, bit for bit
+#       (issue 36, item 3; JSON in $out/bi-bench-questions.json)
 #   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
 #       replayed alone with the router question after every turn under the default cap,
 #       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
@@ -39,6 +43,11 @@ host)
 batch)
     timeout 540 python3 -m evals.bi_bench --out "$out/bi-bench.json" 2>&1 | quiet \
         | tee "$out/bi-bench.log" | tail -n 1 | cut -c1-4000 ;;
+questions)
+    timeout 540 python3 -m evals.bi_bench --parts questions --contexts 16384,100352 \
+        --repeats 5 --out "$out/bi-bench-questions.json" 2>&1 | quiet \
+        | tee "$out/bi-bench-questions.log" | grep -v "^{" | cut -c1-400
+    tail -n 1 "$out/bi-bench-questions.log" | cut -c1-3000 ;;
 reread)
     timeout $((560 - SECONDS)) python3 -m evals.reread ${SESSIONS:-.devdata/sessions/*.json} \
         --device cuda --check-exact 2>&1 | quiet | tee "$out/reread.log" | cut -c1-600 ;;
@@ -48,7 +57,7 @@ tails)
     [ -n "${TESTS_ONLY:-}" ] || timeout $((570 - SECONDS)) python3 -m evals.tail_bench 2>&1 | quiet \
         | tee "$out/tail-bench.log" | tail -n 1 | cut -c1-4000 ;;
 *)
-    echo "usage: bench_h200.sh read|disk|host|batch|reread|tails"; exit 2 ;;
+    echo "usage: bench_h200.sh read|disk|host|batch|questions|reread|tails"; exit 2 ;;
 esac
 echo "took ${SECONDS} s"
 tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true

@@ -22,10 +22,11 @@
 #   bash evals/device/vllm_stage.sh fa4b     (carry .fa4b) FA4 into /tmp/site beside vLLM
 #       (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces vLLM's 0.1.10, which
 #       only vLLM's own CuTe kernels import, none of them on a Hopper host of Qwen3.5)
-#   bash evals/device/vllm_stage.sh tests    the GPU tests that need no FA4 wheels of their
-#       own (tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py) on
-#       the staged site, FA4 included when staged; the log in $OUT/gpu-tests.log (FA4's kernels compiled into
-#       /tmp/fa4cache-tests, apart from the servers')
+#   bash evals/device/vllm_stage.sh tests [PATHS...]   the GPU tests named (default:
+#       tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py,
+#       test_question_batch_cuda.py) on the staged site, FA4 included when staged; the log in
+#       $OUT/gpu-tests.log (FA4's kernels compiled into /tmp/fa4cache-tests, apart from the
+#       servers')
 #   bash evals/device/vllm_stage.sh bench MODULE ARGS...   `python3 -m evals.MODULE ARGS` on
 #       the staged site, FA4 included when staged (e.g. `bench bi_bench --parts graphs`)
 set -euo pipefail
@@ -135,10 +136,13 @@ flash_attn.cute, tvm_ffi; print('vllm', vllm.__version__, 'with flash_attn.cute,
 tvm_ffi.__version__)"
     ;;
 tests)
+    # tests [PATHS...]: the GPU tests named (default: tails, long questions, batches) on the
+    # staged site; TESTS_S (default 330) bounds them
     staged_site
-    gpu_pytest "${TESTS_S:-330}" gpu-tests.log tests/gpu/test_long_question_cuda.py \
-        tests/gpu/test_tails_cuda.py \
-        tests/gpu/test_batch_cuda.py
+    shift
+    [ $# -gt 0 ] || set -- tests/gpu/test_long_question_cuda.py tests/gpu/test_tails_cuda.py \
+        tests/gpu/test_batch_cuda.py tests/gpu/test_question_batch_cuda.py
+    gpu_pytest "${TESTS_S:-330}" gpu-tests.log "$@"
     ;;
 bench)
     # bench MODULE ARGS...: `python3 -m evals.MODULE ARGS` on the staged site (FA4 included),
@@ -152,6 +156,6 @@ bench)
     tail -n 1 "$out/$mod.log" | cut -c1-3000
     ;;
 *)
-    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b|tests|bench MODULE ARGS"; exit 2
+    echo "usage: vllm_stage.sh pack|1|2|fa4a|fa4b|tests [PATHS]|bench MODULE ARGS"; exit 2
     ;;
 esac

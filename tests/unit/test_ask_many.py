@@ -124,16 +124,51 @@ def test_bad_lists_are_refused_with_nothing_held(tiny):
     check_refs(r)
 
 
-def test_the_graph_adapter_answers_a_list_one_forward_at_a_time(tiny):
-    """The CUDA-graph adapter (its bodies run eagerly on the CPU) does not batch yet: a list
-    of questions goes one forward a step, each answer its question's alone."""
+def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
+    """The CUDA-graph adapter (its bodies run eagerly on the CPU) answers the questions of one
+    ask that pad to one bucket in one forward (runners.question_batch), each answer its
+    question's alone, bit for bit; its first batch of a shape was checked against the forks
+    run alone; grid chunks still go one at a time."""
     r, rng = _reader(tiny, seed=7, cuda_graphs=True)
-    assert not r.adapter.batches()
-    items = _items(rng)
+    a = r.adapter
+    assert a.batches() and a.batches([3, 40]) and not a.batches([3]) and not a.batches([G, 3])
+    items = [ROUTER, ([5, 6, 7], ["x", "y"]), ("Is the user asking for code?", ["yes", "no"]),
+             (vocab_ids(rng, 70), ["p", "q"])]          # three of one bucket, one of another
     many = r.ask_many("s", items)
-    assert [a.probs for a in many] == [r.ask("s", q, c).probs for q, c in items]
+    stats = a.graph_stats()
+    if not tiny.gemms_keep_tile_bits(3 * G, G):  # this CPU's GEMMs: a batch checked, refused
+        assert stats["question_batch_bits"] == {"3x64": False}
+    else:
+        assert stats["question_batch_bits"] == {"3x64": True}
+        assert stats["num_question_batches"] == 1 and stats["question_batches"] == ["3x64"]
+    assert [x.probs for x in many] == [r.ask("s", q, c).probs for q, c in items]
+    r.ask_many("s", items[:3])
+    assert a.graph_stats()["num_question_batches"] == 2 * stats["num_question_batches"]
     r.feed("s", vocab_ids(rng, G), "output")
     assert r.read_batch(["s"]).sessions == ("s",) and r.check_exact("s")
+    check_refs(r)
+
+
+def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monkeypatch):
+    """A shape whose first batch gives a fork other bits than its own runner (here SwiGLU
+    over exactly a batch's rows) is recorded and warned of; its answers are each question's
+    alone, that batch and every later one."""
+    import dataclasses
+    r, rng = _reader(tiny, n=200, seed=8, cuda_graphs=True)
+    items = [([5, 6, 7], ["x", "y"]), ([8, 9, 10, 11, 12], ["p", "q", "r"])]
+    alone = [r.ask("s", *item).probs for item in items]
+    batch = r.adapter.runners.question_batch(3, 2)
+    real = batch.ops.swiglu
+
+    def swiglu(g, u):                                  # other bits over exactly 128 rows
+        out = real(g, u)
+        return out * (1 + 2 ** -6) if g.shape[0] == 2 * G else out
+    monkeypatch.setattr(batch, "ops", dataclasses.replace(batch.ops, swiglu=swiglu))
+    with pytest.warns(RuntimeWarning, match="other bits than each alone"):
+        assert [x.probs for x in r.ask_many("s", items)] == alone
+    assert r.adapter.graph_stats()["question_batch_bits"] == {"2x64": False}
+    assert [x.probs for x in r.ask_many("s", items)] == alone
+    assert r.adapter.graph_stats()["num_question_batches"] == 0
     check_refs(r)
 
 

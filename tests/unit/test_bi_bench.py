@@ -3,7 +3,7 @@ what else is in the batch, and the part runs its code paths (eagerly, random:tin
 report with every projection, op and ceiling row."""
 import torch
 
-from evals.bi_bench import blocks_differ, graphs_part
+from evals.bi_bench import blocks_differ, graphs_part, questions_part
 
 
 def test_blocks_differ_names_the_blocks_a_batch_changes():
@@ -29,3 +29,18 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
     for row in out["ceiling"].values():
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
+
+
+def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
+    class Args:
+        grid, batches, contexts, repeats, question_rows = 64, [1, 2, 3], [128, 192], 1, [64]
+    out = questions_part(tiny, Args)
+    assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (1, 2, 3)} | {"captures"}
+    for key, row in out.items():
+        if key == "captures":
+            continue
+        assert row["one_at_a_time"] > 0 and row["one_forward"] > 0 and row["exact"] is True
+        assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
+    assert out["128x64x1"]["over_one"] == round(out["128x64x1"]["one_forward"]
+                                                / out["128x64x1"]["one_at_a_time"], 3)
+    assert out["captures"]["question_batches"] == ["2x64", "3x64"]

@@ -1,0 +1,259 @@
+"""Several questions' last forwards over one session in one forward (issue 36, item 3): B forks
+at one position, t rows each (a question runner's bucket, runners.runners), through one CUDA
+graph per number of FA4 splits on CUDA, eagerly on the CPU.
+
+Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
+docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
+- over all rows: the embedding (a gather), the RMSNorms and residual adds, every projection
+  but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj and the GDN
+  out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
+  each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
+- per fork, on the same rows and strides as the question's own runner: RoPE, the q/k norms
+  with RoPE, the KV rows' write and FA4 over the fork's own page table (its splits' and
+  tail's tables built from its own staged table: the same calls as alone), the GDN conv, gates,
+  recurrence from the fork's states and gated norm (gated_rms_norm gave one 64-row block
+  other bits batched), and the down projection (cuBLAS picked another kernel for 64-row
+  blocks of a batch, split-K for 64 rows alone).
+Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
+the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
+graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
+bit, and runs that shape one fork at a time from then on when they differ
+(adapters.graphed.GraphAdapter.fork_logits_batch).
+"""
+from __future__ import annotations
+
+import torch
+
+from adapters.attention import fa4, fa4_plan
+from adapters.model.config import FULL
+from adapters.model.layers import rope_cos_sin
+from adapters.runners import capture
+from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
+from adapters.runners.slots import StateSlots
+
+
+class QuestionBatch:
+    """B question forwards of exactly t rows each, at one position, over one KV pool.
+
+    Args: runner: the question runner of t rows (a runners.graphs.ChunkGraphs made by
+    runners.Runners; its model, compiled op set, fused projections, attention, page size and
+    side stream are this batch's, so the ops it runs per fork are its own); num_seqs: B >= 2.
+    Raises ValueError for B < 2, or a runner whose attention is neither FA4 inside the graph
+    (CUDA) nor SDPA (the CPU): the table attention is not batched.
+
+    Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
+    table) and StateSlots (input GDN states; none returned), the hidden rows [B * t, hidden]
+    and per full-attention layer its attention output [B * t, H * D]."""
+
+    def __init__(self, runner, num_seqs: int):
+        if num_seqs < 2:
+            raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
+        on_fa4 = runner.attention == "fa4" and runner.split_graphs is not None
+        if not (on_fa4 or (runner.attention == "sdpa" and not runner.use_graphs)):
+            raise ValueError(f"questions are batched with FA4 inside the graph (CUDA) or SDPA "
+                             f"(the CPU), not attention {runner.attention!r}")
+        model, t = runner.model, runner.t
+        cfg, dev, dt = model.cfg, model.device, model.dtype
+        self.model, self.t, self.num_seqs = model, t, num_seqs
+        self.ops, self.proj, self.page_rows = runner.ops, runner.proj, runner.page_rows
+        self.attention, self.use_graphs = runner.attention, runner.use_graphs
+        self.side_stream = runner.side_stream          # capture.side_stream reads it
+        self.full_index = {i: j for j, i in enumerate(
+            i for i, x in enumerate(model.layers) if x.layer_type == FULL)}
+        self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}
+        num_full = len(self.full_index)
+        self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
+                      for _ in range(num_seqs)]
+        self.slots = [StateSlots(cfg, dev, dt, returned=False) for _ in range(num_seqs)]
+        self.steps = torch.arange(t, device=dev)
+        rows = num_seqs * t
+        self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
+        self.attn_out = [torch.zeros(rows, cfg.num_attention_heads * cfg.head_dim, device=dev,
+                                     dtype=dt) for _ in range(num_full)]
+        self._fa4 = self.split_graphs = None
+        if on_fa4:
+            from adapters.runners import fa4_graph
+            self._fa4 = fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads)
+            self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev)
+        self._tables_by_s: dict[int, list] = {}        # S -> a fork's SplitTables each
+        self._tables: list | None = None               # the staged batch's
+        self._kvs: list | None = None                  # the staged forks' PagedKv
+        self._prepared = False
+
+    def rows(self, b: int) -> slice:
+        """Fork b's rows in the batch's buffers."""
+        return slice(b * self.t, (b + 1) * self.t)
+
+    # -- the body ---------------------------------------------------------------------------
+
+    def _body(self) -> None:
+        """The forward of every fork: Qwen35.forward's ops in the runner's order (as
+        ChunkGraphs' segments run them), those over all rows once, the others per fork."""
+        m, cfg, op, t = self.model, self.model.cfg, self.ops, self.t
+        if self._tables is not None:                   # FA4's tables of every fork
+            for meta, tables in zip(self.metas, self._tables):
+                tables.fill(meta.meta, t, meta.table_at, self.page_rows)
+        x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
+        ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
+                              x.dtype) for meta in self.metas]
+        eps = cfg.rms_norm_eps
+        h = op.rms_norm(x, m.layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(m.layers):
+            if layer.layer_type == FULL:
+                h = self._attention(i, layer.self_attn, h, ropes)
+            else:
+                h = self._gdn(i, layer.linear_attn, h)
+            x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
+            h = self._mlp(i, layer.mlp, h)
+            if i + 1 < len(m.layers):
+                x, h = op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
+        self.hidden.copy_(x + h)
+
+    def _attention(self, i: int, attn, h: torch.Tensor, ropes: list) -> torch.Tensor:
+        """Full-attention layer i on h [B * t, hidden]: the projections over all rows, per fork
+        its heads (q/k norms, RoPE), KV rows and attention into its rows of attn_out, then the
+        output gate and o_proj over all rows. Returns [B * t, hidden]."""
+        op, j = self.ops, self.full_index[i]
+        cfg = self.model.cfg
+        qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
+        out = self.attn_out[j]
+        for b in range(self.num_seqs):
+            r = self.rows(b)
+            q_b, k_b, v_b, _ = attn.heads(qg[r], k[r], v[r], ropes[b], op)
+            self._attend(b, j, attn, q_b, k_b, v_b, out[r])
+        gate = qg.view(qg.shape[0], cfg.num_attention_heads, 2 * cfg.head_dim)[..., cfg.head_dim:]
+        return attn.output(out, gate, op)
+
+    def _attend(self, b: int, j: int, attn, q, k, v, out: torch.Tensor) -> None:
+        """Fork b's attention of full-attention layer j: its KV rows written and q [t, H, D]
+        attended over its pages into out [t, H * D] (a contiguous row block), as its own
+        runner does (FA4 over its tables, or SDPA through its pages on the CPU)."""
+        meta, pool = self.metas[b], self._kvs[b].pool
+        if self._tables is not None:
+            from adapters.attention import table
+            from adapters.runners import fa4_graph
+            table.write_kv(table.kv_rows(k), table.kv_rows(v), meta.pool_base, meta.places(j),
+                           meta.pos, meta.table(), self.page_rows)
+            side = self._fa4.split_stream(q.device) if self._fa4.overlap else None
+            fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables[b], out, side)
+            return
+        from adapters.attention.paged import LayerPages
+        pages = LayerPages(*pool.layer(j), meta.table(meta.num_pages))
+        out.copy_(attn.attend(q, k, v, meta.staged_pos, pages))
+
+    def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
+        """GDN layer i on h [B * t, hidden]: the input projections over all rows, per fork the
+        conv, gates, recurrence from its states and gated norm (GatedDeltaNet.mix), out_proj
+        over all rows. Returns [B * t, hidden]; the forks' new states are not kept."""
+        op, g = self.ops, self.gdn_index[i]
+        qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
+        outs = []
+        for b in range(self.num_seqs):
+            r = self.rows(b)
+            o, _, _ = gdn.mix(qkv[r], z[r], b_[r], a[r], *self.slots[b].inputs[g],
+                              self.model.kernels, op)
+            outs.append(o)
+        return op.linear(torch.cat(outs), gdn.out_proj.weight)
+
+    def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
+        the down projection per fork. Returns [B * t, hidden]."""
+        g, u = mlp.gate_up(h, self.ops, self.proj and self.proj.mlp_in[i])
+        act = self.ops.swiglu(g, u)
+        return torch.cat([self.ops.linear(act[self.rows(b)], mlp.down_proj.weight)
+                          for b in range(self.num_seqs)])
+
+    # -- warm-up, staging, running ----------------------------------------------------------
+
+    def prepare(self) -> None:
+        """On CUDA, the body run eagerly twice at one position of each number of splits it can
+        meet (FA4 and torch.compile compile, cuBLAS makes its handles) over KV rows of its own,
+        on the runners' side stream (capture.side_stream); its graphs are captured at the first
+        batch of each split count over a pool (fa4_graph.SplitGraphs). Nothing on the CPU."""
+        if self._prepared or not self.use_graphs:
+            return
+        from adapters.model.config import spec_for
+        from block_store import contiguous_kv
+        cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
+        splits = self._fa4.all_splits(self.t, dev)
+        positions = [s * fa4_plan.MIN_SPLIT_KEYS for s in splits]  # S there (read now)
+        kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, positions[-1] + self.t)
+        kv.pool.block.zero_()
+        side = capture.side_stream(self)
+        for pos in positions:
+            self._stage([([0] * self.t, pos, kv)] * self.num_seqs)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(2):
+                    self._body()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize(dev)
+        self._kvs = self._tables = None
+        self._prepared = True
+
+    def _stage(self, items) -> None:
+        """Each fork's ids, pos, pools' places and page table into its meta (ChunkMeta.stage),
+        and with FA4 the SplitTables of the batch's split count."""
+        for meta, (ids, pos, kv) in zip(self.metas, items):
+            meta.stage(ids, pos, kv)
+        self._kvs = [kv for _, _, kv in items]
+        if self._fa4 is not None:
+            s = self._fa4.num_splits(items[0][1], self.t, self.model.device)
+            if s not in self._tables_by_s:
+                from adapters.runners import fa4_graph
+                self._tables_by_s[s] = [
+                    fa4_graph.SplitTables(s, self.t, self.split_graphs.max_rows,
+                                          self.model.device) for _ in range(self.num_seqs)]
+            self._tables = self._tables_by_s[s]
+
+    @torch.no_grad()
+    def run(self, items) -> list[torch.Tensor]:
+        """The forks' forwards: items, one per fork, (ids: t ints or a [t] int64 tensor, pos,
+        kv: its block_store.PagedKv holding rows >= pos + t, gdn: its states as
+        Qwen35.forward takes them), all at one pos over one pool, no two writing one page.
+        Writes each fork's KV rows [pos, pos + t); returns each fork's hidden rows
+        [t, hidden] (new tensors; the states are not changed).
+
+        Raises ValueError for another number of items, ids of another length, forks at other
+        positions or over other pools, or pages that cannot take the rows (as ChunkGraphs.run
+        checks them), before anything runs."""
+        items = [(list(ids) if isinstance(ids, tuple) else ids, pos, kv, gdn)
+                 for ids, pos, kv, gdn in items]
+        if len(items) != self.num_seqs:
+            raise ValueError(f"a batch of {self.num_seqs} forks, got {len(items)}")
+        pos, pool = items[0][1], items[0][2].pool
+        for ids, p, kv, _ in items:
+            n = len(ids) if isinstance(ids, list) else int(ids.shape[0])
+            if n != self.t or p != pos or kv.pool is not pool:
+                raise ValueError(f"a batch's forks have {self.t} ids each, at one position "
+                                 f"over one pool; got {n} ids at {p} (the first at {pos})"
+                                 f"{'' if kv.pool is pool else ' over another pool'}")
+            if pos < 0 or kv.num_rows < pos + self.t or kv.page_rows != self.page_rows or \
+                    len(kv.pages) > MAX_TABLE_PAGES:
+                raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
+                                 f"rows {pos} to {pos + self.t} (pages of {self.page_rows} "
+                                 f"rows, at most {MAX_TABLE_PAGES} a fork)")
+        self.prepare()
+        self._stage([(ids, pos, kv) for ids, pos, kv, _ in items])
+        for slots, (*_, gdn) in zip(self.slots, items):
+            slots.feed(gdn)
+        try:
+            if self.split_graphs is not None:
+                s = self._tables[0].s
+                self.split_graphs.replay(s, pool, self._body, self.slots[0])
+            else:
+                self._body()
+        finally:
+            self._kvs = None
+        return [self.hidden[self.rows(b)].clone() for b in range(self.num_seqs)]
+
+    def captures(self) -> dict:
+        """num_graphs, num_captures, num_failed_captures, capture_s (as ChunkGraphs.captures);
+        all 0 without graphs."""
+        sg = self.split_graphs
+        if sg is None:
+            return {"num_graphs": 0, "num_captures": 0, "num_failed_captures": 0,
+                    "capture_s": 0.0}
+        return {"num_graphs": len(sg.all()), "num_captures": sg.num_captures,
+                "num_failed_captures": sg.num_failed_captures, "capture_s": sg.capture_s}
+

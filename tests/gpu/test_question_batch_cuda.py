@@ -1,0 +1,79 @@
+"""Several questions over one session in one forward on CUDA (skipped without one; issue 36,
+item 3): runners.question_batch's CUDA graphs (FA4 inside, per fork its own tables) give every
+fork the hidden rows its question runner gives it alone, bit for bit, with and without FA4's
+splits; and a reader's ask_many answers each question as `ask` does, the batch run in one
+forward after its first batch was checked."""
+import random
+
+import pytest
+import torch
+
+MODEL = "random:qwen3.5-0.8b"
+G = 512
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device with fla")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from adapters.attention import fa4
+    from adapters.model import load_model
+    model = load_model(MODEL, device="cuda")
+    if not fa4.available(model.device, model.dtype):
+        pytest.skip("the batched questions run FA4 inside the graph: Hopper and flash-attn-4")
+    return model
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 240000) for _ in range(n)]
+
+
+def test_a_question_batch_gives_each_fork_its_runners_bits(model):
+    from adapters import spec_for
+    from adapters.runners.runners import Runners
+    from block_store import KvPool, PagedKv
+    cfg, dev, dt = model.cfg, model.device, model.dtype
+    spec = spec_for(cfg, dev, dt)
+    g = torch.Generator(device=dev).manual_seed(4)
+    contexts, num = (0, 4 * G, 64 * G), 4               # no split, and FA4's splits
+    pool = KvPool(spec, G, max(contexts) // G + num)
+    pool.block.normal_(generator=g)
+    shared = [pool.manager.allocate().index for _ in range(max(contexts) // G)]
+    own = [pool.manager.allocate().index for _ in range(num)]
+    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
+             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
+            for _ in range(spec.num_gdn)] for _ in range(num)]
+    runners = Runners(model, G)
+    for rows, b in ((64, 2), (64, 4), (128, 3)):
+        alone = runners.for_rows(rows)
+        batch = runners.question_batch(rows, b)
+        for context in contexts:
+            forks = [(_ids(rows, 10 * k + context), context,
+                      PagedKv(pool, shared[:context // G] + [own[k]]), gdn[k])
+                     for k in range(b)]
+            got = batch.run(forks)
+            got_again = batch.run(forks)                 # replayed from its graph
+            for k, (ids, pos, kv, states) in enumerate(forks):
+                want, _ = alone.run(ids, pos, kv, states)
+                assert torch.equal(got[k], want), (rows, b, context, k)
+                assert torch.equal(got_again[k], want), (rows, b, context, k)
+    stats = runners.captures()
+    assert stats["question_batches"] == ["2x64", "3x128", "4x64"]
+    assert stats["num_failed_captures"] == 0 and stats["num_graphs"] > 0
+
+
+def test_ask_many_on_cuda_answers_as_each_question_alone(model):
+    from shadow_plugin import Reader
+    reader = Reader(model)
+    reader.feed("s", _ids(20 * G + 77, 0), "prompt")
+    reader.read("s")
+    items = [("Which kind of turn is this?", ["chat", "code_edit", "debug", "plan"]),
+             ("Is the user asking for code?", ["yes", "no"]),
+             (_ids(40, 1), ["a", "b", "c"]), (_ids(45, 2), ["p", "q"])]
+    many = reader.ask_many("s", items)          # 77 ids of the session's tail + each: 128 rows
+    stats = reader.adapter.graph_stats()
+    assert stats["question_batch_bits"] == {"4x128": True}, stats
+    assert stats["num_question_batches"] == 1
+    assert [a.probs for a in many] == [reader.ask("s", q, c).probs for q, c in items]
+    assert reader.check_exact("s")

@@ -1,0 +1,83 @@
+"""runners.question_batch.QuestionBatch on the CPU (its body eagerly, SDPA through each fork's
+pages): B forks of one session at one position, each with pages and states of its own, get
+from one forward the hidden rows and KV rows their own runner gives them, bit for bit; bad
+batches are refused before anything runs."""
+import pytest
+import torch
+from paged import paged_kv
+
+from adapters import state_spec
+from adapters.runners.question_batch import QuestionBatch
+from adapters.runners.runners import Runners
+from block_store import PagedKv
+
+G = 64
+
+
+def _forks(tiny, num_forks: int, pos: int, seed: int):
+    """num_forks forks at pos over one pool: the rows below pos shared (the session's pages),
+    a page of its own each for rows [pos, pos + G), states of their own."""
+    spec = state_spec(tiny)
+    base = paged_kv(spec, G, pos + num_forks * G, seed=seed)
+    shared = base.pages[:pos // G]
+    g = torch.Generator().manual_seed(seed)
+    forks = []
+    for b in range(num_forks):
+        kv = PagedKv(base.pool, shared + [base.pages[pos // G + b]])
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g).to(tiny.dtype),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        ids = torch.randint(0, tiny.cfg.vocab_size, (G,), generator=g).tolist()
+        forks.append((ids, pos, kv, gdn))
+    return forks
+
+
+def _rows(kv: PagedKv, pos: int, t: int):
+    """The KV rows [pos, pos + t) of every attention layer, copied."""
+    out = []
+    for j in range(len(kv.pool.pointers) // 2):
+        k, v = kv.pool.layer(j)
+        page = kv.pages[pos // G]
+        out += [k[page].clone(), v[page].clone()]
+    return out
+
+
+@pytest.mark.parametrize("num_forks,pos", [(2, 0), (3, 3 * G), (4, 5 * G)])
+def test_each_fork_gets_its_own_runners_bits(tiny, num_forks, pos):
+    runners = Runners(tiny, G)
+    batch = runners.question_batch(G, num_forks)
+    assert isinstance(batch, QuestionBatch) and batch.t == G
+    forks = _forks(tiny, num_forks, pos, seed=num_forks)
+    if not tiny.gemms_keep_tile_bits(num_forks * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    states = [[(c.clone(), r.clone()) for c, r in gdn] for *_, gdn in forks]
+    hidden = batch.run(forks)
+    written = [_rows(kv, pos, G) for _, _, kv, _ in forks]
+    for (ids, p, kv, gdn), h, rows, kept in zip(forks, hidden, written, states):
+        assert all(torch.equal(a, b) for (a, b), (c, d) in zip(gdn, kept)
+                   for a, b in ((a, c), (b, d)))      # the forks' states not changed
+        alone, _ = runners.for_rows(G).run(ids, p, kv, gdn)
+        assert h.shape == (G, tiny.cfg.hidden_size) and torch.equal(h, alone)
+        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, p, G)))
+
+
+def test_bad_batches_are_refused_before_anything_runs(tiny):
+    runners = Runners(tiny, G)
+    batch = runners.question_batch(10, 2)
+    forks = _forks(tiny, 3, 2 * G, seed=1)
+    before = batch.hidden.clone()
+    with pytest.raises(ValueError, match="a batch of 2 forks, got 3"):
+        batch.run(forks)
+    other = forks[1][:1] + (3 * G,) + forks[1][2:]
+    with pytest.raises(ValueError, match="at one position"):
+        batch.run([forks[0], other])
+    with pytest.raises(ValueError, match="64 ids each"):
+        batch.run([forks[0], (forks[1][0][:5],) + forks[1][1:]])
+    short = (forks[1][0], 2 * G, PagedKv(forks[1][2].pool, forks[1][2].pages[:2]), forks[1][3])
+    with pytest.raises(ValueError, match="cannot take rows 128 to 192"):
+        batch.run([forks[0], short])
+    assert torch.equal(batch.hidden, before)
+    with pytest.raises(ValueError, match="2 or more forks"):
+        QuestionBatch(runners.for_rows(G), 1)
+    assert runners.question_batch(G, 1) is None and runners.question_batch(300, 2) is None
+    assert runners.captures()["question_batches"] == ["2x64"]
