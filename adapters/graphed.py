@@ -63,15 +63,17 @@ class GraphAdapter(Adapter):
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
-        are 2 or more and each pads to a question bucket of at most Runners.BUCKET rows (the
-        forks of one ask; a shape whose first batch gave other bits than alone
-        (`batch_bits`) runs one at a time inside fork_logits_batch). Grid chunks never do
-        (read_chunks runs them one at a time), so lengths of a grid's ids say no."""
+        are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows (the
+        forks of one ask; questions of two buckets go one a step, so a step stays one
+        forward; a shape whose first batch gave other bits than alone (`batch_bits`) runs
+        one at a time inside fork_logits_batch). Grid chunks never do (read_chunks runs them
+        one at a time)."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions
-        return runners.batches_questions and len(lengths) >= 2 and all(
-            0 < n < self.grid and runners.rows_of(n) <= runners.BUCKET for n in lengths)
+        buckets = {runners.rows_of(n) if 0 < n < self.grid else None for n in lengths}
+        return runners.batches_questions and len(lengths) >= 2 and len(buckets) == 1 and \
+            None not in buckets and max(buckets) <= runners.BUCKET
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
         """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos whose

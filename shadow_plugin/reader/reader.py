@@ -590,23 +590,26 @@ class Reader:
                 for fw, (q, lt, ch) in zip(fws, rendered)]
 
     def advance_many(self, pendings: list[fork.Pending]) -> bool:
-        """One step of begun questions (begin_ask_many): the next grid piece of each that has
-        one, in one batch; with an adapter that runs batches one at a time
-        (Adapter.batches false), one piece of one question, then the last forward of one
-        question a step, so a step is one forward either way. Returns whether steps remain
-        before `finish_ask_many`."""
+        """One step of begun questions (begin_ask_many), one forward: the next whole chunk of
+        each that has one, in one batch where the adapter batches them (Adapter.batches),
+        else the next piece of one question; once no piece is left, with an adapter that does
+        not batch these last forwards, the last forward of one question a step (with one
+        that does, they all run in `finish_ask_many`). Returns whether steps remain before
+        `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
-        # the forward this step would batch: the pieces due, else the last forwards
         due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
-        if self.adapter.batches(due or [len(fw.rest) for fw in fws]):
-            moved = fork.forward_pieces(self.adapter, self.store, fws)
+        if due:
+            if all(n == g for n in due) and self.adapter.batches(due):
+                moved = fork.forward_pieces(self.adapter, self.store, fws)
+            else:
+                moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
+        elif len(pendings) > 1 and not self.adapter.batches([len(fw.rest) for fw in fws]):
+            p = next((p for p in pendings if p.logits is None), None)
+            if p is not None:
+                p.logits = fork.last_logits(self.adapter, self.store, p.fw, p.letters)
+            moved = any(p.logits is None for p in pendings)
         else:
-            moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
-            if not moved and len(pendings) > 1:
-                p = next((p for p in pendings if p.logits is None), None)
-                if p is not None:
-                    p.logits = fork.last_logits(self.adapter, self.store, p.fw, p.letters)
-                moved = any(p.logits is None for p in pendings)
+            moved = False
         if moved:
             self.adapter.sync()
         return moved
