@@ -63,48 +63,58 @@ class GraphAdapter(Adapter):
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
-        are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows (the
-        forks of one ask; questions of two buckets go one a step, so a step stays one
-        forward; a shape whose first batch gave other bits than alone (`batch_bits`) runs
-        one at a time inside fork_logits_batch). Grid chunks never do (read_chunks runs them
-        one at a time)."""
+        are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
+        batches kept each fork's bits (`batch_bits`: unknown until its first batch). Questions
+        of two buckets, or of a shape whose batches gave other bits, go one a step, so a step
+        stays one forward (but for a shape's first batch, checked against its forks alone,
+        and forks at other positions, which fork_logits_batch runs one group a forward).
+        Grid chunks never do (read_chunks runs them one at a time)."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions
-        buckets = {runners.rows_of(n) if 0 < n < self.grid else None for n in lengths}
-        return runners.batches_questions and len(lengths) >= 2 and len(buckets) == 1 and \
-            None not in buckets and max(buckets) <= runners.BUCKET
+        if not runners.batches_questions or len(lengths) < 2 or \
+                any(not 0 < n < self.grid for n in lengths):
+            return False
+        buckets = {runners.rows_of(n) for n in lengths}
+        t, size = buckets.pop(), runners.batch_size(len(lengths))
+        return not buckets and size is not None and t <= runners.BUCKET and \
+            self.batch_bits.get((size, t), True)
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
-        """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos whose
-        ids pad to one bucket (Runners.rows_of) in one forward (Runners.question_batch), each
-        with the bits fork_logits gives it alone, checked at the first batch of each shape
+        """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over
+        one pool whose ids pad to one bucket (Runners.rows_of) in one forward a group of up to
+        the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
+        size padded with copies of its last fork, which write the same rows), each with the
+        bits fork_logits gives it alone, checked at the first batch of each shape
         (`_checked`); the others one at a time. Returns [len(token_ids)] fp32 each."""
         items = [(list(ids), *rest) for ids, *rest in items]
         groups: dict = {}
-        for i, (ids, pos, *_) in enumerate(items):
-            groups.setdefault((pos, self.runners.rows_of(len(ids))), []).append(i)
+        for i, (ids, pos, kv, *_) in enumerate(items):
+            groups.setdefault((pos, id(kv.pool), self.runners.rows_of(len(ids))), []).append(i)
         out: list = [None] * len(items)
-        for (_, rows), idx in groups.items():
-            batch = self.runners.question_batch(rows, len(idx))
-            if batch is None or not self.batch_bits.get((len(idx), batch.t), True):
-                for i in idx:
-                    out[i] = self.fork_logits(*items[i])
-                continue
-            hidden = self._checked(batch, [items[i] for i in idx])
-            for i, h in zip(idx, hidden):
-                ids, token_ids = items[i][0], items[i][4]
-                out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
-                                           self._ids(token_ids))[0].float()
+        most = self.runners.BATCH_SIZES[-1]
+        for (_, _, rows), every in groups.items():
+            for idx in (every[k:k + most] for k in range(0, len(every), most)):
+                batch = self.runners.question_batch(rows, len(idx))
+                if batch is None or not self.batch_bits.get((batch.num_seqs, batch.t), True):
+                    for i in idx:
+                        out[i] = self.fork_logits(*items[i])
+                    continue
+                group = [items[i] for i in idx]
+                hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)))
+                for i, h in zip(idx, hidden):
+                    ids, token_ids = items[i][0], items[i][4]
+                    out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
+                                               self._ids(token_ids))[0].float()
         return out
 
     def _checked(self, batch, items) -> list[torch.Tensor]:
         """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
-        are its), compared bit for bit on the forks' real rows: a shape that differs is
-        recorded in batch_bits (with a RuntimeWarning) and its forks get their own runner's
-        rows."""
-        t, key = batch.t, (len(items), batch.t)
+        are its), compared bit for bit over all t rows (the real ones and the padding, the
+        same ids in both): a shape that differs is recorded in batch_bits (with a
+        RuntimeWarning) and its forks get their own runner's rows."""
+        t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
         hidden = batch.run(padded)
@@ -114,8 +124,7 @@ class GraphAdapter(Adapter):
         runner = self.runners.for_rows(t)
         alone = [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
                  for ids, pos, kv, gdn in padded]
-        same = all(torch.equal(a[:len(ids)], b[:len(ids)])
-                   for a, b, (ids, *_) in zip(alone, hidden, items))
+        same = all(torch.equal(a, b) for a, b in zip(alone, hidden))
         self.batch_bits[key] = same
         if not same:
             self.num_question_batches -= 1

@@ -260,10 +260,12 @@ def questions_part(model, args) -> dict:
             pages = shared[:context // grid]
             forks = [(ids[b, :rows].tolist(), context, PagedKv(pool, pages + [own[b]]), gdn[b])
                      for b in range(num)]
+            one_ms = statistics.median(_timed_ms(lambda: alone.run(*forks[0]))
+                                       for _ in range(args.repeats + 1))   # one question
             for b in args.batches:
                 batch = runners.question_batch(rows, b)
                 each = lambda b=b: [alone.run(*f)[0] for f in forks[:b]]  # noqa: E731
-                one = (lambda: batch.run(forks[:b])) if batch else each
+                one = (lambda: batch.run(forks[:b])) if batch and batch.num_seqs == b else each
                 times = {"one_at_a_time": [], "one_forward": []}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     ms_each, ms_one = _timed_ms(each), _timed_ms(one)
@@ -272,8 +274,6 @@ def questions_part(model, args) -> dict:
                         times["one_forward"].append(ms_one)
                 row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
                 row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
-                if b == 1:
-                    one_ms = row["one_at_a_time"]
                 row["over_one"] = round(row["one_forward"] / one_ms, 3)
                 row["exact"] = all(torch.equal(x, y) for x, y in zip(each(), one()))
                 out[f"{context}x{rows}x{b}"] = row

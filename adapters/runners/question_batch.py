@@ -29,7 +29,6 @@ from adapters.model.config import FULL
 from adapters.model.layers import rope_cos_sin
 from adapters.runners import capture
 from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
-from adapters.runners.slots import StateSlots
 
 
 class QuestionBatch:
@@ -37,15 +36,20 @@ class QuestionBatch:
 
     Args: runner: the question runner of t rows (a runners.graphs.ChunkGraphs made by
     runners.Runners; its model, compiled op set, fused projections, attention, page size and
-    side stream are this batch's, so the ops it runs per fork are its own); num_seqs: B >= 2.
+    side stream are this batch's, so the ops it runs per fork are its own); slots: B >= 2
+    runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
+    the graphs; Runners shares one set between its batches: each run feeds them first).
     Raises ValueError for B < 2, or a runner whose attention is neither FA4 inside the graph
     (CUDA) nor SDPA (the CPU): the table attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
-    table) and StateSlots (input GDN states; none returned), the hidden rows [B * t, hidden]
-    and per full-attention layer its attention output [B * t, H * D]."""
+    table) and, with FA4, its split tables per split count (up to 4.3 MB a fork at 64 rows),
+    the hidden rows [B * t, hidden] and per full-attention layer its attention output
+    [B * t, H * D] (6 MB at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
+    forward's working set."""
 
-    def __init__(self, runner, num_seqs: int):
+    def __init__(self, runner, slots: list):
+        num_seqs = len(slots)
         if num_seqs < 2:
             raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
         on_fa4 = runner.attention == "fa4" and runner.split_graphs is not None
@@ -64,7 +68,7 @@ class QuestionBatch:
         num_full = len(self.full_index)
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
-        self.slots = [StateSlots(cfg, dev, dt, returned=False) for _ in range(num_seqs)]
+        self.slots = list(slots)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -180,15 +184,17 @@ class QuestionBatch:
         kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, positions[-1] + self.t)
         kv.pool.block.zero_()
         side = capture.side_stream(self)
-        for pos in positions:
-            self._stage([([0] * self.t, pos, kv)] * self.num_seqs)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.no_grad():
-                for _ in range(2):
-                    self._body()
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize(dev)
-        self._kvs = self._tables = None
+        try:
+            for pos in positions:
+                self._stage([([0] * self.t, pos, kv)] * self.num_seqs)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side), torch.no_grad():
+                    for _ in range(2):
+                        self._body()
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize(dev)
+        finally:
+            self._kvs = self._tables = None            # the warm-up's rows go with kv
         self._prepared = True
 
     def _stage(self, items) -> None:

@@ -37,6 +37,9 @@ class Runners:
     BUCKET = 256
     MAX_ROWS = 4096
     SMALL_BUCKET_ROWS = (64, 128)
+    # forks a question batch holds (Runners.question_batch): a few shapes, each a set of
+    # compiled ops and graphs, instead of one per count
+    BATCH_SIZES = (2, 4, 8)
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
                  split=None, small_bucket_rows: tuple[int, ...] | None = None):
@@ -61,6 +64,7 @@ class Runners:
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
         self._batches: dict = {}          # (t, B) -> question_batch.QuestionBatch
+        self._slots: list = []            # the question batches' state slots (batch_slots)
 
     @property
     def path(self) -> str:
@@ -109,21 +113,42 @@ class Runners:
         return self._sized[key]
 
     def question_batch(self, num_rows: int, num_seqs: int):
-        """The runner of num_seqs question forks of num_rows ids each (padded as `for_rows`
-        pads them) in one forward (runners.question_batch.QuestionBatch over that bucket's
-        runner), made at first use; None where questions are not batched: fewer than 2
-        forks, a bucket past BUCKET rows, or an attention QuestionBatch does not take (the
-        table attention)."""
-        t = self.rows_of(num_rows)
-        if num_seqs < 2 or t > self.BUCKET or not self.batches_questions:
+        """The runner of question forks of num_rows ids each (padded as `for_rows` pads them)
+        in one forward (runners.question_batch.QuestionBatch over that bucket's runner) that
+        holds num_seqs of them: BATCH_SIZES' first size at or above num_seqs (a caller fills
+        the rest with copies of a fork), made at first use; None where questions are not
+        batched: fewer than 2 forks, more than the largest size, a bucket past BUCKET rows, or
+        an attention QuestionBatch does not take (the table attention). The batches share one
+        set of state slots (`batch_slots`)."""
+        t, size = self.rows_of(num_rows), self.batch_size(num_seqs)
+        if size is None or t > self.BUCKET or not self.batches_questions:
             return None
-        key = (t, num_seqs)
+        key = (t, size)
         if key not in self._batches:
             from adapters.runners.question_batch import QuestionBatch
-            batch = self._batches[key] = QuestionBatch(self._get(t, self.split), num_seqs)
+            batch = self._batches[key] = QuestionBatch(self._get(t, self.split),
+                                                       self.batch_slots(size))
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)          # the reader's pool, as _made
         return self._batches[key]
+
+    def batch_size(self, num_seqs: int) -> int | None:
+        """The forks a question batch of num_seqs holds: BATCH_SIZES' first at or above it;
+        None for fewer than 2 or more than the largest."""
+        if num_seqs < 2:
+            return None
+        return next((b for b in self.BATCH_SIZES if b >= num_seqs), None)
+
+    def batch_slots(self, num_seqs: int) -> list:
+        """The first num_seqs of the question batches' state slots (runners.slots.StateSlots
+        that return none; 19.8 MB each on the 0.8B), made as needed: every batch feeds its
+        forks' states into them before it runs, so batches of any shape share them (at most
+        the largest BATCH_SIZES', 158 MB on the 0.8B)."""
+        from adapters.runners.slots import StateSlots
+        m = self.model
+        while len(self._slots) < num_seqs:
+            self._slots.append(StateSlots(m.cfg, m.device, m.dtype, returned=False))
+        return self._slots[:num_seqs]
 
     @property
     def batches_questions(self) -> bool:

@@ -36,7 +36,7 @@ def test_a_question_batch_gives_each_fork_its_runners_bits(model):
     cfg, dev, dt = model.cfg, model.device, model.dtype
     spec = spec_for(cfg, dev, dt)
     g = torch.Generator(device=dev).manual_seed(4)
-    contexts, num = (0, 4 * G, 64 * G), 4               # no split, and FA4's splits
+    contexts, num = (0, 4 * G, 64 * G), 8               # no split, and FA4's splits
     pool = KvPool(spec, G, max(contexts) // G + num)
     pool.block.normal_(generator=g)
     shared = [pool.manager.allocate().index for _ in range(max(contexts) // G)]
@@ -44,22 +44,29 @@ def test_a_question_batch_gives_each_fork_its_runners_bits(model):
     gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
              torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
             for _ in range(spec.num_gdn)] for _ in range(num)]
+
+    def own_rows(k):                                 # fork k's page in every attention layer
+        return [x[own[k]].clone() for pair in pool.layers() for x in pair]
+
     runners = Runners(model, G)
-    for rows, b in ((64, 2), (64, 4), (128, 3)):
+    for rows, b in ((64, 2), (64, 4), (128, 8)):
         alone = runners.for_rows(rows)
         batch = runners.question_batch(rows, b)
+        assert batch.num_seqs == b
         for context in contexts:
             forks = [(_ids(rows, 10 * k + context), context,
                       PagedKv(pool, shared[:context // G] + [own[k]]), gdn[k])
                      for k in range(b)]
             got = batch.run(forks)
+            written = [own_rows(k) for k in range(b)]
             got_again = batch.run(forks)                 # replayed from its graph
             for k, (ids, pos, kv, states) in enumerate(forks):
                 want, _ = alone.run(ids, pos, kv, states)
                 assert torch.equal(got[k], want), (rows, b, context, k)
                 assert torch.equal(got_again[k], want), (rows, b, context, k)
+                assert all(torch.equal(x, y) for x, y in zip(written[k], own_rows(k)))
     stats = runners.captures()
-    assert stats["question_batches"] == ["2x64", "3x128", "4x64"]
+    assert stats["question_batches"] == ["2x64", "4x64", "8x128"]
     assert stats["num_failed_captures"] == 0 and stats["num_graphs"] > 0
 
 

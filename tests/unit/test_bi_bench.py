@@ -33,14 +33,13 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 
 def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
     class Args:
-        grid, batches, contexts, repeats, question_rows = 64, [1, 2, 3], [128, 192], 1, [64]
+        grid, batches, contexts, repeats, question_rows = 64, [2, 4], [128, 192], 1, [64]
     out = questions_part(tiny, Args)
-    assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (1, 2, 3)} | {"captures"}
+    assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (2, 4)} | {"captures"}
     for key, row in out.items():
         if key == "captures":
             continue
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0 and row["exact"] is True
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
-    assert out["128x64x1"]["over_one"] == round(out["128x64x1"]["one_forward"]
-                                                / out["128x64x1"]["one_at_a_time"], 3)
-    assert out["captures"]["question_batches"] == ["2x64", "3x64"]
+        assert row["over_one"] > 0                       # over one question's own time
+    assert out["captures"]["question_batches"] == ["2x64", "4x64"]

@@ -14,16 +14,16 @@ from block_store import PagedKv
 G = 64
 
 
-def _forks(tiny, num_forks: int, pos: int, seed: int):
-    """num_forks forks at pos over one pool: the rows below pos shared (the session's pages),
-    a page of its own each for rows [pos, pos + G), states of their own."""
+def _forks(tiny, num_forks: int, pos: int, seed: int, page_rows: int = G):
+    """num_forks forks at pos (a page boundary) over one pool: the rows below pos shared (the
+    session's pages), a page of its own each for rows [pos, pos + G), states of their own."""
     spec = state_spec(tiny)
-    base = paged_kv(spec, G, pos + num_forks * G, seed=seed)
-    shared = base.pages[:pos // G]
+    base = paged_kv(spec, page_rows, pos + num_forks * page_rows, seed=seed)
+    shared = base.pages[:pos // page_rows]
     g = torch.Generator().manual_seed(seed)
     forks = []
     for b in range(num_forks):
-        kv = PagedKv(base.pool, shared + [base.pages[pos // G + b]])
+        kv = PagedKv(base.pool, shared + [base.pages[pos // page_rows + b]])
         gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g).to(tiny.dtype),
                 torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
                for _ in range(spec.num_gdn)]
@@ -32,33 +32,37 @@ def _forks(tiny, num_forks: int, pos: int, seed: int):
     return forks
 
 
-def _rows(kv: PagedKv, pos: int, t: int):
-    """The KV rows [pos, pos + t) of every attention layer, copied."""
+def _rows(kv: PagedKv, pos: int):
+    """The page holding row pos, of every attention layer's k and v pools, copied."""
     out = []
     for j in range(len(kv.pool.pointers) // 2):
         k, v = kv.pool.layer(j)
-        page = kv.pages[pos // G]
+        page = kv.pages[pos // kv.page_rows]
         out += [k[page].clone(), v[page].clone()]
     return out
 
 
-@pytest.mark.parametrize("num_forks,pos", [(2, 0), (3, 3 * G), (4, 5 * G)])
-def test_each_fork_gets_its_own_runners_bits(tiny, num_forks, pos):
-    runners = Runners(tiny, G)
-    batch = runners.question_batch(G, num_forks)
-    assert isinstance(batch, QuestionBatch) and batch.t == G
-    forks = _forks(tiny, num_forks, pos, seed=num_forks)
+@pytest.mark.parametrize("grid,num_forks,pos", [(G, 2, 0), (G, 4, 3 * G), (2 * G, 8, 4 * G),
+                                                (2 * G, 4, 2 * G)])
+def test_each_fork_gets_its_own_runners_bits(tiny, grid, num_forks, pos):
+    """Grid 64: the bucket's runner is the chunk runner; grid 128: a question runner of
+    its own (no states returned), as on a reader's grid of 512."""
+    runners = Runners(tiny, grid)
+    batch = runners.question_batch(G - 5, num_forks)
+    assert isinstance(batch, QuestionBatch) and batch.t == G and batch.num_seqs == num_forks
+    assert (runners.for_rows(G) is runners.chunk) == (grid == G)
+    forks = _forks(tiny, num_forks, pos, seed=num_forks, page_rows=grid)
     if not tiny.gemms_keep_tile_bits(num_forks * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     states = [[(c.clone(), r.clone()) for c, r in gdn] for *_, gdn in forks]
     hidden = batch.run(forks)
-    written = [_rows(kv, pos, G) for _, _, kv, _ in forks]
+    written = [_rows(kv, pos) for _, _, kv, _ in forks]
     for (ids, p, kv, gdn), h, rows, kept in zip(forks, hidden, written, states):
         assert all(torch.equal(a, b) for (a, b), (c, d) in zip(gdn, kept)
                    for a, b in ((a, c), (b, d)))      # the forks' states not changed
         alone, _ = runners.for_rows(G).run(ids, p, kv, gdn)
         assert h.shape == (G, tiny.cfg.hidden_size) and torch.equal(h, alone)
-        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, p, G)))
+        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, p)))
 
 
 def test_bad_batches_are_refused_before_anything_runs(tiny):
@@ -78,6 +82,9 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
         batch.run([forks[0], short])
     assert torch.equal(batch.hidden, before)
     with pytest.raises(ValueError, match="2 or more forks"):
-        QuestionBatch(runners.for_rows(G), 1)
+        QuestionBatch(runners.for_rows(G), runners.batch_slots(1))
     assert runners.question_batch(G, 1) is None and runners.question_batch(300, 2) is None
-    assert runners.captures()["question_batches"] == ["2x64"]
+    assert runners.question_batch(G, 9) is None            # past the largest batch size
+    assert runners.question_batch(G, 3).num_seqs == 4      # 3 forks: the batch of 4
+    assert runners.captures()["question_batches"] == ["2x64", "4x64"]
+    assert runners.batch_slots(4)[:2] == batch.slots       # one set of slots for all
