@@ -48,7 +48,43 @@ class GraphAdapter(Adapter):
         return self.runners.path
 
     def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
-        self.runners.prepare(pool=pool, kept_rows=kept_rows)
+        """Runners.prepare; with graphs, also the question batches of every shape
+        (Runners.question_batch_shapes), each checked now against its forks run alone
+        (`check_batches`): on CUDA only a shape warmed up and checked here is batched, so
+        no question waits for a compile, a capture or a check."""
+        shapes = self.runners.question_batch_shapes() if self.runners.chunk.use_graphs and \
+            self.runners.batches_questions else []
+        self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
+        self.check_batches(shapes)
+
+    def check_batches(self, shapes) -> dict:
+        """For each (rows, forks) shape, one batch of random forks over a scratch pool of
+        their own (a shared prefix at 2,048 ids, where FA4 splits the keys, a page each,
+        random states and ids) against each fork through its own runner, bit for bit
+        (`_checked`); returns batch_bits."""
+        from adapters import spec_for
+        from block_store import KvPool, PagedKv
+        m = self.model
+        spec, g = spec_for(m.cfg, m.device, m.dtype), torch.Generator().manual_seed(0)
+        pos = -(-2048 // self.grid) * self.grid
+        for rows, forks in shapes:
+            batch = self.runners.question_batch(rows, forks)
+            if batch is None or (batch.num_seqs, batch.t) in self.batch_bits:
+                continue
+            pool = KvPool(spec, self.grid, pos // self.grid + batch.num_seqs)
+            pool.block.copy_(torch.randn(pool.block.shape, generator=g).to(m.dtype))
+            pages = [pool.manager.allocate().index for _ in range(pool.num_pages)]
+            items = []
+            for b in range(batch.num_seqs):
+                ids = torch.randint(0, self.vocab_size, (batch.t,), generator=g).tolist()
+                gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g)
+                        .to(m.dtype).to(m.device),
+                        (torch.randn(*spec.recurrent_shape, generator=g) * 0.1).to(m.device))
+                       for _ in range(spec.num_gdn)]
+                kv = PagedKv(pool, pages[:pos // self.grid] + [pages[pos // self.grid + b]])
+                items.append((ids, pos, kv, gdn, [0]))
+            self._checked(batch, items)
+        return self.batch_bits
 
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
@@ -78,7 +114,14 @@ class GraphAdapter(Adapter):
         buckets = {runners.rows_of(n) for n in lengths}
         t, size = buckets.pop(), runners.batch_size(len(lengths))
         return not buckets and size is not None and t <= runners.BUCKET and \
-            self.batch_bits.get((size, t), True)
+            self._batchable(size, t)
+
+    def _batchable(self, size: int, t: int) -> bool:
+        """Whether a batch of `size` forks of t rows runs in one forward: with graphs, once
+        `prepare` warmed it up and its check kept the bits; without, unless its first batch
+        (checked then) gave other bits."""
+        ok = self.batch_bits.get((size, t))
+        return ok is True if self.runners.chunk.use_graphs else ok is not False
 
     def fork_logits_batch(self, items) -> list[torch.Tensor]:
         """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over
@@ -96,12 +139,13 @@ class GraphAdapter(Adapter):
         for (_, _, rows), every in groups.items():
             for idx in (every[k:k + most] for k in range(0, len(every), most)):
                 batch = self.runners.question_batch(rows, len(idx))
-                if batch is None or not self.batch_bits.get((batch.num_seqs, batch.t), True):
+                if batch is None or not self._batchable(batch.num_seqs, batch.t):
                     for i in idx:
                         out[i] = self.fork_logits(*items[i])
                     continue
                 group = [items[i] for i in idx]
                 hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)))
+                self.num_question_batches += self.batch_bits[(batch.num_seqs, batch.t)]
                 for i, h in zip(idx, hidden):
                     ids, token_ids = items[i][0], items[i][4]
                     out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
@@ -118,7 +162,6 @@ class GraphAdapter(Adapter):
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
         hidden = batch.run(padded)
-        self.num_question_batches += 1
         if key in self.batch_bits:
             return hidden
         runner = self.runners.for_rows(t)
@@ -127,7 +170,6 @@ class GraphAdapter(Adapter):
         same = all(torch.equal(a, b) for a, b in zip(alone, hidden))
         self.batch_bits[key] = same
         if not same:
-            self.num_question_batches -= 1
             warnings.warn(f"a batch of {key[0]} questions of {t} rows gave other bits than "
                           f"each alone on {self.model.device}; such batches run one question "
                           f"at a time in this process", RuntimeWarning, stacklevel=3)

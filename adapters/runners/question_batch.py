@@ -197,6 +197,36 @@ class QuestionBatch:
             self._kvs = self._tables = None            # the warm-up's rows go with kv
         self._prepared = True
 
+    @property
+    def ready(self) -> bool:
+        """Whether a run compiles nothing first: warmed up (`prepare`) on CUDA, always
+        without graphs."""
+        return self._prepared or not self.use_graphs
+
+    def capture_over(self, pool) -> None:
+        """With FA4 in the graph: the graph of every split count over `pool` (a block_store
+        KvPool, the reader's) captured now, as runners.capture.capture_splits does for a
+        runner, so that no batch over it captures one (a sync) later; after `prepare`."""
+        from block_store import PagedKv
+        if self.split_graphs is None:
+            return
+        for s in self._fa4.all_splits(self.t, self.model.device):
+            self._tables = self._tables_for(s)
+            self._kvs = [PagedKv(pool, [])] * self.num_seqs
+            try:
+                self.split_graphs.ensure(s, pool, self._body, self.slots[0])
+            finally:
+                self._kvs = self._tables = None
+
+    def _tables_for(self, s: int) -> list:
+        """The forks' SplitTables of s splits (made at the first ask)."""
+        if s not in self._tables_by_s:
+            from adapters.runners import fa4_graph
+            self._tables_by_s[s] = [
+                fa4_graph.SplitTables(s, self.t, self.split_graphs.max_rows, self.model.device)
+                for _ in range(self.num_seqs)]
+        return self._tables_by_s[s]
+
     def _stage(self, items) -> None:
         """Each fork's ids, pos, pools' places and page table into its meta (ChunkMeta.stage),
         and with FA4 the SplitTables of the batch's split count."""
@@ -204,13 +234,8 @@ class QuestionBatch:
             meta.stage(ids, pos, kv)
         self._kvs = [kv for _, _, kv in items]
         if self._fa4 is not None:
-            s = self._fa4.num_splits(items[0][1], self.t, self.model.device)
-            if s not in self._tables_by_s:
-                from adapters.runners import fa4_graph
-                self._tables_by_s[s] = [
-                    fa4_graph.SplitTables(s, self.t, self.split_graphs.max_rows,
-                                          self.model.device) for _ in range(self.num_seqs)]
-            self._tables = self._tables_by_s[s]
+            self._tables = self._tables_for(
+                self._fa4.num_splits(items[0][1], self.t, self.model.device))
 
     @torch.no_grad()
     def run(self, items) -> list[torch.Tensor]:

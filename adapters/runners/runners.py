@@ -211,7 +211,12 @@ class Runners:
         t = self.rows_of(num_rows)
         return self._get(t, self.split) if t <= self.MAX_ROWS else None
 
-    def prepare(self, question_rows=None, pool=None, kept_rows=()) -> None:
+    def question_batch_shapes(self) -> list[tuple[int, int]]:
+        """(rows, forks) of the question batches a reader's warm-up prepares: every
+        BATCH_SIZES at every small bucket (the short questions of one ask)."""
+        return [(t, b) for t in self.small_bucket_rows for b in self.BATCH_SIZES]
+
+    def prepare(self, question_rows=None, pool=None, kept_rows=(), question_batches=()) -> None:
         """Capture the chunk runner, the decode runner, the question runners for these row
         counts (default: `question_bucket_rows()`) and the states-keeping runners of
         kept_rows (`rows`: a fork's tails; with FA4 in the graph one graph per split count
@@ -219,7 +224,8 @@ class Runners:
         and 11 of them at 128 and 192 rows), each holding its output GDN states: 19.8 MB on
         the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
         `pool` (the reader's block_store.KvPool) given, their graphs over that pool
-        (ChunkGraphs.prepare)."""
+        (ChunkGraphs.prepare); and the question batches of question_batches ((rows, forks)
+        pairs, `question_batch`: warmed up, their graphs over `pool`)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
@@ -230,6 +236,12 @@ class Runners:
                 runner.prepare(pool)
         for rows in kept_rows:
             self.rows(rows).prepare(pool)
+        for rows, forks in question_batches:
+            batch = self.question_batch(rows, forks)
+            if batch is not None:
+                batch.prepare()
+                if pool is not None:
+                    batch.capture_over(pool)
 
     def decode_loop(self):
         """runners.decode.DecodeLoop over the decode runner (its tail graph captured once)."""

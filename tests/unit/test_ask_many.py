@@ -152,6 +152,22 @@ def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
     check_refs(r)
 
 
+def test_the_graph_adapter_checks_batch_shapes_on_forks_of_its_own(tiny):
+    """check_batches (what the warm-up runs on CUDA, where only shapes checked there are
+    batched): a batch of random forks over a scratch pool against each alone, per shape;
+    no question counted, the reader's pool untouched."""
+    r, _ = _reader(tiny, seed=9, cuda_graphs=True)
+    a = r.adapter
+    block = r.store.pool.block.clone()
+    bits = a.check_batches([(G, 2), (G, 8), (5, 3)])         # 3 forks: the batch of 4
+    keep = tiny.gemms_keep_tile_bits(8 * G, G) and tiny.gemms_keep_tile_bits(4 * G, G)
+    assert bits == {(2, G): bits[(2, G)], (8, G): keep, (4, G): keep} and len(bits) == 3
+    assert a.graph_stats()["num_question_batches"] == 0
+    assert torch.equal(r.store.pool.block, block)
+    assert a.prepare() is None and a.graph_stats()["question_batch_bits"] == {
+        "2x64": bits[(2, G)], "4x64": keep, "8x64": keep}    # the CPU: no shape prepared
+
+
 def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monkeypatch):
     """A shape whose first batch gives a fork other bits than its own runner (here SwiGLU
     over exactly a batch's rows) is recorded and warned of; its answers are each question's
