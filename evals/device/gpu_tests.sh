@@ -9,9 +9,10 @@
 #       `python -m evals.gpu_exact` over the 85k session: every committed state equals a
 #       fresh prefill on the GPU (docs/gpu-check.md)
 #   bash evals/device/gpu_tests.sh -k NAME    only the GPU tests NAME selects, no gpu_exact
+#   (TESTS_S: the tests' time limit in seconds, 450 by default)
 # (carry .fa4b .whl .devdata .devcache). Logs to $OUT or ./out.
 source "$(dirname "$0")/fa4_site.sh" || exit 1     # env.sh, the wheels, flash-attn-4
-gpu_pytest 450 gpu-tests.log tests/gpu tests/kernels "$@"
+gpu_pytest "${TESTS_S:-450}" gpu-tests.log tests/gpu tests/kernels "$@"
 if [ $# -eq 0 ]; then
     timeout 150 python3 -m evals.gpu_exact --ids "${ids[0]}" --cpu-ids 512 2>&1 | quiet \
         | tee "$out/gpu-exact.log" | tail -n 1 | cut -c1-1200
