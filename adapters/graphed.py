@@ -62,7 +62,7 @@ class GraphAdapter(Adapter):
         their own (a shared prefix at 2,048 ids, where FA4 splits the keys, a page each,
         random states and ids) against each fork through its own runner, bit for bit
         (`_checked`); returns batch_bits."""
-        from adapters import spec_for
+        from adapters.model.config import spec_for
         from block_store import KvPool, PagedKv
         m = self.model
         spec, g = spec_for(m.cfg, m.device, m.dtype), torch.Generator().manual_seed(0)
