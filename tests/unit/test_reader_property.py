@@ -215,19 +215,21 @@ def _asks_equal_alone(reader, sid, k, where, rng):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(batch_op, min_size=2, max_size=8), seed=st.integers(0, 2**32 - 1),
-       disk=st.booleans(), gdn_entries=st.sampled_from([None, 2]))
+       disk=st.booleans(), gdn_entries=st.sampled_from([None, 2]), graphs=st.booleans())
 def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, disk,
-                                                             gdn_entries):
+                                                             gdn_entries, graphs):
     """Random sessions fed, rewritten, sharing prefixes, read together in random batches
     (Reader.read_batch: one forward for the chunks of several) or alone, asked several
-    questions in one forward, parked to disk and restored (from its files or from rows read
+    questions in one forward (on the eager adapter, or the CUDA-graph adapter's bodies:
+    runners.question_batch), parked to disk and restored (from its files or from rows read
     ahead of the restore): after every step every session's committed state equals its fresh
     prefill, bit for bit."""
     import tempfile
     rng = random.Random(seed)
     budget = None if gdn_entries is None else gdn_entries * 61440
     folder = tempfile.mkdtemp(prefix="shadow-batch-prop-") if disk else None
-    reader = Reader(tiny, grid=G, max_checkpoints=2, gdn_bytes=budget, disk_dir=folder)
+    reader = Reader(tiny, grid=G, max_checkpoints=2, gdn_bytes=budget, disk_dir=folder,
+                    cuda_graphs=graphs)
     sids = [f"b{i}" for i in range(NUM_SESSIONS)]
     for sid in sids:
         reader.feed(sid, [rng.randrange(248320) for _ in range(rng.randrange(1, 6 * G))],
