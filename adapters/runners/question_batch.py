@@ -1,6 +1,7 @@
 """Several questions' last forwards over one session in one forward (issue 36, item 3): B forks
 at one position, t rows each (a question runner's bucket, runners.runners), through one CUDA
-graph per number of FA4 splits on CUDA, eagerly on the CPU.
+graph per number of FA4 splits on CUDA, eagerly on the CPU (tests/kernels runs the FA4 body
+there over a pure-torch fake of the package).
 
 Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
 docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
@@ -39,8 +40,10 @@ class QuestionBatch:
     side stream are this batch's, so the ops it runs per fork are its own); slots: B >= 2
     runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
     the graphs; Runners shares one set between its batches: each run feeds them first).
-    Raises ValueError for B < 2, or a runner whose attention is neither FA4 inside the graph
-    (CUDA) nor SDPA (the CPU): the table attention is not batched.
+    Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
+    device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
+    elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
+    attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
     table) and, with FA4, its split tables per split count (up to 4.3 MB a fork at 64 rows),
@@ -138,7 +141,8 @@ class QuestionBatch:
             from adapters.runners import fa4_graph
             table.write_kv(table.kv_rows(k), table.kv_rows(v), meta.pool_base, meta.places(j),
                            meta.pos, meta.table(), self.page_rows)
-            side = self._fa4.split_stream(q.device) if self._fa4.overlap else None
+            side = self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda \
+                else None
             fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables[b], out, side)
             return
         from adapters.attention.paged import LayerPages
@@ -208,7 +212,7 @@ class QuestionBatch:
         KvPool, the reader's) captured now, as runners.capture.capture_splits does for a
         runner, so that no batch over it captures one (a sync) later; after `prepare`."""
         from block_store import PagedKv
-        if self.split_graphs is None:
+        if self.split_graphs is None or not self.use_graphs:
             return
         for s in self._fa4.all_splits(self.t, self.model.device):
             self._tables = self._tables_for(s)
@@ -269,7 +273,7 @@ class QuestionBatch:
         for slots, (*_, gdn) in zip(self.slots, items):
             slots.feed(gdn)
         try:
-            if self.split_graphs is not None:
+            if self.use_graphs:                        # FA4's graph of the batch's splits
                 s = self._tables[0].s
                 self.split_graphs.replay(s, pool, self._body, self.slots[0])
             else:

@@ -1,0 +1,78 @@
+"""runners.question_batch with FA4 (the fp32 fake of flash-attn-4's package, tests/fake_fa4.py,
+and the tables kernel in Triton's interpreter on the CPU): the body the CUDA graphs capture,
+run eagerly, gives each fork the hidden rows and KV rows its FA4 question runner gives it
+alone, at positions with and without FA4's splits; a reader's GraphAdapter on that path checks
+its batch shapes and batches asks as the CUDA warm-up leaves it."""
+import pytest
+import torch
+from paged import paged_kv
+
+from adapters.attention import fa4 as attn_fa4
+from block_store import PagedKv
+
+INTERPRET = torch.cuda.is_available() is False
+T = 64
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    from fake_fa4 import fake_package
+    monkeypatch.setattr(attn_fa4, "available", lambda device, dtype: True)
+    return fake_package(monkeypatch)            # MIN_SPLIT_KEYS 256: splits from 512 ids
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+@pytest.mark.parametrize("num_forks", [2, 4])
+def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks):
+    from adapters import spec_for
+    from adapters.runners.runners import Runners
+    runners = Runners(tiny, 2 * T, attention="fa4", fused=False)
+    alone, batch = runners.for_rows(T), runners.question_batch(T, num_forks)
+    assert alone is not runners.chunk and batch._fa4 is not None
+    spec = spec_for(tiny.cfg, "cpu", torch.float32)
+    num_shared = 12                                       # 1,536 rows of 128-row pages
+    base = paged_kv(spec, 2 * T, (num_shared + num_forks) * 2 * T, seed=num_forks)
+    g = torch.Generator().manual_seed(num_forks)
+    splits = set()
+    for pos in (0, 2 * T * 5, 2 * T * num_shared):
+        forks = []
+        for b in range(num_forks):
+            kv = PagedKv(base.pool, base.pages[:pos // (2 * T)] + [base.pages[num_shared + b]])
+            gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                    torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+                   for _ in range(spec.num_gdn)]
+            forks.append((torch.randint(0, 248000, (T,), generator=g).tolist(), pos, kv, gdn))
+        got = batch.run(forks)
+        rows = [[x[base.pages[num_shared + b]].clone() for pair in base.pool.layers()
+                 for x in pair] for b in range(num_forks)]
+        splits.add(batch._tables[0].s if batch._tables else None)
+        for b, (ids, p, kv, gdn) in enumerate(forks):
+            want, _ = alone.run(ids, p, kv, gdn)
+            assert torch.equal(got[b], want), (pos, b)
+            assert all(torch.equal(x, y) for x, y in zip(
+                rows[b], [x[base.pages[num_shared + b]] for pair in base.pool.layers()
+                          for x in pair]))
+    assert sorted(batch._tables_by_s) == sorted(
+        {attn_fa4.FA4Attention(tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
+         .num_splits(p, T, torch.device("cpu")) for p in (0, 640, 1536)})
+    assert len(batch._tables_by_s) >= 2                   # without splits and with
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_a_reader_on_fa4_checks_its_shapes_and_batches_its_asks(tiny, fake_fa4):
+    import random
+
+    from helpers import vocab_ids
+
+    from shadow_plugin import Reader
+    rng = random.Random(3)
+    r = Reader(tiny, grid=2 * T, cuda_graphs=True, attention="fa4", fused_ops=False)
+    a = r.adapter
+    assert a.batches() and a.check_batches([(T, 2)]) == {(2, T): True}
+    r.feed("s", vocab_ids(rng, 9 * T + 10), "prompt")
+    r.read("s")
+    items = [([5, 6, 7], ["x", "y"]), (vocab_ids(rng, 20), ["p", "q", "r"])]
+    many = r.ask_many("s", items)
+    assert a.graph_stats()["num_question_batches"] == 1
+    assert [x.probs for x in many] == [r.ask("s", *item).probs for item in items]
+    assert r.check_exact("s")
