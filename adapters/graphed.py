@@ -49,13 +49,19 @@ class GraphAdapter(Adapter):
 
     def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
         """Runners.prepare; with graphs, also the question batches of every shape
-        (Runners.question_batch_shapes), each checked now against its forks run alone
-        (`check_batches`): on CUDA only a shape warmed up and checked here is batched, so
-        no question waits for a compile, a capture or a check."""
+        (Runners.question_batch_shapes): warmed up, checked against their forks run alone
+        (`check_batches`), then, for the shapes that kept the bits, their graphs captured over
+        `pool`. On CUDA only a shape warmed up and checked here is batched, so no question
+        waits for a compile, a capture or a check."""
         shapes = self.runners.question_batch_shapes() if self.runners.chunk.use_graphs and \
             self.runners.batches_questions else []
         self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
         self.check_batches(shapes)
+        for rows, forks in shapes:           # graphs over the reader's pool: passed shapes only
+            batch = self.runners.question_batch(rows, forks)
+            if pool is not None and batch is not None and \
+                    self.batch_bits.get((batch.num_seqs, batch.t)):
+                batch.capture_over(pool)
 
     def check_batches(self, shapes) -> dict:
         """For each (rows, forks) shape, one batch of random forks over a scratch pool of
@@ -66,21 +72,22 @@ class GraphAdapter(Adapter):
         from block_store import KvPool, PagedKv
         m = self.model
         spec, g = spec_for(m.cfg, m.device, m.dtype), torch.Generator().manual_seed(0)
+        dev_g = torch.Generator(device=m.device).manual_seed(0)
         pos = -(-2048 // self.grid) * self.grid
         for rows, forks in shapes:
             batch = self.runners.question_batch(rows, forks)
             if batch is None or (batch.num_seqs, batch.t) in self.batch_bits:
                 continue
             pool = KvPool(spec, self.grid, pos // self.grid + batch.num_seqs)
-            pool.block.copy_(torch.randn(pool.block.shape, generator=g).to(m.dtype))
+            pool.block.normal_(generator=dev_g)
             pages = [pool.manager.allocate().index for _ in range(pool.num_pages)]
             items = []
             for b in range(batch.num_seqs):
                 ids = torch.randint(0, self.vocab_size, (batch.t,), generator=g).tolist()
-                gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g)
-                        .to(m.dtype).to(m.device),
-                        (torch.randn(*spec.recurrent_shape, generator=g) * 0.1).to(m.device))
-                       for _ in range(spec.num_gdn)]
+                gdn = [(torch.randn(spec.conv_dim, spec.conv_width, device=m.device,
+                                    generator=dev_g).to(m.dtype),
+                        torch.randn(*spec.recurrent_shape, device=m.device, generator=dev_g)
+                        * 0.1) for _ in range(spec.num_gdn)]
                 kv = PagedKv(pool, pages[:pos // self.grid] + [pages[pos // self.grid + b]])
                 items.append((ids, pos, kv, gdn, [0]))
             self._checked(batch, items)

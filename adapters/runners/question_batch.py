@@ -48,7 +48,7 @@ class QuestionBatch:
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
     table) and, with FA4, its split tables per split count (up to 4.3 MB a fork at 64 rows),
     the hidden rows [B * t, hidden] and per full-attention layer its attention output
-    [B * t, H * D] (6 MB at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
+    [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
 
     def __init__(self, runner, slots: list):
@@ -210,10 +210,12 @@ class QuestionBatch:
     def capture_over(self, pool) -> None:
         """With FA4 in the graph: the graph of every split count over `pool` (a block_store
         KvPool, the reader's) captured now, as runners.capture.capture_splits does for a
-        runner, so that no batch over it captures one (a sync) later; after `prepare`."""
+        runner, so that no batch over it captures one (a sync) later, and that pool pinned
+        (its graphs kept whatever other pools come); after `prepare`."""
         from block_store import PagedKv
         if self.split_graphs is None or not self.use_graphs:
             return
+        self.split_graphs.pin(pool)                    # kept whatever other pools come
         for s in self._fa4.all_splits(self.t, self.model.device):
             self._tables = self._tables_for(s)
             self._kvs = [PagedKv(pool, [])] * self.num_seqs

@@ -225,7 +225,8 @@ class Runners:
         the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
         `pool` (the reader's block_store.KvPool) given, their graphs over that pool
         (ChunkGraphs.prepare); and the question batches of question_batches ((rows, forks)
-        pairs, `question_batch`: warmed up, their graphs over `pool`)."""
+        pairs, `question_batch`) warmed up (their graphs: QuestionBatch.capture_over, after
+        their check, adapters.graphed.GraphAdapter.prepare)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
@@ -240,8 +241,6 @@ class Runners:
             batch = self.question_batch(rows, forks)
             if batch is not None:
                 batch.prepare()
-                if pool is not None:
-                    batch.capture_over(pool)
 
     def decode_loop(self):
         """runners.decode.DecodeLoop over the decode runner (its tail graph captured once)."""
