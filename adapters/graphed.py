@@ -9,8 +9,9 @@ Adapter's default): a batched read in graphs would gain at most 1.53x at B = 4 o
 (evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
 waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks
 of one ask) run in one forward (runners.question_batch.QuestionBatch), each question with the
-bits it gets alone: the first batch of each shape is checked against the same forks run alone
-(`_checked`), and a shape whose bits differ runs one fork at a time from then on.
+bits it gets alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
+`check_batches`, and only shapes that pass are batched; elsewhere at its first batch), and a
+shape whose bits differ runs one fork at a time.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class GraphAdapter(Adapter):
             raise ValueError(f"the runners read chunks of {self.runners.chunk.t} ids, the "
                              f"grid is {grid}")
         # (B, T) -> whether a batch of B forks of T rows gave each the bits of its own
-        # runner (checked at its first batch, `_checked`)
+        # runner (`_checked`: in the warm-up on CUDA, else at its first batch)
         self.batch_bits: dict[tuple[int, int], bool] = {}
         self.num_question_batches = 0          # batches run in one forward
 
@@ -67,7 +68,7 @@ class GraphAdapter(Adapter):
         """For each (rows, forks) shape, one batch of random forks over a scratch pool of
         their own (a shared prefix at 2,048 ids, where FA4 splits the keys, a page each,
         random states and ids) against each fork through its own runner, bit for bit
-        (`_checked`); returns batch_bits."""
+        (`_checked`; shapes checked before are skipped); returns batch_bits."""
         from adapters.model.config import spec_for
         from block_store import KvPool, PagedKv
         m = self.model
@@ -96,8 +97,8 @@ class GraphAdapter(Adapter):
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
-        bits, as its first batch was checked}) and num_question_batches (batches run in one
-        forward)."""
+        bits, as checked}) and num_question_batches (questions' batches run in one forward;
+        the checks not counted)."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}
@@ -107,10 +108,10 @@ class GraphAdapter(Adapter):
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
         are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
-        batches kept each fork's bits (`batch_bits`: unknown until its first batch). Questions
+        batches keep each fork's bits (`_batchable`). Questions
         of two buckets, or of a shape whose batches gave other bits, go one a step, so a step
-        stays one forward (but for a shape's first batch, checked against its forks alone,
-        and forks at other positions, which fork_logits_batch runs one group a forward).
+        stays one forward (but for a shape's first batch off CUDA, checked against its forks
+        alone, and forks at other positions, which fork_logits_batch runs a group a forward).
         Grid chunks never do (read_chunks runs them one at a time)."""
         runners = self.runners
         if lengths is None:
@@ -135,8 +136,9 @@ class GraphAdapter(Adapter):
         one pool whose ids pad to one bucket (Runners.rows_of) in one forward a group of up to
         the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
         size padded with copies of its last fork, which write the same rows), each with the
-        bits fork_logits gives it alone, checked at the first batch of each shape
-        (`_checked`); the others one at a time. Returns [len(token_ids)] fp32 each."""
+        bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
+        `_batchable`, runs one at a time, as do the others). Returns [len(token_ids)] fp32
+        each."""
         items = [(list(ids), *rest) for ids, *rest in items]
         groups: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):

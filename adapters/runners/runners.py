@@ -152,8 +152,9 @@ class Runners:
 
     @property
     def batches_questions(self) -> bool:
-        """Whether `question_batch` makes batches here: FA4 inside the graph (CUDA) or SDPA
-        without graphs (the CPU); not the table attention."""
+        """Whether `question_batch` makes batches here: FA4 over its device-built tables
+        (runners.fa4_graph; inside the graph on CUDA) or SDPA without graphs (the CPU); not
+        the table attention."""
         c = self.chunk
         return (c.attention == "fa4" and c.split_graphs is not None) or \
             (c.attention == "sdpa" and not c.use_graphs)
