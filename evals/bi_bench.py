@@ -25,7 +25,8 @@
   one at a time through the bucket's runner against one forward of runners.question_batch
   (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's ms over one question's
   (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
-  batch equal to its runner's alone, bit for bit.
+  batch equal to its runner's alone, bit for bit; with --ceiling also one forward of the B
+  questions' rows as one sequence (`ceiling`, `over_ceiling`: what the per-fork work adds).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -37,7 +38,7 @@
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
         [--parts probe,speed,graphs,questions,read] [--contexts 16384,65536]
-        [--batches 1,2,4,8] [--question-rows 64,128]
+        [--batches 1,2,4,8] [--question-rows 64,128] [--ceiling]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
 
@@ -276,11 +277,31 @@ def questions_part(model, args) -> dict:
                 row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
                 row["over_one"] = round(row["one_forward"] / one_ms, 3)
                 row["exact"] = all(torch.equal(x, y) for x, y in zip(each(), one()))
+                if getattr(args, "ceiling", False) and b > 1:
+                    row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
+                                                 PagedKv(pool, pages + own), gdn[0],
+                                                 args.repeats, row["one_forward"]))
                 out[f"{context}x{rows}x{b}"] = row
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
     out["captures"] = runners.captures()
     return out
+
+
+def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
+                      batch_ms: float) -> dict:
+    """`--ceiling`: the ms of one forward of the B questions' rows as one sequence (a
+    ChunkGraphs of B x t rows over the shared prefix, ids [B, t]: every layer over all rows,
+    one attention and one recurrence; the forks' own work left out) and the batch's ms over
+    it (what its per-fork attention, recurrences, norms and down projections add)."""
+    from adapters.runners import graphs
+    runner = graphs.ChunkGraphs(model, ids.numel(), page_rows=alone.page_rows,
+                                op_set=alone.ops, proj=alone.proj, return_states=False,
+                                side_stream=alone.side_stream)
+    flat = ids.flatten().tolist()
+    times = [_timed_ms(lambda: runner.run(flat, context, kv, gdn)) for _ in range(repeats + 1)]
+    ms = statistics.median(times[1:])
+    return {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
 
 
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -457,6 +478,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
     ap.add_argument("--question-rows", type=_ints, default=[64, 128],
                     help="the questions' buckets (`questions`)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="`questions`: also one forward of the B questions' rows as one "
+                         "sequence (FA4 compiles one kind of call more per row count)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiles", default="64x128x64x4x3,128x128x64x8x3,64x64x64x4x4",

@@ -34,6 +34,7 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
     class Args:
         grid, batches, contexts, repeats, question_rows = 64, [2, 4], [128, 192], 1, [64]
+        ceiling = True
     out = questions_part(tiny, Args)
     assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (2, 4)} | {"captures"}
     for key, row in out.items():
@@ -42,4 +43,6 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0 and row["exact"] is True
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
         assert row["over_one"] > 0                       # over one question's own time
+        assert row["ceiling"] > 0          # and the batch over it (both rounded to 3 places)
+        assert abs(row["over_ceiling"] - row["one_forward"] / row["ceiling"]) < 2e-3
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
