@@ -176,8 +176,9 @@ class QuestionBatch:
     def prepare(self) -> None:
         """On CUDA, the body run eagerly twice at one position of each number of splits it can
         meet (FA4 and torch.compile compile, cuBLAS makes its handles) over KV rows of its own,
-        on the runners' side stream (capture.side_stream); its graphs are captured at the first
-        batch of each split count over a pool (fa4_graph.SplitGraphs). Nothing on the CPU."""
+        on the runners' side stream (capture.side_stream); its graphs are captured over the
+        reader's pool by `capture_over`, over another pool at its first batch of each split
+        count (fa4_graph.SplitGraphs). Nothing on the CPU."""
         if self._prepared or not self.use_graphs:
             return
         from adapters.model.config import spec_for
@@ -200,12 +201,6 @@ class QuestionBatch:
         finally:
             self._kvs = self._tables = None            # the warm-up's rows go with kv
         self._prepared = True
-
-    @property
-    def ready(self) -> bool:
-        """Whether a run compiles nothing first: warmed up (`prepare`) on CUDA, always
-        without graphs."""
-        return self._prepared or not self.use_graphs
 
     def capture_over(self, pool) -> None:
         """With FA4 in the graph: the graph of every split count over `pool` (a block_store
