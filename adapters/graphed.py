@@ -68,7 +68,8 @@ class GraphAdapter(Adapter):
         """For each (rows, forks) shape, one batch of random forks over a scratch pool of
         their own (a shared prefix at 2,048 ids, where FA4 splits the keys, a page each,
         random states and ids) against each fork through its own runner, bit for bit
-        (`_checked`; shapes checked before are skipped); returns batch_bits."""
+        (`_checked`; shapes checked before are skipped). shapes: (rows, forks) pairs, as
+        Runners.question_batch takes them. Returns batch_bits ({(B, T): kept the bits})."""
         from adapters.model.config import spec_for
         from block_store import KvPool, PagedKv
         m = self.model

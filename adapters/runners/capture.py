@@ -32,15 +32,22 @@ def warm_up(runner, kv, pos: int) -> None:
     of the output states (StateSlots.release)."""
     runner._stage([0] * runner.t, pos, kv)
     runner._pos, runner._kv = pos, kv
+    twice_on_side(runner, runner._body)
+    runner._kv = None
+    runner.slots.release()
+
+
+def twice_on_side(runner, body) -> None:
+    """body() twice on the runner's side stream (`side_stream`; runner: anything with
+    `side_stream` and `model`, a ChunkGraphs or a question_batch.QuestionBatch), ordered after
+    the current stream's work and before its next, then a sync of the model's device."""
     side = side_stream(runner)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side), torch.no_grad():
         for _ in range(2):
-            runner._body()
+            body()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize(runner.model.device)
-    runner._kv = None
-    runner.slots.release()
 
 
 def warm_positions(runner) -> list[int]:

@@ -269,6 +269,13 @@ class SplitGraphs:
         slots.release()              # its blocks free for the next capture into the pool
         return pool.pointers, graph, outputs
 
+    def captures(self) -> dict:
+        """num_graphs (held now), num_captures, num_failed_captures and capture_s (seconds
+        since the start), as the runners report them (ChunkGraphs.captures,
+        question_batch.QuestionBatch.captures)."""
+        return {"num_graphs": len(self.all()), "num_captures": self.num_captures,
+                "num_failed_captures": self.num_failed_captures, "capture_s": self.capture_s}
+
     def all(self) -> list:
         """The captured graphs (any S, any pool)."""
         return [entry[1] for entry in self.graphs.values() if entry[1] is not None]

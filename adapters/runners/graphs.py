@@ -149,10 +149,8 @@ class ChunkGraphs:
         since the start): with FA4 in the graph those of its SplitGraphs (one graph a split
         count and pool), else the segments' graphs of the warm-up (captured together, their
         time not counted: 0.0)."""
-        sg = self.split_graphs
-        if sg is not None:
-            return {"num_graphs": len(sg.all()), "num_captures": sg.num_captures,
-                    "num_failed_captures": sg.num_failed_captures, "capture_s": sg.capture_s}
+        if self.split_graphs is not None:
+            return self.split_graphs.captures()
         return {"num_graphs": len(self.graphs), "num_captures": len(self.graphs),
                 "num_failed_captures": 0, "capture_s": 0.0}
 

@@ -188,16 +188,10 @@ class QuestionBatch:
         positions = [s * fa4_plan.MIN_SPLIT_KEYS for s in splits]  # S there (read now)
         kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, positions[-1] + self.t)
         kv.pool.block.zero_()
-        side = capture.side_stream(self)
         try:
             for pos in positions:
                 self._stage([([0] * self.t, pos, kv)] * self.num_seqs)
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side), torch.no_grad():
-                    for _ in range(2):
-                        self._body()
-                torch.cuda.current_stream().wait_stream(side)
-                torch.cuda.synchronize(dev)
+                capture.twice_on_side(self, self._body)
         finally:
             self._kvs = self._tables = None            # the warm-up's rows go with kv
         self._prepared = True
@@ -282,10 +276,8 @@ class QuestionBatch:
     def captures(self) -> dict:
         """num_graphs, num_captures, num_failed_captures, capture_s (as ChunkGraphs.captures);
         all 0 without graphs."""
-        sg = self.split_graphs
-        if sg is None:
+        if self.split_graphs is None:
             return {"num_graphs": 0, "num_captures": 0, "num_failed_captures": 0,
                     "capture_s": 0.0}
-        return {"num_graphs": len(sg.all()), "num_captures": sg.num_captures,
-                "num_failed_captures": sg.num_failed_captures, "capture_s": sg.capture_s}
+        return self.split_graphs.captures()
 
