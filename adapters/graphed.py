@@ -98,11 +98,15 @@ class GraphAdapter(Adapter):
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
-        bits, as checked}) and num_question_batches (questions' batches run in one forward;
+        bits, as checked}), `question_batch_one_call` ({"BxT": whether its forks' recurrences
+        run in one call}) and num_question_batches (questions' batches run in one forward;
         the checks not counted)."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}
+        out["question_batch_one_call"] = {          # the forks' recurrences in one call
+            f"{b}x{t}": self.runners.question_batch(t, b).one_call
+            for b, t in sorted(self.batch_bits)}
         out["num_question_batches"] = self.num_question_batches
         return out
 
@@ -166,8 +170,10 @@ class GraphAdapter(Adapter):
         """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
-        same ids in both): a shape that differs is recorded in batch_bits (with a
-        RuntimeWarning) and its forks get their own runner's rows."""
+        same ids in both). Where they differ with the forks' recurrences in one call
+        (QuestionBatch.one_call), the batch is run and compared again with them one a fork
+        (QuestionBatch.recur_per_fork); a shape that still differs is recorded in batch_bits
+        (with a RuntimeWarning) and its forks get their own runner's rows."""
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
@@ -175,15 +181,24 @@ class GraphAdapter(Adapter):
         if key in self.batch_bits:
             return hidden
         runner = self.runners.for_rows(t)
-        alone = [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
-                 for ids, pos, kv, gdn in padded]
-        same = all(torch.equal(a, b) for a, b in zip(alone, hidden))
+
+        def alone() -> list[torch.Tensor]:
+            return [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
+                    for ids, pos, kv, gdn in padded]
+
+        rows = alone()
+        same = all(torch.equal(a, b) for a, b in zip(rows, hidden))
+        if not same and batch.one_call:              # the recurrences one a fork, then again
+            batch.recur_per_fork()
+            hidden = batch.run(padded)
+            rows = alone()                           # after, so the KV rows are theirs again
+            same = all(torch.equal(a, b) for a, b in zip(rows, hidden))
         self.batch_bits[key] = same
         if not same:
             warnings.warn(f"a batch of {key[0]} questions of {t} rows gave other bits than "
                           f"each alone on {self.model.device}; such batches run one question "
                           f"at a time in this process", RuntimeWarning, stacklevel=3)
-            return alone
+            return rows
         return hidden
 
     def kernel_picks(self) -> str:

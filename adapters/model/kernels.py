@@ -28,20 +28,40 @@ class KernelSet:
     """gdn(q, k, v, g, beta, state) -> (o [T, HV, V], state [HV, K, V] fp32);
     gdn_step: the same contract for one token (a decode step: the token-by-token recurrence,
     one kernel instead of the chunked form's several; never used for committed chunks);
-    conv(x [T, D], weight [D, W], state [D, W]) -> (y [T, D] after SiLU, state [D, W])."""
+    conv(x [T, D], weight [D, W], state [D, W]) -> (y [T, D] after SiLU, state [D, W]);
+    gdn_many: gdn for B sequences of T rows each at once, every input with a leading [B]
+    (q [B, T, H, K], ..., state [B, HV, K, V]) -> (o [B, T, HV, V], state [B, HV, K, V]
+    fp32); on fla one call (its kernels' grids run a program per sequence and head), in
+    pure torch gdn per sequence (`gdn_each`). Whether each sequence gets the bits gdn gives
+    it alone is measured, not assumed (runners.question_batch checks it)."""
 
     name: str
     gdn: Callable
     conv: Callable
     gdn_step: Callable
+    gdn_many: Callable | None = None
+
+    def recurrences(self, q, k, v, g, beta, state):
+        """gdn_many where the set has it, else `gdn_each` over gdn; same contract."""
+        if self.gdn_many is not None:
+            return self.gdn_many(q, k, v, g, beta, state)
+        return gdn_each(self.gdn, q, k, v, g, beta, state)
+
+
+def gdn_each(gdn: Callable, q, k, v, g, beta, state):
+    """KernelSet.gdn_many's contract by one `gdn` call per sequence (the pure-torch twin of
+    fla's one call): inputs with a leading [B]; returns (o [B, T, HV, V], state [B, HV, K, V]
+    fp32)."""
+    outs = [gdn(q[b], k[b], v[b], g[b], beta[b], state[b]) for b in range(q.shape[0])]
+    return torch.stack([o for o, _ in outs]), torch.stack([s for _, s in outs])
 
 
 TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
-                  ref.recurrent_gated_delta_rule)
+                  ref.recurrent_gated_delta_rule)     # gdn_many: gdn_each over the chunked rule
 
 
 def _fla_kernels() -> KernelSet:
-    os.environ["FLA_FLASH_QLA"] = "0"       # another kernel family with other numerics (section 9.4)
+    os.environ["FLA_FLASH_QLA"] = "0"       # a kernel family of other numerics (section 9.4)
     os.environ.pop("FLA_INTRACARD_CP", None)
     from adapters.model.autotune import pin_from_env
     pin_from_env()                             # before fla is imported (model.autotune)
@@ -55,6 +75,10 @@ def _fla_kernels() -> KernelSet:
                        use_qk_l2norm_in_kernel=False)
         return o[0], s[0]
 
+    def gdn_many(q, k, v, g, beta, state):                 # [B, T, ...]: one call
+        return fla_gdn(q, k, v, g=g.float(), beta=beta, initial_state=state.float(),
+                       output_final_state=True, use_qk_l2norm_in_kernel=False)
+
     def gdn_step(q, k, v, g, beta, state):
         o, s = fla_step(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
                         initial_state=state[None].float(), output_final_state=True,
@@ -66,7 +90,7 @@ def _fla_kernels() -> KernelSet:
                         output_final_state=True, activation="silu")
         return y[0], s[0]
 
-    return KernelSet("fla", gdn, conv, gdn_step)
+    return KernelSet("fla", gdn, conv, gdn_step, gdn_many)
 
 
 def select_kernels(device: torch.device, name: str | None = None) -> KernelSet:

@@ -200,18 +200,29 @@ class GatedDeltaNet(nn.Module):
         """One sequence's part between the projections (project's outputs of its T rows): the
         conv, the gates, the gated delta rule from (conv_state, rec_state), the gated norm.
         Returns (o [T, value_dim], new conv_state, new rec_state), what out_proj takes."""
-        cfg, t = self.cfg, qkv.shape[0]
+        q, k, v, g, beta, conv_state = self.gates(qkv, b, a, conv_state, kernels, op)
+        gdn = kernels.gdn_step if qkv.shape[0] == 1 else kernels.gdn   # decode: one kernel
+        o, rec_state = gdn(q, k, v, g, beta, rec_state)
+        return self.gated_norm(o, z, op), conv_state, rec_state
+
+    def gates(self, qkv, b, a, conv_state, kernels: KernelSet, op: Ops = EAGER):
+        """mix's first part: the conv over qkv [T, conv_dim] from conv_state [conv_dim, W]
+        and the gates. Returns (q, k [T, HK, K], v [T, HV, V], g, beta [T, HV], new
+        conv_state), what the gated delta rule takes."""
+        cfg = self.cfg
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         weight = self.conv1d.weight[:, 0, :]
         if op.conv_gates is not None:            # the fused op set: conv and gates compiled
-            q, k, v, g, beta, conv_state = op.conv_gates(qkv, weight, conv_state, b, a,
-                                                         self.A_log, self.dt_bias, hk, kd, hv, vd)
-        else:
-            mixed, conv_state = kernels.conv(qkv, weight, conv_state)
-            q, k, v, g, beta = op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd)
-        gdn = kernels.gdn_step if t == 1 else kernels.gdn        # a decode step: one kernel
-        o, rec_state = gdn(q, k, v, g, beta, rec_state)
-        z = z.reshape(t, hv, vd)
-        o = op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)
-        return o, conv_state, rec_state
+            return op.conv_gates(qkv, weight, conv_state, b, a, self.A_log, self.dt_bias,
+                                 hk, kd, hv, vd)
+        mixed, conv_state = kernels.conv(qkv, weight, conv_state)
+        return (*op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd),
+                conv_state)
+
+    def gated_norm(self, o, z, op: Ops = EAGER) -> torch.Tensor:
+        """mix's last part: the recurrence's o [T, HV, V] normed and gated by z
+        [T, value_dim]. Returns [T, value_dim]."""
+        cfg, t = self.cfg, o.shape[0]
+        z = z.reshape(t, cfg.linear_num_value_heads, cfg.linear_value_head_dim)
+        return op.gated_rms_norm(o, z, self.norm.weight, self.norm.eps).reshape(t, cfg.value_dim)

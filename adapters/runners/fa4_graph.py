@@ -209,6 +209,10 @@ class SplitGraphs:
         time."""
         self._pinned = pool
 
+    def drop(self) -> None:
+        """Forget every graph (the body they replay changed); the pin and the counts stay."""
+        self.graphs.clear()
+
     def tables_for(self, s: int) -> SplitTables:
         """The SplitTables of S splits (made at the first ask)."""
         if s not in self.tables:

@@ -11,14 +11,18 @@ docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
 - per fork, on the same rows and strides as the question's own runner: RoPE, the q/k norms
   with RoPE, the KV rows' write and FA4 over the fork's own page table (its splits' and
-  tail's tables built from its own staged table: the same calls as alone), the GDN conv, gates,
-  recurrence from the fork's states and gated norm (gated_rms_norm gave one 64-row block
+  tail's tables built from its own staged table: the same calls as alone), the GDN conv and
+  gates from the fork's conv state, the gated norm (gated_rms_norm gave one 64-row block
   other bits batched), and the down projection (cuBLAS picked another kernel for 64-row
-  blocks of a batch, split-K for 64 rows alone).
+  blocks of a batch, split-K for 64 rows alone);
+- the forks' GDN recurrences from their own states in one call over [B, t] rows (fla's
+  chunked kernels run a program per sequence and head; fla's varlen form kept each
+  sequence's bits on the H100, bi_bench `probe`), or one call a fork (`recur_per_fork`).
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
-bit, and runs that shape one fork at a time from then on when they differ
+bit; where they differ with the recurrences in one call it tries them one a fork, and where
+they still differ it runs that shape one fork at a time from then on
 (adapters.graphed.GraphAdapter.fork_logits_batch).
 """
 from __future__ import annotations
@@ -39,7 +43,9 @@ class QuestionBatch:
     runners.Runners; its model, compiled op set, fused projections, attention, page size and
     side stream are this batch's, so the ops it runs per fork are its own); slots: B >= 2
     runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
-    the graphs; Runners shares one set between its batches: each run feeds them first).
+    the graphs; Runners shares one set between its batches: each run feeds them first);
+    one_call: the forks' GDN recurrences in one call of the model's kernels
+    (KernelSet.recurrences) rather than one a fork (`recur_per_fork` turns it off).
     Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
     device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
     elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
@@ -51,7 +57,7 @@ class QuestionBatch:
     [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
 
-    def __init__(self, runner, slots: list):
+    def __init__(self, runner, slots: list, one_call: bool = True):
         num_seqs = len(slots)
         if num_seqs < 2:
             raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
@@ -72,6 +78,7 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
+        self.one_call = one_call                       # the forks' recurrences in one call
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -151,17 +158,31 @@ class QuestionBatch:
 
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
         """GDN layer i on h [B * t, hidden]: the input projections over all rows, per fork the
-        conv, gates, recurrence from its states and gated norm (GatedDeltaNet.mix), out_proj
-        over all rows. Returns [B * t, hidden]; the forks' new states are not kept."""
-        op, g = self.ops, self.gdn_index[i]
+        conv and gates from its states, the forks' recurrences in one call
+        (KernelSet.recurrences: one fla call over [B, t] rows) or with `one_call` off one a
+        fork (GatedDeltaNet.mix), per fork the gated norm, out_proj over all rows. Returns
+        [B * t, hidden]; the forks' new states are not kept."""
+        op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
-        outs = []
-        for b in range(self.num_seqs):
-            r = self.rows(b)
-            o, _, _ = gdn.mix(qkv[r], z[r], b_[r], a[r], *self.slots[b].inputs[g],
-                              self.model.kernels, op)
-            outs.append(o)
+        if not self.one_call:
+            outs = [gdn.mix(qkv[r], z[r], b_[r], a[r], *self.slots[b].inputs[g], kernels, op)[0]
+                    for b, r in enumerate(map(self.rows, range(self.num_seqs)))]
+            return op.linear(torch.cat(outs), gdn.out_proj.weight)
+        gates = [gdn.gates(qkv[r], b_[r], a[r], self.slots[b].inputs[g][0], kernels, op)[:5]
+                 for b, r in enumerate(map(self.rows, range(self.num_seqs)))]
+        states = torch.stack([slots.inputs[g][1] for slots in self.slots])  # [B, HV, K, V]
+        o, _ = kernels.recurrences(*(torch.stack(x) for x in zip(*gates)), states)
+        outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(self.num_seqs)]
         return op.linear(torch.cat(outs), gdn.out_proj.weight)
+
+    def recur_per_fork(self) -> None:
+        """Run the forks' recurrences one call a fork from now on (`one_call` off: where the
+        one call gave a fork other bits than alone, runners' check); the graphs captured
+        with the one call are dropped and the next run warms up again."""
+        self.one_call = False
+        if self.split_graphs is not None:
+            self.split_graphs.drop()
+        self._prepared = False
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,

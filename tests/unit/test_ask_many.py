@@ -209,3 +209,33 @@ def test_a_batch_whose_row_count_changes_the_norms_bits_runs_one_at_a_time(tiny,
         return out * (1 + 2 ** -6) if x.dim() == 2 and x.shape[0] == 2 * G else out
     monkeypatch.setattr(ops, "rms_norm", rms_norm)
     assert [a.probs for a in r.ask_many("s", items)] == alone
+
+
+def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, monkeypatch):
+    """Where the forks' recurrences in one call (KernelSet.gdn_many) give a fork other bits
+    than alone, the check runs the batch again with them one a fork
+    (QuestionBatch.recur_per_fork): that keeps the bits, so the shape stays batched, with no
+    warning, and every answer equals `ask`'s."""
+    import dataclasses
+    import warnings
+
+    from adapters.model import kernels
+    r, rng = _reader(tiny, n=200, seed=5, cuda_graphs=True)
+    items = [([5, 6, 7], ["x", "y"]), ([8, 9, 10, 11, 12], ["p", "q", "r"])]
+    alone = [r.ask("s", *item).probs for item in items]
+
+    def gdn_many(*args):                               # other bits in one call
+        o, s = kernels.gdn_each(tiny.kernels.gdn, *args)
+        return o * (1 + 2 ** -6), s
+    monkeypatch.setattr(tiny, "kernels", dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
+    if not tiny.gemms_keep_tile_bits(2 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert [x.probs for x in r.ask_many("s", items)] == alone
+    stats = r.adapter.graph_stats()
+    assert stats["question_batch_bits"] == {"2x64": True}
+    assert stats["question_batch_one_call"] == {"2x64": False}
+    assert [x.probs for x in r.ask_many("s", items)] == alone
+    assert r.adapter.graph_stats()["num_question_batches"] == 2
+    check_refs(r)

@@ -88,3 +88,50 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
     assert runners.question_batch(G, 3).num_seqs == 4      # 3 forks: the batch of 4
     assert runners.captures()["question_batches"] == ["2x64", "4x64"]
     assert runners.batch_slots(4)[:2] == batch.slots       # one set of slots for all
+
+
+def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monkeypatch):
+    """QuestionBatch.one_call: the forks' GDN recurrences through KernelSet.recurrences, one
+    call of gdn_many over [B, t] rows (counted here), against one call a fork: the same
+    hidden rows, each equal to its runner's alone."""
+    import dataclasses
+
+    from adapters.model import kernels
+    runners = Runners(tiny, G)
+    calls = []
+
+    def gdn_many(*args):
+        calls.append(args[0].shape)
+        return kernels.gdn_each(tiny.kernels.gdn, *args)
+    monkeypatch.setattr(tiny, "kernels", dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
+    forks = _forks(tiny, 4, 2 * G, seed=11)
+    one_call = runners.question_batch(G, 4)
+    per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), one_call=False)
+    assert one_call.one_call and not per_fork.one_call
+    if not tiny.gemms_keep_tile_bits(4 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    rows = one_call.run(forks)
+    assert calls == [(4, G, tiny.cfg.linear_num_key_heads, tiny.cfg.linear_key_head_dim)] \
+        * len(tiny.cfg.linear_layers)
+    assert all(torch.equal(a, b) for a, b in zip(rows, per_fork.run(forks)))
+    assert len(calls) == len(tiny.cfg.linear_layers)          # none one a fork
+    for (ids, p, kv, gdn), h in zip(forks, rows):
+        assert torch.equal(h, runners.for_rows(G).run(ids, p, kv, gdn)[0])
+
+
+def test_gdn_each_is_gdn_per_sequence():
+    """kernels.gdn_each (the pure-torch twin of fla's one call over [B, T] rows) and
+    KernelSet.recurrences: each sequence's output and state are gdn's over it alone."""
+    from adapters.model import kernels
+    g = torch.Generator().manual_seed(2)
+    b, t, hk, hv, kd, vd = 3, 70, 2, 4, 16, 8
+    q, k = (torch.randn(b, t, hk, kd, generator=g) for _ in range(2))
+    v = torch.randn(b, t, hv, vd, generator=g)
+    gate = -torch.rand(b, t, hv, generator=g)
+    beta = torch.rand(b, t, hv, generator=g)
+    state = torch.randn(b, hv, kd, vd, generator=g)
+    o, s = kernels.TORCH.recurrences(q, k, v, gate, beta, state)
+    assert o.shape == (b, t, hv, vd) and s.shape == (b, hv, kd, vd)
+    for i in range(b):
+        oi, si = kernels.TORCH.gdn(q[i], k[i], v[i], gate[i], beta[i], state[i])
+        assert torch.equal(o[i], oi) and torch.equal(s[i], si)
