@@ -12,6 +12,9 @@
 #       cost
 #   bash evals/device/vllm_trial.sh peer     the peer side by side with the shadow (PEER_ARGS:
 #       the phase's arguments, default "--repeats 6"; e.g. "--repeats 4 --question-at 100000")
+#   DP=2 bash evals/device/vllm_trial.sh moves   (two GPUs, issue 38) S with vLLM's data
+#       parallelism: sessions moved between its ranks, exact (evals/vllm/moves.py); DP=2
+#       before `cost` gives the host's cost with both servers on both GPUs
 #   bash evals/device/vllm_trial.sh all      all three (when one call has the time)
 #   bash evals/device/vllm_trial.sh launch S P   start servers, one after another, and return
 #       once the last has been started (see launch below)
@@ -36,6 +39,8 @@ if [ -f /tmp/site/.fa4-installed ]; then
 fi
 # ... and its GDN layers prefill with vLLM's Triton kernels (FlashInfer's by default on Hopper)
 export TRIAL_VLLM_ARGS=${TRIAL_VLLM_ARGS:---gdn-prefill-backend triton}
+# DP=N: every server with vLLM's data parallelism over N GPUs (issue 38; `moves` needs N >= 2)
+if [ -n "${DP:-}" ]; then TRIAL_VLLM_ARGS="$TRIAL_VLLM_ARGS --data-parallel-size $DP"; fi
 out=${OUT:-out}
 mkdir -p "$out" "$TRIAL_DIR"
 deadline=$((SECONDS + ${BUDGET_S:-570}))
@@ -107,6 +112,14 @@ peer() {
     step 150 peer ${PEER_ARGS:---repeats 6}   # about 150 turns of 0.5-1.5 s, two marks of 6 questions
 }
 
+moves() {
+    # issue 38 (DP=2 on two GPUs): one agent pinned to the ranks in turn, three placed by the
+    # balancer, every session exact after its moves (not yet run on GPUs: about 6 turns of
+    # 1-3 s each waited for, then the agents of `follow` without their restart)
+    step 330 up S --host-util "$HOST_UTIL" || return 1
+    step 150 moves
+}
+
 # launch NAME...: start servers one after another and return once the last has been started
 # (detached; the next call's `up` finds it and waits). vLLM profiles the GPU's free memory as
 # it starts, so each server but the last is waited for until it is up: S and P started
@@ -128,6 +141,7 @@ launch) shift; launch "$@" ;;
 follow) follow ;;
 cost) cost ;;
 peer) peer ;;
+moves) moves ;;
 all) follow; cost; peer ;;
-*) echo "usage: vllm_trial.sh follow|cost|peer|all|launch NAME..."; exit 2 ;;
+*) echo "usage: vllm_trial.sh follow|cost|peer|moves|all|launch NAME..."; exit 2 ;;
 esac

@@ -64,14 +64,17 @@ def server_spec(name: str, args) -> ServerSpec:
 
 
 def complete(server: VllmServer, prompt: list[int], max_tokens: int,
-             params: dict | None = None, **extra) -> tuple[list[int], dict]:
+             params: dict | None = None, headers: dict | None = None,
+             **extra) -> tuple[list[int], dict]:
     """A /v1/completions request with a token-id prompt, greedy, exactly max_tokens ids
-    (ignore_eos); (its output ids, its whole reply). params: kv_transfer_params."""
+    (ignore_eos); (its output ids, its whole reply). params: kv_transfer_params; headers:
+    the request's (X-data-parallel-rank pins a data-parallel engine)."""
     body = {"model": server.spec.name, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True, **extra}
     if params is not None:
         body["kv_transfer_params"] = params
-    r = server.http.post(server.url + "/v1/completions", json=body, timeout=HTTP_S)
+    r = server.http.post(server.url + "/v1/completions", json=body, timeout=HTTP_S,
+                         headers=headers)
     if r.status_code != 200:
         raise RuntimeError(f"{server.url} /v1/completions: {r.status_code} {r.text[:500]}")
     reply = r.json()
@@ -142,11 +145,13 @@ def wait_fresh(server: VllmServer, held: dict[str, list[int]], timeout_s: float,
 
 def check(server: VllmServer, session: str, ids: list[int]) -> dict:
     """The check route: the session's committed state against a fresh prefill; `ok` when
-    exact and holding exactly `ids`."""
+    exact and holding exactly `ids`; `rank` the data-parallel rank that answered (None with
+    one engine)."""
     from shadow_plugin.server.facade import ids_digest
     r = server.http.get(f"{server.url}/v1/shadow/sessions/{session}/check",
                         timeout=HTTP_S).json()
     ok = r.get("exact") is True and r.get("num_ids") == len(ids) and \
         r.get("ids_xxh3") == ids_digest(ids)
     return {"session": session, "ok": ok, "exact": r.get("exact"), "num_ids": r.get("num_ids"),
-            "committed": r.get("committed"), "error": r.get("error") or r.get("detail")}
+            "committed": r.get("committed"), "rank": r.get("rank"),
+            "error": r.get("error") or r.get("detail")}

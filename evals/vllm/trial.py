@@ -25,6 +25,10 @@ Phases (each prints its rows and writes $TRIAL_DIR/PHASE.json):
   32k and past 100k ids the router question, the shadow's ask beside the peer's request (the
   session plus the question, max_tokens 1, the letters' logprobs), the peer again without its
   cache (another cache_salt), the answers' KL, the check.
+- moves (issue 38): with S started with `--vllm-args '--data-parallel-size 2'` (two
+  GPUs), one agent's turns pinned to the ranks in turn and others placed by vLLM's balancer,
+  every session exact after its moves, a pinned move's re-read at most a page
+  (evals/vllm/moves.py).
 - down NAME...: stop servers (their GPU memory free for another).
 - report: every phase's JSON in one object (the last line printed).
 
@@ -47,6 +51,7 @@ from pathlib import Path
 from evals.vllm.client import load_servers, save_server, server_spec, trial_dir
 from evals.vllm.cost import cost
 from evals.vllm.follow import follow
+from evals.vllm.moves import moves
 from evals.vllm.peer import peer
 from evals.vllm.server import VllmServer, log_facts
 
@@ -101,7 +106,7 @@ def report(args) -> None:
             break
         except importlib.metadata.PackageNotFoundError:
             pass
-    for phase in ("follow", "cost", "peer"):
+    for phase in ("follow", "cost", "peer", "moves"):
         path = trial_dir() / f"{phase}.json"
         if path.exists():
             out[phase] = json.loads(path.read_text())
@@ -134,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-args", default=os.environ.get("TRIAL_VLLM_ARGS", ""),
                    help="more vLLM flags for every server (default $TRIAL_VLLM_ARGS)")
     p.set_defaults(func=up)
-    for name, func in (("follow", follow), ("cost", cost), ("peer", peer)):
+    for name, func in (("follow", follow), ("cost", cost), ("peer", peer), ("moves", moves)):
         p = sub.add_parser(name)
         p.add_argument("--agents", type=Path, default=Path(".devdata/agents.npz"))
         p.add_argument("--fresh-timeout-s", type=float, default=120)
@@ -152,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prompt-ids", type=int, default=16384)
             p.add_argument("--new-tokens", type=int, default=346)
             p.add_argument("--gap-s", type=float, default=1.5)
+        if name == "moves":
+            p.add_argument("--pinned", default="f67", help="the agent whose turns go to the "
+                           "ranks in turn")
+            p.add_argument("--pinned-turns", type=int, default=6)
+            p.add_argument("--names", nargs="+", default=["aider", "e80", "swe"],
+                           help="the agents the balancer places")
+            p.add_argument("--tokens", type=int, default=48)
         if name == "peer":
             p.add_argument("--long", default="long")
             p.add_argument("--tokens", type=int, default=32)

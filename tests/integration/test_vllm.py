@@ -19,6 +19,8 @@ import httpx
 import pytest
 from helpers import dashboard_metrics  # noqa: E402
 
+from evals.vllm.agents import AgentScript
+from evals.vllm.moves import pinned_turns, summarize_pinned
 from evals.vllm.server import ServerSpec, VllmServer
 from shadow_plugin.server.facade import ids_digest
 
@@ -55,16 +57,17 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-def _complete(url: str, prompt: list[int], session: str, max_tokens: int,
-              rank: int | None = None) -> list[int]:
-    """The ids vLLM produced; `rank`: the data-parallel engine that serves it (vLLM's
-    X-data-parallel-rank header, which its balancer honours)."""
-    headers = {} if rank is None else {"X-data-parallel-rank": str(rank)}
-    r = httpx.post(url + "/v1/completions", timeout=300, headers=headers, json={
+def _complete(url: str, prompt: list[int], session: str, max_tokens: int) -> list[int]:
+    """The ids vLLM produced."""
+    r = httpx.post(url + "/v1/completions", timeout=300, json={
         "model": "host", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "return_token_ids": True, "kv_transfer_params": {"shadow_session": session}})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["token_ids"]
+
+
+def _random_ids(rng: random.Random, low: int, high: int) -> list[int]:
+    return [rng.randrange(1000, 240000) for _ in range(rng.randrange(low, high))]
 
 
 def _agent(url: str, session: str, seed: int, rewrite_at: int | None, held: dict) -> None:
@@ -212,24 +215,6 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         server.stop(signal.SIGTERM)
 
 
-def _held_on(url: str, session: str, rank: int, num_ids: int, timeout_s: float = 120) -> dict:
-    """The merged status once rank `rank` holds the session with `num_ids` ids, every whole
-    page of them read. TimeoutError with the session's entry otherwise."""
-    deadline, entry = time.monotonic() + timeout_s, None
-    while True:
-        try:
-            status = httpx.get(url + "/v1/shadow/status", timeout=30).json()
-            entry = status["sessions"].get(session)
-        except (httpx.HTTPError, ValueError, KeyError):     # a busy server: asked again
-            entry = None
-        if entry is not None and entry["rank"] == rank and entry["num_ids"] == num_ids and \
-                entry["committed"] >= num_ids // G * G:
-            return status
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{session}: not read on rank {rank} in {timeout_s} s: {entry}")
-        time.sleep(0.2)
-
-
 def test_vllm_data_parallel_ranks_follow_an_agent_whose_turns_move_between_them(tmp_path,
                                                                                  host_dir):
     """--data-parallel-size 2 on vLLM's CPU engine: one shadow in each DP engine's worker, on
@@ -250,29 +235,23 @@ def test_vllm_data_parallel_ranks_follow_an_agent_whose_turns_move_between_them(
         assert len(set(pids)) == 2 and all(Path(f"/proc/{p}").exists() for p in pids)
         assert [r["host"]["data_parallel_rank"] for r in status["ranks"]] == [0, 1]
         rng = random.Random(37)
-        ids: list[int] = []
-        committed_before = 0
-        for turn, rank in enumerate((0, 1, 0, 1)):
-            prompt = ids + [rng.randrange(1000, 240000) for _ in range(rng.randrange(90, 200))]
-            read_before = [r["read_tokens"] for r in server.status()["ranks"]]
-            out = _complete(server.url, prompt, "agent", 24, rank)
-            ids = prompt + out
-            status = _held_on(server.url, "agent", rank, len(ids))
-            check = httpx.get(f"{server.url}/v1/shadow/sessions/agent/check",
-                              timeout=120).json()
-            assert check["exact"] is True and check["rank"] == rank, check
-            assert check["num_ids"] == len(ids) and check["ids_xxh3"] == ids_digest(ids)
-            committed = check["committed"]
-            read = [r["read_tokens"] - b for r, b in zip(status["ranks"], read_before)]
+        script = AgentScript("agent", tuple(_random_ids(rng, 90, 200)),
+                             tuple(tuple(_random_ids(rng, 90, 200)) for _ in range(3)))
+        rows = pinned_turns(server, script, [0, 1, 0, 1], 24, G, 120)
+        for row in rows:                  # evals.vllm.moves: the GPU trial's part, here
+            print(f"turn {row['turn']} on rank {row['rank']}: {row['num_ids']} ids, C "
+                  f"{row['committed_before']} -> {row['committed']}, read {row['read_tokens']}"
+                  f" (the move's re-read: {row['reread_tokens']} ids)")
+            assert row["check"]["ok"] and row["check"]["rank"] == row["rank"], row
+            assert row["num_ids"] >= row["committed"] >= row["num_ids"] // G * G
             # the other rank's pages and state were on the folder: one page read again at most
-            assert committed - committed_before <= read[rank] <= \
-                committed - committed_before + G, (turn, committed_before, committed, read)
-            assert read[1 - rank] == 0, read
-            print(f"turn {turn} on rank {rank}: {len(ids)} ids, C {committed_before} -> "
-                  f"{committed}, read {read[rank]} (the move's re-read: "
-                  f"{read[rank] - (committed - committed_before)} ids)")
-            assert status["read_tokens"] == sum(r["read_tokens"] for r in status["ranks"])
-            committed_before = committed
+            assert 0 <= row["reread_tokens"] <= G, row
+        summary = summarize_pinned(rows, G)
+        assert summary == {"turns": 4, "moves": 3, "all_exact": True,
+                           "max_reread_tokens": summary["max_reread_tokens"],
+                           "reread_within_a_page": True, "others_read_nothing": True}
+        status = server.status()
+        assert status["read_tokens"] == sum(r["read_tokens"] for r in status["ranks"])
         assert [r["superseded"] for r in status["ranks"]] == [1, 1]     # each gave its copy up
         assert all(r["write_errors"] == 0 for r in status["ranks"])
         ask = httpx.post(server.url + "/v1/shadow/ask", timeout=120, json={

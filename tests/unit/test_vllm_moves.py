@@ -1,0 +1,66 @@
+"""evals.vllm.moves over a scripted two-rank server (no vLLM: tests/integration/test_vllm.py
+runs it on vLLM's CPU engine): the pinned turns' accounting (which turn moved, what a move read
+again, what the other rank read) and its summary."""
+from types import SimpleNamespace
+
+from evals.vllm import moves
+from evals.vllm.agents import AgentScript
+
+G = 64
+
+
+class TwoRanks:
+    """A session's holder and each rank's read_tokens as a shadow would report them: the
+    rank serving a turn reads from the line it resumes at (`resume_at(C)`, C the committed
+    count before the turn) to the new C (the whole pages of the ids)."""
+
+    def __init__(self, resume_at):
+        self.read, self.holder, self.num_ids, self.committed = [0, 0], None, 0, 0
+        self.resume_at, self.superseded = resume_at, [0, 0]
+
+    def complete(self, server, prompt, max_tokens, params, headers):
+        rank = int(headers["X-data-parallel-rank"])
+        out = [7] * max_tokens
+        new = (len(prompt) + max_tokens) // G * G
+        start = self.committed if self.holder in (None, rank) else self.resume_at(self.committed)
+        if self.holder not in (None, rank):
+            self.superseded[self.holder] += 1
+        self.read[rank] += new - start
+        self.holder, self.num_ids, self.committed = rank, len(prompt) + max_tokens, new
+        return out, {}
+
+    def status(self, server):
+        sessions = {} if self.holder is None else {"agent": {
+            "rank": self.holder, "num_ids": self.num_ids, "committed": self.committed}}
+        return {"sessions": sessions,
+                "ranks": [{"read_tokens": n, "superseded": s}
+                          for n, s in zip(self.read, self.superseded)]}
+
+
+def _run(monkeypatch, resume_at):
+    ranks = TwoRanks(resume_at)
+    monkeypatch.setattr(moves, "complete", ranks.complete)
+    monkeypatch.setattr(moves, "shadow_status", ranks.status)
+    monkeypatch.setattr(moves, "check", lambda server, s, ids: {"ok": len(ids) == ranks.num_ids})
+    script = AgentScript("agent", tuple(range(1000, 1150)),
+                         tuple(tuple(range(2000, 2100)) for _ in range(3)))
+    return moves.pinned_turns(SimpleNamespace(), script, [0, 1, 1, 0], 24, G, 5)
+
+
+def test_a_move_that_resumes_at_the_other_ranks_line_reads_nothing_again(monkeypatch):
+    rows = _run(monkeypatch, lambda c: c)
+    assert [r["moved"] for r in rows] == [False, True, False, True]
+    assert [r["reread_tokens"] for r in rows] == [0, 0, 0, 0]
+    assert all(r["read_tokens"][1 - r["rank"]] == 0 for r in rows)
+    assert [r["committed"] for r in rows] == [128, 256, 384, 512]
+    assert rows[-1]["superseded"] == [1, 1]
+    assert moves.summarize_pinned(rows, G) == {
+        "turns": 4, "moves": 2, "all_exact": True, "max_reread_tokens": 0,
+        "reread_within_a_page": True, "others_read_nothing": True}
+
+
+def test_a_move_that_resumes_two_pages_back_is_over_the_bound(monkeypatch):
+    rows = _run(monkeypatch, lambda c: max(0, c - 2 * G))
+    assert [r["reread_tokens"] for r in rows] == [0, 2 * G, 0, 2 * G]
+    summary = moves.summarize_pinned(rows, G)
+    assert summary["max_reread_tokens"] == 2 * G and not summary["reread_within_a_page"]
