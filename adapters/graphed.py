@@ -15,6 +15,7 @@ shape whose bits differ runs one fork at a time.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 
@@ -98,14 +99,15 @@ class GraphAdapter(Adapter):
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
-        bits, as checked}), `question_batch_one_call` ({"BxT": whether its forks' recurrences
-        run in one call}) and num_question_batches (questions' batches run in one forward;
+        bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences"}:
+        whether each runs one call for all forks, QuestionBatch.calls}) and
+        num_question_batches (questions' batches run in one forward;
         the checks not counted)."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}
-        out["question_batch_one_call"] = {          # the forks' recurrences in one call
-            f"{b}x{t}": self.runners.question_batch(t, b).one_call
+        out["question_batch_one_call"] = {          # which parts run one call for all forks
+            f"{b}x{t}": dataclasses.asdict(self.runners.question_batch(t, b).calls)
             for b, t in sorted(self.batch_bits)}
         out["num_question_batches"] = self.num_question_batches
         return out
@@ -170,10 +172,10 @@ class GraphAdapter(Adapter):
         """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
-        same ids in both). Where they differ with the forks' recurrences in one call
-        (QuestionBatch.one_call), the batch is run and compared again with them one a fork
-        (QuestionBatch.recur_per_fork); a shape that still differs is recorded in batch_bits
-        (with a RuntimeWarning) and its forks get their own runner's rows."""
+        same ids in both). Where they differ, the batch is run and compared again the next
+        way (QuestionBatch.fall_back: its attention, then its recurrences one call a fork); a
+        shape that differs every way is recorded in batch_bits (with a RuntimeWarning) and its
+        forks get their own runner's rows."""
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
@@ -188,8 +190,7 @@ class GraphAdapter(Adapter):
 
         rows = alone()
         same = all(torch.equal(a, b) for a, b in zip(rows, hidden))
-        if not same and batch.one_call:              # the recurrences one a fork, then again
-            batch.recur_per_fork()
+        while not same and batch.fall_back():       # the next way (OneCall), then again
             hidden = batch.run(padded)
             rows = alone()                           # after, so the KV rows are theirs again
             same = all(torch.equal(a, b) for a, b in zip(rows, hidden))

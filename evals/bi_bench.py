@@ -25,10 +25,10 @@
   one at a time through the bucket's runner against one forward of runners.question_batch
   (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's ms over one question's
   (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
-  batch equal to its runner's alone, bit for bit; where the batch runs the forks' GDN
-  recurrences in one call (QuestionBatch.one_call), beside it the same batch with them one a
-  fork (`per_fork_recurrences`, `per_fork_over_one`, `per_fork_exact`); with --ceiling also
-  one forward of the B
+  batch equal to its runner's alone, bit for bit; beside it the same batch with less in one
+  call for all forks (question_batch.OneCall): FA4 one call a fork (`per_fork_attention`,
+  with `_over_one` and `_exact`) and FA4 and the GDN recurrences one call a fork
+  (`per_fork`, the same); with --ceiling also one forward of the B
   questions' rows as one sequence (`ceiling`, `over_ceiling`: what the per-fork work adds).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
@@ -240,11 +240,11 @@ def questions_part(model, args) -> dict:
     median of --repeats rounds after a warm-up round that also captures the graphs, the arms
     in turns each round) and the batch's bits against each fork alone."""
     from adapters import spec_for
-    from adapters.runners.question_batch import QuestionBatch
+    from adapters.runners.question_batch import PER_FORK, QuestionBatch
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
     cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
-    per_fork_batches: dict = {}        # (rows, B) -> the batch with the recurrences one a fork
+    other_batches: dict = {}           # (rows, B, OneCall) -> a batch with less in one call
     runners, num = Runners(model, grid), max(args.batches)
     g = torch.Generator(device=dev).manual_seed(3)
     spec = spec_for(cfg, dev, dt)
@@ -274,10 +274,13 @@ def questions_part(model, args) -> dict:
                 arms = {"one_at_a_time": each, "one_forward": each}
                 if batch and batch.num_seqs == b:
                     arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b])
-                    if batch.one_call:             # beside it: the recurrences one a fork
-                        per_fork = per_fork_batches.setdefault((rows, b), QuestionBatch(
-                            alone, runners.batch_slots(b), one_call=False))
-                        arms["per_fork_recurrences"] = lambda b=b, q=per_fork: q.run(forks[:b])
+                    calls = batch.calls.fallback()
+                    while calls is not None:       # beside it: each way with less in one call
+                        name = "per_fork" if calls == PER_FORK else "per_fork_attention"
+                        other = other_batches.setdefault((rows, b, calls), QuestionBatch(
+                            alone, runners.batch_slots(b), calls))
+                        arms[name] = lambda b=b, q=other: q.run(forks[:b])
+                        calls = calls.fallback()
                 times = {arm: [] for arm in arms}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     for arm, fn in arms.items():       # the arms in turns each round
@@ -290,10 +293,11 @@ def questions_part(model, args) -> dict:
                 alone_rows = each()
                 row["exact"] = all(torch.equal(x, y) for x, y in
                                    zip(alone_rows, arms["one_forward"]()))
-                if "per_fork_recurrences" in arms:
-                    row["per_fork_over_one"] = round(row["per_fork_recurrences"] / one_ms, 3)
-                    row["per_fork_exact"] = all(torch.equal(x, y) for x, y in zip(
-                        alone_rows, arms["per_fork_recurrences"]()))
+                for name in ("per_fork_attention", "per_fork"):
+                    if name in arms:
+                        row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
+                        row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
+                            alone_rows, arms[name]()))
                 if getattr(args, "ceiling", False) and b > 1:
                     row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
                                                  PagedKv(pool, pages + own), gdn[0],

@@ -42,10 +42,13 @@ MAX_OTHER_POOLS = 1
 
 @triton.jit
 def _tables_kernel(META, POS_AT, TABLE_AT, SPLIT_TAB, SPLIT_LEN, TAIL_TAB, TAIL_LEN, T,
-                   W_SPLIT, PER_PAGE: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr):
+                   W_SPLIT, LEN_STRIDE, PER_PAGE: tl.constexpr, S: tl.constexpr,
+                   BLOCK: tl.constexpr):
     """Program (c, b): entries [c * BLOCK, (c + 1) * BLOCK) of split b's table (b < S) or the
     tail's (b = S), and, for c = 0, its key count. META int64: pos at POS_AT, the page table
-    at TABLE_AT; sub-page x of the sequence is page[x // PER_PAGE] * PER_PAGE + x % PER_PAGE."""
+    at TABLE_AT; sub-page x of the sequence is page[x // PER_PAGE] * PER_PAGE + x % PER_PAGE.
+    W_SPLIT, LEN_STRIDE: the split table's row stride and split_len's stride (entries; a
+    fork's rows of a BatchTables lie a batch apart)."""
     c, b = tl.program_id(0), tl.program_id(1)
     pos = tl.load(META + POS_AT)
     ls = pos * 0
@@ -62,7 +65,7 @@ def _tables_kernel(META, POS_AT, TABLE_AT, SPLIT_TAB, SPLIT_LEN, TAIL_TAB, TAIL_
     if b < S:
         tl.store(SPLIT_TAB + b * W_SPLIT + i, sub, mask=ok)
         if c == 0:
-            tl.store(SPLIT_LEN + b, ls.to(tl.int32))
+            tl.store(SPLIT_LEN + b * LEN_STRIDE, ls.to(tl.int32))
     else:
         tl.store(TAIL_TAB + i, sub, mask=ok)
         if c == 0:
@@ -87,10 +90,13 @@ class SplitTables:
     Args: s (splits), t (rows a chunk), max_rows (most sequence rows a chunk ends at),
     device. Raises ValueError when t is not a multiple of SUB_PAGE."""
 
-    def __init__(self, s: int, t: int, max_rows: int, device: torch.device):
+    def __init__(self, s: int, t: int, max_rows: int, device: torch.device, views=None):
         if t % SUB_PAGE:
             raise ValueError(f"chunks of {t} rows: FA4 reads sub-pages of {SUB_PAGE}")
         self.s, self.t = s, t
+        if views is not None:                    # (split, split_len, tail, tail_len) of a
+            self.split, self.split_len, self.tail, self.tail_len = views     # BatchTables
+            return
         w_split, w_tail = widths(s, t, max_rows)
         z = lambda *n: torch.zeros(*n, dtype=torch.int32, device=device)  # noqa: E731
         self.split = z(s, w_split) if s else None
@@ -103,11 +109,33 @@ class SplitTables:
         read). The staged pos must have self.s splits (the runner picks the tables by it)."""
         dummy = self.tail
         w_split = self.split.shape[1] if self.s else 0
+        strides = (self.split.stride(0), self.split_len.stride(0)) if self.s else (0, 0)
         grid = (triton.cdiv(max(w_split, self.tail.shape[1]), BLOCK), self.s + 1)
         _tables_kernel[grid](meta, pos_at, table_at, self.split if self.s else dummy,
                              self.split_len if self.s else dummy, self.tail, self.tail_len,
-                             self.t, w_split, PER_PAGE=page_rows // SUB_PAGE, S=self.s,
+                             self.t, *strides, PER_PAGE=page_rows // SUB_PAGE, S=self.s,
                              BLOCK=BLOCK)
+
+
+class BatchTables:
+    """The SplitTables of B forks with s splits in one set of tensors (int32, on `device`), so
+    that one FA4 call takes every fork's splits and one every fork's tail (`attend_many`):
+    split [s * B, W_split] split-major (row i * B + b: fork b's split i) and split_len
+    [s * B], tail [B, W_tail] and tail_len [B]; forks[b] is fork b's SplitTables over its
+    rows of them (views, filled one fork at a time). Args as SplitTables, and num_seqs (B)."""
+
+    def __init__(self, s: int, t: int, max_rows: int, device: torch.device, num_seqs: int):
+        self.s, self.t, self.num_seqs = s, t, num_seqs
+        w_split, w_tail = widths(s, t, max_rows)
+        z = lambda *n: torch.zeros(*n, dtype=torch.int32, device=device)  # noqa: E731
+        self.split = z(s * num_seqs, w_split) if s else None
+        self.split_len = z(s * num_seqs) if s else None
+        self.tail, self.tail_len = z(num_seqs, w_tail), z(num_seqs)
+        split = self.split.view(s, num_seqs, w_split) if s else None
+        split_len = self.split_len.view(s, num_seqs) if s else None
+        self.forks = [SplitTables(s, t, max_rows, device, views=(
+            split[:, b] if s else None, split_len[:, b] if s else None,
+            self.tail[b:b + 1], self.tail_len[b:b + 1])) for b in range(num_seqs)]
 
 
 def tables_ref(s: int, pos: int, t: int, pages, page_rows: int) -> dict:
@@ -171,6 +199,52 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         finally:
             caller.wait_stream(side)
     combine_lse(o_part, lse_part, out)
+
+
+def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                tables: BatchTables, out: torch.Tensor, side=None) -> None:
+    """`attend` for B forks of t rows each in three calls: q [B * t, H, D] (fork b's rows
+    b t .. (b + 1) t) over the rows each fork's filled tables name (tables.forks[b]) into
+    out [B * t, H * D]: one FA4 call of every fork's S splits (a batch of S * B, split-major),
+    one of their causal tails (a batch of B) and one combine of all rows; with S = 0 the
+    tails alone, straight into out. Each batch element and each row is computed as `attend`
+    computes it for its fork alone; whether FA4 keeps its bits in the larger batch is
+    measured, not assumed (runners.question_batch's check). Capturable, as `attend`."""
+    n, s = tables.num_seqs, tables.s
+    t, h, d = q.shape[0] // n, q.shape[1], q.shape[2]
+    hkv = k_pool.shape[2]
+    k, v = k_pool.view(-1, SUB_PAGE, hkv, d), v_pool.view(-1, SUB_PAGE, hkv, d)
+    q = q.contiguous().view(n, t, h, d)
+    call = dict(tile_mn=TILE_MN)
+    if s == 0:
+        fwd(q, k, v, page_table=tables.tail, seqused_k=tables.tail_len, causal=True,
+            out=out.view(n, t, h, d), **call)
+        return
+    o_part = torch.empty(s + 1, n * t, h, d, device=q.device, dtype=q.dtype)
+    lse_part = torch.empty(s + 1, n, h, t, device=q.device, dtype=torch.float32)
+    qs = q[None].expand(s, n, t, h, d).reshape(s * n, t, h, d)
+
+    def splits():
+        fwd(qs, k, v, page_table=tables.split, seqused_k=tables.split_len, causal=False,
+            out=o_part[:s].view(s * n, t, h, d), lse=lse_part[:s].view(s * n, h, t), **call)
+
+    tail = lambda: fwd(q, k, v, page_table=tables.tail,  # noqa: E731
+                       seqused_k=tables.tail_len, causal=True,
+                       out=o_part[s].view(n, t, h, d), lse=lse_part[s], **call)
+    if side is None:
+        splits()
+        tail()
+    else:                                                # as `attend`
+        caller = torch.cuda.current_stream(q.device)
+        side.wait_stream(caller)
+        try:
+            with torch.cuda.stream(side):
+                splits()
+            tail()
+        finally:
+            caller.wait_stream(side)
+    # combine_lse reads [S + 1, H, rows]: fork b's row r at column b t + r
+    combine_lse(o_part, lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t), out)
 
 
 class SplitGraphs:

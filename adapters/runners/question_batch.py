@@ -10,22 +10,27 @@ docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
   out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
 - per fork, on the same rows and strides as the question's own runner: RoPE, the q/k norms
-  with RoPE, the KV rows' write and FA4 over the fork's own page table (its splits' and
-  tail's tables built from its own staged table: the same calls as alone), the GDN conv and
+  with RoPE, the KV rows' write and FA4's split and tail tables (built from its own staged
+  page table: the same tables as alone), the GDN conv and
   gates from the fork's conv state, the gated norm (gated_rms_norm gave one 64-row block
   other bits batched), and the down projection (cuBLAS picked another kernel for 64-row
   blocks of a batch, split-K for 64 rows alone);
-- the forks' GDN recurrences from their own states in one call over [B, t] rows (fla's
-  chunked kernels run a program per sequence and head; fla's varlen form kept each
-  sequence's bits on the H100, bi_bench `probe`), or one call a fork (`recur_per_fork`).
+- in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
+  fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
+  (fa4_graph.attend_many; FA4's programs each compute one batch element's tile), and the GDN
+  recurrences from their own states over [B, t] rows (fla's chunked kernels run a program per
+  sequence and head; fla's varlen form kept each sequence's bits on the H100, bi_bench
+  `probe`); else one call a fork (`fall_back`).
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
-bit; where they differ with the recurrences in one call it tries them one a fork, and where
-they still differ it runs that shape one fork at a time from then on
+bit; where they differ it tries the next way of OneCall.fallback, and where they differ
+every way it runs that shape one fork at a time from then on
 (adapters.graphed.GraphAdapter.fork_logits_batch).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +41,28 @@ from adapters.runners import capture
 from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
 
 
+@dataclass(frozen=True)
+class OneCall:
+    """Which of a batch's per-fork parts run as one call for all its forks: `attention`
+    (fa4_graph.attend_many: every fork's FA4 splits in one call, their tails in one, one
+    combine; FA4 only) and `recurrences` (KernelSet.recurrences: the GDN recurrences over
+    [B, t] rows)."""
+
+    attention: bool = True
+    recurrences: bool = True
+
+    def fallback(self) -> "OneCall | None":
+        """The next way to try where this one gave a fork other bits than alone: the
+        attention one call a fork first, then the recurrences too; None after that."""
+        if self.attention:
+            return OneCall(False, self.recurrences)
+        return OneCall(False, False) if self.recurrences else None
+
+
+ALL_IN_ONE = OneCall()
+PER_FORK = OneCall(False, False)
+
+
 class QuestionBatch:
     """B question forwards of exactly t rows each, at one position, over one KV pool.
 
@@ -44,8 +71,8 @@ class QuestionBatch:
     side stream are this batch's, so the ops it runs per fork are its own); slots: B >= 2
     runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
     the graphs; Runners shares one set between its batches: each run feeds them first);
-    one_call: the forks' GDN recurrences in one call of the model's kernels
-    (KernelSet.recurrences) rather than one a fork (`recur_per_fork` turns it off).
+    calls: which per-fork parts run as one call for all forks (OneCall; its attention is off
+    without FA4; `fall_back` takes the next way).
     Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
     device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
     elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
@@ -57,7 +84,7 @@ class QuestionBatch:
     [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
 
-    def __init__(self, runner, slots: list, one_call: bool = True):
+    def __init__(self, runner, slots: list, calls: OneCall = ALL_IN_ONE):
         num_seqs = len(slots)
         if num_seqs < 2:
             raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
@@ -78,7 +105,7 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
-        self.one_call = one_call                       # the forks' recurrences in one call
+        self.calls = calls if on_fa4 else OneCall(False, calls.recurrences)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -89,8 +116,8 @@ class QuestionBatch:
             from adapters.runners import fa4_graph
             self._fa4 = fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads)
             self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev)
-        self._tables_by_s: dict[int, list] = {}        # S -> a fork's SplitTables each
-        self._tables: list | None = None               # the staged batch's
+        self._tables_by_s: dict = {}                   # S -> fa4_graph.BatchTables
+        self._tables = None                            # the staged batch's BatchTables
         self._kvs: list | None = None                  # the staged forks' PagedKv
         self._prepared = False
 
@@ -105,7 +132,7 @@ class QuestionBatch:
         ChunkGraphs' segments run them), those over all rows once, the others per fork."""
         m, cfg, op, t = self.model, self.model.cfg, self.ops, self.t
         if self._tables is not None:                   # FA4's tables of every fork
-            for meta, tables in zip(self.metas, self._tables):
+            for meta, tables in zip(self.metas, self._tables.forks):
                 tables.fill(meta.meta, t, meta.table_at, self.page_rows)
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
         ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
@@ -125,16 +152,26 @@ class QuestionBatch:
 
     def _attention(self, i: int, attn, h: torch.Tensor, ropes: list) -> torch.Tensor:
         """Full-attention layer i on h [B * t, hidden]: the projections over all rows, per fork
-        its heads (q/k norms, RoPE), KV rows and attention into its rows of attn_out, then the
-        output gate and o_proj over all rows. Returns [B * t, hidden]."""
+        its heads (q/k norms, RoPE) and KV rows, the attention into attn_out (one call for all
+        forks with calls.attention, else per fork into its rows), then the output gate and
+        o_proj over all rows. Returns [B * t, hidden]."""
         op, j = self.ops, self.full_index[i]
         cfg = self.model.cfg
         qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
-        out = self.attn_out[j]
+        out, qs = self.attn_out[j], []
         for b in range(self.num_seqs):
             r = self.rows(b)
             q_b, k_b, v_b, _ = attn.heads(qg[r], k[r], v[r], ropes[b], op)
-            self._attend(b, j, attn, q_b, k_b, v_b, out[r])
+            if self.calls.attention:
+                self._write_kv(b, j, k_b, v_b)
+                qs.append(q_b)
+            else:
+                self._attend(b, j, attn, q_b, k_b, v_b, out[r])
+        if qs:
+            from adapters.runners import fa4_graph
+            q = torch.cat(qs)
+            fa4_graph.attend_many(fa4.forward(), q, *self._kvs[0].pool.layer(j), self._tables,
+                                  out, self._split_stream(q))
         gate = qg.view(qg.shape[0], cfg.num_attention_heads, 2 * cfg.head_dim)[..., cfg.head_dim:]
         return attn.output(out, gate, op)
 
@@ -144,27 +181,36 @@ class QuestionBatch:
         runner does (FA4 over its tables, or SDPA through its pages on the CPU)."""
         meta, pool = self.metas[b], self._kvs[b].pool
         if self._tables is not None:
-            from adapters.attention import table
             from adapters.runners import fa4_graph
-            table.write_kv(table.kv_rows(k), table.kv_rows(v), meta.pool_base, meta.places(j),
-                           meta.pos, meta.table(), self.page_rows)
-            side = self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda \
-                else None
-            fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables[b], out, side)
+            self._write_kv(b, j, k, v)
+            fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables.forks[b], out,
+                             self._split_stream(q))
             return
         from adapters.attention.paged import LayerPages
         pages = LayerPages(*pool.layer(j), meta.table(meta.num_pages))
         out.copy_(attn.attend(q, k, v, meta.staged_pos, pages))
 
+    def _write_kv(self, b: int, j: int, k, v) -> None:
+        """Fork b's KV rows k, v [t, Hkv, D] of full-attention layer j into its pages (FA4's
+        path, as its runner writes them)."""
+        from adapters.attention import table
+        meta = self.metas[b]
+        table.write_kv(table.kv_rows(k), table.kv_rows(v), meta.pool_base, meta.places(j),
+                       meta.pos, meta.table(), self.page_rows)
+
+    def _split_stream(self, q: torch.Tensor):
+        """The side stream FA4's splits run on (as the runner's), or None."""
+        return self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda else None
+
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
         """GDN layer i on h [B * t, hidden]: the input projections over all rows, per fork the
         conv and gates from its states, the forks' recurrences in one call
-        (KernelSet.recurrences: one fla call over [B, t] rows) or with `one_call` off one a
-        fork (GatedDeltaNet.mix), per fork the gated norm, out_proj over all rows. Returns
+        (KernelSet.recurrences: one fla call over [B, t] rows) or without calls.recurrences
+        one a fork (GatedDeltaNet.mix), per fork the gated norm, out_proj over all rows. Returns
         [B * t, hidden]; the forks' new states are not kept."""
         op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
-        if not self.one_call:
+        if not self.calls.recurrences:
             outs = [gdn.mix(qkv[r], z[r], b_[r], a[r], *self.slots[b].inputs[g], kernels, op)[0]
                     for b, r in enumerate(map(self.rows, range(self.num_seqs)))]
             return op.linear(torch.cat(outs), gdn.out_proj.weight)
@@ -175,14 +221,18 @@ class QuestionBatch:
         outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(self.num_seqs)]
         return op.linear(torch.cat(outs), gdn.out_proj.weight)
 
-    def recur_per_fork(self) -> None:
-        """Run the forks' recurrences one call a fork from now on (`one_call` off: where the
-        one call gave a fork other bits than alone, runners' check); the graphs captured
-        with the one call are dropped and the next run warms up again."""
-        self.one_call = False
+    def fall_back(self) -> bool:
+        """Take the next way of OneCall.fallback (where this one gave a fork other bits than
+        alone: the graph adapter's check); the graphs captured the old way are dropped and the
+        next run warms up again. False when every part already runs one call a fork."""
+        calls = self.calls.fallback()
+        if calls is None:
+            return False
+        self.calls = calls
         if self.split_graphs is not None:
             self.split_graphs.drop()
         self._prepared = False
+        return True
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
@@ -234,13 +284,12 @@ class QuestionBatch:
             finally:
                 self._kvs = self._tables = None
 
-    def _tables_for(self, s: int) -> list:
-        """The forks' SplitTables of s splits (made at the first ask)."""
+    def _tables_for(self, s: int):
+        """The forks' fa4_graph.BatchTables of s splits (made at the first ask)."""
         if s not in self._tables_by_s:
             from adapters.runners import fa4_graph
-            self._tables_by_s[s] = [
-                fa4_graph.SplitTables(s, self.t, self.split_graphs.max_rows, self.model.device)
-                for _ in range(self.num_seqs)]
+            self._tables_by_s[s] = fa4_graph.BatchTables(
+                s, self.t, self.split_graphs.max_rows, self.model.device, self.num_seqs)
         return self._tables_by_s[s]
 
     def _stage(self, items) -> None:
@@ -286,7 +335,7 @@ class QuestionBatch:
             slots.feed(gdn)
         try:
             if self.use_graphs:                        # FA4's graph of the batch's splits
-                s = self._tables[0].s
+                s = self._tables.s
                 self.split_graphs.replay(s, pool, self._body, self.slots[0])
             else:
                 self._body()

@@ -73,6 +73,32 @@ def test_device_tables_equal_the_twin_and_the_eager_plan(page_rows, t):
     assert seen == {True, False}
 
 
+@pytest.mark.parametrize("s", [0, 3])
+def test_batch_tables_hold_each_forks_tables_split_major(s):
+    """BatchTables: fork b's SplitTables (views) filled one at a time leave its split i in
+    row i * B + b of the batch's split table and its tail in row b, each the twin's entries
+    (tables_ref), no other fork's rows touched."""
+    rng = random.Random(s)
+    page_rows, t, num = 128, 64, 3
+    max_rows = graphs.MAX_TABLE_PAGES * page_rows
+    batch = fa4_graph.BatchTables(s, t, max_rows, DEV, num)
+    pos = 64 * 40 if s else 64 * 3
+    wants = []
+    for b, tables in enumerate(batch.forks):
+        pages = rng.sample(range(400), pos // page_rows + 1)
+        tables.fill(_meta(pos, pages), 3, 9, page_rows)
+        wants.append(fa4_graph.tables_ref(s, pos, t, pages, page_rows))
+    for b, want in enumerate(wants):
+        w = want["tail"].shape[1]
+        assert torch.equal(batch.tail[b:b + 1, :w].cpu().long(), want["tail"])
+        assert batch.tail_len[b].item() == want["tail_len"].item()
+        for i in range(s):
+            w = want["split"].shape[1]
+            assert torch.equal(batch.split[i * num + b, :w].cpu().long(), want["split"][i])
+            assert batch.split_len[i * num + b].item() == want["split_len"][i].item()
+    assert batch.split is None if s == 0 else batch.split.shape[0] == s * num
+
+
 @pytest.mark.parametrize("heads,num_sms", [((8, 2), 132), ((16, 2), 132), ((8, 8), 78),
                                            ((32, 4), 2000)])
 def test_table_widths_hold_every_position(heads, num_sms):

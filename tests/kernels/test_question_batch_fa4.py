@@ -24,18 +24,23 @@ def fake_fa4(monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
-@pytest.mark.parametrize("num_forks", [2, 4])
-def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks):
+@pytest.mark.parametrize("num_forks,calls", [(2, "all"), (4, "all"), (4, "recurrences")])
+def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, calls):
+    """calls "all": every fork's FA4 splits, tails and combine in one call each
+    (fa4_graph.attend_many) and the recurrences in one; "recurrences": FA4 one call a fork."""
     from adapters import spec_for
+    from adapters.runners.question_batch import ALL_IN_ONE, QuestionBatch
     from adapters.runners.runners import Runners
     runners = Runners(tiny, 2 * T, attention="fa4", fused=False)
     alone, batch = runners.for_rows(T), runners.question_batch(T, num_forks)
+    if calls != "all":
+        batch = QuestionBatch(alone, runners.batch_slots(num_forks), ALL_IN_ONE.fallback())
+    assert batch.calls.attention == (calls == "all")
     assert alone is not runners.chunk and batch._fa4 is not None
     spec = spec_for(tiny.cfg, "cpu", torch.float32)
     num_shared = 12                                       # 1,536 rows of 128-row pages
     base = paged_kv(spec, 2 * T, (num_shared + num_forks) * 2 * T, seed=num_forks)
     g = torch.Generator().manual_seed(num_forks)
-    splits = set()
     for pos in (0, 2 * T * 5, 2 * T * num_shared):
         forks = []
         for b in range(num_forks):
@@ -47,7 +52,6 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks):
         got = batch.run(forks)
         rows = [[x[base.pages[num_shared + b]].clone() for pair in base.pool.layers()
                  for x in pair] for b in range(num_forks)]
-        splits.add(batch._tables[0].s if batch._tables else None)
         for b, (ids, p, kv, gdn) in enumerate(forks):
             want, _ = alone.run(ids, p, kv, gdn)
             assert torch.equal(got[b], want), (pos, b)

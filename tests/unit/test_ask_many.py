@@ -214,7 +214,7 @@ def test_a_batch_whose_row_count_changes_the_norms_bits_runs_one_at_a_time(tiny,
 def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, monkeypatch):
     """Where the forks' recurrences in one call (KernelSet.gdn_many) give a fork other bits
     than alone, the check runs the batch again with them one a fork
-    (QuestionBatch.recur_per_fork): that keeps the bits, so the shape stays batched, with no
+    (QuestionBatch.fall_back): that keeps the bits, so the shape stays batched, with no
     warning, and every answer equals `ask`'s."""
     import dataclasses
     import warnings
@@ -235,7 +235,8 @@ def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, mo
         assert [x.probs for x in r.ask_many("s", items)] == alone
     stats = r.adapter.graph_stats()
     assert stats["question_batch_bits"] == {"2x64": True}
-    assert stats["question_batch_one_call"] == {"2x64": False}
+    assert stats["question_batch_one_call"] == {"2x64": {"attention": False,
+                                                          "recurrences": False}}
     assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["num_question_batches"] == 2
     check_refs(r)

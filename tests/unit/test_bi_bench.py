@@ -45,6 +45,6 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["over_one"] > 0                       # over one question's own time
         assert row["ceiling"] > 0          # and the batch over it (both rounded to 3 places)
         assert abs(row["over_ceiling"] - row["one_forward"] / row["ceiling"]) < 2e-3
-        assert row["per_fork_recurrences"] > 0 and row["per_fork_exact"] is True  # beside it
-        assert row["per_fork_over_one"] > 0
+        assert row["per_fork"] > 0 and row["per_fork_exact"] is True     # beside it
+        assert row["per_fork_over_one"] > 0 and "per_fork_attention" not in row   # SDPA
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]

@@ -91,12 +91,14 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
 
 
 def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monkeypatch):
-    """QuestionBatch.one_call: the forks' GDN recurrences through KernelSet.recurrences, one
-    call of gdn_many over [B, t] rows (counted here), against one call a fork: the same
-    hidden rows, each equal to its runner's alone."""
+    """QuestionBatch.calls.recurrences: the forks' GDN recurrences through
+    KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here), against one
+    call a fork (question_batch.PER_FORK): the same hidden rows, each equal to its runner's
+    alone. Without FA4 the attention runs one call a fork whatever OneCall says."""
     import dataclasses
 
     from adapters.model import kernels
+    from adapters.runners.question_batch import PER_FORK, OneCall
     runners = Runners(tiny, G)
     calls = []
 
@@ -106,8 +108,9 @@ def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monk
     monkeypatch.setattr(tiny, "kernels", dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
     forks = _forks(tiny, 4, 2 * G, seed=11)
     one_call = runners.question_batch(G, 4)
-    per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), one_call=False)
-    assert one_call.one_call and not per_fork.one_call
+    per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
+    assert one_call.calls == OneCall(attention=False, recurrences=True)   # SDPA: per fork
+    assert per_fork.calls == PER_FORK
     if not tiny.gemms_keep_tile_bits(4 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     rows = one_call.run(forks)
@@ -117,6 +120,12 @@ def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monk
     assert len(calls) == len(tiny.cfg.linear_layers)          # none one a fork
     for (ids, p, kv, gdn), h in zip(forks, rows):
         assert torch.equal(h, runners.for_rows(G).run(ids, p, kv, gdn)[0])
+
+
+def test_one_call_falls_back_attention_first_then_the_recurrences():
+    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, OneCall
+    assert ALL_IN_ONE.fallback() == OneCall(attention=False, recurrences=True)
+    assert ALL_IN_ONE.fallback().fallback() == PER_FORK and PER_FORK.fallback() is None
 
 
 def test_gdn_each_is_gdn_per_sequence():
