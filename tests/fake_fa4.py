@@ -50,6 +50,9 @@ def fake_package(monkeypatch):
     def fwd(q, k, v, causal, out, lse=None, page_table=None, tile_mn=None, seqused_k=None,
             **_):
         assert tile_mn == attn_fa4.TILE_MN and k.shape[1] == tile_mn[1]   # TMA's page size
+        assert seqused_k is None or (seqused_k.dtype == torch.int32 and
+                                     seqused_k.stride(0) == 1)   # as flash-attn-4 asserts
+        assert page_table is None or page_table.stride(-1) == 1
         key = (causal, lse is None, seqused_k is None)
         if key not in fwd.compile_cache:
             fwd.compile_cache[key] = compile_kernel(causal)

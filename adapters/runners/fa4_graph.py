@@ -42,13 +42,10 @@ MAX_OTHER_POOLS = 1
 
 @triton.jit
 def _tables_kernel(META, POS_AT, TABLE_AT, SPLIT_TAB, SPLIT_LEN, TAIL_TAB, TAIL_LEN, T,
-                   W_SPLIT, LEN_STRIDE, PER_PAGE: tl.constexpr, S: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   W_SPLIT, PER_PAGE: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr):
     """Program (c, b): entries [c * BLOCK, (c + 1) * BLOCK) of split b's table (b < S) or the
     tail's (b = S), and, for c = 0, its key count. META int64: pos at POS_AT, the page table
-    at TABLE_AT; sub-page x of the sequence is page[x // PER_PAGE] * PER_PAGE + x % PER_PAGE.
-    W_SPLIT, LEN_STRIDE: the split table's row stride and split_len's stride (entries; a
-    fork's rows of a BatchTables lie a batch apart)."""
+    at TABLE_AT; sub-page x of the sequence is page[x // PER_PAGE] * PER_PAGE + x % PER_PAGE."""
     c, b = tl.program_id(0), tl.program_id(1)
     pos = tl.load(META + POS_AT)
     ls = pos * 0
@@ -65,7 +62,7 @@ def _tables_kernel(META, POS_AT, TABLE_AT, SPLIT_TAB, SPLIT_LEN, TAIL_TAB, TAIL_
     if b < S:
         tl.store(SPLIT_TAB + b * W_SPLIT + i, sub, mask=ok)
         if c == 0:
-            tl.store(SPLIT_LEN + b * LEN_STRIDE, ls.to(tl.int32))
+            tl.store(SPLIT_LEN + b, ls.to(tl.int32))
     else:
         tl.store(TAIL_TAB + i, sub, mask=ok)
         if c == 0:
@@ -90,13 +87,10 @@ class SplitTables:
     Args: s (splits), t (rows a chunk), max_rows (most sequence rows a chunk ends at),
     device. Raises ValueError when t is not a multiple of SUB_PAGE."""
 
-    def __init__(self, s: int, t: int, max_rows: int, device: torch.device, views=None):
+    def __init__(self, s: int, t: int, max_rows: int, device: torch.device):
         if t % SUB_PAGE:
             raise ValueError(f"chunks of {t} rows: FA4 reads sub-pages of {SUB_PAGE}")
         self.s, self.t = s, t
-        if views is not None:                    # (split, split_len, tail, tail_len) of a
-            self.split, self.split_len, self.tail, self.tail_len = views     # BatchTables
-            return
         w_split, w_tail = widths(s, t, max_rows)
         z = lambda *n: torch.zeros(*n, dtype=torch.int32, device=device)  # noqa: E731
         self.split = z(s, w_split) if s else None
@@ -109,33 +103,38 @@ class SplitTables:
         read). The staged pos must have self.s splits (the runner picks the tables by it)."""
         dummy = self.tail
         w_split = self.split.shape[1] if self.s else 0
-        strides = (self.split.stride(0), self.split_len.stride(0)) if self.s else (0, 0)
         grid = (triton.cdiv(max(w_split, self.tail.shape[1]), BLOCK), self.s + 1)
         _tables_kernel[grid](meta, pos_at, table_at, self.split if self.s else dummy,
                              self.split_len if self.s else dummy, self.tail, self.tail_len,
-                             self.t, *strides, PER_PAGE=page_rows // SUB_PAGE, S=self.s,
+                             self.t, w_split, PER_PAGE=page_rows // SUB_PAGE, S=self.s,
                              BLOCK=BLOCK)
 
 
 class BatchTables:
-    """The SplitTables of B forks with s splits in one set of tensors (int32, on `device`), so
-    that one FA4 call takes every fork's splits and one every fork's tail (`attend_many`):
-    split [s * B, W_split] split-major (row i * B + b: fork b's split i) and split_len
-    [s * B], tail [B, W_tail] and tail_len [B]; forks[b] is fork b's SplitTables over its
-    rows of them (views, filled one fork at a time). Args as SplitTables, and num_seqs (B)."""
+    """B forks' SplitTables of s splits (`forks`, each filled from its own staged table) and
+    the same entries as one FA4 call of every fork's splits and one of every fork's tail take
+    them (`attend_many`; `gather` copies them there): split [s * B, W_split] split-major (row
+    i * B + b: fork b's split i) and split_len [s * B], tail [B, W_tail] and tail_len [B], all
+    int32 on `device` (FA4 takes its key counts contiguous, so a fork's own tables are not
+    views of these). Args as SplitTables, and num_seqs (B)."""
 
     def __init__(self, s: int, t: int, max_rows: int, device: torch.device, num_seqs: int):
         self.s, self.t, self.num_seqs = s, t, num_seqs
+        self.forks = [SplitTables(s, t, max_rows, device) for _ in range(num_seqs)]
         w_split, w_tail = widths(s, t, max_rows)
         z = lambda *n: torch.zeros(*n, dtype=torch.int32, device=device)  # noqa: E731
         self.split = z(s * num_seqs, w_split) if s else None
         self.split_len = z(s * num_seqs) if s else None
         self.tail, self.tail_len = z(num_seqs, w_tail), z(num_seqs)
-        split = self.split.view(s, num_seqs, w_split) if s else None
-        split_len = self.split_len.view(s, num_seqs) if s else None
-        self.forks = [SplitTables(s, t, max_rows, device, views=(
-            split[:, b] if s else None, split_len[:, b] if s else None,
-            self.tail[b:b + 1], self.tail_len[b:b + 1])) for b in range(num_seqs)]
+
+    def gather(self) -> None:
+        """The forks' filled tables into the batch's (four copies on the device; capturable)."""
+        forks, n = self.forks, self.num_seqs
+        if self.s:
+            self.split.view(self.s, n, -1).copy_(torch.stack([f.split for f in forks], 1))
+            self.split_len.view(self.s, n).copy_(torch.stack([f.split_len for f in forks], 1))
+        torch.cat([f.tail for f in forks], out=self.tail)
+        torch.cat([f.tail_len for f in forks], out=self.tail_len)
 
 
 def tables_ref(s: int, pos: int, t: int, pages, page_rows: int) -> dict:

@@ -134,6 +134,8 @@ class QuestionBatch:
         if self._tables is not None:                   # FA4's tables of every fork
             for meta, tables in zip(self.metas, self._tables.forks):
                 tables.fill(meta.meta, t, meta.table_at, self.page_rows)
+            if self.calls.attention:                   # as attend_many takes them
+                self._tables.gather()
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
         ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
                               x.dtype) for meta in self.metas]

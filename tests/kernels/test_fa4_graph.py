@@ -75,9 +75,9 @@ def test_device_tables_equal_the_twin_and_the_eager_plan(page_rows, t):
 
 @pytest.mark.parametrize("s", [0, 3])
 def test_batch_tables_hold_each_forks_tables_split_major(s):
-    """BatchTables: fork b's SplitTables (views) filled one at a time leave its split i in
-    row i * B + b of the batch's split table and its tail in row b, each the twin's entries
-    (tables_ref), no other fork's rows touched."""
+    """BatchTables: the forks' SplitTables filled one at a time and gathered leave fork b's
+    split i in row i * B + b of the batch's split table and its tail in row b, each the
+    twin's entries (tables_ref)."""
     rng = random.Random(s)
     page_rows, t, num = 128, 64, 3
     max_rows = graphs.MAX_TABLE_PAGES * page_rows
@@ -88,6 +88,7 @@ def test_batch_tables_hold_each_forks_tables_split_major(s):
         pages = rng.sample(range(400), pos // page_rows + 1)
         tables.fill(_meta(pos, pages), 3, 9, page_rows)
         wants.append(fa4_graph.tables_ref(s, pos, t, pages, page_rows))
+    batch.gather()
     for b, want in enumerate(wants):
         w = want["tail"].shape[1]
         assert torch.equal(batch.tail[b:b + 1, :w].cpu().long(), want["tail"])
