@@ -11,8 +11,9 @@ Two parts:
   folder before the move, so the folder lacked nothing).
 - balanced: the other agents concurrently, no header (vLLM's balancer picks the rank of each
   turn: the engine with the fewest waiting and running requests), then every session exact
-  once read; the moves counted by the ranks' `superseded` (a rank gives its copy up to a
-  newer one), and the ids read beyond what the sessions committed (`reread_tokens`: the
+  once read; `copies_given_up` (the ranks' `superseded`: a rank gives its copy up when the
+  session comes back to it, a lower bound on the moves), and the ids read beyond what the
+  sessions committed (`reread_tokens`: the
   moves' re-reads, pages the folder lacked at a move included, and the re-rendered
   histories').
 
@@ -26,23 +27,30 @@ import dataclasses
 import threading
 import time
 
+import httpx
+
 from evals.vllm import agents
 from evals.vllm.client import check, complete, load_servers, shadow_status, write_result
 from evals.vllm.follow import run_agent
 from evals.vllm.server import VllmServer
 
 
-def held_on(server: VllmServer, session: str, rank: int, num_ids: int, grid: int,
+def held_on(server: VllmServer, session: str, rank: int | None, num_ids: int, grid: int,
             timeout_s: float, poll_s: float = 0.1) -> dict:
-    """The merged status once rank `rank` holds `session` with num_ids ids, every whole page
-    of them (grid ids) committed. Raises TimeoutError with the session's entry after
-    timeout_s seconds."""
+    """The merged status once rank `rank` (None: whichever holds its newest state) holds
+    `session` with num_ids ids, every whole page of them (grid ids) committed. A status that
+    cannot be read or lacks the sessions (a rank not ready: the merged status leaves them
+    out) is asked again. Raises TimeoutError with the session's entry after timeout_s
+    seconds."""
     deadline, entry = time.monotonic() + timeout_s, None
     while True:
-        status = shadow_status(server)
-        entry = status["sessions"].get(session)
-        if entry is not None and entry.get("rank") == rank and entry["num_ids"] == num_ids \
-                and entry["committed"] >= num_ids // grid * grid:
+        try:
+            status = shadow_status(server)
+            entry = status["sessions"].get(session)
+        except (httpx.HTTPError, ValueError, KeyError):       # a busy server: asked again
+            status = entry = None
+        if entry is not None and rank in (None, entry.get("rank")) and \
+                entry["num_ids"] == num_ids and entry["committed"] >= num_ids // grid * grid:
             return status
         if time.monotonic() > deadline:
             raise TimeoutError(f"{session}: not read on rank {rank} in {timeout_s} s: {entry}")
@@ -51,7 +59,9 @@ def held_on(server: VllmServer, session: str, rank: int, num_ids: int, grid: int
 
 def pinned_turns(server: VllmServer, script: agents.AgentScript, ranks: list[int],
                  num_tokens: int, grid: int, timeout_s: float) -> list[dict]:
-    """script's first len(ranks) turns (at most its turns), turn k sent to rank ranks[k] and
+    """script's first len(ranks) turns (at most its turns; each prompt the last one and its
+    output and the recording's next suffix, agents.next_prompt: its re-rendered history is
+    not sent, so that a turn's re-read is a move's alone), turn k sent to rank ranks[k] and
     waited for (held_on), then checked. One row a turn: rank, num_ids, committed before and
     after, read_tokens per rank in the turn, moved (another rank than the last turn's),
     reread_tokens (the serving rank's read beyond the session's growth: what a move read
@@ -95,9 +105,12 @@ def summarize_pinned(rows: list[dict], grid: int) -> dict:
 def balanced(server: VllmServer, scripts: list, num_tokens: int, grid: int,
              timeout_s: float) -> dict:
     """The agents concurrently with no header, then each session waited for (fully read
-    on the rank holding it) and checked: per agent its ids, rank and check; `moves` (the
-    ranks' superseded counts gained), reread_tokens (ids read beyond the sessions' committed
-    growth), all_exact. Raises RuntimeError naming the agents that failed."""
+    on the rank holding it) and checked: per agent its ids, rank, the ranks that know it and
+    its check; copies_given_up (the ranks' superseded counts gained: a rank gives its copy up
+    when the session comes back to it after a move, so this is at most the number of moves:
+    one that does not come back is not counted), reread_tokens (ids read beyond the
+    sessions' committed growth), all_exact. Raises RuntimeError naming the agents that
+    failed."""
     status = shadow_status(server)
     superseded = sum(r["superseded"] for r in status["ranks"])
     read = status["read_tokens"]
@@ -116,16 +129,14 @@ def balanced(server: VllmServer, scripts: list, num_tokens: int, grid: int,
         raise RuntimeError(f"agents failed: {errors}")
     out: dict = {"agents": {}, "agents_s": round(agents_s, 1)}
     for s in scripts:
-        status = shadow_status(server)
-        rank = status["sessions"].get(s.name, {}).get("rank")
-        status = held_on(server, s.name, rank, len(held[s.name]), grid, timeout_s)
+        status = held_on(server, s.name, None, len(held[s.name]), grid, timeout_s)
         entry = status["sessions"][s.name]
         out["agents"][s.name] = {"num_ids": len(held[s.name]), "rank": entry["rank"],
                                  "ranks": entry.get("ranks"),
                                  "check": check(server, s.name, held[s.name])}
     status = shadow_status(server)
     grown = sum(status["sessions"][s.name]["committed"] for s in scripts) - committed
-    out.update({"moves": sum(r["superseded"] for r in status["ranks"]) - superseded,
+    out.update({"copies_given_up": sum(r["superseded"] for r in status["ranks"]) - superseded,
                 "read_tokens": status["read_tokens"] - read, "committed_growth": grown,
                 "reread_tokens": status["read_tokens"] - read - grown,
                 "all_exact": all(a["check"]["ok"] for a in out["agents"].values()),

@@ -64,3 +64,34 @@ def test_a_move_that_resumes_two_pages_back_is_over_the_bound(monkeypatch):
     assert [r["reread_tokens"] for r in rows] == [0, 2 * G, 0, 2 * G]
     summary = moves.summarize_pinned(rows, G)
     assert summary["max_reread_tokens"] == 2 * G and not summary["reread_within_a_page"]
+
+
+def test_balanced_waits_for_whichever_rank_holds_each_session(monkeypatch):
+    """The balanced part: a session not yet in the status, then held by rank 1 after its
+    last turn moved there, is waited for on the rank that holds it, then checked; the copies
+    given up and the ids read beyond the sessions' growth are the counters' differences."""
+    polls = iter(range(100))
+
+    def status(server):
+        n = next(polls)
+        if n == 0:                                     # before the agents
+            return {"sessions": {}, "read_tokens": 0,
+                    "ranks": [{"superseded": 0, "write_errors": 0}] * 2}
+        if n < 3:                                      # not yet there, then a busy server
+            if n == 2:
+                raise KeyError("sessions")
+            return {"sessions": {}, "read_tokens": 0, "ranks": []}
+        return {"sessions": {"a": {"rank": 1, "ranks": [0, 1], "num_ids": 300,
+                                   "committed": 256}},
+                "read_tokens": 320, "ranks": [{"superseded": 1, "write_errors": 0},
+                                              {"superseded": 0, "write_errors": 0}]}
+
+    def run_agent(server, script, num_tokens, held, errors):
+        held[script.name] = [1] * 300
+    monkeypatch.setattr(moves, "shadow_status", status)
+    monkeypatch.setattr(moves, "run_agent", run_agent)
+    monkeypatch.setattr(moves, "check", lambda server, s, ids: {"ok": len(ids) == 300})
+    out = moves.balanced(SimpleNamespace(), [AgentScript("a", (1,), ())], 8, G, 5)
+    assert out["agents"]["a"]["rank"] == 1 and out["agents"]["a"]["check"] == {"ok": True}
+    assert out["copies_given_up"] == 1 and out["committed_growth"] == 256
+    assert out["reread_tokens"] == 320 - 256 and out["all_exact"]
