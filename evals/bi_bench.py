@@ -29,7 +29,8 @@
   call for all forks (question_batch.OneCall): FA4 one call a fork (`per_fork_attention`,
   with `_over_one` and `_exact`) and FA4 and the GDN recurrences one call a fork
   (`per_fork`, the same); with --ceiling also one forward of the B
-  questions' rows as one sequence (`ceiling`, `over_ceiling`: what the per-fork work adds).
+  questions' rows as one sequence (`ceiling`, `over_ceiling`: what the per-fork work adds);
+  with --profile the largest batch's kernels at the largest context (`profile`).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -41,7 +42,7 @@
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
         [--parts probe,speed,graphs,questions,read] [--contexts 16384,65536]
-        [--batches 1,2,4,8] [--question-rows 64,128] [--ceiling]
+        [--batches 1,2,4,8] [--question-rows 64,128] [--ceiling] [--profile]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
 
@@ -298,6 +299,9 @@ def questions_part(model, args) -> dict:
                         row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
                         row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
                             alone_rows, arms[name]()))
+                if getattr(args, "profile", False) and batch and b == max(args.batches) \
+                        and context == max(args.contexts) and rows == min(args.question_rows):
+                    row["profile"] = _question_profile(batch, forks[:b])
                 if getattr(args, "ceiling", False) and b > 1:
                     row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
                                                  PagedKv(pool, pages + own), gdn[0],
@@ -306,6 +310,41 @@ def questions_part(model, args) -> dict:
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
     out["captures"] = runners.captures()
+    return out
+
+
+def _question_profile(batch, forks, iters: int = 5, top: int = 30) -> dict:
+    """`--profile`: the batch's forward run eagerly (the same kernels its graph replays, one
+    launch each) under torch.profiler, iters times after one warm-up: the `top` kernels by
+    device time, each {calls, us} per forward, and the device time in all (us per
+    forward)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    graphs = batch.use_graphs
+    batch.use_graphs = False                   # eagerly: each kernel its own launch
+    try:
+        batch.run(forks)
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) \
+                as prof:
+            for _ in range(iters):
+                batch.run(forks)
+            sync()
+    finally:
+        batch.use_graphs = graphs
+
+    def device_us(evt) -> float:                # the CPU's ops' own time off CUDA (a smoke run)
+        if not cuda:
+            return evt.self_cpu_time_total
+        return getattr(evt, "self_device_time_total", None) or evt.self_cuda_time_total
+    kernels = sorted((e for e in prof.key_averages() if device_us(e) > 0), key=device_us,
+                     reverse=True)
+    out = {"total_us": round(sum(device_us(e) for e in kernels) / iters, 1), "kernels": {}}
+    for e in kernels[:top]:
+        out["kernels"][e.key[:120]] = {"calls": e.count // iters,
+                                       "us": round(device_us(e) / iters, 1)}
+    print(f"profile {json.dumps(out)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -499,6 +538,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
     ap.add_argument("--question-rows", type=_ints, default=[64, 128],
                     help="the questions' buckets (`questions`)")
+    ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
+                    "the largest context and smallest bucket also under torch.profiler")
     ap.add_argument("--ceiling", action="store_true",
                     help="`questions`: also one forward of the B questions' rows as one "
                          "sequence (FA4 compiles one kind of call more per row count)")

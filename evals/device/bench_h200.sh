@@ -15,7 +15,9 @@
 #   bash evals/device/bench_h200.sh questions   `python -m evals.bi_bench --parts questions`:
 #       B = 1, 2, 4, 8 questions over one session at 16k and 100k in one forward
 #       (runners.question_batch) against one at a time, 64- and 128-row buckets, bit for bit
-#       (issue 36, item 3; JSON in $out/bi-bench-questions.json; BENCH_S bounds it, 540)
+#       (issue 36, item 3; JSON in $out/bi-bench-questions.json; BENCH_S bounds it, 540;
+#       BI_ARGS: more of bi_bench's flags, the last of a flag given twice counts, e.g.
+#       "--contexts 100352 --batches 1,4 --question-rows 64 --ceiling --profile")
 #   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
 #       replayed alone with the router question after every turn under the default cap,
 #       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
@@ -45,7 +47,7 @@ batch)
         | tee "$out/bi-bench.log" | tail -n 1 | cut -c1-4000 ;;
 questions)
     timeout "${BENCH_S:-540}" python3 -m evals.bi_bench --parts questions --contexts 16384,100352 \
-        --repeats 5 --out "$out/bi-bench-questions.json" 2>&1 | quiet \
+        --repeats 5 --out "$out/bi-bench-questions.json" ${BI_ARGS:-} 2>&1 | quiet \
         | tee "$out/bi-bench-questions.log" | grep -v "^{" | cut -c1-400
     tail -n 1 "$out/bi-bench-questions.log" | cut -c1-3000 ;;
 reread)

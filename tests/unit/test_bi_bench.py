@@ -34,7 +34,7 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
     class Args:
         grid, batches, contexts, repeats, question_rows = 64, [2, 4], [128, 192], 1, [64]
-        ceiling = True
+        ceiling = profile = True
     out = questions_part(tiny, Args)
     assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (2, 4)} | {"captures"}
     for key, row in out.items():
@@ -48,3 +48,8 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["per_fork"] > 0 and row["per_fork_exact"] is True     # beside it
         assert row["per_fork_over_one"] > 0 and "per_fork_attention" not in row   # SDPA
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
+    profiled = [k for k, row in out.items() if "profile" in row]   # the largest batch at the
+    assert profiled == ["192x64x4"]                                # largest context
+    prof = out["192x64x4"]["profile"]
+    assert prof["total_us"] > 0 and prof["kernels"] and all(
+        k["calls"] >= 1 and k["us"] >= 0 for k in prof["kernels"].values())
