@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.interface import Adapter, check_rows
+from adapters.model import autotune
 from adapters.model.qwen35 import Qwen35
 from adapters.runners.runners import Runners
 from block_store import PagedKv
@@ -59,6 +60,9 @@ class GraphAdapter(Adapter):
             self.runners.batches_questions else []
         self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
         self.check_batches(shapes)
+        pinned = autotune.pinned_dir()
+        if shapes and pinned is not None:    # the batches' fla picks (some keyed by B) kept too,
+            autotune.export(pinned)          # so another process runs the kernels checked here
         for rows, forks in shapes:           # graphs over the reader's pool: passed shapes only
             batch = self.runners.question_batch(rows, forks)
             if pool is not None and batch is not None and \
