@@ -27,10 +27,11 @@
   (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
   batch equal to its runner's alone, bit for bit; beside it the same batch with less in one
   call for all forks (question_batch.OneCall): FA4 one call a fork (`per_fork_attention`,
-  with `_over_one` and `_exact`) and FA4 and the GDN recurrences one call a fork
-  (`per_fork`, the same); with --ceiling also one forward of the B
-  questions' rows as one sequence (`ceiling`, `over_ceiling`: what the per-fork work adds);
-  with --profile the largest batch's kernels at the largest context (`profile`).
+  with `_over_one` and `_exact`), the GDN recurrences one call a fork
+  (`per_fork_recurrences`, the same) and both (`per_fork`, the same); with --ceiling also
+  one forward of the B questions' rows as one sequence (`ceiling`, `over_ceiling`: what
+  the per-fork work adds); with --profile the largest batch's kernels at the largest context
+  (`profile`).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -241,7 +242,7 @@ def questions_part(model, args) -> dict:
     median of --repeats rounds after a warm-up round that also captures the graphs, the arms
     in turns each round) and the batch's bits against each fork alone."""
     from adapters import spec_for
-    from adapters.runners.question_batch import PER_FORK, QuestionBatch
+    from adapters.runners.question_batch import PER_FORK, OneCall, QuestionBatch
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
     cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
@@ -275,13 +276,17 @@ def questions_part(model, args) -> dict:
                 arms = {"one_at_a_time": each, "one_forward": each}
                 if batch and batch.num_seqs == b:
                     arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b])
-                    calls = batch.calls.fallback()
+                    fa4_on = batch.calls.attention
+                    calls = batch.calls.fallback(fa4_on)
                     while calls is not None:       # beside it: each way with less in one call
-                        name = "per_fork" if calls == PER_FORK else "per_fork_attention"
-                        other = other_batches.setdefault((rows, b, calls), QuestionBatch(
-                            alone, runners.batch_slots(b), calls))
-                        arms[name] = lambda b=b, q=other: q.run(forks[:b])
-                        calls = calls.fallback()
+                        name = {PER_FORK: "per_fork", OneCall(False, True): "per_fork_attention",
+                                OneCall(True, False): "per_fork_recurrences"}[calls]
+                        if (rows, b, calls) not in other_batches:
+                            other_batches[(rows, b, calls)] = QuestionBatch(
+                                alone, runners.batch_slots(b), calls)
+                        arms[name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
+                            q.run(forks[:b])
+                        calls = calls.fallback(fa4_on)
                 times = {arm: [] for arm in arms}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     for arm, fn in arms.items():       # the arms in turns each round
@@ -294,7 +299,7 @@ def questions_part(model, args) -> dict:
                 alone_rows = each()
                 row["exact"] = all(torch.equal(x, y) for x, y in
                                    zip(alone_rows, arms["one_forward"]()))
-                for name in ("per_fork_attention", "per_fork"):
+                for name in ("per_fork_attention", "per_fork_recurrences", "per_fork"):
                     if name in arms:
                         row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
                         row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
@@ -306,7 +311,8 @@ def questions_part(model, args) -> dict:
                 out[f"{context}x{rows}x{b}"] = row
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
-                if getattr(args, "profile", False) and batch and b == max(args.batches) \
+                if getattr(args, "profile", False) and batch and batch.num_seqs == b and \
+                        b == max(args.batches) \
                         and context == max(args.contexts) and rows == min(args.question_rows):
                     try:                       # the rows above kept whatever the profiler does
                         row["profile"] = _question_profile(batch, forks[:b])

@@ -51,16 +51,18 @@ class OneCall:
     attention: bool = True
     recurrences: bool = True
 
-    def fallback(self) -> "OneCall | None":
-        """The next way to try where this one gave a fork other bits than alone: the
-        attention one call a fork first, then the recurrences too; None after that."""
-        if self.attention:
-            return OneCall(False, self.recurrences)
-        return OneCall(False, False) if self.recurrences else None
+    def fallback(self, fa4: bool = True) -> OneCall | None:
+        """The next way to try where this one gave a fork other bits than alone: the next of
+        WAYS (everything in one call; FA4 one call a fork; the recurrences one call a fork;
+        both one call a fork), skipping those with FA4 in one call where fa4 is False (SDPA
+        on the CPU); None after the last."""
+        later = WAYS[WAYS.index(self) + 1:]
+        return next((w for w in later if fa4 or not w.attention), None)
 
 
 ALL_IN_ONE = OneCall()
 PER_FORK = OneCall(False, False)
+WAYS = (ALL_IN_ONE, OneCall(False, True), OneCall(True, False), PER_FORK)
 
 
 class QuestionBatch:
@@ -79,7 +81,8 @@ class QuestionBatch:
     attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
-    table) and, with FA4, its split tables per split count (up to 4.3 MB a fork at 64 rows),
+    table) and, with FA4, its split tables per split count and the batch's copy of them
+    (fa4_graph.BatchTables: up to 8.7 MB a fork at 64 rows on a grid of 512),
     the hidden rows [B * t, hidden] and per full-attention layer its attention output
     [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
@@ -225,9 +228,11 @@ class QuestionBatch:
 
     def fall_back(self) -> bool:
         """Take the next way of OneCall.fallback (where this one gave a fork other bits than
-        alone: the graph adapter's check); the graphs captured the old way are dropped and the
-        next run warms up again. False when every part already runs one call a fork."""
-        calls = self.calls.fallback()
+        alone: the graph adapter's check); the graphs captured the old way are dropped (the
+        reader's pool's too: GraphAdapter.prepare checks before capture_over, so on CUDA none
+        are there yet) and the next run warms up again (eagerly, then captures: a sync).
+        False when every part already runs one call a fork."""
+        calls = self.calls.fallback(self._fa4 is not None)
         if calls is None:
             return False
         self.calls = calls

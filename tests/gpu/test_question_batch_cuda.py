@@ -78,7 +78,7 @@ def test_ask_many_on_cuda_answers_as_each_question_alone(model):
     warm_s = reader.warm_up()         # the batches of every shape warmed up and checked
     stats = reader.adapter.graph_stats()
     bits = stats["question_batch_bits"]               # the device's facts: printed, not assumed
-    print(f"warm-up {warm_s:.1f} s, question batches {bits}, recurrences in one call "
+    print(f"warm-up {warm_s:.1f} s, question batches {bits}, one call for all forks "
           f"{stats['question_batch_one_call']}")
     assert set(bits) == {f"{b}x{t}" for b in (2, 4, 8) for t in (64, 128)}, stats
     assert stats["num_question_batches"] == 0 and stats["num_failed_captures"] == 0

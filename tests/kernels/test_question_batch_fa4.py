@@ -82,3 +82,38 @@ def test_a_reader_on_fa4_checks_its_shapes_and_batches_its_asks(tiny, fake_fa4):
     assert a.graph_stats()["num_question_batches"] == 1
     assert [x.probs for x in many] == [r.ask("s", *item).probs for item in items]
     assert r.check_exact("s")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+@pytest.mark.parametrize("broken", ["attention", "recurrences"])
+def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monkeypatch,
+                                                            broken):
+    """The check's ways (OneCall.fallback): where FA4 in one call (attend_many) gives fork 1
+    other bits, the shape keeps the recurrences in one call; where the recurrences' one call
+    does, it keeps FA4 in one call. Either way the shape stays batched, with no warning."""
+    import dataclasses
+    import warnings
+
+    from adapters.model import kernels
+    from adapters.runners import fa4_graph
+    from shadow_plugin import Reader
+    if broken == "attention":
+        real = fa4_graph.attend_many
+
+        def attend_many(fwd, q, k, v, tables, out, side=None):
+            real(fwd, q, k, v, tables, out, side)
+            out[T] += 1e-3                                 # fork 1's first row off
+        monkeypatch.setattr(fa4_graph, "attend_many", attend_many)
+    else:
+        def gdn_many(*args):
+            o, s = kernels.gdn_each(tiny.kernels.gdn, *args)
+            o[1, 0] += 1e-3                                # fork 1's first row off
+            return o, s
+        monkeypatch.setattr(tiny, "kernels",
+                            dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
+    r = Reader(tiny, grid=2 * T, cuda_graphs=True, attention="fa4", fused_ops=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert r.adapter.check_batches([(T, 2)]) == {(2, T): True}
+    assert r.adapter.graph_stats()["question_batch_one_call"] == {"2x64": {
+        "attention": broken != "attention", "recurrences": broken != "recurrences"}}

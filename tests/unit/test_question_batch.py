@@ -123,9 +123,15 @@ def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monk
 
 
 def test_one_call_falls_back_attention_first_then_the_recurrences():
+    """FA4 one call a fork, then the recurrences one call a fork (FA4 in one call again),
+    then both; without FA4 the ways with FA4 in one call are skipped."""
     from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, OneCall
-    assert ALL_IN_ONE.fallback() == OneCall(attention=False, recurrences=True)
-    assert ALL_IN_ONE.fallback().fallback() == PER_FORK and PER_FORK.fallback() is None
+    ways = [ALL_IN_ONE]
+    while ways[-1].fallback() is not None:
+        ways.append(ways[-1].fallback())
+    assert ways == [ALL_IN_ONE, OneCall(False, True), OneCall(True, False), PER_FORK]
+    assert OneCall(False, True).fallback(fa4=False) == PER_FORK
+    assert PER_FORK.fallback() is None
 
 
 def test_gdn_each_is_gdn_per_sequence():
