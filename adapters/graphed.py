@@ -105,9 +105,8 @@ class GraphAdapter(Adapter):
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences"}:
         whether each runs one call for all forks, QuestionBatch.calls; None for a shape that
-        runs one question at a time}) and
-        num_question_batches (questions' batches run in one forward;
-        the checks not counted)."""
+        runs one question at a time}) and num_question_batches (questions' batches run in one
+        forward; the checks not counted)."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}
@@ -178,9 +177,9 @@ class GraphAdapter(Adapter):
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
         same ids in both). Where they differ, the batch is run and compared again the next
-        way (QuestionBatch.fall_back, OneCall.fallback's order); a
-        shape that differs every way is recorded in batch_bits (with a RuntimeWarning) and its
-        forks get their own runner's rows."""
+        way (QuestionBatch.fall_back, OneCall.fallback's order); a shape that differs every
+        way is recorded in batch_bits (with a RuntimeWarning) and its forks get their own
+        runner's rows."""
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]

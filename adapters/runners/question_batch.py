@@ -11,8 +11,8 @@ docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
 - per fork, on the same rows and strides as the question's own runner: RoPE, the q/k norms
   with RoPE, the KV rows' write and FA4's split and tail tables (built from its own staged
-  page table: the same tables as alone), the GDN conv and
-  gates from the fork's conv state, the gated norm (gated_rms_norm gave one 64-row block
+  page table: the same tables as alone), the GDN conv and gates from the fork's conv state,
+  the gated norm (gated_rms_norm gave one 64-row block
   other bits batched), and the down projection (cuBLAS picked another kernel for 64-row
   blocks of a batch, split-K for 64 rows alone);
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
@@ -226,21 +226,6 @@ class QuestionBatch:
         outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(self.num_seqs)]
         return op.linear(torch.cat(outs), gdn.out_proj.weight)
 
-    def fall_back(self) -> bool:
-        """Take the next way of OneCall.fallback (where this one gave a fork other bits than
-        alone: the graph adapter's check); the graphs captured the old way are dropped (the
-        reader's pool's too: GraphAdapter.prepare checks before capture_over, so on CUDA none
-        are there yet) and the next run warms up again (eagerly, then captures: a sync).
-        False when every part already runs one call a fork."""
-        calls = self.calls.fallback(self._fa4 is not None)
-        if calls is None:
-            return False
-        self.calls = calls
-        if self.split_graphs is not None:
-            self.split_graphs.drop()
-        self._prepared = False
-        return True
-
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
         the down projection per fork. Returns [B * t, hidden]."""
@@ -290,6 +275,21 @@ class QuestionBatch:
                 self.split_graphs.ensure(s, pool, self._body, self.slots[0])
             finally:
                 self._kvs = self._tables = None
+
+    def fall_back(self) -> bool:
+        """Take the next way of OneCall.fallback (where this one gave a fork other bits than
+        alone: the graph adapter's check); the graphs captured the old way are dropped (the
+        reader's pool's too: GraphAdapter.prepare checks before capture_over, so on CUDA none
+        are there yet) and the next run warms up again (eagerly, then captures: a sync).
+        False when every part already runs one call a fork."""
+        calls = self.calls.fallback(self._fa4 is not None)
+        if calls is None:
+            return False
+        self.calls = calls
+        if self.split_graphs is not None:
+            self.split_graphs.drop()
+        self._prepared = False
+        return True
 
     def _tables_for(self, s: int):
         """The forks' fa4_graph.BatchTables of s splits (made at the first ask)."""
