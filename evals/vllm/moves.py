@@ -154,6 +154,9 @@ def moves(args) -> None:
     tag = int(time.time()) % 100_000            # names of their own on a server used before
     scripts = {s.name: dataclasses.replace(s, name=f"{s.name}-{tag}")
                for s in agents.load(args.agents)}
+    missing = [n for n in [args.pinned, *args.names] if n not in scripts]
+    if missing:
+        raise ValueError(f"{args.agents} holds no agent {missing}; it holds {sorted(scripts)}")
     ranks = [k % status["num_ranks"] for k in range(args.pinned_turns)]
     rows = pinned_turns(server, scripts[args.pinned], ranks, args.tokens, grid,
                         args.fresh_timeout_s)
