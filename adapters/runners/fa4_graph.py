@@ -183,21 +183,28 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     tail = lambda: fwd(q[None], k, v, page_table=tables.tail,  # noqa: E731
                        seqused_k=tables.tail_len, causal=True, out=o_part[s:],
                        lse=lse_part[s:], **call)
+    _splits_beside_tail(splits, tail, side, q.device)
+    combine_lse(o_part, lse_part, out)
+
+
+def _splits_beside_tail(splits, tail, side, device: torch.device) -> None:
+    """splits() on the CUDA stream `side` while tail() runs on the current one (forked and
+    joined by events: inside a capture, two graph branches), or both on the current one
+    when side is None."""
     if side is None:
         splits()
         tail()
-    else:
-        # the caller's stream waits for the splits also when a call raises: the scratch is
-        # freed after that wait, and a capture's fork is always joined
-        caller = torch.cuda.current_stream(q.device)
-        side.wait_stream(caller)
-        try:
-            with torch.cuda.stream(side):
-                splits()
-            tail()
-        finally:
-            caller.wait_stream(side)
-    combine_lse(o_part, lse_part, out)
+        return
+    # the caller's stream waits for the splits also when a call raises: the scratch is
+    # freed after that wait, and a capture's fork is always joined
+    caller = torch.cuda.current_stream(device)
+    side.wait_stream(caller)
+    try:
+        with torch.cuda.stream(side):
+            splits()
+        tail()
+    finally:
+        caller.wait_stream(side)
 
 
 def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -230,18 +237,7 @@ def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     tail = lambda: fwd(q, k, v, page_table=tables.tail,  # noqa: E731
                        seqused_k=tables.tail_len, causal=True,
                        out=o_part[s].view(n, t, h, d), lse=lse_part[s], **call)
-    if side is None:
-        splits()
-        tail()
-    else:                                                # as `attend`
-        caller = torch.cuda.current_stream(q.device)
-        side.wait_stream(caller)
-        try:
-            with torch.cuda.stream(side):
-                splits()
-            tail()
-        finally:
-            caller.wait_stream(side)
+    _splits_beside_tail(splits, tail, side, q.device)
     # combine_lse reads [S + 1, H, rows]: fork b's row r at column b t + r
     combine_lse(o_part, lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t), out)
 

@@ -46,30 +46,38 @@ def run_agent(server: VllmServer, script, num_tokens: int, held: dict, errors: l
         errors.append(f"{script.name}: {e!r}")
 
 
+def run_agents(server: VllmServer, scripts, num_tokens: int,
+               limits: list | None = None) -> tuple[dict, float]:
+    """The scripts replayed concurrently (run_agent, a thread each; limits: each one's turns
+    at most, None for all): (held, as run_agent fills it, and the seconds they took). Raises
+    RuntimeError naming the agents that failed."""
+    held: dict = {}
+    errors: list[str] = []
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run_agent,
+                                args=(server, s, num_tokens, held, errors, n))
+               for s, n in zip(scripts, limits or [None] * len(scripts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"agents failed: {errors}")
+    return held, time.monotonic() - t0
+
+
 def follow(args) -> None:
     servers = load_servers()
     server = servers["S"]
     tag = int(time.time()) % 100_000            # names of their own on a server used before
     scripts = [dataclasses.replace(s, name=f"{s.name}-{tag}")
                for s in agents.load(args.agents) if s.name in args.names]
-    held: dict = {}
-    errors: list[str] = []
-    t0 = time.monotonic()
     # the first agent keeps its last turns for after the restart (restart: nothing read again)
     limits = [max(1, s.num_turns - args.hold_turns) if i == 0 else None
               for i, s in enumerate(scripts)]
     if args.max_turns is not None:
         limits = [min(args.max_turns, n or args.max_turns) for n in limits]
-    threads = [threading.Thread(target=run_agent,
-                                args=(server, s, args.tokens, held, errors, n))
-               for s, n in zip(scripts, limits)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    agents_s = time.monotonic() - t0
-    if errors:
-        raise RuntimeError(f"agents failed: {errors}")
+    held, agents_s = run_agents(server, scripts, args.tokens, limits)
     names = [s.name for s in scripts]
     status = wait_fresh(server, {n: held[n] for n in names}, args.fresh_timeout_s)
     checks = [check(server, n, held[n]) for n in names]

@@ -24,14 +24,13 @@ Two parts:
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 import httpx
 
 from evals.vllm import agents
 from evals.vllm.client import check, complete, load_servers, shadow_status, write_result
-from evals.vllm.follow import run_agent
+from evals.vllm.follow import run_agents
 from evals.vllm.server import VllmServer
 
 
@@ -115,18 +114,7 @@ def balanced(server: VllmServer, scripts: list, num_tokens: int, grid: int,
     superseded = sum(r["superseded"] for r in status["ranks"])
     read = status["read_tokens"]
     committed = sum(status["sessions"].get(s.name, {}).get("committed", 0) for s in scripts)
-    held: dict = {}
-    errors: list[str] = []
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=run_agent, args=(server, s, num_tokens, held, errors))
-               for s in scripts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    agents_s = time.monotonic() - t0
-    if errors:
-        raise RuntimeError(f"agents failed: {errors}")
+    held, agents_s = run_agents(server, scripts, num_tokens)
     out: dict = {"agents": {}, "agents_s": round(agents_s, 1)}
     for s in scripts:
         status = held_on(server, s.name, None, len(held[s.name]), grid, timeout_s)

@@ -3,7 +3,7 @@ runs it on vLLM's CPU engine): the pinned turns' accounting (which turn moved, w
 again, what the other rank read) and its summary."""
 from types import SimpleNamespace
 
-from evals.vllm import moves
+from evals.vllm import follow, moves
 from evals.vllm.agents import AgentScript
 
 G = 64
@@ -86,10 +86,10 @@ def test_balanced_waits_for_whichever_rank_holds_each_session(monkeypatch):
                 "read_tokens": 320, "ranks": [{"superseded": 1, "write_errors": 0},
                                               {"superseded": 0, "write_errors": 0}]}
 
-    def run_agent(server, script, num_tokens, held, errors):
+    def run_agent(server, script, num_tokens, held, errors, max_turns=None):
         held[script.name] = [1] * 300
     monkeypatch.setattr(moves, "shadow_status", status)
-    monkeypatch.setattr(moves, "run_agent", run_agent)
+    monkeypatch.setattr(follow, "run_agent", run_agent)      # what run_agents threads run
     monkeypatch.setattr(moves, "check", lambda server, s, ids: {"ok": len(ids) == 300})
     out = moves.balanced(SimpleNamespace(), [AgentScript("a", (1,), ())], 8, G, 5)
     assert out["agents"]["a"]["rank"] == 1 and out["agents"]["a"]["check"] == {"ok": True}
