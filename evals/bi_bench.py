@@ -25,13 +25,15 @@
   one at a time through the bucket's runner against one forward of runners.question_batch
   (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's ms over one question's
   (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
-  batch equal to its runner's alone, bit for bit; beside it the same batch with less in one
-  call for all forks (question_batch.OneCall): FA4 one call a fork (`per_fork_attention`,
-  with `_over_one` and `_exact`), the GDN recurrences one call a fork
-  (`per_fork_recurrences`, the same) and both (`per_fork`, the same); with --ceiling also
+  batch equal to its runner's alone, bit for bit; beside it the same batch each other way
+  of the check (question_batch.WAYS after the batch's own, or those named in --ways), with
+  less in one call for all forks, each arm named by its parts in one call (OneCall.name,
+  e.g. `attention+recurrences`; `per_fork` for none), with `_over_one` and `_exact`; with
+  --ceiling also
   one forward of the B questions' rows as one sequence (`ceiling`, `over_ceiling`: what
   the per-fork work adds); with --profile the largest batch's kernels at the largest context
-  (`profile`).
+  (`profile`); `down_bmm` per bucket and B: whether the down projection as one batched
+  GEMM keeps each fork's bits, and its ms against one GEMM a fork.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -43,7 +45,7 @@
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
         [--parts probe,speed,graphs,questions,read] [--contexts 16384,65536]
-        [--batches 1,2,4,8] [--question-rows 64,128] [--ceiling] [--profile]
+        [--batches 1,2,4,8] [--question-rows 64,128] [--ways NAME,...] [--ceiling] [--profile]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
 
@@ -242,7 +244,7 @@ def questions_part(model, args) -> dict:
     median of --repeats rounds after a warm-up round that also captures the graphs, the arms
     in turns each round) and the batch's bits against each fork alone."""
     from adapters import spec_for
-    from adapters.runners.question_batch import PER_FORK, OneCall, QuestionBatch
+    from adapters.runners.question_batch import QuestionBatch
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
     cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
@@ -276,17 +278,12 @@ def questions_part(model, args) -> dict:
                 arms = {"one_at_a_time": each, "one_forward": each}
                 if batch and batch.num_seqs == b:
                     arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b])
-                    fa4_on = batch.calls.attention
-                    calls = batch.calls.fallback(fa4_on)
-                    while calls is not None:       # beside it: each way with less in one call
-                        name = {PER_FORK: "per_fork", OneCall(False, True): "per_fork_attention",
-                                OneCall(True, False): "per_fork_recurrences"}[calls]
+                    for calls in _other_ways(batch.calls, getattr(args, "ways", None)):
                         if (rows, b, calls) not in other_batches:
                             other_batches[(rows, b, calls)] = QuestionBatch(
                                 alone, runners.batch_slots(b), calls)
-                        arms[name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
+                        arms[calls.name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
                             q.run(forks[:b])
-                        calls = calls.fallback(fa4_on)
                 times = {arm: [] for arm in arms}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     for arm, fn in arms.items():       # the arms in turns each round
@@ -299,11 +296,10 @@ def questions_part(model, args) -> dict:
                 alone_rows = each()
                 row["exact"] = all(torch.equal(x, y) for x, y in
                                    zip(alone_rows, arms["one_forward"]()))
-                for name in ("per_fork_attention", "per_fork_recurrences", "per_fork"):
-                    if name in arms:
-                        row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
-                        row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
-                            alone_rows, arms[name]()))
+                for name in [a for a in arms if a not in ("one_at_a_time", "one_forward")]:
+                    row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
+                    row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
+                        alone_rows, arms[name]()))
                 if getattr(args, "ceiling", False) and b > 1:
                     row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
                                                  PagedKv(pool, pages + own), gdn[0],
@@ -318,8 +314,51 @@ def questions_part(model, args) -> dict:
                         row["profile"] = _question_profile(batch, forks[:b])
                     except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)
                         row["profile_error"] = f"{type(e).__name__}: {e}"
+    out["down_bmm"] = {f"{rows}x{b}": _down_bmm(model, rows, b, args.repeats)
+                       for rows in args.question_rows for b in args.batches if b > 1}
     out["captures"] = runners.captures()
     return out
+
+
+def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
+    """Whether the MLP's down projection of B forks' rows as one batched GEMM (torch.bmm over
+    [B, rows, I], the weight broadcast: cuBLAS's strided batched GEMM) gives each fork the
+    bits F.linear gives its rows alone (`exact`), and both arms' ms for the 24 layers'
+    worth of calls (`bmm_ms`, `per_fork_ms`: one linear a fork; medians of repeats), on
+    random SwiGLU-sized rows: the measurement a one-call down projection would need."""
+    cfg, dev, dt = model.cfg, model.device, model.dtype
+    g = torch.Generator(device=dev).manual_seed(rows + num_seqs)
+    act = torch.randn(num_seqs * rows, cfg.intermediate_size, device=dev, dtype=dt,
+                      generator=g)
+    w = model.layers[0].mlp.down_proj.weight
+    wb = w.t().expand(num_seqs, -1, -1)
+    per_fork = lambda: torch.cat([torch.nn.functional.linear(  # noqa: E731
+        act[b * rows:(b + 1) * rows], w) for b in range(num_seqs)])
+    bmm = lambda: torch.bmm(act.view(num_seqs, rows, -1), wb).view(num_seqs * rows, -1)  # noqa
+    exact = torch.equal(per_fork(), bmm())
+    n = len(model.layers)
+
+    def ms(fn) -> float:
+        return statistics.median(_timed_ms(lambda: [fn() for _ in range(n)])
+                                 for _ in range(repeats + 1))
+    return {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3)}
+
+
+def _other_ways(calls, names: list[str] | None) -> list:
+    """The ways timed beside a batch's own (`calls`): those after it in the check's order
+    (OneCall.fallback, FA4 ways only where `calls` has FA4 in one call), or of them those
+    named (OneCall.name). Raises ValueError for a name of no such way."""
+    ways, way = [], calls.fallback(calls.attention)
+    while way is not None:
+        ways.append(way)
+        way = way.fallback(calls.attention)
+    if names is None:
+        return ways
+    by_name = {w.name: w for w in ways}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"--ways: no way {unknown} after {calls.name}; ways: {list(by_name)}")
+    return [by_name[n] for n in names]
 
 
 def _question_profile(batch, forks, iters: int = 5, top: int = 30) -> dict:
@@ -549,6 +588,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
     ap.add_argument("--question-rows", type=_ints, default=[64, 128],
                     help="the questions' buckets (`questions`)")
+    ap.add_argument("--ways", type=lambda t: [w for w in t.split(",") if w], default=None,
+                    help="`questions`: the other ways to time beside the batch's own, by "
+                         "name (OneCall.name, e.g. attention+recurrences,per_fork); default "
+                         "every way after it")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
                     "the largest context and smallest bucket also under torch.profiler")
     ap.add_argument("--ceiling", action="store_true",

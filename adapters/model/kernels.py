@@ -32,20 +32,29 @@ class KernelSet:
     gdn_many: gdn for B sequences of T rows each at once, every input with a leading [B]
     (q [B, T, H, K], ..., state [B, HV, K, V]) -> (o [B, T, HV, V], state [B, HV, K, V]
     fp32); on fla one call (its kernels' grids run a program per sequence and head), in
-    pure torch gdn per sequence (`gdn_each`). Whether each sequence gets the bits gdn gives
-    it alone is measured, not assumed (runners.question_batch checks it)."""
+    pure torch gdn per sequence (`gdn_each`); conv_many: conv for B sequences at once (x
+    [B, T, D], state [B, D, W]) -> (y [B, T, D], state [B, D, W]); on fla one call, in pure
+    torch conv per sequence (`conv_each`). Whether each sequence gets the bits gdn and conv
+    give it alone is measured, not assumed (runners.question_batch checks it)."""
 
     name: str
     gdn: Callable
     conv: Callable
     gdn_step: Callable
     gdn_many: Callable | None = None
+    conv_many: Callable | None = None
 
     def recurrences(self, q, k, v, g, beta, state):
         """gdn_many where the set has it, else `gdn_each` over gdn; same contract."""
         if self.gdn_many is not None:
             return self.gdn_many(q, k, v, g, beta, state)
         return gdn_each(self.gdn, q, k, v, g, beta, state)
+
+    def convs(self, x, weight, state):
+        """conv_many where the set has it, else `conv_each` over conv; same contract."""
+        if self.conv_many is not None:
+            return self.conv_many(x, weight, state)
+        return conv_each(self.conv, x, weight, state)
 
 
 def gdn_each(gdn: Callable, q, k, v, g, beta, state):
@@ -56,8 +65,15 @@ def gdn_each(gdn: Callable, q, k, v, g, beta, state):
     return torch.stack([o for o, _ in outs]), torch.stack([s for _, s in outs])
 
 
+def conv_each(conv: Callable, x, weight, state):
+    """KernelSet.conv_many's contract by one `conv` call per sequence (the pure-torch twin of
+    fla's one call): x [B, T, D], state [B, D, W]; returns (y [B, T, D], state [B, D, W])."""
+    outs = [conv(x[b], weight, state[b]) for b in range(x.shape[0])]
+    return torch.stack([y for y, _ in outs]), torch.stack([s for _, s in outs])
+
+
 TORCH = KernelSet("torch", ref.chunk_gated_delta_rule, ref.causal_conv1d,
-                  ref.recurrent_gated_delta_rule)     # gdn_many: gdn_each over the chunked rule
+                  ref.recurrent_gated_delta_rule)     # gdn_many, conv_many: one call a sequence
 
 
 def _fla_kernels() -> KernelSet:
@@ -90,7 +106,11 @@ def _fla_kernels() -> KernelSet:
                         output_final_state=True, activation="silu")
         return y[0], s[0]
 
-    return KernelSet("fla", gdn, conv, gdn_step, gdn_many)
+    def conv_many(x, weight, state):                       # [B, T, D]: one call
+        return fla_conv(x, weight=weight, initial_state=state.to(x.dtype),
+                        output_final_state=True, activation="silu")
+
+    return KernelSet("fla", gdn, conv, gdn_step, gdn_many, conv_many)
 
 
 def select_kernels(device: torch.device, name: str | None = None) -> KernelSet:

@@ -220,6 +220,30 @@ class GatedDeltaNet(nn.Module):
         return (*op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd),
                 conv_state)
 
+    def gates_many(self, qkv, b, a, conv_states, kernels: KernelSet, op: Ops = EAGER):
+        """`gates` for B sequences of T rows at once: qkv [B, T, conv_dim] (rows of unit
+        stride along conv_dim: a fused projection's column slice viewed by sequence), b, a
+        [B, T, HV], conv_states [B, conv_dim, W]. The conv in one call (KernelSet.convs), the
+        gates over all B * T rows in one call (op.gdn_gates); with op.conv_gates (the fused
+        conv and gates of one sequence) one call a sequence. Returns (q, k [B, T, HK, K],
+        v [B, T, HV, V], g, beta [B, T, HV], new conv_states [B, conv_dim, W]), what
+        KernelSet.recurrences takes. Whether each sequence gets the bits `gates` gives it
+        alone is measured, not assumed (runners.question_batch checks it)."""
+        cfg = self.cfg
+        n, t = qkv.shape[0], qkv.shape[1]
+        if op.conv_gates is not None:
+            outs = [self.gates(qkv[i], b[i], a[i], conv_states[i], kernels, op)
+                    for i in range(n)]
+            return tuple(torch.stack(x) for x in zip(*outs))
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed, conv_states = kernels.convs(qkv, self.conv1d.weight[:, 0, :], conv_states)
+        q, k, v, g, beta = op.gdn_gates(mixed.reshape(n * t, -1), b.reshape(n * t, hv),
+                                        a.reshape(n * t, hv), self.A_log, self.dt_bias, hk,
+                                        kd, hv, vd)
+        return (q.reshape(n, t, hk, kd), k.reshape(n, t, hk, kd), v.reshape(n, t, hv, vd),
+                g.reshape(n, t, hv), beta.reshape(n, t, hv), conv_states)
+
     def gated_norm(self, o, z, op: Ops = EAGER) -> torch.Tensor:
         """mix's last part: the recurrence's o [T, HV, V] normed and gated by z
         [T, value_dim]. Returns [T, value_dim]."""

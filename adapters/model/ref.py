@@ -102,12 +102,14 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
 
     Args: x [T, D] raw in_proj_qkv outputs; weight [D, W] (tap W-1 is the current token);
     state [D, W] the last W raw inputs before this call (zeros at the start).
-    Returns (y [T, D] in x's dtype, new_state [D, W] in x's dtype).
+    Returns (y [T, D] in x's dtype, contiguous: one layout whether one sequence's y or a
+    batch's stacked, kernels.conv_each, as fla's conv gives it; the CPU's reductions over
+    its columns then run in one order either way; new_state [D, W] in x's dtype).
     """
     width = weight.shape[1]
     full = torch.cat([state.to(x.dtype), x.t()], dim=1)                # [D, W + T]
     y = F.conv1d(full[None, :, 1:], weight[:, None, :].to(x.dtype), groups=weight.shape[0])
-    return F.silu(y[0].t()), full[:, -width:].contiguous()
+    return F.silu(y[0].t()).contiguous(), full[:, -width:].contiguous()
 
 
 def attend_ref(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int) -> torch.Tensor:

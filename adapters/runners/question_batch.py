@@ -4,23 +4,27 @@ graph per number of FA4 splits on CUDA, eagerly on the CPU (tests/kernels runs t
 there over a pure-torch fake of the package).
 
 Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
-docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100):
+docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100; the profile of four 64-row questions
+at 100k, docs/bi-bench-questions-h100-2026-12-06-b.log: FA4 took a third of the device time,
+the per-fork small ops most of the rest):
 - over all rows: the embedding (a gather), the RMSNorms and residual adds, every projection
   but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj and the GDN
   out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
-- per fork, on the same rows and strides as the question's own runner: RoPE, the q/k norms
-  with RoPE, the KV rows' write and FA4's split and tail tables (built from its own staged
-  page table: the same tables as alone), the GDN conv and gates from the fork's conv state,
-  the gated norm (gated_rms_norm gave one 64-row block
-  other bits batched), and the down projection (cuBLAS picked another kernel for 64-row
-  blocks of a batch, split-K for 64 rows alone);
-- in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
-  fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
-  (fa4_graph.attend_many; FA4's programs each compute one batch element's tile), and the GDN
-  recurrences from their own states over [B, t] rows (fla's chunked kernels run a program per
-  sequence and head; fla's varlen form kept each sequence's bits on the H100, bi_bench
-  `probe`); else one call a fork (`fall_back`).
+- per fork, on the same rows and strides as the question's own runner: the KV rows' write
+  and FA4's split and tail tables (built from its own staged page table: the same tables as
+  alone), the gated norm (gated_rms_norm gave one 64-row block other bits batched), and the
+  down projection (cuBLAS picked another kernel for 64-row blocks of a batch, split-K for 64
+  rows alone);
+- in one call for all forks (OneCall), where that keeps each fork's bits: FA4's splits over
+  the keys every fork holds alike as one call over all B * t rows (each split's keys read
+  once, not once a fork; `shared_splits`), else every fork's splits (a batch of S * B), with
+  their tails (a batch of B) and one combine (fa4_graph.attend_many; FA4's programs each
+  compute one tile of rows); the GDN recurrences from their own states over [B, t] rows (fla's
+  chunked kernels run a program per sequence and head); the q/k heads (norms, RoPE: the forks
+  share one position) and the GDN conv and gates from each fork's conv state (fla's conv in
+  one call; compiled row-wise ops), over all rows (`rows`); else one call a fork
+  (`fall_back`).
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
@@ -30,7 +34,7 @@ every way it runs that shape one fork at a time from then on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -43,26 +47,56 @@ from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
 
 @dataclass(frozen=True)
 class OneCall:
-    """Which of a batch's per-fork parts run as one call for all its forks: `attention`
-    (fa4_graph.attend_many: every fork's FA4 splits in one call, their tails in one, one
-    combine; FA4 only) and `recurrences` (KernelSet.recurrences: the GDN recurrences over
-    [B, t] rows)."""
+    """Which of a batch's per-fork parts run as one call for all its forks:
+    - shared_splits: FA4's splits (the keys below each fork's tail) as one call over all
+      B * t rows through one fork's tables (fa4_graph.attend_many), each split's keys read
+      once for all forks; needs `attention`; forks that do not hold the same KV rows there
+      run one at a time (QuestionBatch.takes);
+    - attention: FA4 in one call for all forks (attend_many: the splits, every fork's tail,
+      one combine; FA4 only);
+    - recurrences: the GDN recurrences over [B, t] rows (KernelSet.recurrences);
+    - rows: the row-wise ops between the projections over all B * t rows: the q/k heads
+      (norms, RoPE), and the GDN conv (KernelSet.convs) and gates
+      (GatedDeltaNet.gates_many).
+    Raises ValueError for shared_splits without attention."""
 
+    shared_splits: bool = True
     attention: bool = True
     recurrences: bool = True
+    rows: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shared_splits and not self.attention:
+            raise ValueError("shared_splits runs in attention's one FA4 call: attention=True")
+
+    @property
+    def name(self) -> str:
+        """The parts in one call joined by '+' (as in `question_batch_one_call`), or
+        'per_fork' for none."""
+        return "+".join(f.name for f in fields(self) if getattr(self, f.name)) or "per_fork"
 
     def fallback(self, fa4: bool = True) -> OneCall | None:
         """The next way to try where this one gave a fork other bits than alone: the next of
-        WAYS (everything in one call; FA4 one call a fork; the recurrences one call a fork;
-        both one call a fork), skipping those with FA4 in one call where fa4 is False (SDPA
-        on the CPU); None after the last."""
-        later = WAYS[WAYS.index(self) + 1:]
+        WAYS (for a way not among them, the first of WAYS with fewer parts), skipping those
+        with FA4 in one call where fa4 is False (SDPA on the CPU); None after the last."""
+        on = {f.name for f in fields(self) if getattr(self, f.name)}
+        later = WAYS[WAYS.index(self) + 1:] if self in WAYS else [
+            w for w in WAYS if {f.name for f in fields(w) if getattr(w, f.name)} < on]
         return next((w for w in later if fa4 or not w.attention), None)
 
 
 ALL_IN_ONE = OneCall()
-PER_FORK = OneCall(False, False)
-WAYS = (ALL_IN_ONE, OneCall(False, True), OneCall(True, False), PER_FORK)
+PER_FORK = OneCall(shared_splits=False, attention=False, recurrences=False, rows=False)
+# the check's order: the parts most likely to give a fork other bits (the row-wise ops, whose
+# compiled kernels are picked by row count; the shared splits' larger FA4 call) go first
+WAYS = (ALL_IN_ONE,
+        OneCall(rows=False),
+        OneCall(shared_splits=False),
+        OneCall(shared_splits=False, rows=False),
+        OneCall(shared_splits=False, attention=False),
+        OneCall(shared_splits=False, attention=False, rows=False),
+        OneCall(shared_splits=False, recurrences=False, rows=False),
+        PER_FORK)
 
 
 class QuestionBatch:
@@ -108,7 +142,7 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
-        self.calls = calls if on_fa4 else OneCall(False, calls.recurrences)
+        self.calls = calls if on_fa4 else replace(calls, shared_splits=False, attention=False)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -138,15 +172,19 @@ class QuestionBatch:
             for meta, tables in zip(self.metas, self._tables.forks):
                 tables.fill(meta.meta, t, meta.table_at, self.page_rows)
             if self.calls.attention:                   # as attend_many takes them
-                self._tables.gather()
+                self._tables.gather(splits=not self.calls.shared_splits)
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
-        ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
-                              x.dtype) for meta in self.metas]
+        # the forks' cos, sin [t, rotary_dim] (one position: the same for every fork), and
+        # with calls.rows the same for all B * t rows
+        rope = rope_cos_sin(self.steps + self.metas[0].meta[t], cfg.rotary_dim,
+                            cfg.rope_theta, x.dtype)
+        if self.calls.rows:
+            rope = tuple(c.repeat(self.num_seqs, 1) for c in rope)
         eps = cfg.rms_norm_eps
         h = op.rms_norm(x, m.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(m.layers):
             if layer.layer_type == FULL:
-                h = self._attention(i, layer.self_attn, h, ropes)
+                h = self._attention(i, layer.self_attn, h, rope)
             else:
                 h = self._gdn(i, layer.linear_attn, h)
             x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
@@ -155,28 +193,31 @@ class QuestionBatch:
                 x, h = op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
         self.hidden.copy_(x + h)
 
-    def _attention(self, i: int, attn, h: torch.Tensor, ropes: list) -> torch.Tensor:
-        """Full-attention layer i on h [B * t, hidden]: the projections over all rows, per fork
-        its heads (q/k norms, RoPE) and KV rows, the attention into attn_out (one call for all
-        forks with calls.attention, else per fork into its rows), then the output gate and
-        o_proj over all rows. Returns [B * t, hidden]."""
-        op, j = self.ops, self.full_index[i]
+    def _attention(self, i: int, attn, h: torch.Tensor, rope) -> torch.Tensor:
+        """Full-attention layer i on h [B * t, hidden]: the projections over all rows, the
+        heads (q/k norms, RoPE: over all rows with calls.rows, rope then cos, sin [B * t,
+        rotary_dim], else per fork, rope [t, rotary_dim]), per fork its KV rows, the attention
+        into attn_out (one call for all forks with calls.attention, else per fork into its
+        rows), then the output gate and o_proj over all rows. Returns [B * t, hidden]."""
+        op, j, n = self.ops, self.full_index[i], self.num_seqs
         cfg = self.model.cfg
         qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
-        out, qs = self.attn_out[j], []
-        for b in range(self.num_seqs):
-            r = self.rows(b)
-            q_b, k_b, v_b, _ = attn.heads(qg[r], k[r], v[r], ropes[b], op)
-            if self.calls.attention:
-                self._write_kv(b, j, k_b, v_b)
-                qs.append(q_b)
-            else:
-                self._attend(b, j, attn, q_b, k_b, v_b, out[r])
-        if qs:
+        out, rows = self.attn_out[j], [self.rows(b) for b in range(n)]
+        if self.calls.rows:
+            q, k, v, _ = attn.heads(qg, k, v, rope, op)
+            heads = [(q[r], k[r], v[r]) for r in rows]
+        else:
+            heads = [attn.heads(qg[r], k[r], v[r], rope, op)[:3] for r in rows]
+        if self.calls.attention:
             from adapters.runners import fa4_graph
-            q = torch.cat(qs)
+            for b, (_, k_b, v_b) in enumerate(heads):
+                self._write_kv(b, j, k_b, v_b)
+            q = q if self.calls.rows else torch.cat([q_b for q_b, _, _ in heads])
             fa4_graph.attend_many(fa4.forward(), q, *self._kvs[0].pool.layer(j), self._tables,
-                                  out, self._split_stream(q))
+                                  out, self._split_stream(q), self.calls.shared_splits)
+        else:
+            for b, (q_b, k_b, v_b) in enumerate(heads):
+                self._attend(b, j, attn, q_b, k_b, v_b, out[rows[b]])
         gate = qg.view(qg.shape[0], cfg.num_attention_heads, 2 * cfg.head_dim)[..., cfg.head_dim:]
         return attn.output(out, gate, op)
 
@@ -208,22 +249,29 @@ class QuestionBatch:
         return self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda else None
 
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
-        """GDN layer i on h [B * t, hidden]: the input projections over all rows, per fork the
-        conv and gates from its states, the forks' recurrences in one call
-        (KernelSet.recurrences: one fla call over [B, t] rows) or without calls.recurrences
-        one a fork (GatedDeltaNet.mix), per fork the gated norm, out_proj over all rows. Returns
+        """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv and
+        gates from each fork's conv state (GatedDeltaNet.gates_many over all rows with
+        calls.rows, else GatedDeltaNet.gates per fork); the recurrences from each fork's state
+        (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
+        KernelSet.gdn per fork); per fork the gated norm; out_proj over all rows. Returns
         [B * t, hidden]; the forks' new states are not kept."""
         op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
+        n, t = self.num_seqs, self.t
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
-        if not self.calls.recurrences:
-            outs = [gdn.mix(qkv[r], z[r], b_[r], a[r], *self.slots[b].inputs[g], kernels, op)[0]
-                    for b, r in enumerate(map(self.rows, range(self.num_seqs)))]
-            return op.linear(torch.cat(outs), gdn.out_proj.weight)
-        gates = [gdn.gates(qkv[r], b_[r], a[r], self.slots[b].inputs[g][0], kernels, op)[:5]
-                 for b, r in enumerate(map(self.rows, range(self.num_seqs)))]
-        states = torch.stack([slots.inputs[g][1] for slots in self.slots])  # [B, HV, K, V]
-        o, _ = kernels.recurrences(*(torch.stack(x) for x in zip(*gates)), states)
-        outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(self.num_seqs)]
+        convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
+        states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
+        if self.calls.rows:                   # q, k, v, g, beta: [B, t, ...] tensors
+            gates = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1), a.view(n, t, -1),
+                                   torch.stack(convs), kernels, op)[:5]
+        else:                                 # q, k, v, g, beta: B tensors each
+            gates = list(zip(*(gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)[:5]
+                               for b, r in enumerate(map(self.rows, range(n))))))
+        if self.calls.recurrences:
+            o, _ = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
+                                         for x in gates), torch.stack(states))
+        else:
+            o = [kernels.gdn(*(x[b] for x in gates), states[b])[0] for b in range(n)]
+        outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(n)]
         return op.linear(torch.cat(outs), gdn.out_proj.weight)
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
@@ -309,6 +357,19 @@ class QuestionBatch:
             self._tables = self._tables_for(
                 self._fa4.num_splits(items[0][1], self.t, self.model.device))
 
+    def takes(self, items) -> bool:
+        """Whether `run` takes these forks (items as it takes them, the first fork's pos and
+        page size for all) this batch's way: always, but with calls.shared_splits only where
+        every fork's pages holding the splits' keys ([0, S * Ls), fa4_plan.split_plan) are
+        the first fork's (then their KV rows there are one copy: the splits' call reads
+        them through the first fork's tables for all)."""
+        if not (self.calls.shared_splits and self._fa4 is not None):
+            return True
+        pos, first = items[0][1], items[0][2]
+        num_pages = -(-self._fa4.split_keys(pos, self.t, self.model.device) // self.page_rows)
+        head = list(first.pages[:num_pages])
+        return all(list(kv.pages[:num_pages]) == head for _, _, kv, *_ in items)
+
     @torch.no_grad()
     def run(self, items) -> list[torch.Tensor]:
         """The forks' forwards: items, one per fork, (ids: t ints or a [t] int64 tensor, pos,
@@ -318,8 +379,9 @@ class QuestionBatch:
         [t, hidden] (new tensors; the states are not changed).
 
         Raises ValueError for another number of items, ids of another length, forks at other
-        positions or over other pools, or pages that cannot take the rows (as ChunkGraphs.run
-        checks them), before anything runs."""
+        positions or over other pools, pages that cannot take the rows (as ChunkGraphs.run
+        checks them), or forks this way does not take (`takes`: pages below the shared
+        splits' end that differ), before anything runs."""
         items = [(list(ids) if isinstance(ids, tuple) else ids, pos, kv, gdn)
                  for ids, pos, kv, gdn in items]
         if len(items) != self.num_seqs:
@@ -336,6 +398,9 @@ class QuestionBatch:
                 raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
                                  f"rows {pos} to {pos + self.t} (pages of {self.page_rows} "
                                  f"rows, at most {MAX_TABLE_PAGES} a fork)")
+        if not self.takes(items):
+            raise ValueError("the forks hold other pages below the shared splits' end "
+                             f"(the batch's way: {self.calls.name}): run them one at a time")
         self.prepare()
         self._stage([(ids, pos, kv) for ids, pos, kv, _ in items])
         for slots, (*_, gdn) in zip(self.slots, items):

@@ -90,48 +90,72 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
     assert runners.batch_slots(4)[:2] == batch.slots       # one set of slots for all
 
 
-def test_the_recurrences_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monkeypatch):
+@pytest.mark.parametrize("rows", [True, False])
+def test_the_recurrences_and_rows_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monkeypatch,
+                                                                              rows):
     """QuestionBatch.calls.recurrences: the forks' GDN recurrences through
-    KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here), against one
-    call a fork (question_batch.PER_FORK): the same hidden rows, each equal to its runner's
-    alone. Without FA4 the attention runs one call a fork whatever OneCall says."""
+    KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here); with
+    calls.rows also the conv in one call of conv_many (counted) and the gates and heads over
+    all rows; against one call a fork (question_batch.PER_FORK): the same hidden rows, each
+    equal to its runner's alone. Without FA4 the attention runs one call a fork whatever
+    OneCall says."""
     import dataclasses
 
     from adapters.model import kernels
     from adapters.runners.question_batch import PER_FORK, OneCall
     runners = Runners(tiny, G)
-    calls = []
+    calls, convs = [], []
 
     def gdn_many(*args):
         calls.append(args[0].shape)
         return kernels.gdn_each(tiny.kernels.gdn, *args)
-    monkeypatch.setattr(tiny, "kernels", dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
+
+    def conv_many(x, weight, state):
+        convs.append(tuple(x.shape))
+        return kernels.conv_each(tiny.kernels.conv, x, weight, state)
+    monkeypatch.setattr(tiny, "kernels", dataclasses.replace(
+        tiny.kernels, gdn_many=gdn_many, conv_many=conv_many))
     forks = _forks(tiny, 4, 2 * G, seed=11)
-    one_call = runners.question_batch(G, 4)
+    one_call = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), OneCall(rows=rows))
     per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
-    assert one_call.calls == OneCall(attention=False, recurrences=True)   # SDPA: per fork
+    assert one_call.calls == OneCall(shared_splits=False, attention=False,   # SDPA: per fork
+                                     rows=rows)
     assert per_fork.calls == PER_FORK
     if not tiny.gemms_keep_tile_bits(4 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
-    rows = one_call.run(forks)
+    out = one_call.run(forks)
+    num_gdn = len(tiny.cfg.linear_layers)
     assert calls == [(4, G, tiny.cfg.linear_num_key_heads, tiny.cfg.linear_key_head_dim)] \
-        * len(tiny.cfg.linear_layers)
-    assert all(torch.equal(a, b) for a, b in zip(rows, per_fork.run(forks)))
-    assert len(calls) == len(tiny.cfg.linear_layers)          # none one a fork
-    for (ids, p, kv, gdn), h in zip(forks, rows):
+        * num_gdn
+    assert convs == [(4, G, tiny.cfg.conv_dim)] * num_gdn * rows
+    assert all(torch.equal(a, b) for a, b in zip(out, per_fork.run(forks)))
+    assert len(calls) == num_gdn and len(convs) == num_gdn * rows     # none one a fork
+    for (ids, p, kv, gdn), h in zip(forks, out):
         assert torch.equal(h, runners.for_rows(G).run(ids, p, kv, gdn)[0])
 
 
-def test_one_call_falls_back_attention_first_then_the_recurrences():
-    """FA4 one call a fork, then the recurrences one call a fork (FA4 in one call again),
-    then both; without FA4 the ways with FA4 in one call are skipped."""
-    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, OneCall
+def test_one_call_falls_back_from_all_in_one_to_per_fork():
+    """The ways in order (question_batch.WAYS): the row-wise ops one call a fork first, then
+    the splits one call a fork, then FA4, then the recurrences; without FA4 the ways with FA4
+    in one call are skipped; a way not among WAYS falls to the first with fewer parts; the
+    shared splits need FA4 in one call."""
+    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
         ways.append(ways[-1].fallback())
-    assert ways == [ALL_IN_ONE, OneCall(False, True), OneCall(True, False), PER_FORK]
-    assert OneCall(False, True).fallback(fa4=False) == PER_FORK
-    assert PER_FORK.fallback() is None
+    assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 8
+    assert [w.name for w in ways[:4]] == [
+        "shared_splits+attention+recurrences+rows", "shared_splits+attention+recurrences",
+        "attention+recurrences+rows", "attention+recurrences"]
+    cpu = OneCall(shared_splits=False, attention=False)
+    assert cpu.fallback(fa4=False) == OneCall(shared_splits=False, attention=False, rows=False)
+    assert cpu.fallback(fa4=False).fallback(fa4=False) == PER_FORK
+    assert ALL_IN_ONE.fallback(fa4=False) == cpu
+    odd = OneCall(shared_splits=False, attention=False, recurrences=False)
+    assert odd not in WAYS and odd.fallback() == PER_FORK
+    assert PER_FORK.fallback() is None and PER_FORK.name == "per_fork"
+    with pytest.raises(ValueError, match="shared_splits"):
+        OneCall(attention=False)
 
 
 def test_gdn_each_is_gdn_per_sequence():
