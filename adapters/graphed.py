@@ -103,8 +103,8 @@ class GraphAdapter(Adapter):
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
-        bits, as checked}), `question_batch_one_call` ({"BxT": {"shared_splits", "attention",
-        "recurrences", "rows"}: whether each runs one call for all forks, QuestionBatch.calls,
+        bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
+        "heads", "gates"}: whether each runs one call for all forks, QuestionBatch.calls,
         question_batch.OneCall; None for a shape that
         runs one question at a time}) and num_question_batches (questions' batches run in one
         forward; the checks not counted)."""
@@ -149,8 +149,8 @@ class GraphAdapter(Adapter):
         the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
         size padded with copies of its last fork, which write the same rows), each with the
         bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
-        `_batchable`, runs one at a time, as do forks its way does not take,
-        QuestionBatch.takes, and the others). Returns [len(token_ids)] fp32 each."""
+        `_batchable`, runs one at a time, as do the others). Returns [len(token_ids)] fp32
+        each."""
         items = [(list(ids), *rest) for ids, *rest in items]
         groups: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):
@@ -160,12 +160,11 @@ class GraphAdapter(Adapter):
         for (_, _, rows), every in groups.items():
             for idx in (every[k:k + most] for k in range(0, len(every), most)):
                 batch = self.runners.question_batch(rows, len(idx))
-                group = [items[i] for i in idx]
-                if batch is None or not self._batchable(batch.num_seqs, batch.t) or \
-                        not batch.takes(group):
+                if batch is None or not self._batchable(batch.num_seqs, batch.t):
                     for i in idx:
                         out[i] = self.fork_logits(*items[i])
                     continue
+                group = [items[i] for i in idx]
                 hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)))
                 self.num_question_batches += self.batch_bits[(batch.num_seqs, batch.t)]
                 for i, h in zip(idx, hidden):

@@ -33,7 +33,8 @@
   one forward of the B questions' rows as one sequence (`ceiling`, `over_ceiling`: what
   the per-fork work adds); with --profile the largest batch's kernels at the largest context
   (`profile`); `down_bmm` per bucket and B: whether the down projection as one batched
-  GEMM keeps each fork's bits, and its ms against one GEMM a fork.
+  GEMM keeps each fork's bits, and its ms against one GEMM a fork; `row_ops` per bucket: the
+  (B, fork) pairs whose bits the heads' and gates' row-wise ops change over all rows.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -316,6 +317,9 @@ def questions_part(model, args) -> dict:
                         row["profile_error"] = f"{type(e).__name__}: {e}"
     out["down_bmm"] = {f"{rows}x{b}": _down_bmm(model, rows, b, args.repeats)
                        for rows in args.question_rows for b in args.batches if b > 1}
+    out["row_ops"] = {str(rows): _row_ops(model, runners.for_rows(rows).ops, rows,
+                                          [b for b in args.batches if b > 1])
+                      for rows in args.question_rows}
     out["captures"] = runners.captures()
     return out
 
@@ -342,6 +346,41 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
         return statistics.median(_timed_ms(lambda: [fn() for _ in range(n)])
                                  for _ in range(repeats + 1))
     return {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3)}
+
+
+def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
+    """blocks_differ of the row-wise ops QuestionBatch's `heads` and `gates` parts run over all
+    B * rows rows, each with the runner's op set `op` (compiled on CUDA) on random inputs of
+    the model's shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated),
+    `gdn_gates`, and `conv` (KernelSet.convs over [B, rows] with each block's own state
+    against KernelSet.conv per block): the (B, block) pairs that get other bits than alone."""
+    cfg, dev, dt = model.cfg, model.device, model.dtype
+    g = torch.Generator(device=dev).manual_seed(rows)
+    most = max(batches, default=1)
+    rnd = lambda *shape: torch.randn(*shape, device=dev, generator=g).to(dt)  # noqa: E731
+    attn = next(x.self_attn for x in model.layers if hasattr(x, "self_attn"))
+    gdn = model.layers[cfg.linear_layers[0]].linear_attn
+    h, d, hv = cfg.num_attention_heads, cfg.head_dim, cfg.linear_num_value_heads
+    cos, sin = (rnd(rows, cfg.rotary_dim).repeat(most, 1) for _ in range(2))
+    out = {"norm_rope": blocks_differ(
+        lambda x, c, s_: op.norm_rope(x, attn.q_norm.weight, attn.q_norm.eps, c, s_),
+        [rnd(most * rows, h, d), cos, sin], rows, batches)}
+    out["gdn_gates"] = blocks_differ(
+        lambda m, b, a: op.gdn_gates(m, b, a, gdn.A_log, gdn.dt_bias,
+                                     cfg.linear_num_key_heads, cfg.linear_key_head_dim, hv,
+                                     cfg.linear_value_head_dim),
+        [rnd(most * rows, cfg.conv_dim), rnd(most * rows, hv), rnd(most * rows, hv)], rows,
+        batches)
+    x, states = rnd(most, rows, cfg.conv_dim), rnd(most, cfg.conv_dim, cfg.linear_conv_kernel_dim)
+    weight, kernels = gdn.conv1d.weight[:, 0, :], model.kernels
+    out["conv"] = []
+    for n in batches:
+        y, s_ = kernels.convs(x[:n], weight, states[:n])
+        for b in range(n):
+            y1, s1 = kernels.conv(x[b], weight, states[b])
+            if not (torch.equal(y[b], y1) and torch.equal(s_[b], s1)):
+                out["conv"].append([n, b])
+    return out
 
 
 def _other_ways(calls, names: list[str] | None) -> list:

@@ -194,12 +194,6 @@ class FA4Attention:
         GPU (its SM count)."""
         return split_plan(pos, t, *self._heads, _num_sms(device.index or 0))[0]
 
-    def split_keys(self, pos: int, t: int, device: torch.device) -> int:
-        """S * Ls of split_plan: the keys [0, S * Ls) the splits of a run of t rows at pos
-        cover (0 without splits), as num_splits."""
-        s, ls = split_plan(pos, t, *self._heads, _num_sms(device.index or 0))
-        return s * ls
-
     def all_splits(self, t: int, device: torch.device) -> list[int]:
         """fa4_plan.all_splits for this object's heads on device's GPU."""
         return fa4_plan.all_splits(t, *self._heads, _num_sms(device.index or 0))

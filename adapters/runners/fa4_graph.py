@@ -127,11 +127,10 @@ class BatchTables:
         self.split_len = z(s * num_seqs) if s else None
         self.tail, self.tail_len = z(num_seqs, w_tail), z(num_seqs)
 
-    def gather(self, splits: bool = True) -> None:
-        """The forks' filled tables into the batch's (four copies on the device, two without
-        `splits`: the tails' alone, for attend_many's shared splits; capturable)."""
+    def gather(self) -> None:
+        """The forks' filled tables into the batch's (four copies on the device; capturable)."""
         forks, n = self.forks, self.num_seqs
-        if self.s and splits:
+        if self.s:
             self.split.view(self.s, n, -1).copy_(torch.stack([f.split for f in forks], 1))
             self.split_len.view(self.s, n).copy_(torch.stack([f.split_len for f in forks], 1))
         torch.cat([f.tail for f in forks], out=self.tail)
@@ -209,18 +208,13 @@ def _splits_beside_tail(splits, tail, side, device: torch.device) -> None:
 
 
 def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                tables: BatchTables, out: torch.Tensor, side=None,
-                shared_splits: bool = False) -> None:
+                tables: BatchTables, out: torch.Tensor, side=None) -> None:
     """`attend` for B forks of t rows each in three calls: q [B * t, H, D] (fork b's rows
     b t .. (b + 1) t) over the rows each fork's filled tables name (tables.forks[b]) into
-    out [B * t, H * D]: one FA4 call of the splits, one of the forks' causal tails (a batch
-    of B, from the gathered tables) and one combine of all rows; with S = 0 the tails alone,
-    straight into out. The splits' call is a batch of S * B (every fork's S splits,
-    split-major, from the gathered tables), or with shared_splits a batch of S over all
-    B * t rows through fork 0's split tables: each split's keys read once for all forks,
-    valid only where every fork holds the same KV rows in those keys (the caller's check:
-    QuestionBatch.takes). Each row is computed as `attend` computes it for its fork alone
-    (the same split bounds, the same keys); whether FA4 keeps its bits in the larger call is
+    out [B * t, H * D]: one FA4 call of every fork's S splits (a batch of S * B, split-major),
+    one of their causal tails (a batch of B) and one combine of all rows; with S = 0 the
+    tails alone, straight into out. Each batch element and each row is computed as `attend`
+    computes it for its fork alone; whether FA4 keeps its bits in the larger batch is
     measured, not assumed (runners.question_batch's check). Capturable, as `attend`."""
     n, s = tables.num_seqs, tables.s
     t, h, d = q.shape[0] // n, q.shape[1], q.shape[2]
@@ -233,36 +227,19 @@ def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
             out=out.view(n, t, h, d), **call)
         return
     o_part = torch.empty(s + 1, n * t, h, d, device=q.device, dtype=q.dtype)
-    # [S + 1, B, H, t] (the tail's LSE last); with shared_splits the tail's alone
-    lse_part = torch.empty(1 if shared_splits else s + 1, n, h, t, device=q.device,
-                           dtype=torch.float32)
-    if shared_splits:
-        # the splits' LSE [S, H, B * t] as FA4 writes it for S sequences of B * t rows
-        lse_split = torch.empty(s, h, n * t, device=q.device, dtype=torch.float32)
-        qs = q.view(1, n * t, h, d).expand(s, n * t, h, d).contiguous()
-        first = tables.forks[0]
+    lse_part = torch.empty(s + 1, n, h, t, device=q.device, dtype=torch.float32)
+    qs = q[None].expand(s, n, t, h, d).reshape(s * n, t, h, d)
 
-        def splits():
-            fwd(qs, k, v, page_table=first.split, seqused_k=first.split_len, causal=False,
-                out=o_part[:s], lse=lse_split, **call)
-    else:
-        qs = q[None].expand(s, n, t, h, d).reshape(s * n, t, h, d)
-
-        def splits():
-            fwd(qs, k, v, page_table=tables.split, seqused_k=tables.split_len, causal=False,
-                out=o_part[:s].view(s * n, t, h, d), lse=lse_part[:s].view(s * n, h, t),
-                **call)
+    def splits():
+        fwd(qs, k, v, page_table=tables.split, seqused_k=tables.split_len, causal=False,
+            out=o_part[:s].view(s * n, t, h, d), lse=lse_part[:s].view(s * n, h, t), **call)
 
     tail = lambda: fwd(q, k, v, page_table=tables.tail,  # noqa: E731
                        seqused_k=tables.tail_len, causal=True,
-                       out=o_part[s].view(n, t, h, d), lse=lse_part[-1], **call)
+                       out=o_part[s].view(n, t, h, d), lse=lse_part[s], **call)
     _splits_beside_tail(splits, tail, side, q.device)
     # combine_lse reads [S + 1, H, rows]: fork b's row r at column b t + r
-    if shared_splits:
-        lse = torch.cat([lse_split, lse_part.permute(0, 2, 1, 3).reshape(1, h, n * t)])
-    else:
-        lse = lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t)
-    combine_lse(o_part, lse, out)
+    combine_lse(o_part, lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t), out)
 
 
 class SplitGraphs:

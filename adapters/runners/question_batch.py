@@ -16,15 +16,16 @@ the per-fork small ops most of the rest):
   alone), the gated norm (gated_rms_norm gave one 64-row block other bits batched), and the
   down projection (cuBLAS picked another kernel for 64-row blocks of a batch, split-K for 64
   rows alone);
-- in one call for all forks (OneCall), where that keeps each fork's bits: FA4's splits over
-  the keys every fork holds alike as one call over all B * t rows (each split's keys read
-  once, not once a fork; `shared_splits`), else every fork's splits (a batch of S * B), with
-  their tails (a batch of B) and one combine (fa4_graph.attend_many; FA4's programs each
-  compute one tile of rows); the GDN recurrences from their own states over [B, t] rows (fla's
-  chunked kernels run a program per sequence and head); the q/k heads (norms, RoPE: the forks
-  share one position) and the GDN conv and gates from each fork's conv state (fla's conv in
-  one call; compiled row-wise ops), over all rows (`rows`); else one call a fork
-  (`fall_back`).
+- in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
+  fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
+  (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
+  recurrences from their own states over [B, t] rows (fla's chunked kernels run a program
+  per sequence and head); the q/k heads (norms, RoPE: the forks share one position) over all
+  rows; the GDN conv and gates from each fork's conv state over all rows (fla's conv in one
+  call, compiled row-wise ops); else one call a fork (`fall_back`). FA4's splits through
+  one fork's tables as one call over all forks' rows (each split's keys read once) was
+  measured and dropped: four 64-row questions at 100k took 7.01 ms that way against 6.94 ms
+  (an H200, 2026-12-06): the attention's cost is its rows times keys, not the keys' reads.
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
@@ -48,31 +49,22 @@ from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
 @dataclass(frozen=True)
 class OneCall:
     """Which of a batch's per-fork parts run as one call for all its forks:
-    - shared_splits: FA4's splits (the keys below each fork's tail) as one call over all
-      B * t rows through one fork's tables (fa4_graph.attend_many), each split's keys read
-      once for all forks; needs `attention`; forks that do not hold the same KV rows there
-      run one at a time (QuestionBatch.takes);
-    - attention: FA4 in one call for all forks (attend_many: the splits, every fork's tail,
-      one combine; FA4 only);
+    - attention: FA4 in one call for all forks (fa4_graph.attend_many: every fork's splits in
+      one call, their tails in one, one combine; FA4 only);
     - recurrences: the GDN recurrences over [B, t] rows (KernelSet.recurrences);
-    - rows: the row-wise ops between the projections over all B * t rows: the q/k heads
-      (norms, RoPE), and the GDN conv (KernelSet.convs) and gates
-      (GatedDeltaNet.gates_many).
-    Raises ValueError for shared_splits without attention."""
+    - heads: the q/k heads (norms, RoPE: the forks share one position) over all B * t rows;
+    - gates: the GDN conv (KernelSet.convs) and gates over all B * t rows
+      (GatedDeltaNet.gates_many)."""
 
-    shared_splits: bool = True
     attention: bool = True
     recurrences: bool = True
-    rows: bool = True
-
-    def __post_init__(self) -> None:
-        if self.shared_splits and not self.attention:
-            raise ValueError("shared_splits runs in attention's one FA4 call: attention=True")
+    heads: bool = True
+    gates: bool = True
 
     @property
     def name(self) -> str:
-        """The parts in one call joined by '+' (as in `question_batch_one_call`), or
-        'per_fork' for none."""
+        """The parts in one call joined by '+' (as status's `question_batch_one_call` lists
+        them), or 'per_fork' for none."""
         return "+".join(f.name for f in fields(self) if getattr(self, f.name)) or "per_fork"
 
     def fallback(self, fa4: bool = True) -> OneCall | None:
@@ -86,16 +78,17 @@ class OneCall:
 
 
 ALL_IN_ONE = OneCall()
-PER_FORK = OneCall(shared_splits=False, attention=False, recurrences=False, rows=False)
-# the check's order: the parts most likely to give a fork other bits (the row-wise ops, whose
-# compiled kernels are picked by row count; the shared splits' larger FA4 call) go first
+PER_FORK = OneCall(attention=False, recurrences=False, heads=False, gates=False)
+# the check's order: first the row-wise parts (compiled kernels, which torch.compile picks by
+# row count: on an H200 the heads and gates over all rows together gave other bits, 2026-12-06),
+# then FA4 and the recurrences in one call (each kept its bits on an H100 and an H200)
 WAYS = (ALL_IN_ONE,
-        OneCall(rows=False),
-        OneCall(shared_splits=False),
-        OneCall(shared_splits=False, rows=False),
-        OneCall(shared_splits=False, attention=False),
-        OneCall(shared_splits=False, attention=False, rows=False),
-        OneCall(shared_splits=False, recurrences=False, rows=False),
+        OneCall(heads=False),
+        OneCall(gates=False),
+        OneCall(heads=False, gates=False),
+        OneCall(attention=False),
+        OneCall(attention=False, heads=False, gates=False),
+        OneCall(recurrences=False, heads=False, gates=False),
         PER_FORK)
 
 
@@ -142,7 +135,7 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
-        self.calls = calls if on_fa4 else replace(calls, shared_splits=False, attention=False)
+        self.calls = calls if on_fa4 else replace(calls, attention=False)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -172,13 +165,13 @@ class QuestionBatch:
             for meta, tables in zip(self.metas, self._tables.forks):
                 tables.fill(meta.meta, t, meta.table_at, self.page_rows)
             if self.calls.attention:                   # as attend_many takes them
-                self._tables.gather(splits=not self.calls.shared_splits)
+                self._tables.gather()
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
         # the forks' cos, sin [t, rotary_dim] (one position: the same for every fork), and
-        # with calls.rows the same for all B * t rows
+        # with calls.heads the same for all B * t rows
         rope = rope_cos_sin(self.steps + self.metas[0].meta[t], cfg.rotary_dim,
                             cfg.rope_theta, x.dtype)
-        if self.calls.rows:
+        if self.calls.heads:
             rope = tuple(c.repeat(self.num_seqs, 1) for c in rope)
         eps = cfg.rms_norm_eps
         h = op.rms_norm(x, m.layers[0].input_layernorm.weight, eps)
@@ -195,7 +188,7 @@ class QuestionBatch:
 
     def _attention(self, i: int, attn, h: torch.Tensor, rope) -> torch.Tensor:
         """Full-attention layer i on h [B * t, hidden]: the projections over all rows, the
-        heads (q/k norms, RoPE: over all rows with calls.rows, rope then cos, sin [B * t,
+        heads (q/k norms, RoPE: over all rows with calls.heads, rope then cos, sin [B * t,
         rotary_dim], else per fork, rope [t, rotary_dim]), per fork its KV rows, the attention
         into attn_out (one call for all forks with calls.attention, else per fork into its
         rows), then the output gate and o_proj over all rows. Returns [B * t, hidden]."""
@@ -203,7 +196,7 @@ class QuestionBatch:
         cfg = self.model.cfg
         qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
         out, rows = self.attn_out[j], [self.rows(b) for b in range(n)]
-        if self.calls.rows:
+        if self.calls.heads:
             q, k, v, _ = attn.heads(qg, k, v, rope, op)
             heads = [(q[r], k[r], v[r]) for r in rows]
         else:
@@ -212,9 +205,9 @@ class QuestionBatch:
             from adapters.runners import fa4_graph
             for b, (_, k_b, v_b) in enumerate(heads):
                 self._write_kv(b, j, k_b, v_b)
-            q = q if self.calls.rows else torch.cat([q_b for q_b, _, _ in heads])
+            q = q if self.calls.heads else torch.cat([q_b for q_b, _, _ in heads])
             fa4_graph.attend_many(fa4.forward(), q, *self._kvs[0].pool.layer(j), self._tables,
-                                  out, self._split_stream(q), self.calls.shared_splits)
+                                  out, self._split_stream(q))
         else:
             for b, (q_b, k_b, v_b) in enumerate(heads):
                 self._attend(b, j, attn, q_b, k_b, v_b, out[rows[b]])
@@ -251,7 +244,7 @@ class QuestionBatch:
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
         """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv and
         gates from each fork's conv state (GatedDeltaNet.gates_many over all rows with
-        calls.rows, else GatedDeltaNet.gates per fork); the recurrences from each fork's state
+        calls.gates, else GatedDeltaNet.gates per fork); the recurrences from each fork's state
         (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
         KernelSet.gdn per fork); per fork the gated norm; out_proj over all rows. Returns
         [B * t, hidden]; the forks' new states are not kept."""
@@ -260,7 +253,7 @@ class QuestionBatch:
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
         convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
         states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
-        if self.calls.rows:                   # q, k, v, g, beta: [B, t, ...] tensors
+        if self.calls.gates:                  # q, k, v, g, beta: [B, t, ...] tensors
             gates = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1), a.view(n, t, -1),
                                    torch.stack(convs), kernels, op)[:5]
         else:                                 # q, k, v, g, beta: B tensors each
@@ -357,19 +350,6 @@ class QuestionBatch:
             self._tables = self._tables_for(
                 self._fa4.num_splits(items[0][1], self.t, self.model.device))
 
-    def takes(self, items) -> bool:
-        """Whether `run` takes these forks (items as it takes them, the first fork's pos and
-        page size for all) this batch's way: always, but with calls.shared_splits only where
-        every fork's pages holding the splits' keys ([0, S * Ls), fa4_plan.split_plan) are
-        the first fork's (then their KV rows there are one copy: the splits' call reads
-        them through the first fork's tables for all)."""
-        if not (self.calls.shared_splits and self._fa4 is not None):
-            return True
-        pos, first = items[0][1], items[0][2]
-        num_pages = -(-self._fa4.split_keys(pos, self.t, self.model.device) // self.page_rows)
-        head = list(first.pages[:num_pages])
-        return all(list(kv.pages[:num_pages]) == head for _, _, kv, *_ in items)
-
     @torch.no_grad()
     def run(self, items) -> list[torch.Tensor]:
         """The forks' forwards: items, one per fork, (ids: t ints or a [t] int64 tensor, pos,
@@ -379,9 +359,8 @@ class QuestionBatch:
         [t, hidden] (new tensors; the states are not changed).
 
         Raises ValueError for another number of items, ids of another length, forks at other
-        positions or over other pools, pages that cannot take the rows (as ChunkGraphs.run
-        checks them), or forks this way does not take (`takes`: pages below the shared
-        splits' end that differ), before anything runs."""
+        positions or over other pools, or pages that cannot take the rows (as ChunkGraphs.run
+        checks them), before anything runs."""
         items = [(list(ids) if isinstance(ids, tuple) else ids, pos, kv, gdn)
                  for ids, pos, kv, gdn in items]
         if len(items) != self.num_seqs:
@@ -398,9 +377,6 @@ class QuestionBatch:
                 raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
                                  f"rows {pos} to {pos + self.t} (pages of {self.page_rows} "
                                  f"rows, at most {MAX_TABLE_PAGES} a fork)")
-        if not self.takes(items):
-            raise ValueError("the forks hold other pages below the shared splits' end "
-                             f"(the batch's way: {self.calls.name}): run them one at a time")
         self.prepare()
         self._stage([(ids, pos, kv) for ids, pos, kv, _ in items])
         for slots, (*_, gdn) in zip(self.slots, items):

@@ -23,20 +23,12 @@ def fake_fa4(monkeypatch):
     return fake_package(monkeypatch)            # MIN_SPLIT_KEYS 256: splits from 512 ids
 
 
-def _fork_items(spec, base, num_shared: int, num_forks: int, pos: int, g, own_prefix=()):
-    """num_forks forks at pos over base's pool: the pages below pos shared (those of the
-    forks in own_prefix: copies of them, the same rows in base's pages after the forks'),
-    a page of its own each (base.pages[num_shared + b]), random states and ids."""
-    forks, spare = [], iter(base.pages[num_shared + num_forks:])
+def _fork_items(spec, base, num_shared: int, num_forks: int, pos: int, g):
+    """num_forks forks at pos over base's pool: the pages below pos shared, a page of its
+    own each (base.pages[num_shared + b]), random states and ids."""
+    forks = []
     for b in range(num_forks):
-        below = base.pages[:pos // (2 * T)]
-        if b in own_prefix:
-            below = [next(spare) for _ in below]
-            for src, dst in zip(base.pages[:pos // (2 * T)], below):
-                for pair in base.pool.layers():
-                    for x in pair:
-                        x[dst].copy_(x[src])
-        kv = PagedKv(base.pool, below + [base.pages[num_shared + b]])
+        kv = PagedKv(base.pool, base.pages[:pos // (2 * T)] + [base.pages[num_shared + b]])
         gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
                 torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
                for _ in range(spec.num_gdn)]
@@ -44,18 +36,18 @@ def _fork_items(spec, base, num_shared: int, num_forks: int, pos: int, g, own_pr
     return forks
 
 
-WAY = {"all": "ALL_IN_ONE", "own_splits": dict(shared_splits=False),
-       "recurrences": dict(shared_splits=False, attention=False)}
+WAY = {"all": {}, "attention": dict(heads=False, gates=False),
+       "recurrences": dict(attention=False)}
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
-@pytest.mark.parametrize("num_forks,calls", [(2, "all"), (4, "all"), (4, "own_splits"),
+@pytest.mark.parametrize("num_forks,calls", [(2, "all"), (4, "all"), (4, "attention"),
                                              (4, "recurrences")])
 def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, calls):
-    """calls "all": FA4's splits in one call over all forks' rows through one fork's tables
-    (the shared splits), every fork's tail in one call, one combine (fa4_graph.attend_many),
-    the recurrences in one call, the heads, conv and gates over all rows; "own_splits": the
-    splits a batch of S * B; "recurrences": FA4 one call a fork."""
+    """calls "all": every fork's FA4 splits, tails and combine in one call each
+    (fa4_graph.attend_many), the recurrences in one, the heads, conv and gates over all rows;
+    "attention": the heads, conv and gates one call a fork; "recurrences": FA4 one call a
+    fork."""
     from adapters import spec_for
     from adapters.runners.question_batch import OneCall, QuestionBatch
     from adapters.runners.runners import Runners
@@ -64,7 +56,7 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
     if calls != "all":
         batch = QuestionBatch(alone, runners.batch_slots(num_forks), OneCall(**WAY[calls]))
     assert batch.calls.attention == (calls != "recurrences")
-    assert batch.calls.shared_splits == (calls == "all")
+    assert batch.calls.gates == (calls != "attention")
     assert alone is not runners.chunk and batch._fa4 is not None
     spec = spec_for(tiny.cfg, "cpu", torch.float32)
     num_shared = 12                                       # 1,536 rows of 128-row pages
@@ -72,7 +64,6 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
     g = torch.Generator().manual_seed(num_forks)
     for pos in (0, 2 * T * 5, 2 * T * num_shared):
         forks = _fork_items(spec, base, num_shared, num_forks, pos, g)
-        assert batch.takes(forks)
         got = batch.run(forks)
         rows = [[x[base.pages[num_shared + b]].clone() for pair in base.pool.layers()
                  for x in pair] for b in range(num_forks)]
@@ -86,36 +77,6 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
         {attn_fa4.FA4Attention(tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
          .num_splits(p, T, torch.device("cpu")) for p in (0, 640, 1536)})
     assert len(batch._tables_by_s) >= 2                   # without splits and with
-
-
-@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
-def test_forks_on_other_pages_below_the_splits_are_not_taken_with_shared_splits(tiny,
-                                                                                fake_fa4):
-    """QuestionBatch.takes: with the shared splits, forks whose pages below the splits'
-    end are not the first fork's (the same rows in copies) are refused by `run` before
-    anything runs (a ValueError naming the way), and nothing is written; forks that differ
-    only above it (at pos 0: no splits) are taken; a batch without the shared splits takes
-    them all and gives each its runner's bits."""
-    from adapters import spec_for
-    from adapters.runners.question_batch import OneCall, QuestionBatch
-    from adapters.runners.runners import Runners
-    runners = Runners(tiny, 2 * T, attention="fa4", fused=False)
-    alone, batch = runners.for_rows(T), runners.question_batch(T, 2)
-    spec = spec_for(tiny.cfg, "cpu", torch.float32)
-    base = paged_kv(spec, 2 * T, 40 * 2 * T, seed=5)
-    g = torch.Generator().manual_seed(5)
-    forks = _fork_items(spec, base, 12, 2, 2 * T * 12, g, own_prefix=(1,))
-    own = [x[base.pages[13]].clone() for pair in base.pool.layers() for x in pair]
-    assert not batch.takes(forks)
-    with pytest.raises(ValueError, match="shared_splits.*one at a time"):
-        batch.run(forks)
-    assert all(torch.equal(x, y[base.pages[13]]) for x, y in zip(
-        own, [x for pair in base.pool.layers() for x in pair]))      # nothing written
-    assert batch.takes(_fork_items(spec, base, 12, 2, 0, g, own_prefix=(1,)))
-    other = QuestionBatch(alone, runners.batch_slots(2), OneCall(shared_splits=False))
-    assert other.takes(forks)
-    for (ids, p, kv, gdn), h in zip(forks, other.run(forks)):
-        assert torch.equal(h, alone.run(ids, p, kv, gdn)[0])
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
@@ -140,14 +101,14 @@ def test_a_reader_on_fa4_checks_its_shapes_and_batches_its_asks(tiny, fake_fa4):
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
 @pytest.mark.parametrize("broken,way", [
-    ("shared_splits", dict(shared_splits=False)),
-    ("attention", dict(shared_splits=False, attention=False)),
-    ("recurrences", dict(shared_splits=False, recurrences=False, rows=False)),
-    ("rows", dict(rows=False))])
+    ("attention", dict(attention=False)),
+    ("recurrences", dict(recurrences=False, heads=False, gates=False)),
+    ("gates", dict(gates=False)),
+    ("heads", dict(heads=False))])
 def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monkeypatch,
                                                             broken, way):
-    """The check's ways (OneCall.fallback): where the shared splits, FA4 in one call
-    (attend_many), the recurrences' one call or the conv's one call (the row-wise part)
+    """The check's ways (OneCall.fallback): where FA4 in one call (attend_many), the
+    recurrences' one call, the conv's one call (the gates part) or the heads over all rows
     give fork 1 other bits, the shape takes the first way without that part. Either way the
     shape stays batched, with no warning."""
     import dataclasses
@@ -157,14 +118,24 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
     from adapters.runners import fa4_graph
     from adapters.runners.question_batch import OneCall
     from shadow_plugin import Reader
-    if broken in ("shared_splits", "attention"):
+    if broken == "attention":
         real = fa4_graph.attend_many
 
-        def attend_many(fwd, q, k, v, tables, out, side=None, shared_splits=False):
-            real(fwd, q, k, v, tables, out, side, shared_splits)
-            if shared_splits or broken == "attention":
-                out[T] += 1e-3                             # fork 1's first row off
+        def attend_many(fwd, q, k, v, tables, out, side=None):
+            real(fwd, q, k, v, tables, out, side)
+            out[T] += 1e-3                                 # fork 1's first row off
         monkeypatch.setattr(fa4_graph, "attend_many", attend_many)
+    elif broken == "heads":
+        from adapters.model import layers
+        real_heads = layers.Attention.heads
+
+        def heads(self, qg, k, v, rope, op=None):
+            q, k, v, gate = real_heads(self, qg, k, v, rope, op)
+            if q.shape[0] > T:                             # over all rows: fork 1's row off
+                q = q.clone()
+                q[T] += 1e-3
+            return q, k, v, gate
+        monkeypatch.setattr(layers.Attention, "heads", heads)
     elif broken == "recurrences":
         def gdn_many(*args):
             o, s = kernels.gdn_each(tiny.kernels.gdn, *args)
@@ -172,7 +143,7 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
             return o, s
         monkeypatch.setattr(tiny, "kernels",
                             dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
-    else:
+    elif broken == "gates":
         def conv_many(*args):
             y, s = kernels.conv_each(tiny.kernels.conv, *args)
             y[1, 0] += 1e-3                                # fork 1's first row off

@@ -38,12 +38,12 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         ceiling = profile = True
     out = questions_part(tiny, Args)
     assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (2, 4)} | {
-        "captures", "down_bmm"}
+        "captures", "down_bmm", "row_ops"}
     assert set(out["down_bmm"]) == {"64x2", "64x4"} and all(
         r["bmm_ms"] > 0 and r["per_fork_ms"] > 0 and isinstance(r["exact"], bool)
         for r in out["down_bmm"].values())
     for key, row in out.items():
-        if key in ("captures", "down_bmm"):
+        if key in ("captures", "down_bmm", "row_ops"):
             continue
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0 and row["exact"] is True
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
@@ -56,6 +56,10 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["per_fork"] > 0 and row["per_fork_exact"] is True
         assert row["recurrences"] > 0 and row["recurrences_exact"] is True
         assert row["per_fork_over_one"] > 0 and "attention+recurrences" not in row
+    assert set(out["row_ops"]) == {"64"}
+    for ops in out["row_ops"].values():
+        assert set(ops) == {"norm_rope", "gdn_gates", "conv"}
+        assert all(v == [] for v in ops.values())      # the CPU's eager ops: row by row
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
     profiled = [k for k, row in out.items() if "profile" in row]   # the largest batch at the
     assert profiled == ["192x64x4"]                                # largest context
@@ -70,5 +74,5 @@ def test_other_ways_follow_the_checks_order_or_the_names_given():
     assert _other_ways(ALL_IN_ONE, None) == list(WAYS[1:])
     assert _other_ways(ALL_IN_ONE, ["per_fork", "attention+recurrences"]) == [
         PER_FORK, WAYS[3]]
-    with pytest.raises(ValueError, match=r"no way \['rows'\]"):
-        _other_ways(ALL_IN_ONE, ["rows"])                   # no way has the rows alone
+    with pytest.raises(ValueError, match=r"no way \['heads'\]"):
+        _other_ways(ALL_IN_ONE, ["heads"])                  # no way has the heads alone

@@ -91,14 +91,14 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
 
 
 @pytest.mark.parametrize("rows", [True, False])
-def test_the_recurrences_and_rows_in_one_call_or_one_a_fork_give_the_same_rows(tiny, monkeypatch,
-                                                                              rows):
+def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same_rows(
+        tiny, monkeypatch, rows):
     """QuestionBatch.calls.recurrences: the forks' GDN recurrences through
     KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here); with
-    calls.rows also the conv in one call of conv_many (counted) and the gates and heads over
-    all rows; against one call a fork (question_batch.PER_FORK): the same hidden rows, each
-    equal to its runner's alone. Without FA4 the attention runs one call a fork whatever
-    OneCall says."""
+    calls.gates also the conv in one call of conv_many (counted) and the gates over all rows,
+    and with calls.heads the q/k heads over all rows; against one call a fork
+    (question_batch.PER_FORK): the same hidden rows, each equal to its runner's alone.
+    Without FA4 the attention runs one call a fork whatever OneCall says."""
     import dataclasses
 
     from adapters.model import kernels
@@ -116,10 +116,11 @@ def test_the_recurrences_and_rows_in_one_call_or_one_a_fork_give_the_same_rows(t
     monkeypatch.setattr(tiny, "kernels", dataclasses.replace(
         tiny.kernels, gdn_many=gdn_many, conv_many=conv_many))
     forks = _forks(tiny, 4, 2 * G, seed=11)
-    one_call = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), OneCall(rows=rows))
+    one_call = QuestionBatch(runners.for_rows(G), runners.batch_slots(4),
+                             OneCall(heads=rows, gates=rows))
     per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
-    assert one_call.calls == OneCall(shared_splits=False, attention=False,   # SDPA: per fork
-                                     rows=rows)
+    assert one_call.calls == OneCall(attention=False, heads=rows,   # SDPA: per fork
+                                     gates=rows)
     assert per_fork.calls == PER_FORK
     if not tiny.gemms_keep_tile_bits(4 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
@@ -135,27 +136,25 @@ def test_the_recurrences_and_rows_in_one_call_or_one_a_fork_give_the_same_rows(t
 
 
 def test_one_call_falls_back_from_all_in_one_to_per_fork():
-    """The ways in order (question_batch.WAYS): the row-wise ops one call a fork first, then
-    the splits one call a fork, then FA4, then the recurrences; without FA4 the ways with FA4
-    in one call are skipped; a way not among WAYS falls to the first with fewer parts; the
-    shared splits need FA4 in one call."""
+    """The ways in order (question_batch.WAYS): the heads, then the gates, then both one call
+    a fork, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
+    skipped; a way not among WAYS falls to the first with fewer parts."""
     from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
         ways.append(ways[-1].fallback())
     assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 8
-    assert [w.name for w in ways[:4]] == [
-        "shared_splits+attention+recurrences+rows", "shared_splits+attention+recurrences",
-        "attention+recurrences+rows", "attention+recurrences"]
-    cpu = OneCall(shared_splits=False, attention=False)
-    assert cpu.fallback(fa4=False) == OneCall(shared_splits=False, attention=False, rows=False)
-    assert cpu.fallback(fa4=False).fallback(fa4=False) == PER_FORK
+    assert [w.name for w in ways] == [
+        "attention+recurrences+heads+gates", "attention+recurrences+gates",
+        "attention+recurrences+heads", "attention+recurrences", "recurrences+heads+gates",
+        "recurrences", "attention", "per_fork"]
+    cpu = OneCall(attention=False)
     assert ALL_IN_ONE.fallback(fa4=False) == cpu
-    odd = OneCall(shared_splits=False, attention=False, recurrences=False)
+    assert cpu.fallback(fa4=False) == OneCall(attention=False, heads=False, gates=False)
+    assert cpu.fallback(fa4=False).fallback(fa4=False) == PER_FORK
+    odd = OneCall(attention=False, recurrences=False)
     assert odd not in WAYS and odd.fallback() == PER_FORK
-    assert PER_FORK.fallback() is None and PER_FORK.name == "per_fork"
-    with pytest.raises(ValueError, match="shared_splits"):
-        OneCall(attention=False)
+    assert PER_FORK.fallback() is None
 
 
 def test_gdn_each_is_gdn_per_sequence():
