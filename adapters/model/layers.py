@@ -220,15 +220,18 @@ class GatedDeltaNet(nn.Module):
         return (*op.gdn_gates(mixed, b, a, self.A_log, self.dt_bias, hk, kd, hv, vd),
                 conv_state)
 
-    def gates_many(self, qkv, b, a, conv_states, kernels: KernelSet, op: Ops = EAGER):
+    def gates_many(self, qkv, b, a, conv_states, kernels: KernelSet, op: Ops = EAGER,
+                   over_rows: bool = True):
         """`gates` for B sequences of T rows at once: qkv [B, T, conv_dim] (rows of unit
         stride along conv_dim: a fused projection's column slice viewed by sequence), b, a
-        [B, T, HV], conv_states [B, conv_dim, W]. The conv in one call (KernelSet.convs), the
-        gates over all B * T rows in one call (op.gdn_gates); with op.conv_gates (the fused
-        conv and gates of one sequence) one call a sequence. Returns (q, k [B, T, HK, K],
-        v [B, T, HV, V], g, beta [B, T, HV], new conv_states [B, conv_dim, W]), what
-        KernelSet.recurrences takes. Whether each sequence gets the bits `gates` gives it
-        alone is measured, not assumed (runners.question_batch checks it)."""
+        [B, T, HV], conv_states [B, conv_dim, W]. The conv in one call (KernelSet.convs),
+        then the gates over all B * T rows in one call (op.gdn_gates), or with over_rows
+        False one call a sequence on its rows of the conv's output (the same shapes and
+        strides as `gates` alone); with op.conv_gates (the fused conv and gates of one
+        sequence) `gates` one call a sequence. Returns (q, k [B, T, HK, K], v [B, T, HV, V],
+        g, beta [B, T, HV], new conv_states [B, conv_dim, W]), what KernelSet.recurrences
+        takes. Whether each sequence gets the bits `gates` gives it alone is measured, not
+        assumed (runners.question_batch checks it)."""
         cfg = self.cfg
         n, t = qkv.shape[0], qkv.shape[1]
         if op.conv_gates is not None:
@@ -238,6 +241,10 @@ class GatedDeltaNet(nn.Module):
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         kd, vd = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         mixed, conv_states = kernels.convs(qkv, self.conv1d.weight[:, 0, :], conv_states)
+        if not over_rows:                                  # mixed[i]: [T, conv_dim]
+            outs = [op.gdn_gates(mixed[i], b[i], a[i], self.A_log, self.dt_bias, hk, kd, hv,
+                                 vd) for i in range(n)]
+            return (*(torch.stack(x) for x in zip(*outs)), conv_states)
         q, k, v, g, beta = op.gdn_gates(mixed.reshape(n * t, -1), b.reshape(n * t, hv),
                                         a.reshape(n * t, hv), self.A_log, self.dt_bias, hk,
                                         kd, hv, vd)

@@ -20,12 +20,14 @@ the per-fork small ops most of the rest):
   fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
   (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
   recurrences from their own states over [B, t] rows (fla's chunked kernels run a program
-  per sequence and head); the q/k heads (norms, RoPE: the forks share one position) over all
-  rows; the GDN conv and gates from each fork's conv state over all rows (fla's conv in one
-  call, compiled row-wise ops); else one call a fork (`fall_back`). FA4's splits through
-  one fork's tables as one call over all forks' rows (each split's keys read once) was
-  measured and dropped: four 64-row questions at 100k took 7.01 ms that way against 6.94 ms
-  (an H200, 2026-12-06): the attention's cost is its rows times keys, not the keys' reads.
+  per sequence and head); the GDN conv from their own conv states over [B, t] rows (fla's
+  conv; bi_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
+  RoPE: the forks share one position) and the GDN gates over all rows (`rows`: the
+  compiled ops gave some forks other bits over all rows on an H100, bi_bench `row_ops`,
+  and on an H200); else one call a fork (`fall_back`). FA4's splits through one fork's
+  tables as one call over all forks' rows (each split's keys read once) was measured and
+  dropped: four 64-row questions at 100k took 7.01 ms that way against 6.94 ms (an H200,
+  2026-12-06): the attention's cost is its rows times keys, not the keys' reads.
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
@@ -52,14 +54,15 @@ class OneCall:
     - attention: FA4 in one call for all forks (fa4_graph.attend_many: every fork's splits in
       one call, their tails in one, one combine; FA4 only);
     - recurrences: the GDN recurrences over [B, t] rows (KernelSet.recurrences);
-    - heads: the q/k heads (norms, RoPE: the forks share one position) over all B * t rows;
-    - gates: the GDN conv (KernelSet.convs) and gates over all B * t rows
-      (GatedDeltaNet.gates_many)."""
+    - conv: the GDN conv over [B, t] rows from each fork's conv state (KernelSet.convs);
+    - rows: the row-wise ops between the projections over all B * t rows through the
+      runner's op set: the q/k heads (norms, RoPE: the forks share one position) and, with
+      conv, the GDN gates (GatedDeltaNet.gates_many)."""
 
     attention: bool = True
     recurrences: bool = True
-    heads: bool = True
-    gates: bool = True
+    conv: bool = True
+    rows: bool = True
 
     @property
     def name(self) -> str:
@@ -78,17 +81,17 @@ class OneCall:
 
 
 ALL_IN_ONE = OneCall()
-PER_FORK = OneCall(attention=False, recurrences=False, heads=False, gates=False)
-# the check's order: first the row-wise parts (compiled kernels, which torch.compile picks by
-# row count: on an H200 the heads and gates over all rows together gave other bits, 2026-12-06),
-# then FA4 and the recurrences in one call (each kept its bits on an H100 and an H200)
+PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False)
+# the check's order: the row-wise ops first (torch.compile picks their kernels by row count:
+# over all rows they gave some forks other bits on an H100 and an H200, bi_bench `row_ops`,
+# 2026-12-06), then FA4, the recurrences and the conv in one call (each kept its bits there)
 WAYS = (ALL_IN_ONE,
-        OneCall(heads=False),
-        OneCall(gates=False),
-        OneCall(heads=False, gates=False),
+        OneCall(rows=False),
+        OneCall(conv=False, rows=False),
         OneCall(attention=False),
-        OneCall(attention=False, heads=False, gates=False),
-        OneCall(recurrences=False, heads=False, gates=False),
+        OneCall(attention=False, rows=False),
+        OneCall(attention=False, conv=False, rows=False),
+        OneCall(recurrences=False, conv=False, rows=False),
         PER_FORK)
 
 
@@ -168,10 +171,10 @@ class QuestionBatch:
                 self._tables.gather()
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
         # the forks' cos, sin [t, rotary_dim] (one position: the same for every fork), and
-        # with calls.heads the same for all B * t rows
+        # with calls.rows the same for all B * t rows
         rope = rope_cos_sin(self.steps + self.metas[0].meta[t], cfg.rotary_dim,
                             cfg.rope_theta, x.dtype)
-        if self.calls.heads:
+        if self.calls.rows:
             rope = tuple(c.repeat(self.num_seqs, 1) for c in rope)
         eps = cfg.rms_norm_eps
         h = op.rms_norm(x, m.layers[0].input_layernorm.weight, eps)
@@ -188,7 +191,7 @@ class QuestionBatch:
 
     def _attention(self, i: int, attn, h: torch.Tensor, rope) -> torch.Tensor:
         """Full-attention layer i on h [B * t, hidden]: the projections over all rows, the
-        heads (q/k norms, RoPE: over all rows with calls.heads, rope then cos, sin [B * t,
+        heads (q/k norms, RoPE: over all rows with calls.rows, rope then cos, sin [B * t,
         rotary_dim], else per fork, rope [t, rotary_dim]), per fork its KV rows, the attention
         into attn_out (one call for all forks with calls.attention, else per fork into its
         rows), then the output gate and o_proj over all rows. Returns [B * t, hidden]."""
@@ -196,7 +199,7 @@ class QuestionBatch:
         cfg = self.model.cfg
         qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
         out, rows = self.attn_out[j], [self.rows(b) for b in range(n)]
-        if self.calls.heads:
+        if self.calls.rows:
             q, k, v, _ = attn.heads(qg, k, v, rope, op)
             heads = [(q[r], k[r], v[r]) for r in rows]
         else:
@@ -205,7 +208,7 @@ class QuestionBatch:
             from adapters.runners import fa4_graph
             for b, (_, k_b, v_b) in enumerate(heads):
                 self._write_kv(b, j, k_b, v_b)
-            q = q if self.calls.heads else torch.cat([q_b for q_b, _, _ in heads])
+            q = q if self.calls.rows else torch.cat([q_b for q_b, _, _ in heads])
             fa4_graph.attend_many(fa4.forward(), q, *self._kvs[0].pool.layer(j), self._tables,
                                   out, self._split_stream(q))
         else:
@@ -242,9 +245,10 @@ class QuestionBatch:
         return self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda else None
 
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
-        """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv and
-        gates from each fork's conv state (GatedDeltaNet.gates_many over all rows with
-        calls.gates, else GatedDeltaNet.gates per fork); the recurrences from each fork's state
+        """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv
+        from each fork's conv state (one call with calls.conv, GatedDeltaNet.gates_many) and
+        the gates (over all rows with calls.rows, else per fork), or without calls.conv
+        GatedDeltaNet.gates per fork; the recurrences from each fork's state
         (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
         KernelSet.gdn per fork); per fork the gated norm; out_proj over all rows. Returns
         [B * t, hidden]; the forks' new states are not kept."""
@@ -253,9 +257,9 @@ class QuestionBatch:
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
         convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
         states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
-        if self.calls.gates:                  # q, k, v, g, beta: [B, t, ...] tensors
+        if self.calls.conv:                   # q, k, v, g, beta: [B, t, ...] tensors
             gates = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1), a.view(n, t, -1),
-                                   torch.stack(convs), kernels, op)[:5]
+                                   torch.stack(convs), kernels, op, self.calls.rows)[:5]
         else:                                 # q, k, v, g, beta: B tensors each
             gates = list(zip(*(gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)[:5]
                                for b, r in enumerate(map(self.rows, range(n))))))

@@ -92,8 +92,11 @@ class Runners:
     def _get(self, t: int, split) -> ChunkGraphs:
         if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
             return self.chunk
-        # a question's states are not given back (fork_logits): its graphs hold none
-        return self._made(t, t, split, return_states=False)
+        # a question's states are not given back (fork_logits): its graphs hold none; on
+        # CUDA its row-wise ops row-invariant (ops.row_invariant_ops), for its batches
+        kw = {"op_set": ops.row_invariant_ops(self.chunk.ops)} if self.chunk.use_graphs \
+            and self.chunk.ops is not ops.EAGER else {}
+        return self._made(t, t, split, return_states=False, **kw)
 
     def rows(self, t: int) -> ChunkGraphs:
         """The runner of a fork's piece of exactly t rows that gives back its states (t a
@@ -102,12 +105,12 @@ class Runners:
         return self._made(("rows", t), t, self.split)
 
     def _made(self, key, t: int, split, **kw) -> ChunkGraphs:
-        """The runner kept under `key` (a ChunkGraphs of t rows with the runners' options and
-        kw), made now if it is not: with FA4 in the graph, its graphs over the reader's pool
-        once `prepare` was given it (made at first use)."""
+        """The runner kept under `key` (a ChunkGraphs of t rows with the runners' options,
+        kw over them), made now if it is not: with FA4 in the graph, its graphs over the
+        reader's pool once `prepare` was given it (made at first use)."""
         if key not in self._sized:
-            runner = self._sized[key] = ChunkGraphs(self.model, t, split=split, **kw,
-                                                    **self.options)
+            runner = self._sized[key] = ChunkGraphs(self.model, t, split=split,
+                                                    **{**self.options, **kw})
             if runner.split_graphs is not None and self._pool is not None:
                 runner.split_graphs.pin(self._pool)
         return self._sized[key]

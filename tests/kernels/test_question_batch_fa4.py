@@ -36,7 +36,7 @@ def _fork_items(spec, base, num_shared: int, num_forks: int, pos: int, g):
     return forks
 
 
-WAY = {"all": {}, "attention": dict(heads=False, gates=False),
+WAY = {"all": {}, "attention": dict(conv=False, rows=False),
        "recurrences": dict(attention=False)}
 
 
@@ -56,7 +56,7 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
     if calls != "all":
         batch = QuestionBatch(alone, runners.batch_slots(num_forks), OneCall(**WAY[calls]))
     assert batch.calls.attention == (calls != "recurrences")
-    assert batch.calls.gates == (calls != "attention")
+    assert batch.calls.conv == batch.calls.rows == (calls != "attention")
     assert alone is not runners.chunk and batch._fa4 is not None
     spec = spec_for(tiny.cfg, "cpu", torch.float32)
     num_shared = 12                                       # 1,536 rows of 128-row pages
@@ -102,13 +102,13 @@ def test_a_reader_on_fa4_checks_its_shapes_and_batches_its_asks(tiny, fake_fa4):
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
 @pytest.mark.parametrize("broken,way", [
     ("attention", dict(attention=False)),
-    ("recurrences", dict(recurrences=False, heads=False, gates=False)),
-    ("gates", dict(gates=False)),
-    ("heads", dict(heads=False))])
+    ("recurrences", dict(recurrences=False, conv=False, rows=False)),
+    ("conv", dict(conv=False, rows=False)),
+    ("heads", dict(rows=False))])
 def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monkeypatch,
                                                             broken, way):
     """The check's ways (OneCall.fallback): where FA4 in one call (attend_many), the
-    recurrences' one call, the conv's one call (the gates part) or the heads over all rows
+    recurrences' one call, the conv's one call or the heads over all rows (the rows part)
     give fork 1 other bits, the shape takes the first way without that part. Either way the
     shape stays batched, with no warning."""
     import dataclasses
@@ -143,7 +143,7 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
             return o, s
         monkeypatch.setattr(tiny, "kernels",
                             dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
-    elif broken == "gates":
+    elif broken == "conv":
         def conv_many(*args):
             y, s = kernels.conv_each(tiny.kernels.conv, *args)
             y[1, 0] += 1e-3                                # fork 1's first row off

@@ -95,8 +95,8 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
         tiny, monkeypatch, rows):
     """QuestionBatch.calls.recurrences: the forks' GDN recurrences through
     KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here); with
-    calls.gates also the conv in one call of conv_many (counted) and the gates over all rows,
-    and with calls.heads the q/k heads over all rows; against one call a fork
+    calls.conv also the conv in one call of conv_many (counted), and with calls.rows the gates
+    and the q/k heads over all rows; against one call a fork
     (question_batch.PER_FORK): the same hidden rows, each equal to its runner's alone.
     Without FA4 the attention runs one call a fork whatever OneCall says."""
     import dataclasses
@@ -117,10 +117,10 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
         tiny.kernels, gdn_many=gdn_many, conv_many=conv_many))
     forks = _forks(tiny, 4, 2 * G, seed=11)
     one_call = QuestionBatch(runners.for_rows(G), runners.batch_slots(4),
-                             OneCall(heads=rows, gates=rows))
+                             OneCall(conv=rows, rows=rows))
     per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
-    assert one_call.calls == OneCall(attention=False, heads=rows,   # SDPA: per fork
-                                     gates=rows)
+    assert one_call.calls == OneCall(attention=False, conv=rows,   # SDPA: per fork
+                                     rows=rows)
     assert per_fork.calls == PER_FORK
     if not tiny.gemms_keep_tile_bits(4 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
@@ -136,8 +136,8 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
 
 
 def test_one_call_falls_back_from_all_in_one_to_per_fork():
-    """The ways in order (question_batch.WAYS): the heads, then the gates, then both one call
-    a fork, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
+    """The ways in order (question_batch.WAYS): the row-wise ops one call a fork first, then
+    the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
     skipped; a way not among WAYS falls to the first with fewer parts."""
     from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
@@ -145,13 +145,12 @@ def test_one_call_falls_back_from_all_in_one_to_per_fork():
         ways.append(ways[-1].fallback())
     assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 8
     assert [w.name for w in ways] == [
-        "attention+recurrences+heads+gates", "attention+recurrences+gates",
-        "attention+recurrences+heads", "attention+recurrences", "recurrences+heads+gates",
-        "recurrences", "attention", "per_fork"]
+        "attention+recurrences+conv+rows", "attention+recurrences+conv",
+        "attention+recurrences", "recurrences+conv+rows", "recurrences+conv", "recurrences",
+        "attention", "per_fork"]
     cpu = OneCall(attention=False)
     assert ALL_IN_ONE.fallback(fa4=False) == cpu
-    assert cpu.fallback(fa4=False) == OneCall(attention=False, heads=False, gates=False)
-    assert cpu.fallback(fa4=False).fallback(fa4=False) == PER_FORK
+    assert cpu.fallback(fa4=False) == OneCall(attention=False, rows=False)
     odd = OneCall(attention=False, recurrences=False)
     assert odd not in WAYS and odd.fallback() == PER_FORK
     assert PER_FORK.fallback() is None

@@ -1,0 +1,136 @@
+"""Row-invariant versions of two row-wise ops of a layer, for the question runners on CUDA
+(issue 36, item 3): `norm_rope` (a q or k head's norm, then RoPE) and `gdn_gates` (the GDN
+q/k L2 norms, v, the decay g and beta), each a Triton kernel with one program per (row,
+head) and one fixed block over the head's dims, so a row's bits depend on nothing but that
+row: not on the row count, nor on the row's place in the tensor, nor on the other rows.
+
+Why: torch.compile picks a row-wise op's kernel (its rows per program, warps, reduction
+layout) by the row count, and over the rows of several questions at once its kernels gave
+some questions' rows other bits than over each question's rows alone (evals/bi_bench.py
+`row_ops`: `norm_rope` and `gdn_gates` on an H100, 2026-12-06,
+docs/bi-bench-questions-h100-2026-12-06-c.log). With these kernels a question runner
+(runners.runners, below the grid) and a batch of its questions (runners.question_batch,
+OneCall.rows) run the same instructions on each row.
+
+The formulas are ops.norm_rope's and ops.gdn_gates' (docs/specs/qwen35.md sections 3.4,
+4.3-4.6): the norm in fp32, cast to the input's dtype, RoPE in fp32 from that, one rounding
+at the end; the L2 norms in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus
+linear past 20, as torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
+adapters.model.ops are the slow twins: close (tests/kernels), not equal (the eager RoPE
+rounds each product to bf16). Triton is imported when a kernel first runs (`_kernels`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _kernels():
+    """The Triton kernels, built at first use (Triton imported here, where they run)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def norm_rope_kernel(X, W, COS, SIN, Y, stride_xt, stride_xh, H, eps,
+                         D: tl.constexpr, ROT: tl.constexpr):
+        """Program (row, head): Y[row, head] = rope(rms_norm(X[row, head]) * (1 + W))."""
+        row, head = tl.program_id(0), tl.program_id(1)
+        d = tl.arange(0, D)
+        base = X + row.to(tl.int64) * stride_xt + head * stride_xh
+        x = tl.load(base + d).to(tl.float32)
+        w = tl.load(W + d).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        n = (x * inv * (1.0 + w)).to(Y.dtype.element_ty).to(tl.float32)
+        half: tl.constexpr = ROT // 2
+        rot = d < ROT
+        # rotate-half: dim i < ROT/2 takes -x[i + ROT/2], i in [ROT/2, ROT) takes x[i - ROT/2]
+        partner = tl.where(d < half, d + half, d - half)
+        xp = tl.load(base + partner, mask=rot, other=0.0).to(tl.float32)
+        wp = tl.load(W + partner, mask=rot, other=0.0).to(tl.float32)
+        np_ = (xp * inv * (1.0 + wp)).to(Y.dtype.element_ty).to(tl.float32)
+        c = tl.load(COS + row.to(tl.int64) * ROT + d, mask=rot, other=1.0).to(tl.float32)
+        s = tl.load(SIN + row.to(tl.int64) * ROT + d, mask=rot, other=0.0).to(tl.float32)
+        sign = tl.where(d < half, -1.0, 1.0)
+        y = tl.where(rot, n * c + sign * np_ * s, n)
+        tl.store(Y + (row.to(tl.int64) * H + head) * D + d, y.to(Y.dtype.element_ty))
+
+    @triton.jit
+    def gates_kernel(M, B_, A_, ALOG, DTB, Q, K_, V, G, BETA, stride_mt, stride_bt, stride_at,
+                     HK, HV, eps, KD: tl.constexpr, VD: tl.constexpr):
+        """Program (row, slot): slots < HK normalize q and k head `slot`; the others copy v
+        head slot - HK and write its g and beta."""
+        row, slot = tl.program_id(0), tl.program_id(1)
+        r64 = row.to(tl.int64)
+        m = M + r64 * stride_mt
+        if slot < HK:
+            kk = tl.arange(0, KD)
+            q = tl.load(m + slot * KD + kk).to(tl.float32)
+            k = tl.load(m + (HK + slot) * KD + kk).to(tl.float32)
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+            out = (r64 * HK + slot) * KD + kk
+            tl.store(Q + out, q.to(Q.dtype.element_ty))
+            tl.store(K_ + out, k.to(K_.dtype.element_ty))
+        else:
+            h = slot - HK
+            vv = tl.arange(0, VD)
+            v = tl.load(m + 2 * HK * KD + h * VD + vv)
+            tl.store(V + (r64 * HV + h) * VD + vv, v)
+            a = tl.load(A_ + r64 * stride_at + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
+            soft = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+            tl.store(G + r64 * HV + h, -tl.exp(tl.load(ALOG + h).to(tl.float32)) * soft)
+            b = tl.load(B_ + r64 * stride_bt + h).to(tl.float32)
+            tl.store(BETA + r64 * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(BETA.dtype.element_ty))
+
+    return norm_rope_kernel, gates_kernel
+
+
+def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
+    """ops.norm_rope, row-invariant: x [T, H, D] (each head's D values contiguous; rows and
+    heads may be strided, as a fused projection's slices), w [D], cos, sin [T, rotary_dim]
+    (rotary_dim even, <= D) -> [T, H, D] contiguous in x's dtype. D must be a power of two.
+    Raises ValueError for other shapes."""
+    t, h, d = x.shape
+    rot = cos.shape[-1]
+    if x.stride(2) != 1 or d & (d - 1) or rot % 2 or rot > d or cos.shape != (t, rot) or \
+            sin.shape != (t, rot) or w.shape != (d,):
+        raise ValueError(f"norm_rope takes x [T, H, D] (D a power of two, unit stride), w [D], "
+                         f"cos, sin [T, rotary_dim <= D, even]; got x {tuple(x.shape)} strides "
+                         f"{x.stride()}, w {tuple(w.shape)}, cos {tuple(cos.shape)}, sin "
+                         f"{tuple(sin.shape)}")
+    y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
+    if t:
+        kernel = _kernels()[0]
+        kernel[(t, h)](x, w, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1),
+                       h, eps, D=d, ROT=rot)
+    return y
+
+
+def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor,
+              dt_bias: torch.Tensor, hk: int, kd: int, hv: int, vd: int):
+    """ops.gdn_gates, row-invariant: mixed [T, 2 HK K + HV V] (unit stride along it; rows may
+    be strided), b, a [T, HV] (the same) -> q, k [T, HK, K] (L2-normed), v [T, HV, V]
+    (contiguous), g [T, HV] fp32, beta [T, HV] in b's dtype. K and V must be powers of two.
+    Raises ValueError for other shapes."""
+    t = mixed.shape[0]
+    if mixed.shape[1] != 2 * hk * kd + hv * vd or mixed.stride(1) != 1 or kd & (kd - 1) or \
+            vd & (vd - 1) or b.shape != (t, hv) or a.shape != (t, hv) or b.stride(1) != 1 or \
+            a.stride(1) != 1:
+        raise ValueError(f"gdn_gates takes mixed [T, 2 HK K + HV V], b, a [T, HV] of unit "
+                         f"column stride, K and V powers of two; got mixed "
+                         f"{tuple(mixed.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)} with "
+                         f"HK {hk}, K {kd}, HV {hv}, V {vd}")
+    dev, dt = mixed.device, mixed.dtype
+    q = torch.empty(t, hk, kd, device=dev, dtype=dt)
+    k = torch.empty(t, hk, kd, device=dev, dtype=dt)
+    v = torch.empty(t, hv, vd, device=dev, dtype=dt)
+    g = torch.empty(t, hv, device=dev, dtype=torch.float32)
+    beta = torch.empty(t, hv, device=dev, dtype=b.dtype)
+    if t:
+        kernel = _kernels()[1]
+        kernel[(t, hk + hv)](mixed, b, a, a_log, dt_bias, q, k, v, g, beta, mixed.stride(0),
+                             b.stride(0), a.stride(0), hk, hv, 1e-6, KD=kd, VD=vd)
+    return q, k, v, g, beta
