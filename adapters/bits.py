@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from adapters.model import ref
 from adapters.model.kernels import KernelSet
 
 # packages whose code runs in a chunk with fla's kernel set, each (name, fallbacks): fla's
@@ -37,14 +38,15 @@ def device_kind(device: torch.device) -> str:
 
 
 def kernel_versions(kernels: KernelSet, env=None) -> str:
-    """torch's version, and with fla's kernel set the versions of triton, fla and cuBLAS
+    """torch's version (with the pure-torch kernel set, also ref.REVISION: 'ref 2'), and
+    with fla's kernel set the versions of triton, fla and cuBLAS
     installed (the first of each PACKAGES entry found) and fla's switches as set in `env`
     (default os.environ; 'unset' when not), e.g. 'torch 2.11.0+cu130 triton 3.6.0 fla-core
     0.6.0 nvidia-cublas 13.1.0 FLA_USE_FAST_OPS=unset ...'. FA4's and its compiler's versions
     are in the path tag already; the autotuned picks are in the identity's `picks`."""
     parts = [f"torch {torch.__version__}"]
-    if kernels.name != "fla":
-        return parts[0]
+    if kernels.name != "fla":                     # the pure-torch kernels' own revision
+        return f"{parts[0]} ref {ref.REVISION}"
     env = os.environ if env is None else env
     for names in PACKAGES:
         found = next((f"{n} {v}" for n in names if (v := _version(n)) is not None), None)

@@ -18,6 +18,10 @@ import torch.nn.functional as F
 RECURRENT_LAYOUT = "[HV, K, V] fp32 (key dim first)"
 CONV_LAYOUT = "[D, W] raw in_proj_qkv outputs before SiLU, oldest first"
 GDN_CHUNK = 64
+# the revision of these kernels' bits, in a reader's identity (adapters.bits.kernel_versions):
+# raised whenever a change here gives a chunk other bits, so that files spilled before it are
+# not taken for this path's. 2: causal_conv1d's y contiguous (2026-12-06)
+REVISION = 2
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -172,7 +172,8 @@ def test_the_kernel_picks_a_chunk_launched_enter_the_page_keys_root(tiny, fake_f
 def test_a_cpu_readers_identity_names_the_device_torch_and_no_picks(tiny):
     ident = Reader(tiny, grid=G).adapter.identity()
     assert (ident.device_kind, ident.picks) == ("cpu", "none")
-    assert ident.versions == f"torch {torch.__version__}"     # no fla: triton and fla not named
+    # no fla: triton and fla not named; the pure-torch kernels' revision (ref.REVISION) is
+    assert ident.versions == f"torch {torch.__version__} ref 2"
     assert bits.kernel_versions(KernelSet("fla", None, None, None)).startswith(
         f"torch {torch.__version__}")
     assert set(ident.as_meta()) == {"fingerprint", "model_config", "grid", "dtype",
