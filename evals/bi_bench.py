@@ -34,7 +34,8 @@
   the per-fork work adds); with --profile the largest batch's kernels at the largest context
   (`profile`); `down_bmm` per bucket and B: whether the down projection as one batched
   GEMM keeps each fork's bits, and its ms against one GEMM a fork; `row_ops` per bucket: the
-  (B, fork) pairs whose bits the heads' and gates' row-wise ops change over all rows.
+  (B, fork) pairs whose bits the question runner's row-wise ops (the heads', the gates', the
+  gated norm) and the GDN conv change over all rows.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -349,10 +350,11 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
 
 
 def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
-    """blocks_differ of the row-wise ops QuestionBatch's `heads` and `gates` parts run over all
-    B * rows rows, each with the runner's op set `op` (compiled on CUDA) on random inputs of
-    the model's shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated),
-    `gdn_gates`, and `conv` (KernelSet.convs over [B, rows] with each block's own state
+    """blocks_differ of the row-wise ops QuestionBatch's `rows` and `conv` parts run over all
+    B * rows rows, each with the question runner's op set `op` (on CUDA model.rowwise's
+    kernels for the first three, ops.row_invariant_ops) on random inputs of the model's
+    shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated), `gdn_gates`,
+    `gated_rms_norm`, and `conv` (KernelSet.convs over [B, rows] with each block's own state
     against KernelSet.conv per block): the (B, block) pairs that get other bits than alone."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     g = torch.Generator(device=dev).manual_seed(rows)
@@ -373,6 +375,10 @@ def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
         batches)
     x, states = rnd(most, rows, cfg.conv_dim), rnd(most, cfg.conv_dim, cfg.linear_conv_kernel_dim)
     weight, kernels = gdn.conv1d.weight[:, 0, :], model.kernels
+    vd = cfg.linear_value_head_dim
+    out["gated_rms_norm"] = blocks_differ(
+        lambda o, z: op.gated_rms_norm(o, z, gdn.norm.weight, gdn.norm.eps),
+        [rnd(most * rows, hv, vd), rnd(most * rows, hv, vd)], rows, batches)
     out["conv"] = []
     for n in batches:
         y, s_ = kernels.convs(x[:n], weight, states[:n])

@@ -147,9 +147,11 @@ def decode_ops(op_set: Ops) -> Ops:
 
 
 def row_invariant_ops(op_set: Ops) -> Ops:
-    """op_set with `norm_rope` and `gdn_gates` through model.rowwise's Triton kernels (a
-    program per row and head: a row's bits never depend on the row count; CUDA, or Triton's
-    interpreter): the ops of the question runners below the grid on CUDA, so that a batch of
-    questions (runners.question_batch, OneCall.rows) gives each the bits it gets alone."""
+    """op_set with `norm_rope`, `gdn_gates` and `gated_rms_norm` through model.rowwise's
+    Triton kernels (a program per row and head: a row's bits never depend on the row count;
+    CUDA, or Triton's interpreter): the ops of the question runners below the grid on CUDA,
+    so that a batch of questions (runners.question_batch, OneCall.rows) gives each the bits
+    it gets alone."""
     from adapters.model import rowwise
-    return replace(op_set, norm_rope=rowwise.norm_rope, gdn_gates=rowwise.gdn_gates)
+    return replace(op_set, norm_rope=rowwise.norm_rope, gdn_gates=rowwise.gdn_gates,
+                   gated_rms_norm=rowwise.gated_rms_norm)

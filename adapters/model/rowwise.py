@@ -1,21 +1,24 @@
-"""Row-invariant versions of two row-wise ops of a layer, for the question runners on CUDA
-(issue 36, item 3): `norm_rope` (a q or k head's norm, then RoPE) and `gdn_gates` (the GDN
-q/k L2 norms, v, the decay g and beta), each a Triton kernel with one program per (row,
-head) and one fixed block over the head's dims, so a row's bits depend on nothing but that
-row: not on the row count, nor on the row's place in the tensor, nor on the other rows.
+"""Row-invariant versions of three row-wise ops of a layer, for the question runners on CUDA
+(issue 36, item 3): `norm_rope` (a q or k head's norm, then RoPE), `gdn_gates` (the GDN
+q/k L2 norms, v, the decay g and beta) and `gated_rms_norm` (the GDN output's norm gated by
+z), each a Triton kernel with one program per (row, head) and one fixed block over the
+head's dims, so a row's bits depend on nothing but that row: not on the row count, nor on
+the row's place in the tensor, nor on the other rows.
 
 Why: torch.compile picks a row-wise op's kernel (its rows per program, warps, reduction
 layout) by the row count, and over the rows of several questions at once its kernels gave
 some questions' rows other bits than over each question's rows alone (evals/bi_bench.py
 `row_ops`: `norm_rope` and `gdn_gates` on an H100, 2026-12-06,
-docs/bi-bench-questions-h100-2026-12-06-c.log). With these kernels a question runner
+docs/bi-bench-questions-h100-2026-12-06-c.log; `gated_rms_norm`: bi_bench `graphs`,
+docs/bi-bench-graphs-q64-h100-2026-12-05.log). With these kernels a question runner
 (runners.runners, below the grid) and a batch of its questions (runners.question_batch,
 OneCall.rows) run the same instructions on each row.
 
-The formulas are ops.norm_rope's and ops.gdn_gates' (docs/specs/qwen35.md sections 3.4,
-4.3-4.6): the norm in fp32, cast to the input's dtype, RoPE in fp32 from that, one rounding
-at the end; the L2 norms in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus
-linear past 20, as torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
+The formulas are ops.norm_rope's, ops.gdn_gates' and ops.gated_rms_norm's
+(docs/specs/qwen35.md sections 3.4, 4.3-4.8): the norm in fp32, cast to the input's dtype,
+RoPE (or the weight and silu(z) gate) in fp32 from that, one rounding at the end; the L2 norms
+in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus linear past 20, as
+torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
 adapters.model.ops are the slow twins: close (tests/kernels), not equal (the eager RoPE
 rounds each product to bf16). Triton is imported when a kernel first runs (`_kernels`).
 """
@@ -84,7 +87,22 @@ def _kernels():
             b = tl.load(B_ + r64 * stride_bt + h).to(tl.float32)
             tl.store(BETA + r64 * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(BETA.dtype.element_ty))
 
-    return norm_rope_kernel, gates_kernel
+    @triton.jit
+    def gated_norm_kernel(X, Z, W, Y, stride_xt, stride_xh, stride_zt, stride_zh, H, eps,
+                          D: tl.constexpr):
+        """Program (row, head): Y[row, head] = W * rms(X[row, head]) * silu(Z[row, head])."""
+        row, head = tl.program_id(0), tl.program_id(1)
+        d = tl.arange(0, D)
+        r64 = row.to(tl.int64)
+        x = tl.load(X + r64 * stride_xt + head * stride_xh + d).to(tl.float32)
+        z = tl.load(Z + r64 * stride_zt + head * stride_zh + d).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        n = (x * inv).to(Y.dtype.element_ty).to(tl.float32)
+        w = tl.load(W + d).to(tl.float32)
+        y = w * n * (z / (1.0 + tl.exp(-z)))
+        tl.store(Y + (r64 * H + head) * D + d, y.to(Y.dtype.element_ty))
+
+    return norm_rope_kernel, gates_kernel, gated_norm_kernel
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
@@ -134,3 +152,24 @@ def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torc
         kernel[(t, hk + hv)](mixed, b, a, a_log, dt_bias, q, k, v, g, beta, mixed.stride(0),
                              b.stride(0), a.stride(0), hk, hv, 1e-6, KD=kd, VD=vd)
     return q, k, v, g, beta
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """ops.gated_rms_norm, row-invariant: x, z [T, H, D] (each head's D values contiguous;
+    rows and heads may be strided, as z's column slice of a fused projection), w [D] ->
+    [T, H, D] contiguous in x's dtype: w * (x's RMSNorm, cast to x's dtype) * silu(z), in
+    fp32, one rounding at the end. D must be a power of two. Raises ValueError for other
+    shapes."""
+    t, h, d = x.shape
+    if z.shape != x.shape or x.stride(2) != 1 or z.stride(2) != 1 or d & (d - 1) or \
+            w.shape != (d,):
+        raise ValueError(f"gated_rms_norm takes x, z [T, H, D] (D a power of two, unit stride) "
+                         f"and w [D]; got x {tuple(x.shape)} strides {x.stride()}, z "
+                         f"{tuple(z.shape)} strides {z.stride()}, w {tuple(w.shape)}")
+    y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
+    if t:
+        kernel = _kernels()[2]
+        kernel[(t, h)](x, z, w, y, x.stride(0), x.stride(1), z.stride(0), z.stride(1), h, eps,
+                       D=d)
+    return y

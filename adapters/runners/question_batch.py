@@ -13,18 +13,20 @@ the per-fork small ops most of the rest):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
 - per fork, on the same rows and strides as the question's own runner: the KV rows' write
   and FA4's split and tail tables (built from its own staged page table: the same tables as
-  alone), the gated norm (gated_rms_norm gave one 64-row block other bits batched), and the
-  down projection (cuBLAS picked another kernel for 64-row blocks of a batch, split-K for 64
-  rows alone);
+  alone), and the down projection (cuBLAS picked another kernel for 64-row blocks of a batch,
+  split-K for 64 rows alone; as one batched GEMM too, bi_bench `down_bmm`);
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
   fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
   (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
   recurrences from their own states over [B, t] rows (fla's chunked kernels run a program
   per sequence and head); the GDN conv from their own conv states over [B, t] rows (fla's
   conv; bi_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
-  RoPE: the forks share one position) and the GDN gates over all rows (`rows`: the
-  compiled ops gave some forks other bits over all rows on an H100, bi_bench `row_ops`,
-  and on an H200); else one call a fork (`fall_back`). FA4's splits through one fork's
+  RoPE: the forks share one position), the GDN gates and the gated norm over all rows
+  (`rows`: torch.compile's kernels gave some forks other bits over all rows on an H100 and
+  an H200, bi_bench `row_ops` and `graphs`; the question runners below the grid run
+  model.rowwise's row-invariant kernels instead: its norm_rope and gdn_gates kept every
+  fork's bits on an H100, its gated norm is not yet measured on a GPU); else one call a fork
+  (`fall_back`). FA4's splits through one fork's
   tables as one call over all forks' rows (each split's keys read once) was measured and
   dropped: four 64-row questions at 100k took 7.01 ms that way against 6.94 ms (an H200,
   2026-12-06): the attention's cost is its rows times keys, not the keys' reads.
@@ -46,6 +48,7 @@ from adapters.model.config import FULL
 from adapters.model.layers import rope_cos_sin
 from adapters.runners import capture
 from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
+from adapters.runners.slots import stacked
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,9 @@ class OneCall:
     - recurrences: the GDN recurrences over [B, t] rows (KernelSet.recurrences);
     - conv: the GDN conv over [B, t] rows from each fork's conv state (KernelSet.convs);
     - rows: the row-wise ops between the projections over all B * t rows through the
-      runner's op set: the q/k heads (norms, RoPE: the forks share one position) and, with
-      conv, the GDN gates (GatedDeltaNet.gates_many)."""
+      runner's op set (row-invariant kernels in the question runners on CUDA, ops.
+      row_invariant_ops): the q/k heads (norms, RoPE: the forks share one position), with
+      conv the GDN gates (GatedDeltaNet.gates_many), with recurrences the gated norm."""
 
     attention: bool = True
     recurrences: bool = True
@@ -250,8 +254,9 @@ class QuestionBatch:
         the gates (over all rows with calls.rows, else per fork), or without calls.conv
         GatedDeltaNet.gates per fork; the recurrences from each fork's state
         (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
-        KernelSet.gdn per fork); per fork the gated norm; out_proj over all rows. Returns
-        [B * t, hidden]; the forks' new states are not kept."""
+        KernelSet.gdn per fork); the gated norm (over all rows with calls.rows and
+        calls.recurrences, else per fork); out_proj over all rows. Returns [B * t, hidden];
+        the forks' new states are not kept."""
         op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
         n, t = self.num_seqs, self.t
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
@@ -259,17 +264,20 @@ class QuestionBatch:
         states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
         if self.calls.conv:                   # q, k, v, g, beta: [B, t, ...] tensors
             gates = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1), a.view(n, t, -1),
-                                   torch.stack(convs), kernels, op, self.calls.rows)[:5]
+                                   stacked(convs), kernels, op, self.calls.rows)[:5]
         else:                                 # q, k, v, g, beta: B tensors each
             gates = list(zip(*(gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)[:5]
                                for b, r in enumerate(map(self.rows, range(n))))))
         if self.calls.recurrences:
             o, _ = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
-                                         for x in gates), torch.stack(states))
+                                         for x in gates), stacked(states))
         else:
             o = [kernels.gdn(*(x[b] for x in gates), states[b])[0] for b in range(n)]
-        outs = [gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(n)]
-        return op.linear(torch.cat(outs), gdn.out_proj.weight)
+        if self.calls.rows and torch.is_tensor(o):       # o [B, t, HV, V]: over all rows
+            normed = gdn.gated_norm(o.reshape(n * t, *o.shape[2:]), z, op)
+        else:
+            normed = torch.cat([gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(n)])
+        return op.linear(normed, gdn.out_proj.weight)
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,

@@ -144,13 +144,17 @@ class Runners:
 
     def batch_slots(self, num_seqs: int) -> list:
         """The first num_seqs of the question batches' state slots (runners.slots.StateSlots
-        that return none; 19.8 MB each on the 0.8B), made as needed: every batch feeds its
-        forks' states into them before it runs, so batches of any shape share them (at most
-        the largest BATCH_SIZES', 158 MB on the 0.8B)."""
+        that return none; 19.8 MB each on the 0.8B), the largest BATCH_SIZES' made at the
+        first ask (158 MB on the 0.8B), their inputs one after another in one tensor per
+        layer (StateSlots.block: a batch reads its forks' states as one view, slots.stacked):
+        every batch feeds its forks' states into them before it runs, so batches of any
+        shape share them. Raises ValueError for more than that size."""
         from adapters.runners.slots import StateSlots
-        m = self.model
-        while len(self._slots) < num_seqs:
-            self._slots.append(StateSlots(m.cfg, m.device, m.dtype, returned=False))
+        m, most = self.model, self.BATCH_SIZES[-1]
+        if num_seqs > most:
+            raise ValueError(f"question batches hold at most {most} forks, got {num_seqs}")
+        if not self._slots:
+            self._slots = StateSlots.block(m.cfg, m.device, m.dtype, most, returned=False)
         return self._slots[:num_seqs]
 
     @property

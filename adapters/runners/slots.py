@@ -38,24 +38,54 @@ def same(fed: tuple[list, list[int]], gdn: list) -> bool:
         and now[1] == counts
 
 
+def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack(xs): [len(xs), *shape]; a view, not a copy, where xs are contiguous
+    blocks of one shape and dtype lying one after another in one storage (as `StateSlots.
+    block` lays out a batch's slots), else a new tensor."""
+    first = xs[0]
+    n = first.numel()
+    if all(x.is_contiguous() and x.shape == first.shape and x.dtype == first.dtype
+           and x.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+           and x.storage_offset() == first.storage_offset() + i * n for i, x in enumerate(xs)):
+        return first.as_strided((len(xs), *first.shape), (n, *first.stride()),
+                                first.storage_offset())
+    return torch.stack(xs)
+
+
 class StateSlots:
     """inputs: per GDN layer (conv [conv_dim, W] model dtype, recurrent [HV, K, V] fp32), the
-    graphs' static inputs; outputs: per GDN layer the (conv, recurrent) the body left (set by
-    the runner's body); keep: see the module doc. returned: False for a runner whose runs
-    give back no states (a question runner, runners.runners): `take` is refused, and `release`
-    lets go of the outputs, so that a CUDA graph's output states (19.8 MB a graph on the
-    0.8B: 18 recurrent states of 1 MiB and the conv states) go back to the graphs' memory
-    pool for the next capture instead of staying held per graph."""
+    graphs' static inputs (zeros of their own, or those given: `block`); outputs: per GDN
+    layer the (conv, recurrent) the body left (set by the runner's body); keep: see the module
+    doc. returned: False for a runner whose runs give back no states (a question runner,
+    runners.runners): `take` is refused, and `release` lets go of the outputs, so that a CUDA
+    graph's output states (19.8 MB a graph on the 0.8B: 18 recurrent states of 1 MiB and the
+    conv states) go back to the graphs' memory pool for the next capture instead of staying
+    held per graph."""
 
-    def __init__(self, cfg, device, dtype, keep: bool = False, returned: bool = True):
+    def __init__(self, cfg, device, dtype, keep: bool = False, returned: bool = True,
+                 inputs: list | None = None):
         hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.inputs = [(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=device,
-                                    dtype=dtype),
-                        torch.zeros(hv, kd, vd, device=device, dtype=torch.float32))
-                       for _ in cfg.linear_layers]
+        self.inputs = inputs or [(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim,
+                                              device=device, dtype=dtype),
+                                  torch.zeros(hv, kd, vd, device=device, dtype=torch.float32))
+                                 for _ in cfg.linear_layers]
         self.outputs: list = [None] * len(cfg.linear_layers)
         self.keep, self.returned = keep, returned
         self.fed: tuple[list, list[int]] | None = None   # the states inputs hold a copy of
+
+    @classmethod
+    def block(cls, cfg, device, dtype, num_seqs: int, **kw) -> list[StateSlots]:
+        """num_seqs StateSlots whose inputs lie one after another in one tensor per GDN layer
+        and part ([num_seqs, conv_dim, W] and [num_seqs, HV, K, V] fp32), so that `stacked`
+        of any first b of them is a view: a batch of their forks reads its states in place.
+        kw: as the constructor's."""
+        hv, kd, vd = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        layers = [(torch.zeros(num_seqs, cfg.conv_dim, cfg.linear_conv_kernel_dim,
+                               device=device, dtype=dtype),
+                   torch.zeros(num_seqs, hv, kd, vd, device=device, dtype=torch.float32))
+                  for _ in cfg.linear_layers]
+        return [cls(cfg, device, dtype, inputs=[(c[i], r[i]) for c, r in layers], **kw)
+                for i in range(num_seqs)]
 
     def feed(self, gdn: list) -> None:
         """Copy gdn (per GDN layer (conv, recurrent)) into the inputs, unless they hold these

@@ -62,8 +62,26 @@ def test_gdn_gates_are_close_to_their_twin_and_row_invariant(dtype, tol):
         rowwise.gdn_gates(mixed[:, 1:], b, a, a_log, dt_bias, hk, kd, hv, vd)
 
 
-def test_row_invariant_ops_swap_only_the_two_ops():
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_gated_rms_norm_is_close_to_its_twin_and_row_invariant(dtype, tol):
+    g = torch.Generator().manual_seed(2)
+    t, h, d = 18, 4, 16
+    x = torch.randn(t, h, d, generator=g).to(dtype)
+    z = torch.randn(t, h * d + 5, generator=g).to(dtype)[:, 5:].reshape(t, h, d)  # a slice
+    w = torch.randn(d, generator=g).to(dtype)
+    y = rowwise.gated_rms_norm(x, z, w, 1e-6)
+    assert y.shape == (t, h, d) and y.dtype == dtype and y.is_contiguous()
+    torch.testing.assert_close(y.float(), ops.gated_rms_norm(x, z, w, 1e-6).float(),
+                               atol=tol, rtol=tol)
+    for lo, hi in ((0, 9), (9, 18), (4, 5)):
+        assert torch.equal(rowwise.gated_rms_norm(x[lo:hi], z[lo:hi], w, 1e-6), y[lo:hi])
+    with pytest.raises(ValueError, match="gated_rms_norm takes"):
+        rowwise.gated_rms_norm(x, z[:, :2], w, 1e-6)
+
+
+def test_row_invariant_ops_swap_only_the_three_ops():
     fused = ops.Ops()
     inv = ops.row_invariant_ops(fused)
     assert inv.norm_rope is rowwise.norm_rope and inv.gdn_gates is rowwise.gdn_gates
+    assert inv.gated_rms_norm is rowwise.gated_rms_norm
     assert inv.rms_norm is fused.rms_norm and inv.linear is fused.linear

@@ -58,7 +58,7 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["per_fork_over_one"] > 0 and "attention+recurrences" not in row
     assert set(out["row_ops"]) == {"64"}
     for ops in out["row_ops"].values():
-        assert set(ops) == {"norm_rope", "gdn_gates", "conv"}
+        assert set(ops) == {"norm_rope", "gdn_gates", "gated_rms_norm", "conv"}
         assert all(v == [] for v in ops.values())      # the CPU's eager ops: row by row
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
     profiled = [k for k, row in out.items() if "profile" in row]   # the largest batch at the

@@ -172,3 +172,27 @@ def test_gdn_each_is_gdn_per_sequence():
     for i in range(b):
         oi, si = kernels.TORCH.gdn(q[i], k[i], v[i], gate[i], beta[i], state[i])
         assert torch.equal(o[i], oi) and torch.equal(s[i], si)
+
+
+def test_batch_slots_lie_in_one_block_so_their_states_stack_as_a_view(tiny):
+    """Runners.batch_slots: the largest batch's slots made at once (StateSlots.block), any
+    first b of them stacked per layer as a view of one tensor (slots.stacked), fed states
+    read through it; other tensors stack as a copy; more than the largest batch is refused."""
+    from adapters.runners.slots import stacked
+    runners = Runners(tiny, G)
+    slots = runners.batch_slots(4)
+    assert len(slots) == 4 and len(runners.batch_slots(8)) == 8
+    convs = [s.inputs[0][0] for s in slots]
+    view = stacked(convs)
+    assert view.shape == (4, *convs[0].shape) and view.data_ptr() == convs[0].data_ptr()
+    spec = state_spec(tiny)
+    gdn = [(torch.randn(spec.conv_dim, spec.conv_width).to(tiny.dtype),
+            torch.randn(*spec.recurrent_shape)) for _ in range(spec.num_gdn)]
+    slots[2].feed(gdn)
+    assert torch.equal(stacked([s.inputs[0][1] for s in slots])[2], gdn[0][1])
+    apart = [torch.zeros(3, 2), torch.ones(3, 2)]
+    copy = stacked(apart)
+    assert torch.equal(copy, torch.stack(apart)) and copy.data_ptr() != apart[0].data_ptr()
+    assert stacked([convs[1], convs[0]]).data_ptr() != convs[1].data_ptr()   # out of order
+    with pytest.raises(ValueError, match="at most 8 forks"):
+        runners.batch_slots(9)
