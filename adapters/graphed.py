@@ -104,7 +104,7 @@ class GraphAdapter(Adapter):
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
-        "heads", "gates"}: whether each runs one call for all forks, QuestionBatch.calls,
+        "conv", "rows"}: whether each runs one call for all forks, QuestionBatch.calls,
         question_batch.OneCall; None for a shape that
         runs one question at a time}) and num_question_batches (questions' batches run in one
         forward; the checks not counted)."""

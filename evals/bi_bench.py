@@ -328,9 +328,10 @@ def questions_part(model, args) -> dict:
 def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     """Whether the MLP's down projection of B forks' rows as one batched GEMM (torch.bmm over
     [B, rows, I], the weight broadcast: cuBLAS's strided batched GEMM) gives each fork the
-    bits F.linear gives its rows alone (`exact`), and both arms' ms for the 24 layers'
-    worth of calls (`bmm_ms`, `per_fork_ms`: one linear a fork; medians of repeats), on
-    random SwiGLU-sized rows: the measurement a one-call down projection would need."""
+    bits F.linear gives its rows alone (`exact`), and both arms' ms for one call a layer of
+    the model (`bmm_ms`, `per_fork_ms`: one linear a fork; medians of repeats after a
+    warm-up), on random SwiGLU-sized rows: the measurement a one-call down projection would
+    need."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     g = torch.Generator(device=dev).manual_seed(rows + num_seqs)
     act = torch.randn(num_seqs * rows, cfg.intermediate_size, device=dev, dtype=dt,
@@ -344,8 +345,8 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     n = len(model.layers)
 
     def ms(fn) -> float:
-        return statistics.median(_timed_ms(lambda: [fn() for _ in range(n)])
-                                 for _ in range(repeats + 1))
+        times = [_timed_ms(lambda: [fn() for _ in range(n)]) for _ in range(repeats + 1)]
+        return statistics.median(times[1:])          # the first: the warm-up
     return {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3)}
 
 
@@ -364,21 +365,25 @@ def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
     gdn = model.layers[cfg.linear_layers[0]].linear_attn
     h, d, hv = cfg.num_attention_heads, cfg.head_dim, cfg.linear_num_value_heads
     cos, sin = (rnd(rows, cfg.rotary_dim).repeat(most, 1) for _ in range(2))
+    # the layouts the batch feeds them: q every 2 D of the fused projection's rows (its gate
+    # between), the conv output contiguous, b and a column slices of one fused output
+    q = rnd(most * rows, h, 2 * d)[..., :d]
     out = {"norm_rope": blocks_differ(
         lambda x, c, s_: op.norm_rope(x, attn.q_norm.weight, attn.q_norm.eps, c, s_),
-        [rnd(most * rows, h, d), cos, sin], rows, batches)}
+        [q, cos, sin], rows, batches)}
+    ba = rnd(most * rows, 2 * hv + 1)
     out["gdn_gates"] = blocks_differ(
         lambda m, b, a: op.gdn_gates(m, b, a, gdn.A_log, gdn.dt_bias,
                                      cfg.linear_num_key_heads, cfg.linear_key_head_dim, hv,
                                      cfg.linear_value_head_dim),
-        [rnd(most * rows, cfg.conv_dim), rnd(most * rows, hv), rnd(most * rows, hv)], rows,
-        batches)
+        [rnd(most * rows, cfg.conv_dim), ba[:, :hv], ba[:, hv:2 * hv]], rows, batches)
     x, states = rnd(most, rows, cfg.conv_dim), rnd(most, cfg.conv_dim, cfg.linear_conv_kernel_dim)
     weight, kernels = gdn.conv1d.weight[:, 0, :], model.kernels
     vd = cfg.linear_value_head_dim
+    z = rnd(most * rows, hv * vd + 8)[:, 8:].reshape(most * rows, hv, vd)    # a column slice
     out["gated_rms_norm"] = blocks_differ(
-        lambda o, z: op.gated_rms_norm(o, z, gdn.norm.weight, gdn.norm.eps),
-        [rnd(most * rows, hv, vd), rnd(most * rows, hv, vd)], rows, batches)
+        lambda o, z_: op.gated_rms_norm(o, z_, gdn.norm.weight, gdn.norm.eps),
+        [rnd(most * rows, hv, vd), z], rows, batches)
     out["conv"] = []
     for n in batches:
         y, s_ = kernels.convs(x[:n], weight, states[:n])

@@ -17,8 +17,8 @@ OneCall.rows) run the same instructions on each row.
 The formulas are ops.norm_rope's, ops.gdn_gates' and ops.gated_rms_norm's
 (docs/specs/qwen35.md sections 3.4, 4.3-4.8): the norm in fp32, cast to the input's dtype,
 RoPE (or the weight and silu(z) gate) in fp32 from that, one rounding at the end; the L2 norms
-in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus linear past 20, as
-torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
+in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus linear past 20, log1p
+below, as torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
 adapters.model.ops are the slow twins: close (tests/kernels), not equal (the eager RoPE
 rounds each product to bf16). Triton is imported when a kernel first runs (`_kernels`).
 """
@@ -82,7 +82,10 @@ def _kernels():
             v = tl.load(m + 2 * HK * KD + h * VD + vv)
             tl.store(V + (r64 * HV + h) * VD + vv, v)
             a = tl.load(A_ + r64 * stride_at + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-            soft = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+            e = tl.exp(a)                  # softplus: log1p(e) by Goldberg's formula
+            u = 1.0 + e
+            den = tl.where(u == 1.0, 1.0, u - 1.0)
+            soft = tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * (e / den)))
             tl.store(G + r64 * HV + h, -tl.exp(tl.load(ALOG + h).to(tl.float32)) * soft)
             b = tl.load(B_ + r64 * stride_bt + h).to(tl.float32)
             tl.store(BETA + r64 * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(BETA.dtype.element_ty))
@@ -114,11 +117,11 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
     t, h, d = x.shape
     rot = cos.shape[-1]
     if x.stride(2) != 1 or d & (d - 1) or rot % 2 or rot > d or cos.shape != (t, rot) or \
-            sin.shape != (t, rot) or w.shape != (d,):
-        raise ValueError(f"norm_rope takes x [T, H, D] (D a power of two, unit stride), w [D], "
-                         f"cos, sin [T, rotary_dim <= D, even]; got x {tuple(x.shape)} strides "
-                         f"{x.stride()}, w {tuple(w.shape)}, cos {tuple(cos.shape)}, sin "
-                         f"{tuple(sin.shape)}")
+            sin.shape != (t, rot) or w.shape != (d,) or w.stride(0) != 1:
+        raise ValueError(f"norm_rope takes x [T, H, D] (D a power of two, unit stride), w [D] "
+                         f"(unit stride), cos, sin [T, rotary_dim <= D, even]; got x "
+                         f"{tuple(x.shape)} strides {x.stride()}, w {tuple(w.shape)} strides "
+                         f"{w.stride()}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
     y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
     if t:
         kernel = _kernels()[0]
@@ -136,11 +139,14 @@ def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torc
     t = mixed.shape[0]
     if mixed.shape[1] != 2 * hk * kd + hv * vd or mixed.stride(1) != 1 or kd & (kd - 1) or \
             vd & (vd - 1) or b.shape != (t, hv) or a.shape != (t, hv) or b.stride(1) != 1 or \
-            a.stride(1) != 1:
+            a.stride(1) != 1 or a_log.shape != (hv,) or dt_bias.shape != (hv,) or \
+            a_log.stride(0) != 1 or dt_bias.stride(0) != 1:
         raise ValueError(f"gdn_gates takes mixed [T, 2 HK K + HV V], b, a [T, HV] of unit "
-                         f"column stride, K and V powers of two; got mixed "
-                         f"{tuple(mixed.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)} with "
-                         f"HK {hk}, K {kd}, HV {hv}, V {vd}")
+                         f"column stride, A_log and dt_bias [HV] of unit stride, K and V powers "
+                         f"of two; got mixed {tuple(mixed.shape)} strides {mixed.stride()}, b "
+                         f"{tuple(b.shape)} strides {b.stride()}, a {tuple(a.shape)} strides "
+                         f"{a.stride()}, A_log {tuple(a_log.shape)}, dt_bias "
+                         f"{tuple(dt_bias.shape)} with HK {hk}, K {kd}, HV {hv}, V {vd}")
     dev, dt = mixed.device, mixed.dtype
     q = torch.empty(t, hk, kd, device=dev, dtype=dt)
     k = torch.empty(t, hk, kd, device=dev, dtype=dt)
@@ -163,13 +169,23 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
     shapes."""
     t, h, d = x.shape
     if z.shape != x.shape or x.stride(2) != 1 or z.stride(2) != 1 or d & (d - 1) or \
-            w.shape != (d,):
+            w.shape != (d,) or w.stride(0) != 1:
         raise ValueError(f"gated_rms_norm takes x, z [T, H, D] (D a power of two, unit stride) "
-                         f"and w [D]; got x {tuple(x.shape)} strides {x.stride()}, z "
-                         f"{tuple(z.shape)} strides {z.stride()}, w {tuple(w.shape)}")
+                         f"and w [D] (unit stride); got x {tuple(x.shape)} strides {x.stride()}, "
+                         f"z {tuple(z.shape)} strides {z.stride()}, w {tuple(w.shape)} strides "
+                         f"{w.stride()}")
     y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
     if t:
         kernel = _kernels()[2]
         kernel[(t, h)](x, z, w, y, x.stride(0), x.stride(1), z.stride(0), z.stride(1), h, eps,
                        D=d)
     return y
+
+
+def fits(cfg) -> bool:
+    """Whether these kernels take the model's heads (a models.config.ModelConfig): head_dim
+    and the GDN key and value head dims powers of two (one block a head), the rotary dims
+    even and within head_dim."""
+    dims = (cfg.head_dim, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    return all(d > 0 and not d & (d - 1) for d in dims) and cfg.rotary_dim % 2 == 0 and \
+        cfg.rotary_dim <= cfg.head_dim

@@ -69,18 +69,23 @@ class OneCall:
     rows: bool = True
 
     @property
+    def parts(self) -> tuple[str, ...]:
+        """The names of the parts in one call, in field order."""
+        return tuple(f.name for f in fields(self) if getattr(self, f.name))
+
+    @property
     def name(self) -> str:
-        """The parts in one call joined by '+' (as status's `question_batch_one_call` lists
-        them), or 'per_fork' for none."""
-        return "+".join(f.name for f in fields(self) if getattr(self, f.name)) or "per_fork"
+        """The parts in one call joined by '+' (bi_bench's arms), or 'per_fork' for none."""
+        return "+".join(self.parts) or "per_fork"
 
     def fallback(self, fa4: bool = True) -> OneCall | None:
         """The next way to try where this one gave a fork other bits than alone: the next of
-        WAYS (for a way not among them, the first of WAYS with fewer parts), skipping those
-        with FA4 in one call where fa4 is False (SDPA on the CPU); None after the last."""
-        on = {f.name for f in fields(self) if getattr(self, f.name)}
+        WAYS (for a way not among them, the first of WAYS whose parts are a strict subset of
+        its own; from there on WAYS' order, which may turn a part on again that a way before
+        had off: the check's order, not a narrowing), skipping those with FA4 in one call
+        where fa4 is False (SDPA on the CPU); None after the last."""
         later = WAYS[WAYS.index(self) + 1:] if self in WAYS else [
-            w for w in WAYS if {f.name for f in fields(w) if getattr(w, f.name)} < on]
+            w for w in WAYS if set(w.parts) < set(self.parts)]
         return next((w for w in later if fa4 or not w.attention), None)
 
 
@@ -108,7 +113,8 @@ class QuestionBatch:
     runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
     the graphs; Runners shares one set between its batches: each run feeds them first);
     calls: which per-fork parts run as one call for all forks (OneCall; its attention is off
-    without FA4; `fall_back` takes the next way).
+    without FA4, its conv with the op set's fused conv and gates; `fall_back` takes the next
+    way).
     Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
     device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
     elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
@@ -143,6 +149,8 @@ class QuestionBatch:
                       for _ in range(num_seqs)]
         self.slots = list(slots)
         self.calls = calls if on_fa4 else replace(calls, attention=False)
+        if runner.ops.conv_gates is not None:          # the fused conv and gates: per fork
+            self.calls = replace(self.calls, conv=False)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)

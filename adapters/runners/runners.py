@@ -92,11 +92,20 @@ class Runners:
     def _get(self, t: int, split) -> ChunkGraphs:
         if t == self.chunk.t and split is self.split:    # a grid-sized bucket: the chunk runner
             return self.chunk
-        # a question's states are not given back (fork_logits): its graphs hold none; on
-        # CUDA its row-wise ops row-invariant (ops.row_invariant_ops), for its batches
-        kw = {"op_set": ops.row_invariant_ops(self.chunk.ops)} if self.chunk.use_graphs \
-            and self.chunk.ops is not ops.EAGER else {}
-        return self._made(t, t, split, return_states=False, **kw)
+        # a question's states are not given back (fork_logits): its graphs hold none
+        return self._made(t, t, split, return_states=False, op_set=self.question_ops(t))
+
+    def question_ops(self, t: int):
+        """The op set of the question runner of t rows: on CUDA with the compiled ops, for a
+        bucket that batches (at most BUCKET rows) and a model model.rowwise takes, the
+        row-wise ops row-invariant (ops.row_invariant_ops: a batch of its questions gives
+        each the bits it gets alone, runners.question_batch); else the chunk runner's."""
+        from adapters.model import rowwise
+        c = self.chunk
+        if c.use_graphs and c.ops is not ops.EAGER and t <= self.BUCKET and \
+                rowwise.fits(self.model.cfg):
+            return ops.row_invariant_ops(c.ops)
+        return c.ops
 
     def rows(self, t: int) -> ChunkGraphs:
         """The runner of a fork's piece of exactly t rows that gives back its states (t a

@@ -85,3 +85,80 @@ def test_row_invariant_ops_swap_only_the_three_ops():
     assert inv.norm_rope is rowwise.norm_rope and inv.gdn_gates is rowwise.gdn_gates
     assert inv.gated_rms_norm is rowwise.gated_rms_norm
     assert inv.rms_norm is fused.rms_norm and inv.linear is fused.linear
+
+
+def test_the_kernels_take_the_0_8b_heads_row_by_row():
+    """The 0.8B's shapes (head_dim 256, rotary 64, 8 and 2 heads; GDN 16 key and value heads
+    of 128): a few rows, each the same alone as among the others, close to the twins."""
+    from adapters.model.config import PRESETS
+    cfg = PRESETS["qwen3.5-0.8b"]
+    assert rowwise.fits(cfg)
+    g = torch.Generator().manual_seed(3)
+    t, d, rot = 5, cfg.head_dim, cfg.rotary_dim
+    cos, sin = torch.randn(t, rot, generator=g), torch.randn(t, rot, generator=g)
+    w = torch.randn(d, generator=g)
+    for h in (cfg.num_attention_heads, cfg.num_key_value_heads):
+        x = _heads(t, h, d, torch.float32, g)
+        y = rowwise.norm_rope(x, w, 1e-6, cos, sin)
+        torch.testing.assert_close(y, ops.norm_rope(x, w, 1e-6, cos, sin), atol=1e-5,
+                                   rtol=1e-5)
+        assert torch.equal(rowwise.norm_rope(x[2:3], w, 1e-6, cos[2:3], sin[2:3]), y[2:3])
+    hk, kd = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    hv, vd = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    mixed = torch.randn(t, 2 * hk * kd + hv * vd, generator=g)
+    b, a = torch.randn(t, hv, generator=g), torch.randn(t, hv, generator=g)
+    a_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    got = rowwise.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
+    for x, y in zip(got, ops.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    one = rowwise.gdn_gates(mixed[4:], b[4:], a[4:], a_log, dt_bias, hk, kd, hv, vd)
+    assert all(torch.equal(x, y[4:]) for x, y in zip(one, got))
+
+
+def test_bad_inputs_are_refused_with_their_strides():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 2, 8, generator=g)
+    cos = sin = torch.randn(3, 4, generator=g)
+    with pytest.raises(ValueError, match=r"w \(8,\) strides \(2,\)"):
+        rowwise.norm_rope(x, torch.randn(16, generator=g)[::2], 1e-6, cos, sin)
+    with pytest.raises(ValueError, match=r"w \(8,\) strides \(2,\)"):
+        rowwise.gated_rms_norm(x, x, torch.randn(16, generator=g)[::2], 1e-6)
+    mixed, ba = torch.randn(3, 2 * 8 + 2 * 8, generator=g), torch.randn(3, 2, generator=g)
+    with pytest.raises(ValueError, match=r"dt_bias \(1,\)"):
+        rowwise.gdn_gates(mixed, ba, ba, torch.zeros(2), torch.zeros(1), 1, 8, 2, 8)
+    with pytest.raises(ValueError, match=r"b \(3, 2\) strides \(1, 3\)"):
+        rowwise.gdn_gates(mixed, ba.t().contiguous().t(), ba, torch.zeros(2), torch.zeros(2),
+                          1, 8, 2, 8)
+
+
+def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits(tiny,
+                                                                                monkeypatch):
+    """The question runner below the grid with ops.row_invariant_ops (as on CUDA: here over
+    the eager ops, the kernels interpreted) and its batch with every part it can run in one
+    call (no FA4 here: the conv, the recurrences, the heads, gates and gated norm over all
+    rows): each fork's hidden rows equal its runner's alone, bit for bit."""
+    from paged import paged_kv
+
+    from adapters import state_spec
+    from adapters.runners.question_batch import QuestionBatch
+    from adapters.runners.runners import Runners
+    from block_store import PagedKv
+    t, grid = 64, 128
+    runners = Runners(tiny, grid)
+    monkeypatch.setattr(runners, "question_ops", lambda rows: ops.row_invariant_ops(ops.EAGER))
+    alone = runners.for_rows(t)
+    assert alone is not runners.chunk and alone.ops.norm_rope is rowwise.norm_rope
+    batch = QuestionBatch(alone, runners.batch_slots(2))
+    assert batch.calls.parts == ("recurrences", "conv", "rows")
+    spec = state_spec(tiny)
+    base = paged_kv(spec, grid, 4 * grid, seed=6)
+    g = torch.Generator().manual_seed(6)
+    forks = []
+    for b in range(2):
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        forks.append((torch.randint(0, 1000, (t,), generator=g).tolist(), grid,
+                      PagedKv(base.pool, base.pages[:1] + [base.pages[1 + b]]), gdn))
+    for (ids, pos, kv, gdn), h in zip(forks, batch.run(forks)):
+        assert torch.equal(h, alone.run(ids, pos, kv, gdn)[0])

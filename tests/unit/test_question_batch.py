@@ -196,3 +196,45 @@ def test_batch_slots_lie_in_one_block_so_their_states_stack_as_a_view(tiny):
     assert stacked([convs[1], convs[0]]).data_ptr() != convs[1].data_ptr()   # out of order
     with pytest.raises(ValueError, match="at most 8 forks"):
         runners.batch_slots(9)
+
+
+def test_question_runners_take_the_row_invariant_ops_only_where_they_batch(tiny, monkeypatch):
+    """Runners.question_ops: with the compiled ops inside graphs (CUDA; faked here), the
+    buckets that batch (at most BUCKET rows) get ops.row_invariant_ops, longer ones and a
+    model whose heads model.rowwise does not take the chunk runner's; eagerly, the eager
+    ops."""
+    import dataclasses
+
+    from adapters.model import ops, rowwise
+    runners = Runners(tiny, 4 * G)
+    assert runners.question_ops(G) is ops.EAGER                  # the CPU: eager ops
+    fused = ops.Ops()
+    monkeypatch.setattr(runners.chunk, "use_graphs", True)
+    monkeypatch.setattr(runners.chunk, "ops", fused)
+    inv = runners.question_ops(G)
+    assert inv.norm_rope is rowwise.norm_rope and inv.gated_rms_norm is rowwise.gated_rms_norm
+    assert inv.rms_norm is fused.rms_norm
+    assert runners.question_ops(runners.BUCKET).gdn_gates is rowwise.gdn_gates
+    assert runners.question_ops(2 * runners.BUCKET) is fused      # never batched
+    odd = dataclasses.replace(tiny.cfg, head_dim=48)
+    monkeypatch.setattr(tiny, "cfg", odd)
+    assert not rowwise.fits(odd) and runners.question_ops(G) is fused
+
+
+def test_a_runner_with_the_fused_conv_and_gates_runs_them_per_fork(tiny, monkeypatch):
+    """With the op set's fused conv and gates (ops.conv_gates, fused_ops(compile_conv=True)),
+    which take one sequence, a batch says its conv runs one call a fork (OneCall.conv off)
+    and still gives each fork its runner's bits."""
+    import dataclasses
+
+    from adapters.model import ops
+    runners = Runners(tiny, G)
+    alone = runners.for_rows(G)
+    monkeypatch.setattr(alone, "ops", dataclasses.replace(ops.EAGER, conv_gates=ops.conv_gates))
+    batch = QuestionBatch(alone, runners.batch_slots(2))
+    assert batch.calls.parts == ("recurrences", "rows")
+    forks = _forks(tiny, 2, 2 * G, seed=12)
+    if not tiny.gemms_keep_tile_bits(2 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    for (ids, p, kv, gdn), h in zip(forks, batch.run(forks)):
+        assert torch.equal(h, alone.run(ids, p, kv, gdn)[0])
