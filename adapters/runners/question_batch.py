@@ -26,10 +26,10 @@ the per-fork small ops most of the rest):
   an H200, bi_bench `row_ops` and `graphs`; the question runners below the grid run
   model.rowwise's row-invariant kernels instead: its norm_rope and gdn_gates kept every
   fork's bits on an H100, its gated norm is not yet measured on a GPU); else one call a fork
-  (`fall_back`). FA4's splits through one fork's
-  tables as one call over all forks' rows (each split's keys read once) was measured and
-  dropped: four 64-row questions at 100k took 7.01 ms that way against 6.94 ms (an H200,
-  2026-12-06): the attention's cost is its rows times keys, not the keys' reads.
+  (`fall_back`). FA4's splits through one fork's tables as one call over all forks' rows
+  (each split's keys read once) was measured and dropped: four 64-row questions at 100k took
+  7.01 ms that way against 6.94 ms (an H200, 2026-12-06): the attention's cost is its rows
+  times keys, not the keys' reads.
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
