@@ -24,6 +24,7 @@ import torch
 from adapters.interface import Adapter, check_rows
 from adapters.model import autotune
 from adapters.model.qwen35 import Qwen35
+from adapters.runners.question_batch import PER_FORK
 from adapters.runners.runners import Runners
 from block_store import PagedKv
 from block_store.memory.layout import GdnState
@@ -177,10 +178,12 @@ class GraphAdapter(Adapter):
         """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
-        same ids in both). Where they differ, the batch is run and compared again the next
-        way (QuestionBatch.fall_back, OneCall.fallback's order); a shape that differs every
-        way is recorded in batch_bits (with a RuntimeWarning) and its forks get their own
-        runner's rows."""
+        same ids in both). Where they differ, the batch is run and compared again with
+        every part one call a fork (question_batch.PER_FORK: where that differs too, the ops
+        over all rows that every way runs do, and the shape is recorded in batch_bits as
+        differing, with a RuntimeWarning, and its forks get their own runner's rows), then
+        the ways after the first (QuestionBatch.fall_back, OneCall.fallback's order) until
+        one keeps the bits."""
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
@@ -193,12 +196,30 @@ class GraphAdapter(Adapter):
             return [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
                     for ids, pos, kv, gdn in padded]
 
+        def tried() -> tuple[list, list, bool]:   # the batch, then its forks alone (after,
+            got = batch.run(padded)                 # so the KV rows are theirs again)
+            own = alone()
+            return got, own, all(torch.equal(a, b) for a, b in zip(own, got))
+
         rows = alone()
         same = all(torch.equal(a, b) for a, b in zip(rows, hidden))
-        while not same and batch.fall_back():       # the next way (OneCall), then again
-            hidden = batch.run(padded)
-            rows = alone()                           # after, so the KV rows are theirs again
-            same = all(torch.equal(a, b) for a, b in zip(rows, hidden))
+        if not same and batch.calls != PER_FORK:
+            # the floor first: one call a fork, only the ops over all rows can differ from
+            # alone, and every way runs them; where it differs, so does every way
+            first = batch.calls
+            batch.use(PER_FORK)
+            hidden, rows, same = tried()
+            if same:                                # some way keeps the bits: the first of
+                floor = hidden                      # them after `first` (OneCall.fallback)
+                batch.use(first)
+                found = False
+                while batch.fall_back() and batch.calls != PER_FORK:
+                    hidden, rows, found = tried()
+                    if found:
+                        break
+                if not found:
+                    batch.use(PER_FORK)
+                    hidden = floor
         self.batch_bits[key] = same
         if not same:
             warnings.warn(f"a batch of {key[0]} questions of {t} rows gave other bits than "

@@ -346,11 +346,23 @@ class QuestionBatch:
         calls = self.calls.fallback(self._fa4 is not None)
         if calls is None:
             return False
+        self.use(calls)
+        return True
+
+    def use(self, calls: OneCall) -> None:
+        """Run the way `calls` from now on (its attention off without FA4, its conv with the
+        fused conv and gates, as the constructor sets them); the graphs captured another way
+        are dropped and the next run warms up again, as `fall_back`."""
+        if self._fa4 is None:
+            calls = replace(calls, attention=False)
+        if self.ops.conv_gates is not None:
+            calls = replace(calls, conv=False)
+        if calls == self.calls:
+            return
         self.calls = calls
         if self.split_graphs is not None:
             self.split_graphs.drop()
         self._prepared = False
-        return True
 
     def _tables_for(self, s: int):
         """The forks' fa4_graph.BatchTables of s splits (made at the first ask)."""

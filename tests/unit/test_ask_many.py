@@ -170,14 +170,16 @@ def test_the_graph_adapter_checks_batch_shapes_on_forks_of_its_own(tiny):
 
 def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monkeypatch):
     """A shape whose first batch gives a fork other bits than its own runner (here SwiGLU
-    over exactly a batch's rows) is recorded and warned of; its answers are each question's
-    alone, that batch and every later one."""
+    over exactly a batch's rows, which every way runs) is recorded and warned of after two
+    tries (its first way, then every part one call a fork: the floor); its answers are each
+    question's alone, that batch and every later one."""
     import dataclasses
     r, rng = _reader(tiny, n=200, seed=8, cuda_graphs=True)
     items = [([5, 6, 7], ["x", "y"]), ([8, 9, 10, 11, 12], ["p", "q", "r"])]
     alone = [r.ask("s", *item).probs for item in items]
     batch = r.adapter.runners.question_batch(3, 2)
-    real = batch.ops.swiglu
+    real, runs, real_run = batch.ops.swiglu, [], batch.run
+    monkeypatch.setattr(batch, "run", lambda items: runs.append(batch.calls) or real_run(items))
 
     def swiglu(g, u):                                  # other bits over exactly 128 rows
         out = real(g, u)
@@ -186,8 +188,10 @@ def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monke
     with pytest.warns(RuntimeWarning, match="other bits than each alone"):
         assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["question_batch_bits"] == {"2x64": False}
+    from adapters.runners.question_batch import PER_FORK
+    assert len(runs) == 2 and runs[-1] == PER_FORK               # the first way, the floor
     assert [x.probs for x in r.ask_many("s", items)] == alone
-    assert r.adapter.graph_stats()["num_question_batches"] == 0
+    assert r.adapter.graph_stats()["num_question_batches"] == 0 and len(runs) == 2
     check_refs(r)
 
 

@@ -238,3 +238,17 @@ def test_a_runner_with_the_fused_conv_and_gates_runs_them_per_fork(tiny, monkeyp
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     for (ids, p, kv, gdn), h in zip(forks, batch.run(forks)):
         assert torch.equal(h, alone.run(ids, p, kv, gdn)[0])
+
+
+def test_use_sets_a_way_as_the_batch_can_run_it(tiny):
+    """QuestionBatch.use: the way given, its attention off without FA4 (as the constructor
+    sets it); the way it runs already changes nothing."""
+    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, OneCall
+    runners = Runners(tiny, G)
+    batch = runners.question_batch(G, 2)
+    assert batch.calls == OneCall(attention=False)
+    batch.use(PER_FORK)
+    assert batch.calls == PER_FORK and batch.fall_back() is False
+    batch.use(ALL_IN_ONE)
+    assert batch.calls == OneCall(attention=False)
+    assert batch.fall_back() and batch.calls == OneCall(attention=False, rows=False)
