@@ -33,9 +33,10 @@ the per-fork small ops most of the rest):
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
-bit; where they differ it tries the next way of OneCall.fallback, and where they differ
-every way it runs that shape one fork at a time from then on
-(adapters.graphed.GraphAdapter.fork_logits_batch).
+bit; where they differ it tries every part one call a fork (PER_FORK: where that differs too,
+every way does, and it runs that shape one fork at a time from then on,
+adapters.graphed.GraphAdapter.fork_logits_batch), then the ways after the first in
+OneCall.fallback's order until one keeps the bits.
 """
 from __future__ import annotations
 
