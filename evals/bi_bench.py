@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import statistics
@@ -329,9 +330,11 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     """Whether the MLP's down projection of B forks' rows as one batched GEMM (torch.bmm over
     [B, rows, I], the weight broadcast: cuBLAS's strided batched GEMM) gives each fork the
     bits F.linear gives its rows alone (`exact`), and both arms' ms for one call a layer of
-    the model (`bmm_ms`, `per_fork_ms`: one linear a fork; medians of repeats after a
-    warm-up), on random SwiGLU-sized rows: the measurement a one-call down projection would
-    need."""
+    the model (`bmm_ms`, `per_fork_ms`: one linear a fork; `one_ms`: one fork's rows alone;
+    medians of repeats after a warm-up), on random SwiGLU-sized rows; on CUDA also the
+    invariant split-K linear (model.invariant.linear_splitk, `splitk4`, `splitk8`,
+    `splitk16`: every fork's rows in one call against each alone through it, `exact`, and
+    `ms`, `one_ms`): the measurements a one-call down projection would need."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     g = torch.Generator(device=dev).manual_seed(rows + num_seqs)
     act = torch.randn(num_seqs * rows, cfg.intermediate_size, device=dev, dtype=dt,
@@ -347,7 +350,18 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     def ms(fn) -> float:
         times = [_timed_ms(lambda: [fn() for _ in range(n)]) for _ in range(repeats + 1)]
         return statistics.median(times[1:])          # the first: the warm-up
-    return {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3)}
+    out = {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3),
+           "one_ms": round(ms(lambda: F.linear(act[:rows], w)), 3)}
+    if act.is_cuda:             # the invariant split-K linear, over all rows and for one fork
+        for splits in (4, 8, 16):
+            fn = functools.partial(invariant.linear_splitk, w=w, splits=splits)
+            out[f"splitk{splits}"] = {
+                "exact": all(torch.equal(fn(act)[b * rows:(b + 1) * rows],
+                                         fn(act[b * rows:(b + 1) * rows]))
+                             for b in range(num_seqs)),
+                "ms": round(ms(lambda: fn(act)), 3),
+                "one_ms": round(ms(lambda: fn(act[:rows])), 3)}
+    return out
 
 
 def _row_ops(model, op, rows: int, batches: list[int]) -> dict:

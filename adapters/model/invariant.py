@@ -90,7 +90,36 @@ def _kernel():
         tl.store(Y + rows[:, None].to(tl.int64) * N + cols[None, :],
                  acc.to(Y.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
-    return triton, bi_linear
+    @triton.jit(do_not_specialize=["M"])
+    def bi_linear_splitk(X, W, P, M, stride_xm, N: tl.constexpr, K: tl.constexpr,
+                         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+        """P[split, rows, cols] = sum over split's K blocks in order of X W^T, fp32."""
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(2)
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K_SPLIT, BLOCK_K):
+            kk = split * K_SPLIT + k0 + ks
+            x = tl.load(X + rows[:, None].to(tl.int64) * stride_xm + kk[None, :],
+                        mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(W + cols[:, None].to(tl.int64) * K + kk[None, :],
+                        mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+        out = P + split.to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+    @triton.jit(do_not_specialize=["MN"])
+    def sum_splits(P, Y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        """Y = the partials P[0] + P[1] + ... in that order, in Y's dtype."""
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.load(P + i, mask=i < MN, other=0.0)
+        for s in range(1, SPLITS):
+            acc += tl.load(P + s * MN + i, mask=i < MN, other=0.0)
+        tl.store(Y + i, acc.to(Y.dtype.element_ty), mask=i < MN)
+
+    return triton, bi_linear, bi_linear_splitk, sum_splits
 
 
 def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
@@ -106,12 +135,67 @@ def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if m == 0:
         return y
-    triton, kernel = _kernel()
+    triton, kernel = _kernel()[:2]
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n))
     kernel[grid](x, w, y, m, x.stride(0), N=n, K=k, BLOCK_M=tile.block_m,
                  BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
                  num_stages=tile.num_stages)
     return y
+
+
+def k_split(k: int, splits: int, tile: Tile = TILE) -> int:
+    """The K each split of linear_splitk sums: K / splits rounded up to whole block_k
+    blocks (the last split may hold fewer)."""
+    return -(-(-(-k // splits)) // tile.block_k) * tile.block_k
+
+
+def linear_splitk(x: torch.Tensor, w: torch.Tensor, splits: int,
+                  tile: Tile = TILE) -> torch.Tensor:
+    """linear_kernel with K cut into `splits` fixed parts (k_split), each part's blocks
+    summed in order into an fp32 partial by its own programs, the partials then added in
+    split order (a second kernel): more programs for few rows (a question's 64 rows: the
+    down projection's 1,024 columns are 8 tiles of 128 alone), a row's bits still its own
+    whatever M. Its bits are other than linear_kernel's for splits > 1. x [M, K], w [N, K]
+    -> [M, N] in x's dtype; fp32 scratch of splits x M x N. Raises ValueError as
+    linear_kernel, and for splits < 1."""
+    _check(x, w)
+    if splits < 1:
+        raise ValueError(f"linear_splitk takes splits >= 1, got {splits}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y
+    triton, _, kernel, add = _kernel()
+    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), splits)
+    kernel[grid](x, w, part, m, x.stride(0), N=n, K=k, K_SPLIT=k_split(k, splits, tile),
+                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                 num_warps=tile.num_warps, num_stages=tile.num_stages)
+    block = 1024
+    add[(triton.cdiv(m * n, block),)](part, y, m * n, SPLITS=splits, BLOCK=block)
+    return y
+
+
+def linear_splitk_twin(x: torch.Tensor, w: torch.Tensor, splits: int,
+                       tile: Tile = TILE) -> torch.Tensor:
+    """linear_splitk's slow pure-torch twin: linear_twin's sums per split (K cut as
+    k_split cuts it), the fp32 partials added in split order. Row-invariant by construction,
+    close to the kernel. Raises ValueError as linear_twin, and for splits < 1."""
+    _check(x, w, DTYPES + (torch.float32,))
+    if splits < 1:
+        raise ValueError(f"linear_splitk takes splits >= 1, got {splits}")
+    ks = k_split(x.shape[1], splits, tile)
+    out = None
+    for s in range(splits):
+        lo, hi = s * ks, min((s + 1) * ks, x.shape[1])
+        part = (linear_twin(x[:, lo:hi].float(), w[:, lo:hi].float(), tile) if lo < hi else
+                torch.zeros(x.shape[0], w.shape[0], device=x.device))
+        out = part if out is None else out + part
+    return out.to(x.dtype)
 
 
 def linear_twin(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:

@@ -96,3 +96,21 @@ def test_bad_inputs_are_refused():
     assert invariant.Tile.parse("32x64x32") == invariant.Tile(32, 64, 32)
     with pytest.raises(ValueError, match="BMxBNxBK"):
         invariant.Tile.parse("32x")
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_split_k_gives_a_row_the_same_bits_in_every_gemm(splits):
+    """linear_splitk: K in `splits` fixed parts (40 = 16 + 16 + 8 at block_k 16 and 3 parts;
+    one part: linear_kernel's sums), each row's bits the same for every row count; close to
+    an fp64 GEMM and to its twin, which is row-invariant too."""
+    fn = functools.partial(invariant.linear_splitk, splits=splits, tile=SMALL)
+    big, x, w = _row_invariant(fn, torch.float16)
+    assert _close(big, x, w) < 2e-3
+    if splits == 1:
+        assert torch.equal(big, invariant.linear_kernel(x, w, SMALL))
+    twin = functools.partial(invariant.linear_splitk_twin, splits=splits, tile=SMALL)
+    twin_big, _, _ = _row_invariant(twin, torch.float16)
+    assert (twin_big.float() - big.float()).abs().max().item() < 4e-3
+    assert invariant.k_split(K, 3, SMALL) == 16 and invariant.k_split(K, 1, SMALL) == 48
+    with pytest.raises(ValueError, match="splits >= 1"):
+        invariant.linear_splitk(x, w, 0, SMALL)
