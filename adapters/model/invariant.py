@@ -122,19 +122,24 @@ def _kernel():
     return triton, bi_linear, bi_linear_splitk, sum_splits
 
 
-def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
-    """x [M, K] (rows of unit stride along K) @ w [N, K]^T -> [M, N] in x's dtype through the
-    Triton kernel (CUDA, or Triton's interpreter on the CPU: TRITON_INTERPRET=1), tile fixed.
-    Raises ValueError for other ranks, K mismatch, dtypes other than bf16/fp16 or mixed."""
+def _operands(x: torch.Tensor, w: torch.Tensor):
+    """The kernels' operands after _check: x with rows of unit stride along K, w contiguous,
+    and the output y [M, N] in x's dtype, empty."""
     _check(x, w)
     if x.stride(1) != 1:
         x = x.contiguous()
     w = w.contiguous()
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if m == 0:
+    return x, w, torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+
+def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
+    """x [M, K] (rows of unit stride along K) @ w [N, K]^T -> [M, N] in x's dtype through the
+    Triton kernel (CUDA, or Triton's interpreter on the CPU: TRITON_INTERPRET=1), tile fixed.
+    Raises ValueError for other ranks, K mismatch, dtypes other than bf16/fp16 or mixed."""
+    x, w, y = _operands(x, w)
+    if y.shape[0] == 0:
         return y
+    (m, k), n = x.shape, w.shape[0]
     triton, kernel = _kernel()[:2]
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n))
     kernel[grid](x, w, y, m, x.stride(0), N=n, K=k, BLOCK_M=tile.block_m,
@@ -158,17 +163,12 @@ def linear_splitk(x: torch.Tensor, w: torch.Tensor, splits: int,
     whatever M. Its bits are other than linear_kernel's for splits > 1. x [M, K], w [N, K]
     -> [M, N] in x's dtype; fp32 scratch of splits x M x N. Raises ValueError as
     linear_kernel, and for splits < 1."""
-    _check(x, w)
     if splits < 1:
         raise ValueError(f"linear_splitk takes splits >= 1, got {splits}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    w = w.contiguous()
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if m == 0:
+    x, w, y = _operands(x, w)
+    if y.shape[0] == 0:
         return y
+    (m, k), n = x.shape, w.shape[0]
     triton, _, kernel, add = _kernel()
     part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), splits)

@@ -149,9 +149,7 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
-        self.calls = calls if on_fa4 else replace(calls, attention=False)
-        if runner.ops.conv_gates is not None:          # the fused conv and gates: per fork
-            self.calls = replace(self.calls, conv=False)
+        self.calls = self._runnable(calls, on_fa4)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
@@ -354,16 +352,22 @@ class QuestionBatch:
         """Run the way `calls` from now on (its attention off without FA4, its conv with the
         fused conv and gates, as the constructor sets them); the graphs captured another way
         are dropped and the next run warms up again, as `fall_back`."""
-        if self._fa4 is None:
-            calls = replace(calls, attention=False)
-        if self.ops.conv_gates is not None:
-            calls = replace(calls, conv=False)
+        calls = self._runnable(calls, self._fa4 is not None)
         if calls == self.calls:
             return
         self.calls = calls
         if self.split_graphs is not None:
             self.split_graphs.drop()
         self._prepared = False
+
+    def _runnable(self, calls: OneCall, fa4: bool) -> OneCall:
+        """`calls` as this batch can run it: its attention off without FA4, its conv off
+        with the op set's fused conv and gates (ops.conv_gates: one sequence a call)."""
+        if not fa4:
+            calls = replace(calls, attention=False)
+        if self.ops.conv_gates is not None:
+            calls = replace(calls, conv=False)
+        return calls
 
     def _tables_for(self, s: int):
         """The forks' fa4_graph.BatchTables of s splits (made at the first ask)."""

@@ -7,7 +7,7 @@ import operator
 from collections.abc import Iterable
 
 from adapters.attention.fa4_plan import SUB_PAGE
-from adapters.model import ops
+from adapters.model import ops, rowwise
 from adapters.runners import capture
 from adapters.runners.graphs import ChunkGraphs
 
@@ -100,7 +100,6 @@ class Runners:
         bucket that batches (at most BUCKET rows) and a model model.rowwise takes, the
         row-wise ops row-invariant (ops.row_invariant_ops: a batch of its questions gives
         each the bits it gets alone, runners.question_batch); else the chunk runner's."""
-        from adapters.model import rowwise
         c = self.chunk
         if c.use_graphs and c.ops is not ops.EAGER and t <= self.BUCKET and \
                 rowwise.fits(self.model.cfg):

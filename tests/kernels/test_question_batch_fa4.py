@@ -136,20 +136,16 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
                 q[T] += 1e-3
             return q, k, v, gate
         monkeypatch.setattr(layers.Attention, "heads", heads)
-    elif broken == "recurrences":
-        def gdn_many(*args):
-            o, s = kernels.gdn_each(tiny.kernels.gdn, *args)
-            o[1, 0] += 1e-3                                # fork 1's first row off
-            return o, s
-        monkeypatch.setattr(tiny, "kernels",
-                            dataclasses.replace(tiny.kernels, gdn_many=gdn_many))
-    elif broken == "conv":
-        def conv_many(*args):
-            y, s = kernels.conv_each(tiny.kernels.conv, *args)
-            y[1, 0] += 1e-3                                # fork 1's first row off
-            return y, s
-        monkeypatch.setattr(tiny, "kernels",
-                            dataclasses.replace(tiny.kernels, conv_many=conv_many))
+    else:                            # the recurrences' or the conv's one call over [B, t]
+        each, one = {"recurrences": (kernels.gdn_each, tiny.kernels.gdn),
+                     "conv": (kernels.conv_each, tiny.kernels.conv)}[broken]
+
+        def many(*args):
+            out, state = each(one, *args)
+            out[1, 0] += 1e-3                              # fork 1's first row off
+            return out, state
+        field = "gdn_many" if broken == "recurrences" else "conv_many"
+        monkeypatch.setattr(tiny, "kernels", dataclasses.replace(tiny.kernels, **{field: many}))
     r = Reader(tiny, grid=2 * T, cuda_graphs=True, attention="fa4", fused_ops=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
