@@ -310,11 +310,13 @@ def questions_part(model, args) -> dict:
                 out[f"{context}x{rows}x{b}"] = row
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
-                if getattr(args, "profile", False) and batch and batch.num_seqs == b and \
-                        b == max(args.batches) \
-                        and context == max(args.contexts) and rows == min(args.question_rows):
+                if getattr(args, "profile", False) and b in (1, max(args.batches)) and \
+                        context == max(args.contexts) and rows == min(args.question_rows):
+                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b]))
+                                   if batch and batch.num_seqs == b else
+                                   (alone, lambda: alone.run(*forks[0])))
                     try:                       # the rows above kept whatever the profiler does
-                        row["profile"] = _question_profile(batch, forks[:b])
+                        row["profile"] = _question_profile(target, run)
                     except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)
                         row["profile_error"] = f"{type(e).__name__}: {e}"
     out["down_bmm"] = {f"{rows}x{b}": _down_bmm(model, rows, b, args.repeats)
@@ -331,10 +333,12 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     [B, rows, I], the weight broadcast: cuBLAS's strided batched GEMM) gives each fork the
     bits F.linear gives its rows alone (`exact`), and both arms' ms for one call a layer of
     the model (`bmm_ms`, `per_fork_ms`: one linear a fork; `one_ms`: one fork's rows alone;
-    medians of repeats after a warm-up), on random SwiGLU-sized rows; on CUDA also the
+    on random SwiGLU-sized rows); on CUDA also the
     invariant split-K linear (model.invariant.linear_splitk, `splitk4`, `splitk8`,
-    `splitk16`: every fork's rows in one call against each alone through it, `exact`, and
-    `ms`, `one_ms`): the measurements a one-call down projection would need."""
+    `splitk16` with its default tile, `splitk4_64x64x64`, `splitk8_64x64x64` with 64-column
+    tiles: every fork's rows in one call against each alone through it, `exact`, and `ms`,
+    `one_ms`). Every ms: the median device time of one call a layer of the model, all in
+    one CUDA graph (_graph_ms)."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     g = torch.Generator(device=dev).manual_seed(rows + num_seqs)
     act = torch.randn(num_seqs * rows, cfg.intermediate_size, device=dev, dtype=dt,
@@ -347,15 +351,17 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     exact = torch.equal(per_fork(), bmm())
     n = len(model.layers)
 
-    def ms(fn) -> float:
-        times = [_timed_ms(lambda: [fn() for _ in range(n)]) for _ in range(repeats + 1)]
-        return statistics.median(times[1:])          # the first: the warm-up
+    def ms(fn) -> float:                       # n calls (a layer each) in one CUDA graph
+        return _graph_ms(lambda: [fn() for _ in range(n)], repeats)
     out = {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3),
            "one_ms": round(ms(lambda: F.linear(act[:rows], w)), 3)}
     if act.is_cuda:             # the invariant split-K linear, over all rows and for one fork
-        for splits in (4, 8, 16):
-            fn = functools.partial(invariant.linear_splitk, w=w, splits=splits)
-            out[f"splitk{splits}"] = {
+        for tile, splits in [(invariant.TILE, s) for s in (4, 8, 16)] + [
+                (invariant.Tile(64, 64, 64), s) for s in (4, 8)]:
+            fn = functools.partial(invariant.linear_splitk, w=w, splits=splits, tile=tile)
+            name = f"splitk{splits}" + ("" if tile == invariant.TILE else
+                                        f"_{tile.block_m}x{tile.block_n}x{tile.block_k}")
+            out[name] = {
                 "exact": all(torch.equal(fn(act)[b * rows:(b + 1) * rows],
                                          fn(act[b * rows:(b + 1) * rows]))
                              for b in range(num_seqs)),
@@ -364,13 +370,29 @@ def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
     return out
 
 
+def _graph_ms(fn, repeats: int) -> float:
+    """Median ms of fn() replayed as one CUDA graph (device time, no launch gaps of the
+    host: Triton's launches cost the host tens of us each), after one eager warm-up call and
+    one replay; eagerly by the clock where there is no CUDA (a smoke run)."""
+    fn()
+    if not torch.cuda.is_available():
+        return statistics.median(_timed_ms(fn) for _ in range(repeats))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    return statistics.median(_timed_ms(graph.replay) for _ in range(repeats))
+
+
 def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
-    """blocks_differ of the row-wise ops QuestionBatch's `rows` and `conv` parts run over all
-    B * rows rows, each with the question runner's op set `op` (on CUDA model.rowwise's
-    kernels for the first three, ops.row_invariant_ops) on random inputs of the model's
-    shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated), `gdn_gates`,
-    `gated_rms_norm`, and `conv` (KernelSet.convs over [B, rows] with each block's own state
-    against KernelSet.conv per block): the (B, block) pairs that get other bits than alone."""
+    """blocks_differ of the row-wise ops QuestionBatch's `rows` and `conv` parts run over all B
+    * rows rows, each with the question runner's op set `op` (on CUDA ops.row_invariant_ops:
+    model.rowwise's kernels, model.invariant's split-K down projection) on random inputs of the
+    model's shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated),
+    `gdn_gates`, `gated_rms_norm`, `down` (the MLP's down projection, Ops.down_proj), and `conv`
+    (KernelSet.convs over [B, rows] with each block's own state against KernelSet.conv per
+    block): the (B, block) pairs that get other bits than alone."""
     cfg, dev, dt = model.cfg, model.device, model.dtype
     g = torch.Generator(device=dev).manual_seed(rows)
     most = max(batches, default=1)
@@ -398,6 +420,9 @@ def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
     out["gated_rms_norm"] = blocks_differ(
         lambda o, z_: op.gated_rms_norm(o, z_, gdn.norm.weight, gdn.norm.eps),
         [rnd(most * rows, hv, vd), z], rows, batches)
+    out["down"] = blocks_differ(
+        lambda a: op.down_proj(a, model.layers[0].mlp.down_proj.weight),
+        [rnd(most * rows, cfg.intermediate_size)], rows, batches)
     out["conv"] = []
     for n in batches:
         y, s_ = kernels.convs(x[:n], weight, states[:n])
@@ -425,26 +450,27 @@ def _other_ways(calls, names: list[str] | None) -> list:
     return [by_name[n] for n in names]
 
 
-def _question_profile(batch, forks, iters: int = 5, top: int = 30) -> dict:
-    """`--profile`: the batch's forward run eagerly (the same kernels its graph replays, one
+def _question_profile(target, run, iters: int = 5, top: int = 30) -> dict:
+    """`--profile`: run() (a forward of `target`, a QuestionBatch or for B = 1 the question
+    runner alone) with target's graphs off (eagerly: the same kernels its graph replays, one
     launch each) under torch.profiler, iters times after one warm-up: the `top` kernels by
-    device time, each {calls, us} per forward, and the device time in all (us per
-    forward)."""
+    device time, each {calls, us} per forward, the device time in all (us per forward) and
+    the number of kernels a forward (launches in its graph)."""
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    graphs = batch.use_graphs
-    batch.use_graphs = False                   # eagerly: each kernel its own launch
+    graphs = target.use_graphs
+    target.use_graphs = False                  # eagerly: each kernel its own launch
     try:
-        batch.run(forks)
+        run()
         sync()
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) \
                 as prof:
             for _ in range(iters):
-                batch.run(forks)
+                run()
             sync()
     finally:
-        batch.use_graphs = graphs
+        target.use_graphs = graphs
 
     def device_us(evt) -> float:                # the CPU's ops' own time off CUDA (a smoke run)
         if not cuda:
@@ -454,7 +480,8 @@ def _question_profile(batch, forks, iters: int = 5, top: int = 30) -> dict:
         return evt.self_cuda_time_total
     kernels = sorted((e for e in prof.key_averages() if device_us(e) > 0), key=device_us,
                      reverse=True)
-    out = {"total_us": round(sum(device_us(e) for e in kernels) / iters, 1), "kernels": {}}
+    out = {"total_us": round(sum(device_us(e) for e in kernels) / iters, 1),
+           "num_kernels": sum(e.count for e in kernels) // iters, "kernels": {}}
     for e in kernels[:top]:
         out["kernels"][e.key[:120]] = {"calls": e.count // iters,
                                        "us": round(device_us(e) / iters, 1)}

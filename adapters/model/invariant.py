@@ -3,13 +3,14 @@ on that row of x and on W, never on M, on the row's offset or on the other rows 
 batched read on CUDA, where cuBLAS picks its kernel and split-K by M, so a row read in a batch
 of B chunks would get other bits than alone).
 
-The fast path is a Triton kernel with one fixed tile (`TILE`: BLOCK_M x BLOCK_N output tiles,
-K in BLOCK_K steps in one fixed order, no split-K), bf16/fp16 in, fp32 sums, the input's dtype
-out; M is not specialized on (one compiled kernel for every row count), so a row meets the
-same instructions in the same order whatever else is in the GEMM. Its bits are other than
-cuBLAS's: a reader whose committed state goes through it reads every chunk through it, alone
-or batched (adapters.eager.EagerAdapter(invariant=True), path 'eager+bi'). Changing `TILE`
-changes the bits: give the path another name then.
+The fast path is a Triton kernel with one fixed tile (`TILE`: BLOCK_M x BLOCK_N output tiles, K
+in BLOCK_K steps in one fixed order, no split-K), bf16/fp16 in (fp32 too, with full-precision
+dots: the tiny CPU model in Triton's interpreter), fp32 sums, the input's dtype out; M is not
+specialized on (one compiled kernel for every row count), so a row meets the same instructions
+in the same order whatever else is in the GEMM. Its bits are other than cuBLAS's: a reader whose
+committed state goes through it reads every chunk through it, alone or batched
+(adapters.eager.EagerAdapter(invariant=True), path 'eager+bi'). Changing `TILE` changes the
+bits: give the path another name then.
 
 The slow twin (`linear_twin`) sums the same K blocks in the same order in fp32 with elementwise
 torch ops only (the products of bf16 or fp16 values are exact in fp32; within a block k runs
@@ -54,6 +55,8 @@ class Tile:
 
 TILE = Tile()
 DTYPES = (torch.bfloat16, torch.float16)
+# the kernels take fp32 too (full-precision dots: the tiny CPU model in Triton's interpreter)
+KERNEL_DTYPES = DTYPES + (torch.float32,)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, dtypes=DTYPES) -> None:
@@ -74,7 +77,8 @@ def _kernel():
 
     @triton.jit(do_not_specialize=["M"])
     def bi_linear(X, W, Y, M, stride_xm, N: tl.constexpr, K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  PRECISION: tl.constexpr):
         """Y[rows, cols] = sum over K blocks in order of X[rows, k] W[cols, k]^T, fp32."""
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,14 +90,14 @@ def _kernel():
                         mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
             w = tl.load(W + cols[:, None].to(tl.int64) * K + kk[None, :],
                         mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         tl.store(Y + rows[:, None].to(tl.int64) * N + cols[None, :],
                  acc.to(Y.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
     @triton.jit(do_not_specialize=["M"])
     def bi_linear_splitk(X, W, P, M, stride_xm, N: tl.constexpr, K: tl.constexpr,
                          K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         """P[split, rows, cols] = sum over split's K blocks in order of X W^T, fp32."""
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,7 +110,7 @@ def _kernel():
                         mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0)
             w = tl.load(W + cols[:, None].to(tl.int64) * K + kk[None, :],
                         mask=(cols[:, None] < N) & (kk[None, :] < K), other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         out = P + split.to(tl.int64) * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
         tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
@@ -122,10 +126,16 @@ def _kernel():
     return triton, bi_linear, bi_linear_splitk, sum_splits
 
 
+def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision: 'ieee' for fp32 (the CPU's model dtype, in Triton's
+    interpreter: no TF32 rounding), else Triton's default 'tf32' (unused by bf16 and fp16)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def _operands(x: torch.Tensor, w: torch.Tensor):
     """The kernels' operands after _check: x with rows of unit stride along K, w contiguous,
     and the output y [M, N] in x's dtype, empty."""
-    _check(x, w)
+    _check(x, w, KERNEL_DTYPES)
     if x.stride(1) != 1:
         x = x.contiguous()
     w = w.contiguous()
@@ -135,7 +145,8 @@ def _operands(x: torch.Tensor, w: torch.Tensor):
 def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Tensor:
     """x [M, K] (rows of unit stride along K) @ w [N, K]^T -> [M, N] in x's dtype through the
     Triton kernel (CUDA, or Triton's interpreter on the CPU: TRITON_INTERPRET=1), tile fixed.
-    Raises ValueError for other ranks, K mismatch, dtypes other than bf16/fp16 or mixed."""
+    Raises ValueError for other ranks, K mismatch, dtypes other than bf16/fp16/fp32 or
+    mixed."""
     x, w, y = _operands(x, w)
     if y.shape[0] == 0:
         return y
@@ -143,8 +154,8 @@ def linear_kernel(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.
     triton, kernel = _kernel()[:2]
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n))
     kernel[grid](x, w, y, m, x.stride(0), N=n, K=k, BLOCK_M=tile.block_m,
-                 BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
-                 num_stages=tile.num_stages)
+                 BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PRECISION=_precision(x.dtype),
+                 num_warps=tile.num_warps, num_stages=tile.num_stages)
     return y
 
 
@@ -174,7 +185,8 @@ def linear_splitk(x: torch.Tensor, w: torch.Tensor, splits: int,
     grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, tile.block_n), splits)
     kernel[grid](x, w, part, m, x.stride(0), N=n, K=k, K_SPLIT=k_split(k, splits, tile),
                  BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                 num_warps=tile.num_warps, num_stages=tile.num_stages)
+                 PRECISION=_precision(x.dtype), num_warps=tile.num_warps,
+                 num_stages=tile.num_stages)
     block = 1024
     add[(triton.cdiv(m * n, block),)](part, y, m * n, SPLITS=splits, BLOCK=block)
     return y

@@ -53,7 +53,7 @@ class MLP(nn.Module):
         """x [T, hidden] -> [T, hidden]; gate_up: the fused [2I, hidden] weight (model.fuse)
         for one GEMM instead of two."""
         g, u = self.gate_up(x, op, gate_up)
-        return op.linear(op.swiglu(g, u), self.down_proj.weight)
+        return op.down_proj(op.swiglu(g, u), self.down_proj.weight)
 
     def gate_up(self, x: torch.Tensor, op: Ops = EAGER, gate_up=None):
         """The gate and up projections of x [T, hidden]: (g, u), each [T, intermediate]

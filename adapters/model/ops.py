@@ -10,6 +10,7 @@ through one runner, so its state still equals a fresh prefill through that runne
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Callable
 
@@ -115,6 +116,14 @@ class Ops:
     swiglu: Callable = swiglu
     conv_gates: Callable | None = None     # None: the kernel set's conv, then gdn_gates
     linear: Callable = F.linear            # the projections (never compiled; model.gemv)
+    # the MLP's down projection where it is not `linear`: a row-invariant kernel
+    # (row_invariant_ops), which a batch of questions runs over all its rows; None: `linear`
+    down: Callable | None = None
+
+    def down_proj(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The MLP's down projection x [T, I] @ w [hidden, I]^T -> [T, hidden] through `down`,
+        or `linear` where that is None."""
+        return (self.down or self.linear)(x, w)
 
 
 EAGER = Ops()
@@ -133,7 +142,8 @@ def fused_ops(compile_conv: bool = False) -> Ops:
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), 64))
-    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops) if f.name != "linear"}
+    fns = {f.name: getattr(EAGER, f.name) for f in fields(Ops)
+           if f.name not in ("linear", "down")}
     fns["conv_gates"] = conv_gates if compile_conv else None
     return Ops(**{name: fn and torch.compile(fn, dynamic=False, fullgraph=True)
                   for name, fn in fns.items()})
@@ -146,12 +156,20 @@ def decode_ops(op_set: Ops) -> Ops:
     return replace(op_set, linear=linear)
 
 
+# the down projection's K parts in the question runners (model.invariant.linear_splitk):
+# a 64-row question's 1,024 output columns are 8 tiles; 8 parts of its 3,584 K make 64
+# programs alone (the 0.8B)
+DOWN_SPLITS = 8
+
+
 def row_invariant_ops(op_set: Ops) -> Ops:
     """op_set with `norm_rope`, `gdn_gates` and `gated_rms_norm` through model.rowwise's
     Triton kernels (a program per row and head: a row's bits never depend on the row count;
-    CUDA, or Triton's interpreter): the ops of the question runners below the grid on CUDA,
-    so that a batch of questions (runners.question_batch, OneCall.rows) gives each the bits
-    it gets alone."""
-    from adapters.model import rowwise
+    CUDA, or Triton's interpreter) and the down projection through model.invariant's split-K
+    kernel (`down`: fixed tiles and K parts summed in order, DOWN_SPLITS): the ops of the
+    question runners below the grid on CUDA, so that a batch of questions
+    (runners.question_batch, OneCall.rows) gives each the bits it gets alone."""
+    from adapters.model import invariant, rowwise
     return replace(op_set, norm_rope=rowwise.norm_rope, gdn_gates=rowwise.gdn_gates,
-                   gated_rms_norm=rowwise.gated_rms_norm)
+                   gated_rms_norm=rowwise.gated_rms_norm,
+                   down=functools.partial(invariant.linear_splitk, splits=DOWN_SPLITS))

@@ -13,8 +13,10 @@ the per-fork small ops most of the rest):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
 - per fork, on the same rows and strides as the question's own runner: the KV rows' write
   and FA4's split and tail tables (built from its own staged page table: the same tables as
-  alone), and the down projection (cuBLAS picked another kernel for 64-row blocks of a batch,
-  split-K for 64 rows alone; as one batched GEMM too, bi_bench `down_bmm`);
+  alone), and the down projection where the op set's is cuBLAS (it picked another kernel
+  for 64-row blocks of a batch, split-K for 64 rows alone; as one batched GEMM too, bi_bench
+  `down_bmm`): the question runners on CUDA run model.invariant's split-K kernel instead
+  (ops.row_invariant_ops), over all rows with `rows`;
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
   fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
   (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
@@ -62,7 +64,8 @@ class OneCall:
     - rows: the row-wise ops between the projections over all B * t rows through the
       runner's op set (row-invariant kernels in the question runners on CUDA, ops.
       row_invariant_ops): the q/k heads (norms, RoPE: the forks share one position), with
-      conv the GDN gates (GatedDeltaNet.gates_many), with recurrences the gated norm."""
+      conv the GDN gates (GatedDeltaNet.gates_many), with recurrences the gated norm, and
+      the MLP's down projection where the op set has a row-invariant one (Ops.down)."""
 
     attention: bool = True
     recurrences: bool = True
@@ -288,11 +291,14 @@ class QuestionBatch:
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
-        the down projection per fork. Returns [B * t, hidden]."""
-        g, u = mlp.gate_up(h, self.ops, self.proj and self.proj.mlp_in[i])
-        act = self.ops.swiglu(g, u)
-        return torch.cat([self.ops.linear(act[self.rows(b)], mlp.down_proj.weight)
-                          for b in range(self.num_seqs)])
+        the down projection over all rows with calls.rows where the op set's is row-invariant
+        (Ops.down), else per fork. Returns [B * t, hidden]."""
+        op, w = self.ops, mlp.down_proj.weight
+        g, u = mlp.gate_up(h, op, self.proj and self.proj.mlp_in[i])
+        act = op.swiglu(g, u)
+        if self.calls.rows and op.down is not None:
+            return op.down_proj(act, w)
+        return torch.cat([op.down_proj(act[self.rows(b)], w) for b in range(self.num_seqs)])
 
     # -- warm-up, staging, running ----------------------------------------------------------
 

@@ -88,7 +88,9 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match=r"x \[M, K\] and w \[N, K\]"):
         invariant.linear_kernel(x, w[:, :8])
     with pytest.raises(ValueError, match="one dtype"):
-        invariant.linear_kernel(x.float(), w.float())
+        invariant.linear_kernel(x.float(), w)
+    with pytest.raises(ValueError, match="one dtype"):
+        invariant.linear_kernel(x.double(), w.double())
     with pytest.raises(ValueError, match="one dtype"):
         invariant.linear_twin(x, w.float())
     with pytest.raises(ValueError, match="power of two"):
@@ -114,3 +116,12 @@ def test_split_k_gives_a_row_the_same_bits_in_every_gemm(splits):
     assert invariant.k_split(K, 3, SMALL) == 16 and invariant.k_split(K, 1, SMALL) == 48
     with pytest.raises(ValueError, match="splits >= 1"):
         invariant.linear_splitk(x, w, 0, SMALL)
+
+
+def test_split_k_takes_fp32_with_full_precision_dots():
+    """fp32 (the tiny CPU model's dtype, ops.row_invariant_ops' down projection in Triton's
+    interpreter): row-invariant, and near an fp64 GEMM (no TF32 rounding of the operands)."""
+    fn = functools.partial(invariant.linear_splitk, splits=3, tile=SMALL)
+    big, x, w = _row_invariant(fn, torch.float32)
+    assert big.dtype == torch.float32
+    assert _close(big, x, w) < 1e-5

@@ -79,12 +79,19 @@ def test_gated_rms_norm_is_close_to_its_twin_and_row_invariant(dtype, tol):
         rowwise.gated_rms_norm(x, z[:, :2], w, 1e-6)
 
 
-def test_row_invariant_ops_swap_only_the_three_ops():
+def test_row_invariant_ops_swap_only_the_three_ops_and_the_down_projection():
+    from adapters.model import invariant
     fused = ops.Ops()
     inv = ops.row_invariant_ops(fused)
     assert inv.norm_rope is rowwise.norm_rope and inv.gdn_gates is rowwise.gdn_gates
     assert inv.gated_rms_norm is rowwise.gated_rms_norm
     assert inv.rms_norm is fused.rms_norm and inv.linear is fused.linear
+    assert fused.down is None and inv.down.func is invariant.linear_splitk
+    assert inv.down.keywords == {"splits": ops.DOWN_SPLITS}
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(5, 80, generator=g), torch.randn(16, 80, generator=g)
+    assert torch.equal(fused.down_proj(x, w), torch.nn.functional.linear(x, w))
+    assert torch.equal(inv.down_proj(x, w), invariant.linear_splitk(x, w, ops.DOWN_SPLITS))
 
 
 def test_the_kernels_take_the_0_8b_heads_row_by_row():
@@ -135,8 +142,9 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
                                                                                 monkeypatch):
     """The question runner below the grid with ops.row_invariant_ops (as on CUDA: here over
     the eager ops, the kernels interpreted) and its batch with every part it can run in one
-    call (no FA4 here: the conv, the recurrences, the heads, gates and gated norm over all
-    rows): each fork's hidden rows equal its runner's alone, bit for bit."""
+    call (no FA4 here: the conv, the recurrences, the heads, gates, gated norm and down
+    projection over all rows): each fork's hidden rows equal its runner's alone, bit for
+    bit."""
     from paged import paged_kv
 
     from adapters import state_spec
@@ -148,6 +156,7 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
     monkeypatch.setattr(runners, "question_ops", lambda rows: ops.row_invariant_ops(ops.EAGER))
     alone = runners.for_rows(t)
     assert alone is not runners.chunk and alone.ops.norm_rope is rowwise.norm_rope
+    assert alone.ops.down is not None
     batch = QuestionBatch(alone, runners.batch_slots(2))
     assert batch.calls.parts == ("recurrences", "conv", "rows")
     spec = state_spec(tiny)

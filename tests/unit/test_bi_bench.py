@@ -34,10 +34,10 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 
 def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
     class Args:
-        grid, batches, contexts, repeats, question_rows = 64, [2, 4], [128, 192], 1, [64]
+        grid, batches, contexts, repeats, question_rows = 64, [1, 2, 4], [128, 192], 1, [64]
         ceiling = profile = True
     out = questions_part(tiny, Args)
-    assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (2, 4)} | {
+    assert set(out) == {f"{c}x64x{b}" for c in (128, 192) for b in (1, 2, 4)} | {
         "captures", "down_bmm", "row_ops"}
     assert set(out["down_bmm"]) == {"64x2", "64x4"} and all(
         r["bmm_ms"] > 0 and r["per_fork_ms"] > 0 and r["one_ms"] > 0 and
@@ -45,6 +45,9 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         for r in out["down_bmm"].values())
     for key, row in out.items():
         if key in ("captures", "down_bmm", "row_ops"):
+            continue
+        if key.endswith("x1"):                          # one question: both arms the same
+            assert row["exact"] is True and row["one_forward"] > 0 and "ceiling" not in row
             continue
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0 and row["exact"] is True
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
@@ -59,14 +62,17 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert row["per_fork_over_one"] > 0 and "attention+recurrences" not in row
     assert set(out["row_ops"]) == {"64"}
     for ops in out["row_ops"].values():
-        assert set(ops) == {"norm_rope", "gdn_gates", "gated_rms_norm", "conv"}
+        assert set(ops) == {"norm_rope", "gdn_gates", "gated_rms_norm", "down", "conv"}
         assert all(v == [] for v in ops.values())      # the CPU's eager ops: row by row
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
-    profiled = [k for k, row in out.items() if "profile" in row]   # the largest batch at the
-    assert profiled == ["192x64x4"]                                # largest context
-    prof = out["192x64x4"]["profile"]
-    assert prof["total_us"] > 0 and prof["kernels"] and all(
-        k["calls"] >= 1 and k["us"] >= 0 for k in prof["kernels"].values())
+    profiled = [k for k, row in out.items() if "profile" in row]   # one question and the
+    assert profiled == ["192x64x1", "192x64x4"]                    # largest batch at the
+    for key in profiled:                                           # largest context
+        prof = out[key]["profile"]
+        assert prof["total_us"] > 0 and prof["kernels"] and all(
+            k["calls"] >= 1 and k["us"] >= 0 for k in prof["kernels"].values())
+        assert prof["num_kernels"] >= sum(k["calls"] for k in prof["kernels"].values())
+    assert out["192x64x4"]["profile"]["num_kernels"] > out["192x64x1"]["profile"]["num_kernels"]
 
 
 def test_other_ways_follow_the_checks_order_or_the_names_given():
