@@ -365,8 +365,8 @@ def finish_answers(adapter: Adapter, store: PageStore, fws: list[Forward],
         pass
     logits = list(logits or [None] * len(fws))
     todo = [i for i, lg in enumerate(logits) if lg is None]
-    got = adapter.fork_logits_batch([(fws[i].rest, fws[i].pos, kv(store, fws[i], fws[i].rows),
-                                      fws[i].gdn, letters[i]) for i in todo]) if todo else []
+    got = last_logits_many(adapter, store, [fws[i] for i in todo],
+                           [letters[i] for i in todo]) if todo else []
     for i, lg in zip(todo, got):
         logits[i] = lg
     return [to_answer(adapter, fw, lg, ch) for fw, lg, ch in zip(fws, logits, choices)]
@@ -377,6 +377,14 @@ def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
     """A fork's last forward alone (its pieces read): its letters' logits, what
     finish_answers would compute for it."""
     return adapter.fork_logits(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, letters)
+
+
+def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
+                     letters: list[list[int]]) -> list[torch.Tensor]:
+    """Forks' last forwards (their pieces read) through adapter.fork_logits_batch: each
+    fork's letters' logits [len(letters)] fp32, the bits last_logits gives it alone."""
+    return adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
+                                      for fw, lt in zip(fws, letters)])
 
 
 def to_answer(adapter: Adapter, fw: Forward, logits: torch.Tensor,

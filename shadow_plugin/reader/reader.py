@@ -592,9 +592,10 @@ class Reader:
     def advance_many(self, pendings: list[fork.Pending]) -> bool:
         """One step of begun questions (begin_ask_many), one forward: the next whole chunk of
         each that has one, in one batch where the adapter batches them (Adapter.batches),
-        else the next piece of one question; once no piece is left, with an adapter that does
-        not batch these last forwards, the last forward of one question a step (with one
-        that does, they all run in `finish_ask_many`). Returns whether steps remain before
+        else the next piece of one question; once no piece is left, where the adapter does
+        not batch all their last forwards in one, the last forwards of one bucket's questions
+        that it batches, or of one question, a step (`_last_group`; where it batches them
+        all, they run in `finish_ask_many`). Returns whether steps remain before
         `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
         due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
@@ -604,15 +605,30 @@ class Reader:
             else:
                 moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
         elif len(pendings) > 1 and not self.adapter.batches([len(fw.rest) for fw in fws]):
-            p = next((p for p in pendings if p.logits is None), None)
-            if p is not None:
-                p.logits = fork.last_logits(self.adapter, self.store, p.fw, p.letters)
+            group = self._last_group([p for p in pendings if p.logits is None])
+            if group:
+                got = fork.last_logits_many(self.adapter, self.store, [p.fw for p in group],
+                                            [p.letters for p in group])
+                for p, logits in zip(group, got):
+                    p.logits = logits
             moved = any(p.logits is None for p in pendings)
         else:
             moved = False
         if moved:
             self.adapter.sync()
         return moved
+
+    def _last_group(self, todo: list[fork.Pending]) -> list[fork.Pending]:
+        """The begun questions (their pieces read, no logits yet) whose last forwards the next
+        step runs, in one forward: those of the first bucket (Adapter.fork_rows, in `todo`'s
+        order) with 2 or more whose batch the adapter runs (Adapter.batches), else the first
+        question alone; [] for none. So an ask whose questions pad to several buckets (a
+        long router question beside short ones) still batches the short ones."""
+        buckets: dict[int, list[fork.Pending]] = {}
+        for p in todo:
+            buckets.setdefault(self.adapter.fork_rows(len(p.fw.rest)), []).append(p)
+        return next((g for g in buckets.values() if len(g) > 1 and
+                     self.adapter.batches([len(p.fw.rest) for p in g])), todo[:1])
 
     def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
         """The answers of begun questions, in order (their last forwards in one batch); their

@@ -152,6 +152,39 @@ def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
     check_refs(r)
 
 
+def test_questions_of_two_buckets_batch_those_of_one(tiny, monkeypatch):
+    """An ask whose last forwards pad to two buckets (a long question beside three short
+    ones, as the router question beside short classifications): the short ones in one
+    forward, the long one alone, one forward a step; each answer its question's alone."""
+    grid = 256                                   # buckets of 64, 128 and 192 rows below it
+    rng = random.Random(8)
+    r = Reader(tiny, grid=grid, cuda_graphs=True)
+    r.feed("s", vocab_ids(rng, 600), "prompt")
+    a = r.adapter
+    items = [(vocab_ids(rng, 100), ["a", "b"]), ([5, 6, 7], ["x", "y"]),
+             ("Is the user asking for code?", ["yes", "no"]), ([9, 10], ["p", "q", "r"])]
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    pendings = r.begin_ask_many("s", items)
+    rows = [a.fork_rows(len(p.fw.rest)) for p in pendings]
+    assert rows[0] > 64 and rows[1:] == [64] * 3 and not a.batches(
+        [len(p.fw.rest) for p in pendings])
+    calls = []
+    real = a.fork_logits_batch
+    monkeypatch.setattr(a, "fork_logits_batch", lambda items: calls.append(
+        [a.fork_rows(len(i[0])) for i in items]) or real(items))
+    while r.advance_many(pendings):
+        pass
+    got = r.finish_ask_many(pendings)
+    assert calls == [[64, 64, 64], [rows[0]]]     # the short ones' step, then the long one's
+    stats = a.graph_stats()
+    if not tiny.gemms_keep_tile_bits(4 * 64, 64):  # this CPU's GEMMs: a batch checked, refused
+        assert stats["question_batch_bits"] == {"4x64": False}
+    else:
+        assert stats["num_question_batches"] == 1 and stats["question_batches"] == ["4x64"]
+    assert [x.probs for x in got] == alone
+    check_refs(r)
+
+
 def test_the_graph_adapter_checks_batch_shapes_on_forks_of_its_own(tiny):
     """check_batches (what the warm-up runs on CUDA, where only shapes checked there are
     batched): a batch of random forks over a scratch pool against each alone, per shape;
