@@ -4,7 +4,9 @@
   question and other classifications, at the end of the session: its `tail` ids past the
   context's grid line plus each question) asked in one forward (Reader.ask_many) against the
   same questions asked one at a time (Reader.ask) and against one question alone; every
-  batched answer is checked equal to its question asked alone, bit for bit ("exact").
+  batched answer is checked equal to its question asked alone, bit for bit ("exact"); the
+  question batches one ask ran (`question_batches_an_ask`, the graph adapter's); with
+  --profile the host's time in ask_many by function (cProfile).
 - `read`: one grid chunk of each of B sessions read in one forward (Reader.read_batch)
   against the same chunks read one at a time (Reader.read), at a context; the committed states
   are checked against a fresh prefill afterwards.
@@ -12,7 +14,7 @@
     python -m evals.batch_bench [--model random:tiny] [--device cpu] [--grid 512]
         [--contexts 16384,32768] [--read-contexts ...] [--questions 4] [--tail 330]
         [--batches 1,2,4,8] [--repeats 5]
-        [--threads 1] [--parts ask,read]
+        [--threads 1] [--parts ask,read] [--profile]
 
 Figures are medians over `repeats` rounds, the arms taken in turns within a round. The last
 line printed is one JSON object (with the machine, versions, commit and date). Its figures go
@@ -77,7 +79,8 @@ def ask_part(model, args) -> dict:
     items = questions(args.questions)
     for context in args.contexts:
         reader = Reader(model, grid=args.grid)
-        reader.feed("s", session_ids(context + args.tail, context), "prompt")
+        warm_up_s = reader.warm_up()         # as a server does: question batches are checked
+        reader.feed("s", session_ids(context + args.tail, context), "prompt")   # there
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
         one, seq, many, exact = [], [], [], True
@@ -89,6 +92,10 @@ def ask_part(model, args) -> dict:
             ms, batched = timed(lambda: reader.ask_many("s", items), args.device)
             many.append(ms)
             exact = exact and all(a.probs == b.probs for a, b in zip(alone, batched))
+        stats = getattr(reader.adapter, "graph_stats", dict)
+        before = stats().get("num_question_batches", 0)
+        reader.ask_many("s", items)
+        num_batches = stats().get("num_question_batches", 0) - before
         med = {k: statistics.median(v) for k, v in (("one", one), ("seq", seq), ("many", many))}
         out[str(context)] = {
             "num_ids": context, "committed": reader.committed("s"),
@@ -99,8 +106,31 @@ def ask_part(model, args) -> dict:
             "batched_over_one": round(med["many"] / med["one"], 3),
             "one_at_a_time_over_one": round(med["seq"] / med["one"], 3),
             "batched": bool(getattr(reader.adapter, "batches", lambda: False)()),
+            "question_batches_an_ask": num_batches, "warm_up_s": round(warm_up_s, 1),
             "exact": exact}
+        if args.profile:
+            out[str(context)]["profile"] = _host_profile(lambda: reader.ask_many("s", items),
+                                                         args.repeats)
         print(f"ask {context}: {out[str(context)]}", file=sys.stderr, flush=True)
+    return out
+
+
+def _host_profile(fn, repeats: int, top: int = 25) -> list[list]:
+    """`--profile`: fn() run `repeats` times under cProfile: the `top` functions by
+    cumulative time, each [file:line(function), calls a run, ms a run] (host time: where an
+    ask's milliseconds go besides its forwards)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeats):
+        fn()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][3])[:top]
+    out = [[f"{os.path.basename(f)}:{line}({name})", nc // repeats,
+            round(ct * 1e3 / repeats, 3)] for (f, line, name), (_, nc, _, ct, _) in rows]
+    print(f"profile {json.dumps(out)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -178,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parts", default="ask,read")
+    ap.add_argument("--profile", action="store_true",
+                    help="`ask`: ask_many under cProfile too (the top functions by host time)")
     args = ap.parse_args(argv)
     args.parts = args.parts.split(",")
     print(json.dumps(run(args)))

@@ -59,6 +59,13 @@ def test_batch_bench_smoke(capsys):
     ask = res["ask"]["128"]
     assert ask["exact"] is True and ask["batched"] is True and ask["committed"] == 128
     assert ask["2_in_one_forward_ms"] > 0 and ask["2_one_at_a_time_ms"] > 0
+    assert ask["question_batches_an_ask"] == 0 and ask["warm_up_s"] >= 0   # the eager adapter
+    assert "profile" not in ask                                              # (no graphs)
+    assert batch_bench.main(["--grid", "64", "--contexts", "128", "--repeats", "1",
+                             "--questions", "2", "--tail", "10", "--parts", "ask",
+                             "--profile"]) == 0
+    prof = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ask"]["128"]["profile"]
+    assert any("ask_many" in name and calls == 1 and ms > 0 for name, calls, ms in prof)
     assert [res["read"][f"128x{b}"]["exact"] for b in (1, 2)] == [True, True]
     assert res["read"]["128x2"]["ids_per_s_one_forward"] > 0 and res["date"]
 
