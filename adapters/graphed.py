@@ -121,11 +121,11 @@ class GraphAdapter(Adapter):
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
         are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
-        batches keep each fork's bits (`_batchable`). Questions
-        of two buckets, or of a shape whose batches gave other bits, go one a step, so a step
-        stays one forward (but for a shape's first batch off CUDA, checked against its forks
-        alone, and forks at other positions, which fork_logits_batch runs a group a forward).
-        Grid chunks never do (read_chunks runs them one at a time)."""
+        batches keep each fork's bits (`_batchable`). Questions of two buckets go a bucket's
+        batch a step (Reader._last_group), those of a shape whose batches gave other bits one a
+        step, so a step stays one forward (but for a shape's first batch off CUDA, checked
+        against its forks alone, and forks at other positions, which fork_logits_batch runs a
+        group a forward). Grid chunks never do (read_chunks runs them one at a time)."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions

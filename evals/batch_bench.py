@@ -79,8 +79,10 @@ def ask_part(model, args) -> dict:
     items = questions(args.questions)
     for context in args.contexts:
         reader = Reader(model, grid=args.grid)
-        warm_up_s = reader.warm_up()         # as a server does: question batches are checked
-        reader.feed("s", session_ids(context + args.tail, context), "prompt")   # there
+        # as a server does: the question batches' shapes are checked in the warm-up (a new
+        # reader per context: on an H100 about 94 s each)
+        warm_up_s = reader.warm_up()
+        reader.feed("s", session_ids(context + args.tail, context), "prompt")
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
         one, seq, many, exact = [], [], [], True

@@ -310,11 +310,12 @@ def questions_part(model, args) -> dict:
                 out[f"{context}x{rows}x{b}"] = row
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
-                if getattr(args, "profile", False) and b in (1, max(args.batches)) and \
+                batched = batch is not None and batch.num_seqs == b
+                if getattr(args, "profile", False) and (b == 1 or (
+                        batched and b == max(args.batches))) and \
                         context == max(args.contexts) and rows == min(args.question_rows):
-                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b]))
-                                   if batch and batch.num_seqs == b else
-                                   (alone, lambda: alone.run(*forks[0])))
+                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b])) if batched
+                                   else (alone, lambda: alone.run(*forks[0])))
                     try:                       # the rows above kept whatever the profiler does
                         row["profile"] = _question_profile(target, run)
                     except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)

@@ -59,7 +59,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 KERNEL_DTYPES = DTYPES + (torch.float32,)
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, dtypes=DTYPES) -> None:
+def _check(x: torch.Tensor, w: torch.Tensor, dtypes: tuple) -> None:
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"the invariant linear takes x [M, K] and w [N, K], got "
                          f"{tuple(x.shape)} and {tuple(w.shape)}")
@@ -197,7 +197,7 @@ def linear_splitk_twin(x: torch.Tensor, w: torch.Tensor, splits: int,
     """linear_splitk's slow pure-torch twin: linear_twin's sums per split (K cut as
     k_split cuts it), the fp32 partials added in split order. Row-invariant by construction,
     close to the kernel. Raises ValueError as linear_twin, and for splits < 1."""
-    _check(x, w, DTYPES + (torch.float32,))
+    _check(x, w, KERNEL_DTYPES)
     if splits < 1:
         raise ValueError(f"linear_splitk takes splits >= 1, got {splits}")
     ks = k_split(x.shape[1], splits, tile)
@@ -217,7 +217,7 @@ def linear_twin(x: torch.Tensor, w: torch.Tensor, tile: Tile = TILE) -> torch.Te
     row's bits depend on nothing but its own inputs. Takes float32 too (the CPU's model
     dtype; its products are rounded then, still row by row). Raises ValueError as
     linear_kernel (dtypes: bf16, fp16, fp32)."""
-    _check(x, w, DTYPES + (torch.float32,))
+    _check(x, w, KERNEL_DTYPES)
     xf, wf = x.float(), w.float()
     acc = torch.zeros(x.shape[0], w.shape[0], device=x.device, dtype=torch.float32)
     for k0 in range(0, x.shape[1], tile.block_k):

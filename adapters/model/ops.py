@@ -116,8 +116,8 @@ class Ops:
     swiglu: Callable = swiglu
     conv_gates: Callable | None = None     # None: the kernel set's conv, then gdn_gates
     linear: Callable = F.linear            # the projections (never compiled; model.gemv)
-    # the MLP's down projection where it is not `linear`: a row-invariant kernel
-    # (row_invariant_ops), which a batch of questions runs over all its rows; None: `linear`
+    # the MLP's down projection where it is not `linear`: it must be row-invariant (a
+    # batch of questions runs it over all its rows, row_invariant_ops); None: `linear`
     down: Callable | None = None
 
     def down_proj(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -150,10 +150,11 @@ def fused_ops(compile_conv: bool = False) -> Ops:
 
 
 def decode_ops(op_set: Ops) -> Ops:
-    """op_set with single-row projections through model.gemv (CUDA; F.linear elsewhere): the
-    ops of the fork decode runner, whose bits no committed state depends on."""
+    """op_set with single-row projections (the down projection's too) through model.gemv
+    (CUDA; F.linear elsewhere): the ops of the fork decode runner, whose bits no committed
+    state depends on."""
     from adapters.model.gemv import linear
-    return replace(op_set, linear=linear)
+    return replace(op_set, linear=linear, down=None)
 
 
 # the down projection's K parts in the question runners (model.invariant.linear_splitk):

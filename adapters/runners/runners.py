@@ -98,8 +98,9 @@ class Runners:
     def question_ops(self, t: int):
         """The op set of the question runner of t rows: on CUDA with the compiled ops, for a
         bucket that batches (at most BUCKET rows) and a model model.rowwise takes, the
-        row-wise ops row-invariant (ops.row_invariant_ops: a batch of its questions gives
-        each the bits it gets alone, runners.question_batch); else the chunk runner's."""
+        row-wise ops and the MLP's down projection row-invariant (ops.row_invariant_ops: a
+        batch of its questions gives each the bits it gets alone, runners.question_batch);
+        else the chunk runner's."""
         c = self.chunk
         if c.use_graphs and c.ops is not ops.EAGER and t <= self.BUCKET and \
                 rowwise.fits(self.model.cfg):

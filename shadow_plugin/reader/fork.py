@@ -358,8 +358,8 @@ def finish_answers(adapter: Adapter, store: PageStore, fws: list[Forward],
                    letters: list[list[int]], choices: list[list[str]],
                    logits: list[torch.Tensor | None] | None = None) -> list[Answer]:
     """finish_answer for several forks: their pieces left in batches (forward_pieces), their
-    last forwards in one adapter.fork_logits_batch (those whose `logits` were not computed
-    already, last_logits); each Answer as finish_answer gives it alone (bit for bit in its
+    last forwards in one last_logits_many (those whose `logits` were not computed
+    already); each Answer as finish_answer gives it alone (bit for bit in its
     logits). The caller releases the forks."""
     while forward_pieces(adapter, store, fws):
         pass
@@ -381,8 +381,9 @@ def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
 
 def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
                      letters: list[list[int]]) -> list[torch.Tensor]:
-    """Forks' last forwards (their pieces read) through adapter.fork_logits_batch: each
-    fork's letters' logits [len(letters)] fp32, the bits last_logits gives it alone."""
+    """Forks' last forwards (their pieces read) through adapter.fork_logits_batch (one
+    forward a group at one position in one bucket, on the graph adapter): fork i's letters'
+    logits [len(letters[i])] fp32, the bits last_logits gives it alone."""
     return adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
                                       for fw, lt in zip(fws, letters)])
 

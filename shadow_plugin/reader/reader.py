@@ -593,9 +593,9 @@ class Reader:
         """One step of begun questions (begin_ask_many), one forward: the next whole chunk of
         each that has one, in one batch where the adapter batches them (Adapter.batches),
         else the next piece of one question; once no piece is left, where the adapter does
-        not batch all their last forwards in one, the last forwards of one bucket's questions
-        that it batches, or of one question, a step (`_last_group`; where it batches them
-        all, they run in `finish_ask_many`). Returns whether steps remain before
+        not batch all their last forwards in one, the last forwards of one batch of questions
+        at one position in one bucket, or of one question, a step (`_last_group`; where it
+        batches them all, they run in `finish_ask_many`). Returns whether steps remain before
         `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
         due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
@@ -620,15 +620,22 @@ class Reader:
 
     def _last_group(self, todo: list[fork.Pending]) -> list[fork.Pending]:
         """The begun questions (their pieces read, no logits yet) whose last forwards the next
-        step runs, in one forward: those of the first bucket (Adapter.fork_rows, in `todo`'s
-        order) with 2 or more whose batch the adapter runs (Adapter.batches), else the first
+        step runs, in one forward: of the first group in `todo`'s order of 2 or more at one
+        position padding to one bucket (Adapter.fork_rows), the most of its first ones the
+        adapter runs as one batch (Adapter.batches: at most its largest batch), else the first
         question alone; [] for none. So an ask whose questions pad to several buckets (a
         long router question beside short ones) still batches the short ones."""
-        buckets: dict[int, list[fork.Pending]] = {}
+        groups: dict[tuple[int, int], list[fork.Pending]] = {}
         for p in todo:
-            buckets.setdefault(self.adapter.fork_rows(len(p.fw.rest)), []).append(p)
-        return next((g for g in buckets.values() if len(g) > 1 and
-                     self.adapter.batches([len(p.fw.rest) for p in g])), todo[:1])
+            key = (p.fw.pos, self.adapter.fork_rows(len(p.fw.rest)))
+            groups.setdefault(key, []).append(p)
+        for group in groups.values():
+            lengths = [len(p.fw.rest) for p in group]
+            size = next((k for k in range(len(group), 1, -1)
+                         if self.adapter.batches(lengths[:k])), 0)
+            if size:
+                return group[:size]
+        return todo[:1]
 
     def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
         """The answers of begun questions, in order (their last forwards in one batch); their

@@ -490,13 +490,14 @@ class Shadow:
 
     def ask_many(self, session: str, items, at: int | None, fork_at: int | None,
                  cancelled: threading.Event | None = None):
-        """Several questions about one session (items: (question, choices) pairs, answered
-        in order) in one forward: Reader.ask_many, held the way `ask` holds the gate (after
+        """Several questions about one session (items: (question, choices) pairs, answered in
+        order) in one forward: Reader.ask_many, held the way `ask` holds the gate (after
         catch_up, one batched grid piece of the questions a hold, then their last forwards in
-        one), so a host's call waits at most one batched piece. Each answer equals the same
-        question asked alone, bit for bit. Raises ValueError (400) for no question or more
-        than max_questions (nothing read), QuestionTooLong for a question past
-        max_question_tokens (nothing held), as `ask` otherwise."""
+        one, or one bucket's batch or one question a hold where they pad to several), so a
+        host's call waits at most one batched piece. Each answer equals the same question asked
+        alone, bit for bit. Raises ValueError (400) for no question or more than max_questions
+        (nothing read), QuestionTooLong for a question past max_question_tokens (nothing held),
+        as `ask` otherwise."""
         if fork_at is None:                      # as in `ask` (its 404 before the 400s below)
             fork_at = self.fork_position(session, at)
         items = list(items)

@@ -185,6 +185,44 @@ def test_questions_of_two_buckets_batch_those_of_one(tiny, monkeypatch):
     check_refs(r)
 
 
+def _steps(r, items, monkeypatch):
+    """begin/advance/finish_ask_many of items, recording each fork_logits_batch call's
+    (pos, bucket) pairs; returns (answers, calls)."""
+    a, calls = r.adapter, []
+    real = a.fork_logits_batch
+    monkeypatch.setattr(a, "fork_logits_batch", lambda items: calls.append(
+        [(i[1], a.fork_rows(len(i[0]))) for i in items]) or real(items))
+    pendings = r.begin_ask_many("s", items)
+    while r.advance_many(pendings):
+        pass
+    return r.finish_ask_many(pendings), calls
+
+
+def test_a_steps_batch_holds_forks_of_one_position_and_at_most_the_largest_batch(
+        tiny, monkeypatch):
+    """Questions that read a grid piece end at another position than the short ones, though
+    their last forwards may pad to the same bucket: a step's batch holds one position's (one
+    forward a step); a bucket of more questions than the largest batch (8) runs 8 a step."""
+    grid, rng = 256, random.Random(9)
+    r = Reader(tiny, grid=grid, cuda_graphs=True)
+    r.feed("s", vocab_ids(rng, 600), "prompt")
+    items = [(vocab_ids(rng, 260), ["a", "b"]), (vocab_ids(rng, 60), ["x", "y"]),
+             (vocab_ids(rng, 70), ["p", "q"]), ([3], ["u", "v"])]
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    got, calls = _steps(r, items, monkeypatch)
+    assert [x.probs for x in got] == alone
+    assert all(len(set(call)) == 1 for call in calls) and len(calls) >= 2, calls
+    # at 576 the 60 and 70 ids (with the tail's 24) in the 128-row bucket together, the
+    # 3 ids in the 64-row one; the question that read a piece alone at its own position
+    assert sorted(len(c) for c in calls) == [1, 1, 2] and [(576, 128)] * 2 in calls
+    many = [(vocab_ids(rng, 100), ["a", "b"])] + [([5 + i], ["x", "y"]) for i in range(9)]
+    alone = [r.ask("s", q, c).probs for q, c in many]
+    got, calls = _steps(r, many, monkeypatch)
+    assert [x.probs for x in got] == alone
+    assert [len(c) for c in calls] == [8, 1, 1] and calls[0][0][1] == 64, calls
+    check_refs(r)
+
+
 def test_the_graph_adapter_checks_batch_shapes_on_forks_of_its_own(tiny):
     """check_batches (what the warm-up runs on CUDA, where only shapes checked there are
     batched): a batch of random forks over a scratch pool against each alone, per shape;

@@ -63,7 +63,9 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
     assert set(out["row_ops"]) == {"64"}
     for ops in out["row_ops"].values():
         assert set(ops) == {"norm_rope", "gdn_gates", "gated_rms_norm", "down", "conv"}
-        assert all(v == [] for v in ops.values())      # the CPU's eager ops: row by row
+        for name, v in ops.items():       # the CPU's eager ops: row by row; F.linear (the
+            if name != "down" or tiny.gemms_keep_tile_bits(4 * 64, 64):   # down projection)
+                assert v == [], name                                      # where it does
     assert out["captures"]["question_batches"] == ["2x64", "4x64"]
     profiled = [k for k, row in out.items() if "profile" in row]   # one question and the
     assert profiled == ["192x64x1", "192x64x4"]                    # largest batch at the
