@@ -18,6 +18,10 @@
 #       (issue 36, item 3; JSON in $out/bi-bench-questions.json; BENCH_S bounds it, 540;
 #       BI_ARGS: more of bi_bench's flags, the last of a flag given twice counts, e.g.
 #       "--contexts 100352 --batches 1,4 --question-rows 64 --ceiling --profile")
+#   bash evals/device/bench_h200.sh ask     `python -m evals.batch_bench --parts ask`: the router
+#       question and three classifications at 100k through Reader.ask_many (warmed up as a
+#       server is) against one at a time, bit for bit, with ask_many's host profile
+#       (issue 36, item 3 end to end; about 170 s)
 #   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
 #       replayed alone with the router question after every turn under the default cap,
 #       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
@@ -50,6 +54,10 @@ questions)
         --repeats 5 --out "$out/bi-bench-questions.json" ${BI_ARGS:-} 2>&1 | quiet \
         | tee "$out/bi-bench-questions.log" | grep -v "^{" | cut -c1-400
     tail -n 1 "$out/bi-bench-questions.log" | cut -c1-3000 ;;
+ask)
+    timeout 400 python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
+        --contexts 100352 --parts ask --profile 2>&1 | quiet | tee "$out/batch-bench-ask.log" \
+        | tail -n 2 | cut -c1-4000 ;;
 reread)
     timeout $((560 - SECONDS)) python3 -m evals.reread ${SESSIONS:-.devdata/sessions/*.json} \
         --device cuda --check-exact 2>&1 | quiet | tee "$out/reread.log" | cut -c1-600 ;;
@@ -59,7 +67,7 @@ tails)
     [ -n "${TESTS_ONLY:-}" ] || timeout $((570 - SECONDS)) python3 -m evals.tail_bench 2>&1 | quiet \
         | tee "$out/tail-bench.log" | tail -n 1 | cut -c1-4000 ;;
 *)
-    echo "usage: bench_h200.sh read|disk|host|batch|questions|reread|tails"; exit 2 ;;
+    echo "usage: bench_h200.sh read|disk|host|batch|questions|ask|reread|tails"; exit 2 ;;
 esac
 echo "took ${SECONDS} s"
 tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null || true
