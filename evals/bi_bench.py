@@ -31,11 +31,13 @@
   e.g. `attention+recurrences`; `per_fork` for none), with `_over_one` and `_exact`; with
   --ceiling also
   one forward of the B questions' rows as one sequence (`ceiling`, `over_ceiling`: what
-  the per-fork work adds); with --profile the largest batch's kernels at the largest context
-  (`profile`); `down_bmm` per bucket and B: whether the down projection as one batched
-  GEMM keeps each fork's bits, and its ms against one GEMM a fork; `row_ops` per bucket: the
+  the per-fork work adds); with --profile the kernels of one question and of the largest
+  batch at the largest context and smallest bucket (`profile`; with --ceiling its ceiling's
+  too, `ceiling_profile`); `down_bmm` per bucket and B: whether the down projection as one
+  batched GEMM keeps each fork's bits, and its ms against one GEMM a fork (and on CUDA
+  through the split-K invariant linear), inside CUDA graphs; `row_ops` per bucket: the
   (B, fork) pairs whose bits the question runner's row-wise ops (the heads', the gates', the
-  gated norm) and the GDN conv change over all rows.
+  gated norm, the down projection) and the GDN conv change over all rows.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -303,17 +305,18 @@ def questions_part(model, args) -> dict:
                     row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
                     row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
                         alone_rows, arms[name]()))
+                batched = batch is not None and batch.num_seqs == b
+                profiled = getattr(args, "profile", False) and (b == 1 or (
+                    batched and b == max(args.batches))) and \
+                    context == max(args.contexts) and rows == min(args.question_rows)
                 if getattr(args, "ceiling", False) and b > 1:
                     row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
                                                  PagedKv(pool, pages + own), gdn[0],
-                                                 args.repeats, row["one_forward"]))
+                                                 args.repeats, row["one_forward"], profiled))
                 out[f"{context}x{rows}x{b}"] = row
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
-                batched = batch is not None and batch.num_seqs == b
-                if getattr(args, "profile", False) and (b == 1 or (
-                        batched and b == max(args.batches))) and \
-                        context == max(args.contexts) and rows == min(args.question_rows):
+                if profiled:
                     target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b])) if batched
                                    else (alone, lambda: alone.run(*forks[0])))
                     try:                       # the rows above kept whatever the profiler does
@@ -491,11 +494,13 @@ def _question_profile(target, run, iters: int = 5, top: int = 30) -> dict:
 
 
 def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
-                      batch_ms: float) -> dict:
+                      batch_ms: float, profile: bool = False) -> dict:
     """`--ceiling`: the ms of one forward of the B questions' rows as one sequence (a
     ChunkGraphs of B x t rows over the shared prefix, ids [B, t]: every layer over all rows,
     one attention and one recurrence; the forks' own work left out) and the batch's ms over
-    it (what its per-fork attention, recurrences, norms and down projections add)."""
+    it (what its per-fork attention, recurrences, norms and down projections add); with
+    profile, its kernels too (`ceiling_profile`, as _question_profile gives them: what the
+    batch runs that it does not)."""
     from adapters.runners import graphs
     runner = graphs.ChunkGraphs(model, ids.numel(), page_rows=alone.page_rows,
                                 op_set=alone.ops, proj=alone.proj, return_states=False,
@@ -503,7 +508,11 @@ def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
     flat = ids.flatten().tolist()
     times = [_timed_ms(lambda: runner.run(flat, context, kv, gdn)) for _ in range(repeats + 1)]
     ms = statistics.median(times[1:])
-    return {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
+    out = {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
+    if profile:
+        out["ceiling_profile"] = _question_profile(runner,
+                                                   lambda: runner.run(flat, context, kv, gdn))
+    return out
 
 
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:

@@ -75,6 +75,8 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
             k["calls"] >= 1 and k["us"] >= 0 for k in prof["kernels"].values())
         assert prof["num_kernels"] >= sum(k["calls"] for k in prof["kernels"].values())
     assert out["192x64x4"]["profile"]["num_kernels"] > out["192x64x1"]["profile"]["num_kernels"]
+    assert out["192x64x4"]["ceiling_profile"]["total_us"] > 0           # beside the batch's
+    assert [k for k, row in out.items() if "ceiling_profile" in row] == ["192x64x4"]
 
 
 def test_other_ways_follow_the_checks_order_or_the_names_given():
