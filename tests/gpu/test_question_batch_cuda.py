@@ -2,7 +2,8 @@
 item 3): runners.question_batch's CUDA graphs (FA4 inside, per fork its own tables) give every
 fork the hidden rows its question runner gives it alone, bit for bit, with and without FA4's
 splits; and a reader warmed up (every shape's batch warmed, captured over its pool and checked
-against its forks alone) answers ask_many as `ask` answers each question, in one forward."""
+against its forks alone) answers ask_many as `ask` answers each question, in one forward
+(those of one bucket in one forward, where they pad to two)."""
 import random
 
 import pytest
@@ -93,4 +94,13 @@ def test_ask_many_on_cuda_answers_as_each_question_alone(model):
     assert stats["num_question_batches"] == int(bits["4x128"])    # one forward, if it kept bits
     assert stats["num_captures"] == captures          # nothing captured after the warm-up
     assert [a.probs for a in many] == [reader.ask("s", q, c).probs for q, c in items]
+    # a long question beside three short ones (the router beside classifications): the
+    # short ones' last forwards in one batch of 4 (a step of their own), the long one alone
+    mixed = [(_ids(150, 3), ["a", "b"])] + items[2:] + [(_ids(30, 4), ["x", "y"])]
+    before = reader.adapter.graph_stats()["num_question_batches"]
+    many = reader.ask_many("s", mixed)          # 77 + 150 ids: 256 rows; the others 128
+    stats = reader.adapter.graph_stats()
+    assert stats["num_question_batches"] - before == int(bits["4x128"])
+    assert stats["num_captures"] == captures
+    assert [a.probs for a in many] == [reader.ask("s", q, c).probs for q, c in mixed]
     assert reader.check_exact("s")
