@@ -19,25 +19,8 @@
   ChunkGraphs forward of B x 512 rows of one sequence at each context (every layer over all
   rows, FA4 over the pages) against B forwards of 512 rows (`ceiling`; a batched read over B
   sessions adds B attentions and GDN recurrences in place of one).
-- `questions`: several questions over one session in one forward (issue 36, item 3): per
-  context and question bucket (--question-rows), B forks at the context's end over the
-  session's shared pages (a page of its own each, random states and ids), their last forwards
-  one at a time through the bucket's runner against one forward of runners.question_batch
-  (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's ms over one question's
-  (the target: at most 1.5 at B = 4 and 100k), and `exact`: every fork's hidden rows from the
-  batch equal to its runner's alone, bit for bit; beside it the same batch each other way
-  of the check (question_batch.WAYS after the batch's own, or those named in --ways), with
-  less in one call for all forks, each arm named by its parts in one call (OneCall.name,
-  e.g. `attention+recurrences`; `per_fork` for none), with `_over_one` and `_exact`; with
-  --ceiling also
-  one forward of the B questions' rows as one sequence (`ceiling`, `over_ceiling`: what
-  the per-fork work adds); with --profile the kernels of one question and of the largest
-  batch at the largest context and smallest bucket (`profile`; with --ceiling its ceiling's
-  too, `ceiling_profile`); `down_bmm` per bucket and B: whether the down projection as one
-  batched GEMM keeps each fork's bits, and its ms against one GEMM a fork (and on CUDA
-  through the split-K invariant linear), inside CUDA graphs; `row_ops` per bucket: the
-  (B, fork) pairs whose bits the question runner's row-wise ops (the heads', the gates', the
-  gated norm, the down projection) and the GDN conv change over all rows.
+- `questions`: several questions over one session in one forward (issue 36, item 3):
+  evals.question_bench, run as a part of this bench.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -61,18 +44,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import gc
 import json
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from adapters.model import invariant
+from evals import question_bench
 from evals.batch_bench import git_commit, session_ids
+from evals.probes import blocks_differ, timed_ms
 
 ROW_COUNTS = (1, 3, 17, 64, 511, 512, 1024, 2048, 4096)
 
@@ -152,23 +135,6 @@ def probe_part(model, grid: int) -> dict:
             "gdn_fla": gdn_probe(model, grid)}
 
 
-def blocks_differ(fn, inputs: list[torch.Tensor], block: int, batches) -> list[list[int]]:
-    """[B, b] for each B in batches and block b < B where fn over the first B * block rows of
-    inputs (each [>= max(B) * block, ...]) gives block b other bits than fn over block b's
-    rows alone (fn returns a tensor or a tuple of them, all row-major in the rows)."""
-    def rows(out, lo, hi):
-        return [o[lo:hi] for o in (out if isinstance(out, tuple) else (out,))]
-    out = []
-    for b_count in batches:
-        whole = fn(*[x[:b_count * block] for x in inputs])
-        for b in range(b_count):
-            lo, hi = b * block, (b + 1) * block
-            alone = fn(*[x[lo:hi] for x in inputs])
-            if not all(torch.equal(p, q) for p, q in zip(rows(whole, lo, hi),
-                                                         rows(alone, 0, block))):
-                out.append([b_count, b])
-    return out
-
 
 def graphs_part(model, args) -> dict:
     """`graphs` (module doc): blocks_differ per GEMM weight and compiled op, then the ceiling's
@@ -231,9 +197,9 @@ def graphs_part(model, args) -> dict:
         for b in args.batches:
             times = {"one_at_a_time": [], "one_forward": []}
             for k in range(args.repeats + 1):           # round 0: warm-up (and captures)
-                ms_each = _timed_ms(lambda: [one.run(ids[:grid], context, kv, gdn)
+                ms_each = timed_ms(lambda: [one.run(ids[:grid], context, kv, gdn)
                                              for _ in range(b)])
-                ms_one = _timed_ms(lambda: runners[b].run(ids[:grid * b], context, kv, gdn))
+                ms_one = timed_ms(lambda: runners[b].run(ids[:grid * b], context, kv, gdn))
                 if k:
                     times["one_at_a_time"].append(ms_each)
                     times["one_forward"].append(ms_one)
@@ -244,282 +210,11 @@ def graphs_part(model, args) -> dict:
     return out                    # its runners and pool go with this frame
 
 
-def questions_part(model, args) -> dict:
-    """`questions` (module doc): per context, bucket and B the two arms' ms (CUDA events, the
-    median of --repeats rounds after a warm-up round that also captures the graphs, the arms
-    in turns each round) and the batch's bits against each fork alone."""
-    from adapters import spec_for
-    from adapters.runners.question_batch import QuestionBatch
-    from adapters.runners.runners import Runners
-    from block_store import KvPool, PagedKv
-    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
-    other_batches: dict = {}           # (rows, B, OneCall) -> a batch with less in one call
-    runners, num = Runners(model, grid), max(args.batches)
-    g = torch.Generator(device=dev).manual_seed(3)
-    spec = spec_for(cfg, dev, dt)
-    num_shared = max(args.contexts) // grid
-    pool = KvPool(spec, grid, num_shared + num + 1)
-    pool.block.normal_(generator=g)
-    shared = [pool.manager.allocate().index for _ in range(num_shared)]
-    own = [pool.manager.allocate().index for _ in range(num)]
-    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
-             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
-            for _ in range(spec.num_gdn)] for _ in range(num)]
-    ids = torch.randint(0, cfg.vocab_size, (num, max(args.question_rows)),  # host lists,
-                        generator=torch.Generator().manual_seed(3))         # as a reader's
-    out = {}
-    for rows in args.question_rows:
-        alone = runners.for_rows(rows)
-        alone.prepare(pool)
-        for context in args.contexts:
-            pages = shared[:context // grid]
-            forks = [(ids[b, :rows].tolist(), context, PagedKv(pool, pages + [own[b]]), gdn[b])
-                     for b in range(num)]
-            one_ms = statistics.median(_timed_ms(lambda: alone.run(*forks[0]))
-                                       for _ in range(args.repeats + 1))   # one question
-            for b in args.batches:
-                batch = runners.question_batch(rows, b)
-                each = lambda b=b: [alone.run(*f)[0] for f in forks[:b]]  # noqa: E731
-                arms = {"one_at_a_time": each, "one_forward": each}
-                if batch and batch.num_seqs == b:
-                    arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b])
-                    for calls in _other_ways(batch.calls, getattr(args, "ways", None)):
-                        if (rows, b, calls) not in other_batches:
-                            other_batches[(rows, b, calls)] = QuestionBatch(
-                                alone, runners.batch_slots(b), calls)
-                        arms[calls.name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
-                            q.run(forks[:b])
-                times = {arm: [] for arm in arms}
-                for k in range(args.repeats + 1):      # round 0: warm-up and captures
-                    for arm, fn in arms.items():       # the arms in turns each round
-                        ms = _timed_ms(fn)
-                        if k:
-                            times[arm].append(ms)
-                row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
-                row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
-                row["over_one"] = round(row["one_forward"] / one_ms, 3)
-                alone_rows = each()
-                row["exact"] = all(torch.equal(x, y) for x, y in
-                                   zip(alone_rows, arms["one_forward"]()))
-                for name in [a for a in arms if a not in ("one_at_a_time", "one_forward")]:
-                    row[f"{name}_over_one"] = round(row[name] / one_ms, 3)
-                    row[f"{name}_exact"] = all(torch.equal(x, y) for x, y in zip(
-                        alone_rows, arms[name]()))
-                batched = batch is not None and batch.num_seqs == b
-                profiled = getattr(args, "profile", False) and (b == 1 or (
-                    batched and b == max(args.batches))) and \
-                    context == max(args.contexts) and rows == min(args.question_rows)
-                if getattr(args, "ceiling", False) and b > 1:
-                    row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
-                                                 PagedKv(pool, pages + own), gdn[0],
-                                                 args.repeats, row["one_forward"], profiled))
-                out[f"{context}x{rows}x{b}"] = row
-                print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
-                      flush=True)
-                if profiled:
-                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b])) if batched
-                                   else (alone, lambda: alone.run(*forks[0])))
-                    try:                       # the rows above kept whatever the profiler does
-                        row["profile"] = _question_profile(target, run)
-                    except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)
-                        row["profile_error"] = f"{type(e).__name__}: {e}"
-    out["down_bmm"] = {f"{rows}x{b}": _down_bmm(model, rows, b, args.repeats)
-                       for rows in args.question_rows for b in args.batches if b > 1}
-    out["row_ops"] = {str(rows): _row_ops(model, runners.for_rows(rows).ops, rows,
-                                          [b for b in args.batches if b > 1])
-                      for rows in args.question_rows}
-    out["captures"] = runners.captures()
-    return out
-
-
-def _down_bmm(model, rows: int, num_seqs: int, repeats: int) -> dict:
-    """Whether the MLP's down projection of B forks' rows as one batched GEMM (torch.bmm over
-    [B, rows, I], the weight broadcast: cuBLAS's strided batched GEMM) gives each fork the
-    bits F.linear gives its rows alone (`exact`), and both arms' ms for one call a layer of
-    the model (`bmm_ms`, `per_fork_ms`: one linear a fork; `one_ms`: one fork's rows alone;
-    on random SwiGLU-sized rows); on CUDA also the
-    invariant split-K linear (model.invariant.linear_splitk, `splitk4`, `splitk8`,
-    `splitk16` with its default tile, `splitk4_64x64x64`, `splitk8_64x64x64` with 64-column
-    tiles: every fork's rows in one call against each alone through it, `exact`, and `ms`,
-    `one_ms`). Every ms: the median device time of one call a layer of the model, all in
-    one CUDA graph (_graph_ms)."""
-    cfg, dev, dt = model.cfg, model.device, model.dtype
-    g = torch.Generator(device=dev).manual_seed(rows + num_seqs)
-    act = torch.randn(num_seqs * rows, cfg.intermediate_size, device=dev, dtype=dt,
-                      generator=g)
-    w = model.layers[0].mlp.down_proj.weight
-    wb = w.t().expand(num_seqs, -1, -1)
-    per_fork = lambda: torch.cat([torch.nn.functional.linear(  # noqa: E731
-        act[b * rows:(b + 1) * rows], w) for b in range(num_seqs)])
-    bmm = lambda: torch.bmm(act.view(num_seqs, rows, -1), wb).view(num_seqs * rows, -1)  # noqa
-    exact = torch.equal(per_fork(), bmm())
-    n = len(model.layers)
-
-    def ms(fn) -> float:                       # n calls (a layer each) in one CUDA graph
-        return _graph_ms(lambda: [fn() for _ in range(n)], repeats)
-    out = {"exact": exact, "bmm_ms": round(ms(bmm), 3), "per_fork_ms": round(ms(per_fork), 3),
-           "one_ms": round(ms(lambda: F.linear(act[:rows], w)), 3)}
-    if act.is_cuda:             # the invariant split-K linear, over all rows and for one fork
-        for tile, splits in [(invariant.TILE, s) for s in (4, 8, 16)] + [
-                (invariant.Tile(64, 64, 64), s) for s in (4, 8)]:
-            fn = functools.partial(invariant.linear_splitk, w=w, splits=splits, tile=tile)
-            name = f"splitk{splits}" + ("" if tile == invariant.TILE else
-                                        f"_{tile.block_m}x{tile.block_n}x{tile.block_k}")
-            out[name] = {
-                "exact": all(torch.equal(fn(act)[b * rows:(b + 1) * rows],
-                                         fn(act[b * rows:(b + 1) * rows]))
-                             for b in range(num_seqs)),
-                "ms": round(ms(lambda: fn(act)), 3),
-                "one_ms": round(ms(lambda: fn(act[:rows])), 3)}
-    return out
-
-
-def _graph_ms(fn, repeats: int) -> float:
-    """Median ms of fn() replayed as one CUDA graph (device time, no launch gaps of the
-    host: Triton's launches cost the host tens of us each), after one eager warm-up call and
-    one replay; eagerly by the clock where there is no CUDA (a smoke run)."""
-    fn()
-    if not torch.cuda.is_available():
-        return statistics.median(_timed_ms(fn) for _ in range(repeats))
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    return statistics.median(_timed_ms(graph.replay) for _ in range(repeats))
-
-
-def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
-    """blocks_differ of the row-wise ops QuestionBatch's `rows` and `conv` parts run over all B
-    * rows rows, each with the question runner's op set `op` (on CUDA ops.row_invariant_ops:
-    model.rowwise's kernels, model.invariant's split-K down projection) on random inputs of the
-    model's shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated),
-    `gdn_gates`, `gated_rms_norm`, `down` (the MLP's down projection, Ops.down_proj), and `conv`
-    (KernelSet.convs over [B, rows] with each block's own state against KernelSet.conv per
-    block): the (B, block) pairs that get other bits than alone."""
-    cfg, dev, dt = model.cfg, model.device, model.dtype
-    g = torch.Generator(device=dev).manual_seed(rows)
-    most = max(batches, default=1)
-    rnd = lambda *shape: torch.randn(*shape, device=dev, generator=g).to(dt)  # noqa: E731
-    attn = next(x.self_attn for x in model.layers if hasattr(x, "self_attn"))
-    gdn = model.layers[cfg.linear_layers[0]].linear_attn
-    h, d, hv = cfg.num_attention_heads, cfg.head_dim, cfg.linear_num_value_heads
-    cos, sin = (rnd(rows, cfg.rotary_dim).repeat(most, 1) for _ in range(2))
-    # the layouts the batch feeds them: q every 2 D of the fused projection's rows (its gate
-    # between), the conv output contiguous, b and a column slices of one fused output
-    q = rnd(most * rows, h, 2 * d)[..., :d]
-    out = {"norm_rope": blocks_differ(
-        lambda x, c, s_: op.norm_rope(x, attn.q_norm.weight, attn.q_norm.eps, c, s_),
-        [q, cos, sin], rows, batches)}
-    ba = rnd(most * rows, 2 * hv + 1)
-    out["gdn_gates"] = blocks_differ(
-        lambda m, b, a: op.gdn_gates(m, b, a, gdn.A_log, gdn.dt_bias,
-                                     cfg.linear_num_key_heads, cfg.linear_key_head_dim, hv,
-                                     cfg.linear_value_head_dim),
-        [rnd(most * rows, cfg.conv_dim), ba[:, :hv], ba[:, hv:2 * hv]], rows, batches)
-    x, states = rnd(most, rows, cfg.conv_dim), rnd(most, cfg.conv_dim, cfg.linear_conv_kernel_dim)
-    weight, kernels = gdn.conv1d.weight[:, 0, :], model.kernels
-    vd = cfg.linear_value_head_dim
-    z = rnd(most * rows, hv * vd + 8)[:, 8:].reshape(most * rows, hv, vd)    # a column slice
-    out["gated_rms_norm"] = blocks_differ(
-        lambda o, z_: op.gated_rms_norm(o, z_, gdn.norm.weight, gdn.norm.eps),
-        [rnd(most * rows, hv, vd), z], rows, batches)
-    out["down"] = blocks_differ(
-        lambda a: op.down_proj(a, model.layers[0].mlp.down_proj.weight),
-        [rnd(most * rows, cfg.intermediate_size)], rows, batches)
-    out["conv"] = []
-    for n in batches:
-        y, s_ = kernels.convs(x[:n], weight, states[:n])
-        for b in range(n):
-            y1, s1 = kernels.conv(x[b], weight, states[b])
-            if not (torch.equal(y[b], y1) and torch.equal(s_[b], s1)):
-                out["conv"].append([n, b])
-    return out
-
-
-def _other_ways(calls, names: list[str] | None) -> list:
-    """The ways timed beside a batch's own (`calls`): those after it in the check's order
-    (OneCall.fallback, FA4 ways only where `calls` has FA4 in one call), or of them those
-    named (OneCall.name). Raises ValueError for a name of no such way."""
-    ways, way = [], calls.fallback(calls.attention)
-    while way is not None:
-        ways.append(way)
-        way = way.fallback(calls.attention)
-    if names is None:
-        return ways
-    by_name = {w.name: w for w in ways}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise ValueError(f"--ways: no way {unknown} after {calls.name}; ways: {list(by_name)}")
-    return [by_name[n] for n in names]
-
-
-def _question_profile(target, run, iters: int = 5, top: int = 30) -> dict:
-    """`--profile`: run() (a forward of `target`, a QuestionBatch or for B = 1 the question
-    runner alone) with target's graphs off (eagerly: the same kernels its graph replays, one
-    launch each) under torch.profiler, iters times after one warm-up: the `top` kernels by
-    device time, each {calls, us} per forward, the device time in all (us per forward) and
-    the number of kernels a forward (launches in its graph)."""
-    from torch.profiler import ProfilerActivity, profile
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    graphs = target.use_graphs
-    target.use_graphs = False                  # eagerly: each kernel its own launch
-    try:
-        run()
-        sync()
-        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) \
-                as prof:
-            for _ in range(iters):
-                run()
-            sync()
-    finally:
-        target.use_graphs = graphs
-
-    def device_us(evt) -> float:                # the CPU's ops' own time off CUDA (a smoke run)
-        if not cuda:
-            return evt.self_cpu_time_total
-        if hasattr(evt, "self_device_time_total"):            # torch >= 2.4 (2.11 on the GPU)
-            return evt.self_device_time_total
-        return evt.self_cuda_time_total
-    kernels = sorted((e for e in prof.key_averages() if device_us(e) > 0), key=device_us,
-                     reverse=True)
-    out = {"total_us": round(sum(device_us(e) for e in kernels) / iters, 1),
-           "num_kernels": sum(e.count for e in kernels) // iters, "kernels": {}}
-    for e in kernels[:top]:
-        out["kernels"][e.key[:120]] = {"calls": e.count // iters,
-                                       "us": round(device_us(e) / iters, 1)}
-    print(f"profile {json.dumps(out)}", file=sys.stderr, flush=True)
-    return out
-
-
-def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
-                      batch_ms: float, profile: bool = False) -> dict:
-    """`--ceiling`: the ms of one forward of the B questions' rows as one sequence (a
-    ChunkGraphs of B x t rows over the shared prefix, ids [B, t]: every layer over all rows,
-    one attention and one recurrence; the forks' own work left out) and the batch's ms over
-    it (what its per-fork attention, recurrences, norms and down projections add); with
-    profile, its kernels too (`ceiling_profile`, as _question_profile gives them: what the
-    batch runs that it does not)."""
-    from adapters.runners import graphs
-    runner = graphs.ChunkGraphs(model, ids.numel(), page_rows=alone.page_rows,
-                                op_set=alone.ops, proj=alone.proj, return_states=False,
-                                side_stream=alone.side_stream)
-    flat = ids.flatten().tolist()
-    times = [_timed_ms(lambda: runner.run(flat, context, kv, gdn)) for _ in range(repeats + 1)]
-    ms = statistics.median(times[1:])
-    out = {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
-    if profile:
-        out["ceiling_profile"] = _question_profile(runner,
-                                                   lambda: runner.run(flat, context, kv, gdn))
-    return out
-
-
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over iters calls (CUDA events), after warmup calls."""
     for _ in range(warmup):
         fn()
-    return statistics.median(_timed_ms(fn) for _ in range(iters))
+    return statistics.median(timed_ms(fn) for _ in range(iters))
 
 
 def speed_part(model, tiles: list[invariant.Tile], iters: int) -> dict:
@@ -550,20 +245,6 @@ def _readers(model, grid: int, arms: list[str], resident_bytes: int) -> dict:
             readers[arm] = Reader(EagerAdapter(model, grid, invariant=True),
                                   resident_bytes=resident_bytes)
     return readers
-
-
-def _timed_ms(fn) -> float:
-    """fn()'s milliseconds by CUDA events (by the clock where there is no CUDA: a smoke run)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
 
 
 def _same_states(alone, batched, names) -> list[bool]:
@@ -612,9 +293,9 @@ def read_part(model, args) -> dict:
                         r.read_batch(names[:b])       # kept in step, not timed
                         continue
                     if arm == "bi_batch":
-                        ms = _timed_ms(lambda r=r: r.read_batch(names[:b]))
+                        ms = timed_ms(lambda r=r: r.read_batch(names[:b]))
                     else:
-                        ms = _timed_ms(lambda r=r: [r.read(s, max_chunks=1) for s in names[:b]])
+                        ms = timed_ms(lambda r=r: [r.read(s, max_chunks=1) for s in names[:b]])
                     if k:
                         times[arm].append(ms)
             row = {"context": context, "sessions": b}
@@ -663,7 +344,7 @@ def run(args) -> dict:
     parts = {"probe": lambda: probe_part(model, args.grid),
              "speed": lambda: speed_part(model, args.tiles, args.iters),
              "graphs": lambda: graphs_part(model, args),
-             "questions": lambda: questions_part(model, args),
+             "questions": lambda: question_bench.questions_part(model, args),
              "read": lambda: read_part(model, args)}
     for name in args.parts:
         res[name] = parts[name]()

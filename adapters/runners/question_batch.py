@@ -14,7 +14,7 @@ the per-fork small ops most of the rest):
 - per fork, on the same rows and strides as the question's own runner: the KV rows' write
   and FA4's split and tail tables (built from its own staged page table: the same tables as
   alone), and the down projection where the op set's is cuBLAS (it picked another kernel
-  for 64-row blocks of a batch, split-K for 64 rows alone; as one batched GEMM too, bi_bench
+  for 64-row blocks of a batch, split-K for 64 rows alone; as one batched GEMM too, question_bench
   `down_bmm`): the question runners on CUDA run model.invariant's split-K kernel instead
   (ops.row_invariant_ops), over all rows with `rows`;
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
@@ -22,12 +22,12 @@ the per-fork small ops most of the rest):
   (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
   recurrences from their own states over [B, t] rows (fla's chunked kernels run a program
   per sequence and head); the GDN conv from their own conv states over [B, t] rows (fla's
-  conv; bi_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
+  conv; question_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
   RoPE: the forks share one position), the GDN gates and the gated norm over all rows
   (`rows`: torch.compile's kernels gave some forks other bits over all rows on an H100 and
-  an H200, bi_bench `row_ops` and `graphs`; the question runners below the grid run
-  model.rowwise's row-invariant kernels instead: its norm_rope and gdn_gates kept every
-  fork's bits on an H100, its gated norm is not yet measured on a GPU); else one call a fork
+  an H200, question_bench `row_ops` and bi_bench `graphs`; the question runners below the
+  grid run model.rowwise's row-invariant kernels instead: its norm_rope, gdn_gates and gated
+  norm kept every fork's bits on an H100), and the down projection; else one call a fork
   (`fall_back`). FA4's splits through one fork's tables as one call over all forks' rows
   (each split's keys read once) was measured and dropped: four 64-row questions at 100k took
   7.01 ms that way against 6.94 ms (an H200, 2026-12-06): the attention's cost is its rows
@@ -79,7 +79,8 @@ class OneCall:
 
     @property
     def name(self) -> str:
-        """The parts in one call joined by '+' (bi_bench's arms), or 'per_fork' for none."""
+        """The parts in one call joined by '+' (evals.question_bench's arms), or 'per_fork'
+        for none."""
         return "+".join(self.parts) or "per_fork"
 
     def fallback(self, fa4: bool = True) -> OneCall | None:
@@ -96,7 +97,7 @@ class OneCall:
 ALL_IN_ONE = OneCall()
 PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False)
 # the check's order: the row-wise ops first (torch.compile picks their kernels by row count:
-# over all rows they gave some forks other bits on an H100 and an H200, bi_bench `row_ops`,
+# over all rows they gave some forks other bits on an H100 and an H200, question_bench `row_ops`,
 # 2026-12-06), then FA4, the recurrences and the conv in one call (each kept its bits there)
 WAYS = (ALL_IN_ONE,
         OneCall(rows=False),
