@@ -122,7 +122,7 @@ class GraphAdapter(Adapter):
         """Whether questions' last forwards run in one forward here: with lengths, when there
         are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
         batches keep each fork's bits (`_batchable`). Questions of two buckets go a bucket's
-        batch a step (Reader._last_group), those of a shape whose batches gave other bits one a
+        batch a step (fork.last_group), those of a shape whose batches gave other bits one a
         step, so a step stays one forward (but for a shape's first batch off CUDA, checked
         against its forks alone, and forks at other positions, which fork_logits_batch runs a
         group a forward). Grid chunks never do (read_chunks runs them one at a time)."""

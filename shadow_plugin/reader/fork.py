@@ -388,6 +388,24 @@ def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
                                       for fw, lt in zip(fws, letters)])
 
 
+def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
+    """The begun questions (their pieces read, no logits yet) whose last forwards the next
+    step runs, in one forward: of the first group in `todo`'s order of 2 or more at one
+    position padding to one bucket (adapter.fork_rows), the most of its first ones the adapter
+    runs as one batch (adapter.batches: at most its largest batch), else the first question
+    alone; [] for none. So an ask whose questions pad to several buckets (a long router
+    question beside short ones) still batches the short ones (Reader.advance_many)."""
+    groups: dict[tuple[int, int], list[Pending]] = {}
+    for p in todo:
+        groups.setdefault((p.fw.pos, adapter.fork_rows(len(p.fw.rest))), []).append(p)
+    for group in groups.values():
+        lengths = [len(p.fw.rest) for p in group]
+        size = next((k for k in range(len(group), 1, -1) if adapter.batches(lengths[:k])), 0)
+        if size:
+            return group[:size]
+    return todo[:1]
+
+
 def to_answer(adapter: Adapter, fw: Forward, logits: torch.Tensor,
               choices: list[str]) -> Answer:
     """The Answer of a fork's letters' logits [len(choices)] (the device synchronised)."""

@@ -594,7 +594,7 @@ class Reader:
         each that has one, in one batch where the adapter batches them (Adapter.batches),
         else the next piece of one question; once no piece is left, where the adapter does
         not batch all their last forwards in one, the last forwards of one batch of questions
-        at one position in one bucket, or of one question, a step (`_last_group`; where it
+        at one position in one bucket, or of one question, a step (fork.last_group; where it
         batches them all, they run in `finish_ask_many`). Returns whether steps remain before
         `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
@@ -605,7 +605,7 @@ class Reader:
             else:
                 moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
         elif len(pendings) > 1 and not self.adapter.batches([len(fw.rest) for fw in fws]):
-            group = self._last_group([p for p in pendings if p.logits is None])
+            group = fork.last_group(self.adapter, [p for p in pendings if p.logits is None])
             if group:
                 got = fork.last_logits_many(self.adapter, self.store, [p.fw for p in group],
                                             [p.letters for p in group])
@@ -617,25 +617,6 @@ class Reader:
         if moved:
             self.adapter.sync()
         return moved
-
-    def _last_group(self, todo: list[fork.Pending]) -> list[fork.Pending]:
-        """The begun questions (their pieces read, no logits yet) whose last forwards the next
-        step runs, in one forward: of the first group in `todo`'s order of 2 or more at one
-        position padding to one bucket (Adapter.fork_rows), the most of its first ones the
-        adapter runs as one batch (Adapter.batches: at most its largest batch), else the first
-        question alone; [] for none. So an ask whose questions pad to several buckets (a
-        long router question beside short ones) still batches the short ones."""
-        groups: dict[tuple[int, int], list[fork.Pending]] = {}
-        for p in todo:
-            key = (p.fw.pos, self.adapter.fork_rows(len(p.fw.rest)))
-            groups.setdefault(key, []).append(p)
-        for group in groups.values():
-            lengths = [len(p.fw.rest) for p in group]
-            size = next((k for k in range(len(group), 1, -1)
-                         if self.adapter.batches(lengths[:k])), 0)
-            if size:
-                return group[:size]
-        return todo[:1]
 
     def finish_ask_many(self, pendings: list[fork.Pending]) -> list[questions.Answer]:
         """The answers of begun questions, in order (their last forwards in one batch); their
