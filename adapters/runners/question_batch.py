@@ -5,8 +5,9 @@ there over a pure-torch fake of the package).
 
 Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
 docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100; the profile of four 64-row questions
-at 100k, docs/bi-bench-questions-h100-2026-12-06-b.log: FA4 took a third of the device time,
-the per-fork small ops most of the rest):
+at 100k, docs/bi-bench-questions-h100-2026-12-06-f.log: FA4 took 42 % of the device time,
+what grows with the forks beside it mostly their splits' copies and combine, the GDN conv and
+gates, and the norms):
 - over all rows: the embedding (a gather), the RMSNorms and residual adds, every projection
   but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj and the GDN
   out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
