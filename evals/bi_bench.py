@@ -379,6 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="`questions`: also one forward of the B questions' rows as one "
                          "sequence (FA4 compiles one kind of call more per row count)")
+    ap.add_argument("--q-copies", action="store_true",
+                    help="`questions`: also FA4's split calls with q copied (today), "
+                         "broadcast, and shared by all forks (question_bench._q_copies)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiles", default="64x128x64x4x3,128x128x64x8x3,64x64x64x4x4",

@@ -120,7 +120,86 @@ def questions_part(model, args) -> dict:
     out["row_ops"] = {str(rows): _row_ops(model, runners.for_rows(rows).ops, rows,
                                           [b for b in args.batches if b > 1])
                       for rows in args.question_rows}
+    if getattr(args, "q_copies", False) and dev.type == "cuda":
+        out["q_copies"] = {f"{context}x{rows}x{b}": _q_copies(
+            model, pool, shared[:context // grid], own, context, rows, b, args.repeats)
+            for context in args.contexts for rows in args.question_rows
+            for b in args.batches}
     out["captures"] = runners.captures()
+    return out
+
+
+def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_seqs: int,
+              repeats: int) -> dict:
+    """`--q-copies`: FA4's split calls of B forks of `rows` rows at `context` (one
+    full-attention layer's, the question runner's split count S) three ways, each fork's
+    outputs and log-sum-exps against the first's bit for bit (`exact`) and each way's ms for
+    the model's full-attention layers in one CUDA graph: `copies` as fa4_graph.attend_many
+    runs them today (q copied S times, a batch of S * B, split-major), `broadcast` the same
+    batch of B forks as B calls of S each with q broadcast (stride 0: no copy; B = 1: one
+    call), `shared` one batch of S over all forks' rows through fork 0's tables with q
+    broadcast (each split's keys read once, no copy)."""
+    from adapters.attention import fa4
+    from adapters.runners import fa4_graph
+    cfg, dev, dt = model.cfg, model.device, model.dtype
+    h, d, t, n = cfg.num_attention_heads, cfg.head_dim, rows, num_seqs
+    s = fa4.FA4Attention(h, cfg.num_key_value_heads).num_splits(context, t, dev)
+    if s == 0:
+        return {"splits": 0}
+    hkv = pool.block.shape[-2]
+    k_pool, v_pool = pool.layer(0)
+    k = k_pool.view(-1, fa4_graph.SUB_PAGE, hkv, d)
+    v = v_pool.view(-1, fa4_graph.SUB_PAGE, hkv, d)
+    tabs = [fa4_graph.tables_ref(s, context, t, pages + [own[b]], pool.page_rows)
+            for b in range(n)]
+    split = torch.stack([x["split"] for x in tabs], 1).reshape(s * n, -1).to(
+        device=dev, dtype=torch.int32)
+    split_len = torch.stack([x["split_len"] for x in tabs], 1).reshape(s * n).to(
+        device=dev, dtype=torch.int32)
+    g = torch.Generator(device=dev).manual_seed(rows + n)
+    q = torch.randn(n, t, h, d, device=dev, generator=g).to(dt)
+    o = torch.empty(s, n, t, h, d, device=dev, dtype=dt)
+    lse = torch.empty(s, n, h, t, device=dev, dtype=torch.float32)
+    o_fork = torch.empty(n, s, t, h, d, device=dev, dtype=dt)        # broadcast's, per fork
+    lse_fork = torch.empty(n, s, h, t, device=dev, dtype=torch.float32)
+    o_shared = torch.empty(s, n * t, h, d, device=dev, dtype=dt)
+    lse_shared = torch.empty(s, h, n * t, device=dev, dtype=torch.float32)
+    fwd, call = fa4.forward(), dict(causal=False, tile_mn=fa4_graph.TILE_MN)
+
+    def copies():
+        qs = q[None].expand(s, n, t, h, d).reshape(s * n, t, h, d)
+        fwd(qs, k, v, page_table=split, seqused_k=split_len, out=o.view(s * n, t, h, d),
+            lse=lse.view(s * n, h, t), **call)
+
+    def broadcast():
+        for b in range(n):
+            fwd(q[b][None].expand(s, t, h, d), k, v, page_table=split[b::n],
+                seqused_k=split_len[b::n].contiguous(), out=o_fork[b], lse=lse_fork[b], **call)
+
+    def shared():
+        fwd(q.view(1, n * t, h, d).expand(s, n * t, h, d), k, v, page_table=split[::n],
+            seqused_k=split_len[::n].contiguous(), out=o_shared, lse=lse_shared, **call)
+
+    copies()
+    ref_o, ref_lse = o.clone(), lse.clone()
+    out = {"splits": s}
+    for name, fn in (("copies", copies), ("broadcast", broadcast), ("shared", shared)):
+        try:
+            fn()
+            if name == "shared":
+                same = torch.equal(o_shared.view(s, n, t, h, d), ref_o) and torch.equal(
+                    lse_shared.view(s, h, n, t).permute(0, 2, 1, 3), ref_lse)
+            elif name == "broadcast":
+                same = torch.equal(o_fork.transpose(0, 1), ref_o) and torch.equal(
+                    lse_fork.transpose(0, 1), ref_lse)
+            else:
+                same = torch.equal(o, ref_o) and torch.equal(lse, ref_lse)
+            layers = sum(1 for x in model.layers if hasattr(x, "self_attn"))
+            ms = _graph_ms(lambda fn=fn: [fn() for _ in range(layers)], repeats)
+            out[name] = {"exact": same, "ms": round(ms, 3)}
+        except Exception as e:       # noqa: BLE001 (a bench: said, not fatal)
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    print(f"q_copies {context} rows {rows} B {n} {out}", file=sys.stderr, flush=True)
     return out
 
 
