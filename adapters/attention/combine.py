@@ -60,38 +60,55 @@ def _attn_combine_vec_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl
 
 
 @triton.jit
-def _combine_lse_kernel(O_PART, LSE, OUT, T, H: tl.constexpr, D: tl.constexpr, S1):
-    """Program per row t*H + h: its S1 partial outputs merged by their log-sum-exp."""
+def _combine_lse_kernel(O_PART, LSE, OUT, T, T_SEQ, STRIDE_S, STRIDE_B, STRIDE_H,
+                        H: tl.constexpr, D: tl.constexpr, S1: tl.constexpr):
+    """Program per row t*H + h: its S1 partial outputs merged by their log-sum-exp, the splits
+    unrolled (S1 a constant: every split's loads in flight at once, not one round trip after
+    another) and summed in split order. Row t's log-sum-exps: sequence t // T_SEQ, its row
+    t % T_SEQ, at LSE + s STRIDE_S + (t // T_SEQ) STRIDE_B + h STRIDE_H + t % T_SEQ."""
     r = tl.program_id(0)
     t, h = r // H, r % H
     d = tl.arange(0, D)
-    m = tl.load(LSE + h * T + t)
-    for s in range(1, S1):
-        m = tl.maximum(m, tl.load(LSE + (s * H + h) * T + t))
+    at = LSE + (t // T_SEQ) * STRIDE_B + h * STRIDE_H + t % T_SEQ
+    m = tl.load(at)
+    for s in tl.static_range(1, S1):
+        m = tl.maximum(m, tl.load(at + s * STRIDE_S))
     den = tl.zeros([1], tl.float32)
     acc = tl.zeros([D], tl.float32)
-    for s in range(0, S1):
-        w = tl.exp(tl.load(LSE + (s * H + h) * T + t) - m)
+    for s in tl.static_range(0, S1):
+        w = tl.exp(tl.load(at + s * STRIDE_S) - m)
         acc += w * tl.load(O_PART + ((s * T + t) * H + h) * D + d).to(tl.float32)
         den += w
     tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
 
 
 def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Merge attention over S1 disjoint key ranges: o_part [S1, T, H, D] (each range's
-    normalised output, any float dtype), lse_part [S1, H, T] fp32 (natural log-sum-exp of its
-    scaled scores; every row must have at least one finite value) -> out [T, H * D]
-    (contiguous), in fp32 then out's dtype, splits in order. Twin: combine_ref."""
+    """Merge attention over S1 disjoint key ranges: o_part [S1, T, H, D] (contiguous; each
+    range's normalised output, any float dtype), lse_part fp32 (natural log-sum-exp of each
+    range's scaled scores; every row must have at least one finite value), either [S1, H, T]
+    or, for B sequences of t rows each (T = B t, o_part's rows sequence-major), [S1, B, H, t];
+    its last dimension contiguous, any other strides (a view, read in place) -> out
+    [T, H * D] (contiguous), in fp32 then out's dtype, splits in order. One compile per S1
+    (its loops are unrolled). Twin: combine_ref."""
     s1, t, h, d = o_part.shape
-    _combine_lse_kernel[(t * h,)](o_part, lse_part, out, t, H=h, D=d, S1=s1)
+    if lse_part.dim() == 3:                   # [S1, H, T]: one sequence of T rows
+        stride_s, stride_h = lse_part.stride(0), lse_part.stride(1)
+        t_seq, stride_b = t, 0
+    else:                                     # [S1, B, H, t]
+        stride_s, stride_b, stride_h = lse_part.stride()[:3]
+        t_seq = lse_part.shape[3]
+    _combine_lse_kernel[(t * h,)](o_part, lse_part, out, t, t_seq, stride_s, stride_b,
+                                  stride_h, H=h, D=d, S1=s1)
     return out
 
 
 def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
-    """Twin of combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised
-    output),
-    lse_part [S1, H, T] fp32 (natural log-sum-exp of its scaled scores) -> [T, H * D] in
-    o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the max over s."""
+    """Twin of combine_lse in fp32: o_part [S1, T, H, D] (each split's normalised output),
+    lse_part [S1, H, T] or [S1, B, H, t] fp32 (natural log-sum-exp of its scaled scores)
+    -> [T, H * D] in o_part's dtype: sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m), m the
+    max over s."""
     s1, t, h, d = o_part.shape
+    if lse_part.dim() == 4:                   # [S1, B, H, t] -> [S1, H, B t]
+        lse_part = lse_part.permute(0, 2, 1, 3).reshape(s1, h, t)
     w = torch.softmax(lse_part.float(), dim=0).permute(0, 2, 1)[..., None]   # [S1, T, H, 1]
     return (w * o_part.float()).sum(0).reshape(t, h * d).to(o_part.dtype)
