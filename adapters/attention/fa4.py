@@ -239,7 +239,7 @@ class FA4Attention:
             return
         o_part = torch.empty(s + 1, t, h, d, device=q.device, dtype=q.dtype)
         lse_part = torch.empty(s + 1, h, t, device=q.device, dtype=torch.float32)
-        qs = q[None].expand(s, t, h, d).contiguous()
+        qs = q[None].expand(s, t, h, d)    # S copies as a stride-0 view (FA4 reads it so)
         split = lambda: self._fwd(qs, k, v, plan.split, False, o_part[:s], lse_part[:s])  # noqa
         tail = lambda: self._fwd(q[None], k, v, plan.tail, True, o_part[s:], lse_part[s:])  # noqa
         if self.overlap and q.is_cuda:
