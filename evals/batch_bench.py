@@ -30,11 +30,11 @@ import platform
 import random
 import statistics
 import sys
-import time
 
 import torch
 
 from evals.run_info import git_commit
+from evals.timing import wall_ms
 from shadow_plugin.chat.router import ROUTER
 from shadow_plugin.reader.reader import Reader
 
@@ -60,19 +60,6 @@ def session_ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(1000, 240000) for _ in range(n)]
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device: str) -> tuple[float, object]:
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return (time.perf_counter() - t0) * 1e3, out
-
-
 def ask_part(model, args) -> dict:
     """The `ask` arms at each context (module doc)."""
     out = {}
@@ -86,12 +73,13 @@ def ask_part(model, args) -> dict:
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
         one, seq, many, exact = [], [], [], True
+        cuda = args.device == "cuda"
         for _ in range(args.repeats):
-            ms, alone = timed(lambda: [reader.ask("s", q, c) for q, c in items], args.device)
+            alone, ms = wall_ms(lambda: [reader.ask("s", q, c) for q, c in items], cuda)
             seq.append(ms)
-            ms, _ = timed(lambda: reader.ask("s", *items[0]), args.device)
+            _, ms = wall_ms(lambda: reader.ask("s", *items[0]), cuda)
             one.append(ms)
-            ms, batched = timed(lambda: reader.ask_many("s", items), args.device)
+            batched, ms = wall_ms(lambda: reader.ask_many("s", items), cuda)
             many.append(ms)
             exact = exact and all(a.probs == b.probs for a, b in zip(alone, batched))
         stats = getattr(reader.adapter, "graph_stats", dict)
@@ -158,10 +146,10 @@ def read_part(model, args) -> dict:
                     for s in names:
                         r.feed(s, ids[s][context + g * (k + 1):context + g * (k + 2)],
                                "output")
-                ms, _ = timed(lambda: [readers[0].read(s, max_chunks=1) for s in names],
-                              args.device)
+                _, ms = wall_ms(lambda: [readers[0].read(s, max_chunks=1) for s in names],
+                                args.device == "cuda")
                 alone.append(ms)
-                ms, res = timed(lambda: readers[1].read_batch(names), args.device)
+                res, ms = wall_ms(lambda: readers[1].read_batch(names), args.device == "cuda")
                 assert res.num_chunks == b
                 batched.append(ms)
             exact = all(r.check_exact(s) for r in readers for s in names)

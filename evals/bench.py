@@ -9,16 +9,18 @@ on CUDA and wall times on the CPU. Prints a table and, last, one JSON object.
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import json
 import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from adapters.model import load_model
+from evals.timing import device_ms
 from shadow_plugin.chat.router import ROUTER
 from shadow_plugin.reader.reader import Reader
 
@@ -26,23 +28,10 @@ BANDS = ((0, 8192), (8192, 32768), (32768, 65536), (65536, 102400))
 KNOWN_PARTS = {"read", "exact", "decode", "ask", "floor", "grids", "peer", "graphs", "eager"}
 
 
-class Timer:
-    """Device-accurate timing: CUDA events on CUDA, perf_counter on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn):
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn()
-            end.record()
-            torch.cuda.synchronize()
-            return out, start.elapsed_time(end)
-        t0 = time.perf_counter()
-        out = fn()
-        return out, (time.perf_counter() - t0) * 1e3
+def device_timer(device: torch.device) -> Callable:
+    """timing.device_ms for this device: fn -> (fn(), ms), CUDA events on CUDA, the clock on
+    the CPU (also on a machine with a GPU)."""
+    return functools.partial(device_ms, cuda=device.type == "cuda")
 
 
 def _label(at: int) -> str:
@@ -81,7 +70,7 @@ def unshared(ids: list[int], salt: int = 1) -> list[int]:
     return [(ids[0] + salt) % 240000] + list(ids[1:])
 
 
-def read_rates(reader: Reader, ids: list[int], timer: Timer) -> list[tuple[int, float]]:
+def read_rates(reader: Reader, ids: list[int], timer: Callable) -> list[tuple[int, float]]:
     """(context at the chunk's start, ms) for every chunk of reading ids from 0."""
     reader.feed("bench", ids, "prompt")
     out = []
@@ -92,7 +81,7 @@ def read_rates(reader: Reader, ids: list[int], timer: Timer) -> list[tuple[int, 
     return out
 
 
-def backlog_rates(reader: Reader, ids: list[int], timer: Timer) -> dict[str, float]:
+def backlog_rates(reader: Reader, ids: list[int], timer: Callable) -> dict[str, float]:
     """ms per 1,000 ids per context band when each band is read as one backlog (one
     Reader.read call: the chunks queued back to back, one device sync at the end, as a reader
     catches up), and '0k-32k' over the first 32k; against read_rates, which syncs after every
@@ -156,7 +145,7 @@ def decode_ms(reader: Reader, num_tokens: int = 32) -> float:
                            stop_ids=()).ms_per_token
 
 
-def gemm_floor_ms(model, grid: int, timer: Timer) -> float:
+def gemm_floor_ms(model, grid: int, timer: Callable) -> float:
     """Device time of one chunk's dense projections alone, as the runners do them (model.fuse:
     one GEMM for the projections that share an input; every other nn.Linear of the layers, the
     lm_head excluded) on random [grid, in_features] inputs, in a CUDA graph on CUDA."""
@@ -172,7 +161,7 @@ def gemm_floor_ms(model, grid: int, timer: Timer) -> float:
         for w, x in zip(weights, xs):
             torch.nn.functional.linear(x, w)
     run()
-    if timer.cuda:
+    if model.device.type == "cuda":
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
@@ -268,7 +257,7 @@ def run(args) -> dict:
                          "attention; this run reads eagerly (the CPU, or --parts eager)")
     split = attn_split(args)
     model = load_model(args.model, device=device)
-    timer = Timer(device)
+    timer = device_timer(device)
     res = {"model": args.model, "dtype": str(model.dtype).removeprefix("torch."),
            "kernels": model.kernels.name, "max_context": args.max_context,
            "attn_tiling": getattr(args, "attn_tiling", None) or "default",

@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from adapters.model import invariant
 from evals import question_bench
 from evals.batch_bench import git_commit, session_ids
-from evals.probes import blocks_differ, timed_ms
+from evals.probes import blocks_differ
+from evals.timing import device_ms
 
 ROW_COUNTS = (1, 3, 17, 64, 511, 512, 1024, 2048, 4096)
 
@@ -197,9 +198,9 @@ def graphs_part(model, args) -> dict:
         for b in args.batches:
             times = {"one_at_a_time": [], "one_forward": []}
             for k in range(args.repeats + 1):           # round 0: warm-up (and captures)
-                ms_each = timed_ms(lambda: [one.run(ids[:grid], context, kv, gdn)
-                                             for _ in range(b)])
-                ms_one = timed_ms(lambda: runners[b].run(ids[:grid * b], context, kv, gdn))
+                ms_each = device_ms(lambda: [one.run(ids[:grid], context, kv, gdn)
+                                             for _ in range(b)])[1]
+                ms_one = device_ms(lambda: runners[b].run(ids[:grid * b], context, kv, gdn))[1]
                 if k:
                     times["one_at_a_time"].append(ms_each)
                     times["one_forward"].append(ms_one)
@@ -214,7 +215,7 @@ def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over iters calls (CUDA events), after warmup calls."""
     for _ in range(warmup):
         fn()
-    return statistics.median(timed_ms(fn) for _ in range(iters))
+    return statistics.median(device_ms(fn)[1] for _ in range(iters))
 
 
 def speed_part(model, tiles: list[invariant.Tile], iters: int) -> dict:
@@ -293,9 +294,10 @@ def read_part(model, args) -> dict:
                         r.read_batch(names[:b])       # kept in step, not timed
                         continue
                     if arm == "bi_batch":
-                        ms = timed_ms(lambda r=r: r.read_batch(names[:b]))
+                        ms = device_ms(lambda r=r: r.read_batch(names[:b]))[1]
                     else:
-                        ms = timed_ms(lambda r=r: [r.read(s, max_chunks=1) for s in names[:b]])
+                        ms = device_ms(lambda r=r: [r.read(s, max_chunks=1)
+                                                    for s in names[:b]])[1]
                     if k:
                         times[arm].append(ms)
             row = {"context": context, "sessions": b}

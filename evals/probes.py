@@ -1,8 +1,6 @@
 """What the batched-forward benches (evals.bi_bench, evals.question_bench) share: which row
-blocks of a batch get other bits than alone, and a call's device time."""
+blocks of a batch get other bits than alone."""
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -23,17 +21,3 @@ def blocks_differ(fn, inputs: list[torch.Tensor], block: int, batches) -> list[l
                                                          rows(alone, 0, block))):
                 out.append([b_count, b])
     return out
-
-
-def timed_ms(fn) -> float:
-    """fn()'s milliseconds by CUDA events (by the clock where there is no CUDA: a smoke run)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)

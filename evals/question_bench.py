@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from adapters.model import invariant
-from evals.probes import blocks_differ, timed_ms
+from evals.probes import blocks_differ
+from evals.timing import device_ms
 
 
 def questions_part(model, args) -> dict:
@@ -67,7 +68,7 @@ def questions_part(model, args) -> dict:
             pages = shared[:context // grid]
             forks = [(ids[b, :rows].tolist(), context, PagedKv(pool, pages + [own[b]]), gdn[b])
                      for b in range(num)]
-            one_ms = statistics.median(timed_ms(lambda: alone.run(*forks[0]))
+            one_ms = statistics.median(device_ms(lambda: alone.run(*forks[0]))[1]
                                        for _ in range(args.repeats + 1))   # one question
             for b in args.batches:
                 batch = runners.question_batch(rows, b)
@@ -84,7 +85,7 @@ def questions_part(model, args) -> dict:
                 times = {arm: [] for arm in arms}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     for arm, fn in arms.items():       # the arms in turns each round
-                        ms = timed_ms(fn)
+                        ms = device_ms(fn)[1]
                         if k:
                             times[arm].append(ms)
                 row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
@@ -251,13 +252,13 @@ def _graph_ms(fn, repeats: int) -> float:
     one replay; eagerly by the clock where there is no CUDA (a smoke run)."""
     fn()
     if not torch.cuda.is_available():
-        return statistics.median(timed_ms(fn) for _ in range(repeats))
+        return statistics.median(device_ms(fn)[1] for _ in range(repeats))
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     graph.replay()
-    return statistics.median(timed_ms(graph.replay) for _ in range(repeats))
+    return statistics.median(device_ms(graph.replay)[1] for _ in range(repeats))
 
 
 def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
@@ -377,7 +378,8 @@ def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
                                 op_set=alone.ops, proj=alone.proj, return_states=False,
                                 side_stream=alone.side_stream)
     flat = ids.flatten().tolist()
-    times = [timed_ms(lambda: runner.run(flat, context, kv, gdn)) for _ in range(repeats + 1)]
+    times = [device_ms(lambda: runner.run(flat, context, kv, gdn))[1]
+             for _ in range(repeats + 1)]
     ms = statistics.median(times[1:])
     out = {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
     if profile:

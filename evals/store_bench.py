@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from adapters.model import autotune, load_model
+from evals.timing import wall_ms
 from shadow_plugin.reader.reader import Reader
 
 SECOND = """
@@ -55,30 +56,17 @@ print(json.dumps(out))
 """
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return out, (time.perf_counter() - t0) * 1e3
-
-
 def measure(reader: Reader, ids: list[int], size: int) -> dict:
     """Spill, restore from disk and re-spill of session 's' read to `size` ids."""
     reader.feed("s", ids[:size], "prompt")
     reader.read("s")
     before = {k: v.clone() for k, v in reader.state_tensors("s").items()}
     table = reader.table
-    _, spill_ms = timed(lambda: table.park("s"))
+    _, spill_ms = wall_ms(lambda: table.park("s"))
     nbytes = reader.stats()["disk_bytes"]
     table.forget_memory()                         # memory forgets it: restored from disk
     hits = table.counters.prefix_cache_hit_tokens["disk"]
-    _, restore_ms = timed(lambda: table.get("s"))
+    _, restore_ms = wall_ms(lambda: table.get("s"))
     from_disk = table.counters.prefix_cache_hit_tokens["disk"] - hits
     after = reader.state_tensors("s")
     same = all(torch.equal(before[k], after[k]) for k in before)
@@ -86,13 +74,13 @@ def measure(reader: Reader, ids: list[int], size: int) -> dict:
     # restore under the lock is left with
     table.park("s")                               # its files are there: only the manifest
     table.forget_memory()
-    num_ahead, prefetch_ms = timed(lambda: reader.prefetch("s"))
-    _, restore_ahead_ms = timed(lambda: table.get("s"))
+    num_ahead, prefetch_ms = wall_ms(lambda: reader.prefetch("s"))
+    _, restore_ahead_ms = wall_ms(lambda: table.get("s"))
     after = reader.state_tensors("s")
     same = same and all(torch.equal(before[k], after[k]) for k in before)
     reader.feed("s", ids[:size + 4096], "prompt")
     reader.read("s")
-    _, respill_ms = timed(lambda: table.park("s"))
+    _, respill_ms = wall_ms(lambda: table.park("s"))
     return {"num_ids": size, "disk_bytes": nbytes, "spill_ms": round(spill_ms, 1),
             "restore_ms": round(restore_ms, 1), "restored_from_disk_tokens": from_disk,
             "prefetch_ms": round(prefetch_ms, 1), "prefetched_pages": num_ahead,

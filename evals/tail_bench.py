@@ -50,7 +50,7 @@ import torch
 from adapters import ROW_ALIGN
 from block_store.session import fork_pages
 from evals.batch_bench import session_ids
-from evals.bench import Timer
+from evals.bench import device_timer
 from evals.run_info import git_commit
 from shadow_plugin.chat.questions import letter_ids, question_ids
 from shadow_plugin.chat.router import ROUTER
@@ -94,7 +94,7 @@ def measure(model, context: int, tail: int, args) -> dict:
     q_ids = question_ids(tok, ROUTER.question, list(ROUTER.choices), ids[-1])
     letters = letter_ids(tok, len(ROUTER.choices))
     run, pages = arms(reader, q_ids, letters)
-    timer = Timer(model.device)
+    timer = device_timer(model.device)
     times: dict[str, list[float]] = {k: [] for k in [*run, "ask_kept", "ask_none"]}
     try:
         with torch.no_grad():
