@@ -138,8 +138,9 @@ def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_
     the model's full-attention layers in one CUDA graph: `copies` as fa4_graph.attend_many
     runs them today (q copied S times, a batch of S * B, split-major), `broadcast` the same
     batch of B forks as B calls of S each with q broadcast (stride 0: no copy; B = 1: one
-    call), `shared` one batch of S over all forks' rows through fork 0's tables with q
-    broadcast (each split's keys read once, no copy)."""
+    call, and `copies` is then a stride-0 view too), `shared` one batch of S over all
+    forks' rows through fork 0's tables with q broadcast (each split's keys read once, no
+    copy)."""
     from adapters.attention import fa4
     from adapters.runners import fa4_graph
     cfg, dev, dt = model.cfg, model.device, model.dtype
@@ -172,14 +173,16 @@ def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_
         fwd(qs, k, v, page_table=split, seqused_k=split_len, out=o.view(s * n, t, h, d),
             lse=lse.view(s * n, h, t), **call)
 
+    lens = [split_len[b::n].contiguous() for b in range(n)]      # fork b's key counts
+
     def broadcast():
         for b in range(n):
             fwd(q[b][None].expand(s, t, h, d), k, v, page_table=split[b::n],
-                seqused_k=split_len[b::n].contiguous(), out=o_fork[b], lse=lse_fork[b], **call)
+                seqused_k=lens[b], out=o_fork[b], lse=lse_fork[b], **call)
 
     def shared():
         fwd(q.view(1, n * t, h, d).expand(s, n * t, h, d), k, v, page_table=split[::n],
-            seqused_k=split_len[::n].contiguous(), out=o_shared, lse=lse_shared, **call)
+            seqused_k=lens[0], out=o_shared, lse=lse_shared, **call)
 
     copies()
     ref_o, ref_lse = o.clone(), lse.clone()

@@ -26,7 +26,7 @@ def device_ms(fn, cuda: bool | None = None) -> tuple[object, float]:
     start.record()
     out = fn()
     end.record()
-    end.synchronize()
+    torch.cuda.synchronize()           # every stream: no work of fn's runs into the next call
     return out, start.elapsed_time(end)
 
 

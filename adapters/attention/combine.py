@@ -89,8 +89,22 @@ def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor)
     or, for B sequences of t rows each (T = B t, o_part's rows sequence-major), [S1, B, H, t];
     its last dimension contiguous, any other strides (a view, read in place) -> out
     [T, H * D] (contiguous), in fp32 then out's dtype, splits in order. One compile per S1
-    (its loops are unrolled). Twin: combine_ref."""
+    (its loops are unrolled: `warm_up`). Raises ValueError for other shapes or layouts
+    (checked on the host, nothing read). Twin: combine_ref."""
     s1, t, h, d = o_part.shape
+    shapes = {3: (s1, h, t), 4: (s1, -1, h, -1)}
+    want = shapes.get(lse_part.dim())
+    if not o_part.is_contiguous() or want is None or lse_part.stride(-1) != 1 or \
+            lse_part.dtype != torch.float32 or any(
+                w not in (-1, n) for w, n in zip(want, lse_part.shape)) or \
+            (lse_part.dim() == 4 and lse_part.shape[1] * lse_part.shape[3] != t) or \
+            out.shape != (t, h * d) or not out.is_contiguous():
+        raise ValueError(f"combine_lse takes o_part [S1, T, H, D] contiguous, lse_part fp32 "
+                         f"[S1, H, T] or [S1, B, H, t] (B t = T) with its last dimension "
+                         f"contiguous, out [T, H * D] contiguous; got o_part "
+                         f"{tuple(o_part.shape)} strides {o_part.stride()}, lse_part "
+                         f"{tuple(lse_part.shape)} {lse_part.dtype} strides "
+                         f"{lse_part.stride()}, out {tuple(out.shape)} strides {out.stride()}")
     if lse_part.dim() == 3:                   # [S1, H, T]: one sequence of T rows
         stride_s, stride_h = lse_part.stride(0), lse_part.stride(1)
         t_seq, stride_b = t, 0
@@ -100,6 +114,19 @@ def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor)
     _combine_lse_kernel[(t * h,)](o_part, lse_part, out, t, t_seq, stride_s, stride_b,
                                   stride_h, H=h, D=d, S1=s1)
     return out
+
+
+def warm_up(splits, t: int, num_heads: int, head_dim: int, device: torch.device,
+            dtype: torch.dtype) -> None:
+    """combine_lse compiled for each split count S in `splits` (S + 1 parts; 0 has no
+    combine) over t rows of num_heads heads of head_dim, so that no chunk or CUDA graph
+    capture compiles one later (a compile inside a capture would fail it)."""
+    for s in splits:
+        if s:
+            o_part = torch.zeros(s + 1, t, num_heads, head_dim, device=device, dtype=dtype)
+            lse = torch.zeros(s + 1, num_heads, t, device=device, dtype=torch.float32)
+            combine_lse(o_part, lse, torch.empty(t, num_heads * head_dim, device=device,
+                                                 dtype=dtype))
 
 
 def combine_ref(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:

@@ -176,3 +176,19 @@ def test_combine_reads_sequences_log_sum_exps_in_place():
     assert torch.allclose(out.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
+
+
+def test_combine_refuses_layouts_it_cannot_read():
+    """combine_lse checks its tensors' shapes and layouts on the host before any kernel."""
+    pytest.importorskip("triton")
+    from adapters.attention.combine import combine_lse
+    o_part = torch.zeros(3, 8, 2, 16)
+    out = torch.empty(8, 32)
+    for lse in (torch.zeros(3, 8, 2).transpose(1, 2),      # [S1, H, T], T not contiguous
+                torch.zeros(3, 2, 7),                        # T of 7 rows, not 8
+                torch.zeros(3, 3, 2, 2),                     # B t = 6 rows, not 8
+                torch.zeros(3, 2, 8, dtype=torch.float16)):  # not fp32
+        with pytest.raises(ValueError, match="combine_lse takes"):
+            combine_lse(o_part, lse, out)
+    with pytest.raises(ValueError, match="combine_lse takes"):
+        combine_lse(o_part.transpose(1, 2), torch.zeros(3, 2, 8), out)
