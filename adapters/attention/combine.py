@@ -59,25 +59,30 @@ def _attn_combine_vec_kernel(O_PART, L_PART, OUT, POS, T, H: tl.constexpr, D: tl
     tl.store(OUT + r * D + d, acc.to(OUT.dtype.element_ty))
 
 
-@triton.jit
-def _combine_lse_kernel(O_PART, LSE, OUT, T, T_SEQ, STRIDE_S, STRIDE_B, STRIDE_H,
-                        H: tl.constexpr, D: tl.constexpr, S1: tl.constexpr):
-    """Program per row t*H + h: its S1 partial outputs merged by their log-sum-exp, the splits
-    unrolled (S1 a constant: every split's loads in flight at once, not one round trip after
-    another) and summed in split order. Row t's log-sum-exps: sequence t // T_SEQ, its row
-    t % T_SEQ, at LSE + s STRIDE_S + (t // T_SEQ) STRIDE_B + h STRIDE_H + t % T_SEQ."""
+@triton.jit(do_not_specialize=["S1"])      # one compile for every S1 up to S_MAX
+def _combine_lse_kernel(O_PART, LSE, OUT, T, T_SEQ, STRIDE_S, STRIDE_B, STRIDE_H, S1,
+                        H: tl.constexpr, D: tl.constexpr, S_MAX: tl.constexpr):
+    """Program per row t*H + h: its S1 partial outputs merged by their log-sum-exp, summed in
+    split order. The loops are unrolled to S_MAX >= S1 (a power of two: one compile serves
+    every S1 up to it), so every split's loads are in flight at once instead of one round
+    trip after another; the splits from S1 on are masked: -inf to the max, weight 0, which
+    adds +0 to the sums and leaves their bits as S1 splits give them. Row t's log-sum-exps:
+    sequence t // T_SEQ, its row t % T_SEQ, at LSE + s STRIDE_S + (t // T_SEQ) STRIDE_B +
+    h STRIDE_H + t % T_SEQ."""
     r = tl.program_id(0)
     t, h = r // H, r % H
     d = tl.arange(0, D)
     at = LSE + (t // T_SEQ) * STRIDE_B + h * STRIDE_H + t % T_SEQ
     m = tl.load(at)
-    for s in tl.static_range(1, S1):
-        m = tl.maximum(m, tl.load(at + s * STRIDE_S))
+    for s in tl.static_range(1, S_MAX):
+        m = tl.maximum(m, tl.load(at + s * STRIDE_S, mask=s < S1, other=float("-inf")))
     den = tl.zeros([1], tl.float32)
     acc = tl.zeros([D], tl.float32)
-    for s in tl.static_range(0, S1):
-        w = tl.exp(tl.load(at + s * STRIDE_S) - m)
-        acc += w * tl.load(O_PART + ((s * T + t) * H + h) * D + d).to(tl.float32)
+    for s in tl.static_range(0, S_MAX):
+        ok = s < S1
+        w = tl.where(ok, tl.exp(tl.load(at + s * STRIDE_S, mask=ok, other=0.0) - m), 0.0)
+        acc += w * tl.load(O_PART + ((s * T + t) * H + h) * D + d, mask=ok,
+                           other=0.0).to(tl.float32)
         den += w
     tl.store(OUT + r * D + d, (acc / den).to(OUT.dtype.element_ty))
 
@@ -88,9 +93,10 @@ def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor)
     range's scaled scores; every row must have at least one finite value), either [S1, H, T]
     or, for B sequences of t rows each (T = B t, o_part's rows sequence-major), [S1, B, H, t];
     its last dimension contiguous, any other strides (a view, read in place) -> out
-    [T, H * D] (contiguous), in fp32 then out's dtype, splits in order. One compile per S1
-    (its loops are unrolled: `warm_up`). Raises ValueError for other shapes or layouts
-    (checked on the host, nothing read). Twin: combine_ref."""
+    [T, H * D] (contiguous), in fp32 then out's dtype, splits in order. One compile per
+    power of two at or above S1 (its loops are unrolled to it: `warm_up`). Raises
+    ValueError for other shapes or layouts (checked on the host, nothing read). Twin:
+    combine_ref."""
     s1, t, h, d = o_part.shape
     shapes = {3: (s1, h, t), 4: (s1, -1, h, -1)}
     want = shapes.get(lse_part.dim())
@@ -112,17 +118,20 @@ def combine_lse(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor)
         stride_s, stride_b, stride_h = lse_part.stride()[:3]
         t_seq = lse_part.shape[3]
     _combine_lse_kernel[(t * h,)](o_part, lse_part, out, t, t_seq, stride_s, stride_b,
-                                  stride_h, H=h, D=d, S1=s1)
+                                  stride_h, s1, H=h, D=d, S_MAX=triton.next_power_of_2(s1))
     return out
 
 
 def warm_up(splits, t: int, num_heads: int, head_dim: int, device: torch.device,
             dtype: torch.dtype) -> None:
-    """combine_lse compiled for each split count S in `splits` (S + 1 parts; 0 has no
-    combine) over t rows of num_heads heads of head_dim, so that no chunk or CUDA graph
-    capture compiles one later (a compile inside a capture would fail it)."""
+    """combine_lse compiled for every split count S in `splits` (S + 1 parts; 0 has no
+    combine: one compile per power of two at or above S + 1) over t rows of num_heads heads
+    of head_dim, so that no chunk or CUDA graph capture compiles one later (a compile inside
+    a capture would fail it)."""
+    done = set()
     for s in splits:
-        if s:
+        if s and triton.next_power_of_2(s + 1) not in done:
+            done.add(triton.next_power_of_2(s + 1))
             o_part = torch.zeros(s + 1, t, num_heads, head_dim, device=device, dtype=dtype)
             lse = torch.zeros(s + 1, num_heads, t, device=device, dtype=torch.float32)
             combine_lse(o_part, lse, torch.empty(t, num_heads * head_dim, device=device,
