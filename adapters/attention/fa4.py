@@ -176,8 +176,7 @@ class FA4Attention:
         """Compile and record each kind of call a runner of t rows makes, before its first
         real chunk (a kernel's first compile takes seconds): at pos 0 (one causal call) and,
         where t rows are split, at pos 2 * MIN_SPLIT_KEYS (the splits and the causal tail),
-        over pools of pages of page_rows rows in reverse order; and the combine of every
-        split count it can meet (combine.warm_up: one compile each)."""
+        over pools of pages of page_rows rows in reverse order."""
         pos = 2 * fa4_plan.MIN_SPLIT_KEYS        # read at call time (tests lower it)
         n = -(-(pos + t) // page_rows)
         g = torch.Generator(device=device).manual_seed(0)
@@ -189,8 +188,6 @@ class FA4Attention:
         pages = list(range(n))[::-1]
         for at in (0, pos):
             self.attend(q, at, k, v, self.plan(at, t, pages, page_rows, device), out)
-        from adapters.attention.combine import warm_up as combine_warm_up
-        combine_warm_up(self.all_splits(t, device), t, num_heads, head_dim, device, dtype)
 
     def num_splits(self, pos: int, t: int, device: torch.device) -> int:
         """S of split_plan for a run of t rows at pos with this object's heads on device's

@@ -240,7 +240,8 @@ def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                        seqused_k=tables.tail_len, causal=True,
                        out=o_part[s].view(n, t, h, d), lse=lse_part[s], **call)
     _splits_beside_tail(splits, tail, side, q.device)
-    combine_lse(o_part, lse_part, out)        # lse_part [S + 1, B, H, t], read in place
+    # combine_lse reads [S + 1, H, rows]: fork b's row r at column b t + r
+    combine_lse(o_part, lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t), out)
 
 
 class SplitGraphs:
