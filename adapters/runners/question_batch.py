@@ -31,8 +31,10 @@ gates, and the norms):
   norm kept every fork's bits on an H100), and the down projection; else one call a fork
   (`fall_back`). FA4's splits through one fork's tables as one call over all forks' rows
   (each split's keys read once) was measured and dropped: four 64-row questions at 100k took
-  7.01 ms that way against 6.94 ms (an H200, 2026-12-06): the attention's cost is its rows
-  times keys, not the keys' reads.
+  7.01 ms that way against 6.94 ms (an H200, 2026-12-06). With q broadcast (a stride-0 view,
+  no copy) those split calls alone took 1.63 against 1.78 ms on an H100, every fork's bits
+  kept (evals/question_bench.py `q_copies`, docs/bi-bench-questions-h100-2026-12-06-h.log):
+  not built again yet.
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
