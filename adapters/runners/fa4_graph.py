@@ -157,9 +157,10 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     filled `tables` name in the pools k_pool, v_pool [num_pages, G, Hkv, D] (read as 64-row
     sub-pages) into out [T, H * D] (contiguous), all in the pools' dtype: the splits
     (non-causal, a batch of S copies of q as one view with a stride-0 batch: flash-attn-4
-    4.0.0b36 reads it without a copy, compiling its kernel for that broadcast pattern; the
-    same bits as copies on an H100, docs/fa4-graph-tests-h100-2026-12-06.log), the tail
-    (causal), their log-sum-exp combine
+    4.0.0b36 reads it without a copy, compiling its kernel for that broadcast pattern; on
+    an H100 a question batch, whose splits copy q, gave each fork its runner's bits with the
+    view, docs/bi-bench-questions-h100-2026-12-06-h.log), the tail (causal), their
+    log-sum-exp combine
     (attention.combine.combine_lse); with S = 0 the tail alone, straight into out. fwd:
     flash_attn.cute.interface._flash_attn_fwd. side: a CUDA stream for the splits while the
     tail runs on the current one (forked and joined by events: inside a capture, two graph
