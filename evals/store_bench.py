@@ -39,7 +39,8 @@ SECOND = """
 import json, sys, numpy as np
 from adapters.model import load_model
 from shadow_plugin.reader.reader import Reader
-r = Reader(load_model(sys.argv[1], device=sys.argv[4]), grid=512, resident_bytes=0, disk_dir=sys.argv[2])
+r = Reader(load_model(sys.argv[1], device=sys.argv[4]), grid=512, resident_bytes=0,
+           disk_dir=sys.argv[2])
 extra = np.load(sys.argv[3])["ids"][:4096].tolist()
 held, (_, c) = r.ids("s"), r.position("s")       # the first process's manifest: nothing loaded
 r.feed("t", held[:c] + extra[:600], "prompt")    # another session with its prefix

@@ -138,10 +138,10 @@ class FA4Attention:
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
     host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457,
-    `fa4_one_call` host_ms), two calls a layer here, six layers a chunk. The first call of each kind (see `_fwd`) goes
-    through `_flash_attn_fwd`; while it runs, its compile cache is
-    watched and the one compiled kernel it calls, with its arguments, is kept (`fa4_record.record`).
-    Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
+    `fa4_one_call` host_ms), two calls a layer here, six layers a chunk. The first call of
+    each kind (see `_fwd`) goes through `_flash_attn_fwd`; while it runs, its compile cache is
+    watched and the one compiled kernel it calls, with its arguments, is kept
+    (`fa4_record.record`). Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
     where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
     calls equal the package's own). A call that does not fit that pattern (no kernel seen, or
     a tensor argument not ours, a package version not in DIRECT_VERSIONS) is never taken

@@ -9,8 +9,8 @@ was 3-5 % slower than over contiguous buffers (BENCHMARKS.md, 2026-12-02). With 
 width [S, W] and the key counts in device memory nothing a kernel's launch depends on changes
 between positions with the same number of splits S (`fa4_plan.split_plan`), so one graph of
 the whole body serves every position with S splits. evals/fa4_graph_probe.py at cadb457
-showed on the H200 (docs/fa4-graph-probe-2026-12-02.log) that these calls give the runner's eager calls'
-bits at 16k-99k, eagerly and replayed from one capture, and take 0.127 / 0.562 ms a layer at
+showed on the H200 (docs/fa4-graph-probe-2026-12-02.log) that these calls give the runner's
+eager calls' bits at 16k-99k, eagerly and replayed from one capture, and take 0.127 / 0.562 ms a layer at
 16k / 96k replayed against 0.163 / 0.618 eagerly. FA4 reads page_table[b, :seqused_k[b] / 64]
 only, with the causal alignment from seqused_k (flash-attn-4 4.0.0b36's source read in
 docs/fa4-graph-capture.md), so entries past a row's count are never read.
