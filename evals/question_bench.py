@@ -148,7 +148,7 @@ def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_
     s = fa4.FA4Attention(h, cfg.num_key_value_heads).num_splits(context, t, dev)
     if s == 0:
         return {"splits": 0}
-    hkv = pool.block.shape[-2]
+    hkv, layers = cfg.num_key_value_heads, sum(1 for x in model.layers if hasattr(x, "self_attn"))
     k_pool, v_pool = pool.layer(0)
     k = k_pool.view(-1, fa4_graph.SUB_PAGE, hkv, d)
     v = v_pool.view(-1, fa4_graph.SUB_PAGE, hkv, d)
@@ -198,7 +198,6 @@ def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_
                     lse_fork.transpose(0, 1), ref_lse)
             else:
                 same = torch.equal(o, ref_o) and torch.equal(lse, ref_lse)
-            layers = sum(1 for x in model.layers if hasattr(x, "self_attn"))
             ms = _graph_ms(lambda fn=fn: [fn() for _ in range(layers)], repeats)
             out[name] = {"exact": same, "ms": round(ms, 3)}
         except Exception as e:       # noqa: BLE001 (a bench: said, not fatal)

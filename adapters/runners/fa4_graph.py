@@ -160,8 +160,7 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     4.0.0b36 reads it without a copy, compiling its kernel for that broadcast pattern; on
     an H100 a question batch, whose splits copy q, gave each fork its runner's bits with the
     view, docs/bi-bench-questions-h100-2026-12-06-h.log), the tail (causal), their
-    log-sum-exp combine
-    (attention.combine.combine_lse); with S = 0 the tail alone, straight into out. fwd:
+    log-sum-exp combine (attention.combine.combine_lse); with S = 0 the tail alone, straight into out. fwd:
     flash_attn.cute.interface._flash_attn_fwd. side: a CUDA stream for the splits while the
     tail runs on the current one (forked and joined by events: inside a capture, two graph
     branches), or None for one stream. No host read or sync: capturable. Nothing is
