@@ -157,9 +157,10 @@ class EagerAdapter(Adapter):
         self.num_batched_chunks += len(items)
         return states
 
-    def fork_logits_batch(self, items) -> list[torch.Tensor]:
+    def fork_logits_batch(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
         """One forward for all (Qwen35.forward_batch) when `batches` says so for these items'
-        lengths, else one at a time; each fork's logits from its own last row."""
+        lengths, else one at a time; each fork's logits from its own last row. shared_rows
+        is not used (each fork reads its own pages)."""
         if len(items) < 2 or not self.batches([len(item[0]) for item in items]):
             return super().fork_logits_batch(items)
         hidden, _ = self.model.forward_batch(

@@ -98,7 +98,7 @@ class GraphAdapter(Adapter):
                         * 0.1) for _ in range(spec.num_gdn)]
                 kv = PagedKv(pool, pages[:pos // self.grid] + [pages[pos // self.grid + b]])
                 items.append((ids, pos, kv, gdn, [0]))
-            self._checked(batch, items)
+            self._checked(batch, items, pos)
         return self.batch_bits
 
     def graph_stats(self) -> dict:
@@ -144,29 +144,32 @@ class GraphAdapter(Adapter):
         ok = self.batch_bits.get((size, t))
         return ok is True if self.runners.chunk.use_graphs else ok is not False
 
-    def fork_logits_batch(self, items) -> list[torch.Tensor]:
+    def fork_logits_batch(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
         """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over
         one pool whose ids pad to one bucket (Runners.rows_of) in one forward a group of up to
         the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
         size padded with copies of its last fork, which write the same rows), each with the
         bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
-        `_batchable`, runs one at a time, as do the others). Returns [len(token_ids)] fp32
-        each."""
+        `_batchable`, or forks sharing too few rows for its FA4 call, QuestionBatch.shares,
+        runs one at a time, as do the others). shared_rows: as Adapter.fork_logits_batch.
+        Returns [len(token_ids)] fp32 each."""
         items = [(list(ids), *rest) for ids, *rest in items]
         groups: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):
             groups.setdefault((pos, id(kv.pool), self.runners.rows_of(len(ids))), []).append(i)
         out: list = [None] * len(items)
         most = self.runners.BATCH_SIZES[-1]
-        for (_, _, rows), every in groups.items():
+        for (pos, _, rows), every in groups.items():
             for idx in (every[k:k + most] for k in range(0, len(every), most)):
                 batch = self.runners.question_batch(rows, len(idx))
-                if batch is None or not self._batchable(batch.num_seqs, batch.t):
+                if batch is None or not self._batchable(batch.num_seqs, batch.t) or \
+                        not batch.shares(pos, shared_rows):
                     for i in idx:
                         out[i] = self.fork_logits(*items[i])
                     continue
                 group = [items[i] for i in idx]
-                hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)))
+                hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)),
+                                       shared_rows)
                 self.num_question_batches += self.batch_bits[(batch.num_seqs, batch.t)]
                 for i, h in zip(idx, hidden):
                     ids, token_ids = items[i][0], items[i][4]
@@ -174,8 +177,9 @@ class GraphAdapter(Adapter):
                                                self._ids(token_ids))[0].float()
         return out
 
-    def _checked(self, batch, items) -> list[torch.Tensor]:
-        """The forks' hidden rows [t, hidden] from one forward of `batch`; at the first batch
+    def _checked(self, batch, items, shared_rows: int) -> list[torch.Tensor]:
+        """The forks' hidden rows [t, hidden] from one forward of `batch` (the forks sharing
+        rows [0, shared_rows), QuestionBatch.run); at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
         same ids in both). Where they differ, the batch is run and compared again with
@@ -187,7 +191,7 @@ class GraphAdapter(Adapter):
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
                   for ids, pos, kv, gdn, _ in items]
-        hidden = batch.run(padded)
+        hidden = batch.run(padded, shared_rows)
         if key in self.batch_bits:
             return hidden
         runner = self.runners.for_rows(t)
@@ -197,7 +201,7 @@ class GraphAdapter(Adapter):
                     for ids, pos, kv, gdn in padded]
 
         def tried() -> tuple[list, list, bool]:   # the batch, then its forks alone (after,
-            got = batch.run(padded)                 # so the KV rows are theirs again)
+            got = batch.run(padded, shared_rows)    # so the KV rows are theirs again)
             own = alone()
             return got, own, all(torch.equal(a, b) for a, b in zip(own, got))
 

@@ -199,10 +199,14 @@ class Adapter(ABC):
         return [self.read_chunk(*item) for item in items]
 
     def fork_logits_batch(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState,
-                                                      Sequence[int]]]) -> list[torch.Tensor]:
+                                                      Sequence[int]]],
+                          shared_rows: int = 0) -> list[torch.Tensor]:
         """fork_logits for each item (ids, pos, kv, gdn, token_ids), in order: forks of one
         session or several (no two writing one page), each with the logits fork_logits gives
-        it alone ([len(token_ids)] fp32 each). By default one at a time."""
+        it alone ([len(token_ids)] fp32 each). shared_rows: every item's KV holds the same
+        rows [0, shared_rows) (forks of one session's state: the same pages there, or copies
+        of one page), which a batch may read once for all (0: nothing shared). By default
+        one at a time."""
         return [self.fork_logits(*item) for item in items]
 
     def fork_rows(self, num_ids: int) -> int:

@@ -75,13 +75,13 @@ def questions_part(model, args) -> dict:
                 each = lambda b=b: [alone.run(*f)[0] for f in forks[:b]]  # noqa: E731
                 arms = {"one_at_a_time": each, "one_forward": each}
                 if batch and batch.num_seqs == b:
-                    arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b])
+                    arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b], context)
                     for calls in _other_ways(batch.calls, getattr(args, "ways", None)):
                         if (rows, b, calls) not in other_batches:
                             other_batches[(rows, b, calls)] = QuestionBatch(
                                 alone, runners.batch_slots(b), calls)
                         arms[calls.name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
-                            q.run(forks[:b])
+                            q.run(forks[:b], context)
                 times = {arm: [] for arm in arms}
                 for k in range(args.repeats + 1):      # round 0: warm-up and captures
                     for arm, fn in arms.items():       # the arms in turns each round
@@ -110,8 +110,8 @@ def questions_part(model, args) -> dict:
                 print(f"questions {context} rows {rows} B {b} {row}", file=sys.stderr,
                       flush=True)
                 if profiled:
-                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b])) if batched
-                                   else (alone, lambda: alone.run(*forks[0])))
+                    target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b], context))
+                                   if batched else (alone, lambda: alone.run(*forks[0])))
                     try:                       # the rows above kept whatever the profiler does
                         row["profile"] = _question_profile(target, run)
                     except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)
@@ -135,12 +135,12 @@ def _q_copies(model, pool, pages: list, own: list, context: int, rows: int, num_
     """`--q-copies`: FA4's split calls of B forks of `rows` rows at `context` (one
     full-attention layer's, the question runner's split count S) three ways, each fork's
     outputs and log-sum-exps against the first's bit for bit (`exact`) and each way's ms for
-    the model's full-attention layers in one CUDA graph: `copies` as fa4_graph.attend_many
-    runs them today (q copied S times, a batch of S * B, split-major), `broadcast` the same
-    batch of B forks as B calls of S each with q broadcast (stride 0: no copy; B = 1: one
-    call, and `copies` is then a stride-0 view too), `shared` one batch of S over all
-    forks' rows through fork 0's tables with q broadcast (each split's keys read once, no
-    copy)."""
+    the model's full-attention layers in one CUDA graph: `copies` q copied S times, a batch
+    of S * B, split-major (fa4_graph.attend_many before the shared splits), `broadcast` the
+    same as B calls of S each with q broadcast (stride 0: no copy; B = 1: one call, and
+    `copies` is then a stride-0 view too), `shared` one batch of S over all forks' rows
+    through fork 0's tables with q broadcast (each split's keys read once, no copy), as
+    attend_many runs them now."""
     from adapters.attention import fa4
     from adapters.runners import fa4_graph
     cfg, dev, dt = model.cfg, model.device, model.dtype

@@ -137,15 +137,15 @@ class FA4Attention:
     compiled kernels, called directly once seen.
 
     Why: the package's Python around a kernel (checks, config, compile-key building) costs the
-    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457,
-    `fa4_one_call` host_ms), two calls a layer here, six layers a chunk. The first call of
-    each kind (see `_fwd`) goes through `_flash_attn_fwd`; while it runs, its compile cache is
-    watched and the one compiled kernel it calls, with its arguments, is kept
-    (`fa4_record.record`). Later calls of that kind call the kernel with the new q, k, v, out and lse in the places
-    where those tensors were. Same kernel, same arguments: the same bits (tested: the direct
-    calls equal the package's own). A call that does not fit that pattern (no kernel seen, or
-    a tensor argument not ours, a package version not in DIRECT_VERSIONS) is never taken
-    directly. The recorded arguments keep no tensor: each direct call fills a fresh copy.
+    host about 0.1 ms a call on the H200's host (evals/fa4_probe.py at cadb457, `fa4_one_call`
+    host_ms), two calls a layer here, six layers a chunk. The first call of each kind (see
+    `_fwd`) goes through `_flash_attn_fwd`; while it runs, its compile cache is watched and the
+    one compiled kernel it calls, with its arguments, is kept (`fa4_record.record`). Later calls
+    of that kind call the kernel with the new q, k, v, out and lse in the places where those
+    tensors were. Same kernel, same arguments: the same bits (tested: the direct calls equal the
+    package's own). A call that does not fit that pattern (no kernel seen, or a tensor argument
+    not ours, a package version not in DIRECT_VERSIONS) is never taken directly. The recorded
+    arguments keep no tensor: each direct call fills a fresh copy.
 
     Single-token decode does not come here: the decode runner reads pages with the table
     attention (runners.runners; FA4 wastes a 128-row tile on one row: 3x slower at 100k,
@@ -193,6 +193,12 @@ class FA4Attention:
         """S of split_plan for a run of t rows at pos with this object's heads on device's
         GPU (its SM count)."""
         return split_plan(pos, t, *self._heads, _num_sms(device.index or 0))[0]
+
+    def split_keys(self, pos: int, t: int, device: torch.device) -> int:
+        """S * Ls of split_plan for a run of t rows at pos on device's GPU: the keys before
+        the run that its splits read (rows [0, S Ls)); 0 without splits."""
+        s, ls = split_plan(pos, t, *self._heads, _num_sms(device.index or 0))
+        return s * ls
 
     def all_splits(self, t: int, device: torch.device) -> list[int]:
         """fa4_plan.all_splits for this object's heads on device's GPU."""

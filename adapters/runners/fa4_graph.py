@@ -10,10 +10,11 @@ width [S, W] and the key counts in device memory nothing a kernel's launch depen
 between positions with the same number of splits S (`fa4_plan.split_plan`), so one graph of
 the whole body serves every position with S splits. evals/fa4_graph_probe.py at cadb457
 showed on the H200 (docs/fa4-graph-probe-2026-12-02.log) that these calls give the runner's
-eager calls' bits at 16k-99k, eagerly and replayed from one capture, and take 0.127 / 0.562 ms a layer at
-16k / 96k replayed against 0.163 / 0.618 eagerly. FA4 reads page_table[b, :seqused_k[b] / 64]
-only, with the causal alignment from seqused_k (flash-attn-4 4.0.0b36's source read in
-docs/fa4-graph-capture.md), so entries past a row's count are never read.
+eager calls' bits at 16k-99k, eagerly and replayed from one capture, and take 0.127 / 0.562
+ms a layer at 16k / 96k replayed against 0.163 / 0.618 eagerly. FA4 reads
+page_table[b, :seqused_k[b] / 64] only, with the causal alignment from seqused_k
+(flash-attn-4 4.0.0b36's source read in docs/fa4-graph-capture.md), so entries past a row's
+count are never read.
 
 The splits are the same as the eager path's: S rows of Ls = pos // S // 128 * 128 keys over
 [0, S Ls), the tail [S Ls, pos + T) causal; so are the kernels' per-tile arithmetic and the
@@ -112,29 +113,22 @@ class SplitTables:
 
 class BatchTables:
     """B forks' SplitTables of s splits (`forks`, each filled from its own staged table) and
-    the same entries as one FA4 call of every fork's splits and one of every fork's tail take
-    them (`attend_many`; `gather` copies them there): split [s * B, W_split] split-major (row
-    i * B + b: fork b's split i) and split_len [s * B], tail [B, W_tail] and tail_len [B], all
-    int32 on `device` (FA4 takes its key counts contiguous, so a fork's own tables are not
-    views of these). Args as SplitTables, and num_seqs (B)."""
+    their tails as one FA4 call takes them (`attend_many`; `gather` copies them there): tail
+    [B, W_tail] and tail_len [B], int32 on `device` (FA4 takes its key counts contiguous, so
+    a fork's own tables are not views of these). The splits need no copy: attend_many reads
+    every fork's rows through fork 0's split tables. Args as SplitTables, and num_seqs (B)."""
 
     def __init__(self, s: int, t: int, max_rows: int, device: torch.device, num_seqs: int):
         self.s, self.t, self.num_seqs = s, t, num_seqs
         self.forks = [SplitTables(s, t, max_rows, device) for _ in range(num_seqs)]
-        w_split, w_tail = widths(s, t, max_rows)
+        w_tail = widths(s, t, max_rows)[1]
         z = lambda *n: torch.zeros(*n, dtype=torch.int32, device=device)  # noqa: E731
-        self.split = z(s * num_seqs, w_split) if s else None
-        self.split_len = z(s * num_seqs) if s else None
         self.tail, self.tail_len = z(num_seqs, w_tail), z(num_seqs)
 
     def gather(self) -> None:
-        """The forks' filled tables into the batch's (four copies on the device; capturable)."""
-        forks, n = self.forks, self.num_seqs
-        if self.s:
-            self.split.view(self.s, n, -1).copy_(torch.stack([f.split for f in forks], 1))
-            self.split_len.view(self.s, n).copy_(torch.stack([f.split_len for f in forks], 1))
-        torch.cat([f.tail for f in forks], out=self.tail)
-        torch.cat([f.tail_len for f in forks], out=self.tail_len)
+        """The forks' filled tails into the batch's (two copies on the device; capturable)."""
+        torch.cat([f.tail for f in self.forks], out=self.tail)
+        torch.cat([f.tail_len for f in self.forks], out=self.tail_len)
 
 
 def tables_ref(s: int, pos: int, t: int, pages, page_rows: int) -> dict:
@@ -158,13 +152,13 @@ def attend(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     sub-pages) into out [T, H * D] (contiguous), all in the pools' dtype: the splits
     (non-causal, a batch of S copies of q as one view with a stride-0 batch: flash-attn-4
     4.0.0b36 reads it without a copy, compiling its kernel for that broadcast pattern; on
-    an H100 a question batch, whose splits copy q, gave each fork its runner's bits with the
+    an H100 a question batch whose splits copied q gave each fork its runner's bits with the
     view, docs/bi-bench-questions-h100-2026-12-06-h.log), the tail (causal), their
-    log-sum-exp combine (attention.combine.combine_lse); with S = 0 the tail alone, straight into out. fwd:
-    flash_attn.cute.interface._flash_attn_fwd. side: a CUDA stream for the splits while the
-    tail runs on the current one (forked and joined by events: inside a capture, two graph
-    branches), or None for one stream. No host read or sync: capturable. Nothing is
-    checked here (the runner's inputs are fixed at its construction)."""
+    log-sum-exp combine (attention.combine.combine_lse); with S = 0 the tail alone, straight
+    into out. fwd: flash_attn.cute.interface._flash_attn_fwd. side: a CUDA stream for the
+    splits while the tail runs on the current one (forked and joined by events: inside a
+    capture, two graph branches), or None for one stream. No host read or sync: capturable.
+    Nothing is checked here (the runner's inputs are fixed at its construction)."""
     t, h, d = q.shape
     hkv = k_pool.shape[2]
     k, v = k_pool.view(-1, SUB_PAGE, hkv, d), v_pool.view(-1, SUB_PAGE, hkv, d)
@@ -214,35 +208,45 @@ def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                 tables: BatchTables, out: torch.Tensor, side=None) -> None:
     """`attend` for B forks of t rows each in three calls: q [B * t, H, D] (fork b's rows
     b t .. (b + 1) t) over the rows each fork's filled tables name (tables.forks[b]) into
-    out [B * t, H * D]: one FA4 call of every fork's S splits (a batch of S * B, split-major),
-    one of their causal tails (a batch of B) and one combine of all rows; with S = 0 the
-    tails alone, straight into out. Each batch element and each row is computed as `attend`
-    computes it for its fork alone; whether FA4 keeps its bits in the larger batch is
-    measured, not assumed (runners.question_batch's check). Capturable, as `attend`."""
+    out [B * t, H * D]: one FA4 call of S splits over all B * t rows through fork 0's split
+    tables (a batch of S, q broadcast as a stride-0 view: each split's keys read once for
+    all forks), one of the forks' causal tails (a batch of B) and one combine of all rows;
+    with S = 0 the tails alone, straight into out.
+
+    The forks must hold the same keys and values in rows [0, S Ls) (forks of one session's
+    state: the caller checks, QuestionBatch.shares). The splits are non-causal, so each row
+    of an FA4 tile is computed as in the fork's own call over the same keys; whether FA4
+    keeps every fork's bits is measured, not assumed (runners.question_batch's check). On
+    an H100, four 64-row forks at 100k: the split calls took 1.63 ms this way against 1.78
+    ms as a batch of S * B over copies of q, every fork's bits kept (evals/question_bench.py
+    `q_copies`, docs/bi-bench-questions-h100-2026-12-06-h.log). Capturable, as `attend`."""
     n, s = tables.num_seqs, tables.s
     t, h, d = q.shape[0] // n, q.shape[1], q.shape[2]
     hkv = k_pool.shape[2]
     k, v = k_pool.view(-1, SUB_PAGE, hkv, d), v_pool.view(-1, SUB_PAGE, hkv, d)
-    q = q.contiguous().view(n, t, h, d)
+    q = q.contiguous()
     call = dict(tile_mn=TILE_MN)
     if s == 0:
-        fwd(q, k, v, page_table=tables.tail, seqused_k=tables.tail_len, causal=True,
-            out=out.view(n, t, h, d), **call)
+        fwd(q.view(n, t, h, d), k, v, page_table=tables.tail, seqused_k=tables.tail_len,
+            causal=True, out=out.view(n, t, h, d), **call)
         return
+    first = tables.forks[0]
+    # part i < S: split i over all B * t rows; part S: the tails, fork b's rows at b t
     o_part = torch.empty(s + 1, n * t, h, d, device=q.device, dtype=q.dtype)
-    lse_part = torch.empty(s + 1, n, h, t, device=q.device, dtype=torch.float32)
-    qs = q[None].expand(s, n, t, h, d).reshape(s * n, t, h, d)
+    lse_part = torch.empty(s + 1, h, n * t, device=q.device, dtype=torch.float32)
+    lse_tail = torch.empty(n, h, t, device=q.device, dtype=torch.float32)
 
     def splits():
-        fwd(qs, k, v, page_table=tables.split, seqused_k=tables.split_len, causal=False,
-            out=o_part[:s].view(s * n, t, h, d), lse=lse_part[:s].view(s * n, h, t), **call)
+        fwd(q[None].expand(s, n * t, h, d), k, v, page_table=first.split,
+            seqused_k=first.split_len, causal=False, out=o_part[:s], lse=lse_part[:s], **call)
 
-    tail = lambda: fwd(q, k, v, page_table=tables.tail,  # noqa: E731
-                       seqused_k=tables.tail_len, causal=True,
-                       out=o_part[s].view(n, t, h, d), lse=lse_part[s], **call)
+    def tail():
+        fwd(q.view(n, t, h, d), k, v, page_table=tables.tail, seqused_k=tables.tail_len,
+            causal=True, out=o_part[s].view(n, t, h, d), lse=lse_tail, **call)
+        lse_part[s].view(h, n, t).copy_(lse_tail.transpose(0, 1))   # [B, H, t] -> [H, B t]
+
     _splits_beside_tail(splits, tail, side, q.device)
-    # combine_lse reads [S + 1, H, rows]: fork b's row r at column b t + r
-    combine_lse(o_part, lse_part.permute(0, 2, 1, 3).reshape(s + 1, h, n * t), out)
+    combine_lse(o_part, lse_part, out)
 
 
 class SplitGraphs:

@@ -19,8 +19,10 @@ gates, and the norms):
   `down_bmm`): the question runners on CUDA run model.invariant's split-K kernel instead
   (ops.row_invariant_ops), over all rows with `rows`;
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
-  fork's splits (a batch of S * B) and over their tails (a batch of B) and one combine
-  (fa4_graph.attend_many; FA4's programs each compute one batch element's tile); the GDN
+  fork's rows through fork 0's split tables (a batch of S, q broadcast: the forks share
+  their context rows below the splits' end, `shares`), over their tails (a batch of B) and
+  one combine (fa4_graph.attend_many; FA4's programs each compute one batch element's
+  tile, the splits' rows each as alone: no mask); the GDN
   recurrences from their own states over [B, t] rows (fla's chunked kernels run a program
   per sequence and head); the GDN conv from their own conv states over [B, t] rows (fla's
   conv; question_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
@@ -29,12 +31,11 @@ gates, and the norms):
   an H200, question_bench `row_ops` and bi_bench `graphs`; the question runners below the
   grid run model.rowwise's row-invariant kernels instead: its norm_rope, gdn_gates and gated
   norm kept every fork's bits on an H100), and the down projection; else one call a fork
-  (`fall_back`). FA4's splits through one fork's tables as one call over all forks' rows
-  (each split's keys read once) was measured and dropped: four 64-row questions at 100k took
-  7.01 ms that way against 6.94 ms (an H200, 2026-12-06). With q broadcast (a stride-0 view,
-  no copy) those split calls alone took 1.63 against 1.78 ms on an H100, every fork's bits
-  kept (evals/question_bench.py `q_copies`, docs/bi-bench-questions-h100-2026-12-06-h.log):
-  not built again yet.
+  (`fall_back`). The splits as a batch of S * B over copies of q, one fork's splits a batch
+  element, took 1.78 ms at 100k for four 64-row forks on an H100 against 1.63 ms for these,
+  each kept every fork's bits (evals/question_bench.py `q_copies`,
+  docs/bi-bench-questions-h100-2026-12-06-h.log); a build of the shared splits that copied
+  q ran no faster as a whole forward on an H200 (7.01 against 6.94 ms, 2026-12-06).
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
@@ -60,8 +61,9 @@ from adapters.runners.slots import stacked
 @dataclass(frozen=True)
 class OneCall:
     """Which of a batch's per-fork parts run as one call for all its forks:
-    - attention: FA4 in one call for all forks (fa4_graph.attend_many: every fork's splits in
-      one call, their tails in one, one combine; FA4 only);
+    - attention: FA4 in one call for all forks (fa4_graph.attend_many: every fork's rows
+      through fork 0's splits in one call, their tails in one, one combine; FA4 only; the
+      forks must share their rows below the splits' end, `shares`);
     - recurrences: the GDN recurrences over [B, t] rows (KernelSet.recurrences);
     - conv: the GDN conv over [B, t] rows from each fork's conv state (KernelSet.convs);
     - rows: the row-wise ops between the projections over all B * t rows through the
@@ -130,7 +132,8 @@ class QuestionBatch:
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
     table) and, with FA4, its split tables per split count and the batch's copy of them
-    (fa4_graph.BatchTables: up to 8.7 MB a fork at 64 rows on a grid of 512),
+    (fa4_graph.BatchTables: up to 4.3 MB a fork at 64 rows on a grid of 512 over every
+    split count on an H100),
     the hidden rows [B * t, hidden] and per full-attention layer its attention output
     [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
@@ -397,17 +400,29 @@ class QuestionBatch:
             self._tables = self._tables_for(
                 self._fa4.num_splits(items[0][1], self.t, self.model.device))
 
+    def shares(self, pos: int, shared_rows: int) -> bool:
+        """Whether forks at pos that hold the same KV rows [0, shared_rows) can run as one
+        batch the way it runs now: always, unless FA4 in one call (calls.attention) would read
+        rows [0, S Ls) past shared_rows through fork 0's pages (fa4_graph.attend_many)."""
+        if self._fa4 is None or not self.calls.attention:
+            return True
+        return self._fa4.split_keys(pos, self.t, self.model.device) <= shared_rows
+
     @torch.no_grad()
-    def run(self, items) -> list[torch.Tensor]:
+    def run(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
         """The forks' forwards: items, one per fork, (ids: t ints or a [t] int64 tensor, pos,
         kv: its block_store.PagedKv holding rows >= pos + t, gdn: its states as
         Qwen35.forward takes them), all at one pos over one pool, no two writing one page.
-        Writes each fork's KV rows [pos, pos + t); returns each fork's hidden rows
-        [t, hidden] (new tensors; the states are not changed).
+        shared_rows: the forks hold the same KV rows [0, shared_rows) (the caller's word:
+        forks of one session's state, their pages there the same or copies of one page; the
+        pages wholly below it are checked to be the same), which FA4 in one call reads once
+        for all forks (`shares`). Writes each fork's KV rows [pos, pos + t); returns each
+        fork's hidden rows [t, hidden] (new tensors; the states are not changed).
 
         Raises ValueError for another number of items, ids of another length, forks at other
-        positions or over other pools, or pages that cannot take the rows (as ChunkGraphs.run
-        checks them), before anything runs."""
+        positions or over other pools, pages that cannot take the rows (as ChunkGraphs.run
+        checks them), other pages below shared_rows, or forks that share too few rows
+        (`shares`), before anything runs."""
         items = [(list(ids) if isinstance(ids, tuple) else ids, pos, kv, gdn)
                  for ids, pos, kv, gdn in items]
         if len(items) != self.num_seqs:
@@ -424,6 +439,7 @@ class QuestionBatch:
                 raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
                                  f"rows {pos} to {pos + self.t} (pages of {self.page_rows} "
                                  f"rows, at most {MAX_TABLE_PAGES} a fork)")
+        self._check_shared(items, pos, shared_rows)
         self.prepare()
         self._stage([(ids, pos, kv) for ids, pos, kv, _ in items])
         for slots, (*_, gdn) in zip(self.slots, items):
@@ -437,6 +453,20 @@ class QuestionBatch:
         finally:
             self._kvs = None
         return [self.hidden[self.rows(b)].clone() for b in range(self.num_seqs)]
+
+    def _check_shared(self, items, pos: int, shared_rows: int) -> None:
+        """ValueError unless the forks' pages wholly below shared_rows are the same and they
+        share enough rows for the way the batch runs (`shares`)."""
+        num_pages = shared_rows // self.page_rows
+        first = list(items[0][2].pages[:num_pages])
+        for b, (_, _, kv, _) in enumerate(items):
+            if len(kv.pages) < num_pages or list(kv.pages[:num_pages]) != first:
+                raise ValueError(f"forks sharing rows [0, {shared_rows}) hold the same pages "
+                                 f"there; fork {b}'s first {num_pages} differ from fork 0's")
+        if not self.shares(pos, shared_rows):
+            keys = self._fa4.split_keys(pos, self.t, self.model.device)
+            raise ValueError(f"FA4 in one call reads rows [0, {keys}) of every fork at {pos} "
+                             f"through fork 0's pages; the forks share {shared_rows}")
 
     def captures(self) -> dict:
         """num_graphs, num_captures, num_failed_captures, capture_s (as ChunkGraphs.captures);

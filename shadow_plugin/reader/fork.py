@@ -131,7 +131,9 @@ class Forward:
     num_committed / num_scratch: ids the session committed / a scratch base read first;
     backlog: len(ids) - C when it started; t0: time.perf_counter() at its start; end: the
     position after its last id (at + the question's or prompt's ids), whatever it forwards
-    (a fork on a kept tail forwards fewer ids: num_ids)."""
+    (a fork on a kept tail forwards fewer ids: num_ids); base_rows: its KV rows
+    [0, base_rows) are its base's (the pages below `line`, its copy of the tail's page):
+    the same in every fork of one start_many."""
 
     session: str
     at: int
@@ -149,6 +151,7 @@ class Forward:
     t0: float
     stale: bool = False
     end: int = 0
+    base_rows: int = 0
 
 
 def min_tail(grid: int) -> int:
@@ -243,11 +246,11 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
             pinned = store.take_pages(base.pages[:line // rcfg.grid])
             fw = Forward(session, at, line, line, fwd, base.gdn, pinned, [],
                          line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
-                         backlog, t0, st.stale, at + len(extra))
+                         backlog, t0, st.stale, at + len(extra), line)
             out.append(fw)
             if tail is not None:       # the fork starts at cut, on its own copy of the page
                 fw.scratch.append(store.copy(tail.page))
-                fw.pos, fw.rest, fw.gdn = cut, fwd[cut - line:], tail.gdn
+                fw.pos, fw.rest, fw.gdn, fw.base_rows = cut, fwd[cut - line:], tail.gdn, cut
                 fw.num_ids = len(fw.rest) + num_tail
     except BaseException:
         for fw in out:
@@ -382,10 +385,16 @@ def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
 def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
                      letters: list[list[int]]) -> list[torch.Tensor]:
     """Forks' last forwards (their pieces read) through adapter.fork_logits_batch (one
-    forward a group at one position in one bucket, on the graph adapter): fork i's letters'
-    logits [len(letters[i])] fp32, the bits last_logits gives it alone."""
+    forward a group at one position in one bucket, on the graph adapter, which may read the
+    rows they share once: their base's, when all come from one start_many, as the forks of
+    one ask do): fork i's letters' logits [len(letters[i])] fp32, the bits last_logits
+    gives it alone."""
+    one_base = len({(fw.session, fw.at, fw.line, fw.base_rows) for fw in fws}) == 1
+    if not fws:
+        return []
     return adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
-                                      for fw, lt in zip(fws, letters)])
+                                      for fw, lt in zip(fws, letters)],
+                                     shared_rows=fws[0].base_rows if one_base else 0)
 
 
 def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:

@@ -60,9 +60,9 @@ def test_a_question_batch_gives_each_fork_its_runners_bits(model):
             forks = [(_ids(rows, 10 * k + context), context,
                       PagedKv(pool, shared[:context // G] + [own[k]]), gdn[k])
                      for k in range(b)]
-            got = batch.run(forks)
+            got = batch.run(forks, context)         # rows below context shared
             written = [own_rows(k) for k in range(b)]
-            got_again = batch.run(forks)                 # replayed from its graph
+            got_again = batch.run(forks, context)        # replayed from its graph
             for k, (ids, pos, kv, states) in enumerate(forks):
                 want, _ = alone.run(ids, pos, kv, states)
                 assert torch.equal(got[k], want), (rows, b, context, k)

@@ -74,10 +74,10 @@ def test_device_tables_equal_the_twin_and_the_eager_plan(page_rows, t):
 
 
 @pytest.mark.parametrize("s", [0, 3])
-def test_batch_tables_hold_each_forks_tables_split_major(s):
-    """BatchTables: the forks' SplitTables filled one at a time and gathered leave fork b's
-    split i in row i * B + b of the batch's split table and its tail in row b, each the
-    twin's entries (tables_ref)."""
+def test_batch_tables_hold_each_forks_tail_in_its_row(s):
+    """BatchTables: the forks' SplitTables filled one at a time (each the twin's entries,
+    tables_ref) and gathered leave fork b's tail in row b of the batch's tail table, its key
+    count at tail_len[b]; the splits stay in each fork's own tables."""
     rng = random.Random(s)
     page_rows, t, num = 128, 64, 3
     max_rows = graphs.MAX_TABLE_PAGES * page_rows
@@ -93,11 +93,13 @@ def test_batch_tables_hold_each_forks_tables_split_major(s):
         w = want["tail"].shape[1]
         assert torch.equal(batch.tail[b:b + 1, :w].cpu().long(), want["tail"])
         assert batch.tail_len[b].item() == want["tail_len"].item()
+        fork = batch.forks[b]
         for i in range(s):
             w = want["split"].shape[1]
-            assert torch.equal(batch.split[i * num + b, :w].cpu().long(), want["split"][i])
-            assert batch.split_len[i * num + b].item() == want["split_len"][i].item()
-    assert batch.split is None if s == 0 else batch.split.shape[0] == s * num
+            assert torch.equal(fork.split[i, :w].cpu().long(), want["split"][i])
+        assert fork.split is None if s == 0 else fork.split_len.tolist() == \
+            want["split_len"].tolist()
+    assert batch.tail.shape[0] == num and not hasattr(batch, "split")
 
 
 @pytest.mark.parametrize("heads,num_sms", [((8, 2), 132), ((16, 2), 132), ((8, 8), 78),

@@ -36,6 +36,57 @@ def _fork_items(spec, base, num_shared: int, num_forks: int, pos: int, g):
     return forks
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_fa4_splits_read_every_fork_through_fork_0s_copy_of_a_shared_page(tiny, fake_fa4,
+                                                                          monkeypatch):
+    """Forks of one session, each on its own copy of the session's partial last page
+    (fork.start_many's tail copies), at a position whose splits end inside that page: FA4's
+    one call reads every fork's rows there through fork 0's copy, and each fork gets the
+    hidden rows and KV rows its runner gives it alone. Forks that share fewer rows than the
+    splits read, or other pages below the rows they share, are refused before anything
+    runs, and nothing they hold changes."""
+    from adapters import spec_for
+    from adapters.attention import fa4_plan
+    from adapters.runners.runners import Runners
+    heads = (tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
+    num_sms = next(n for n in range(1, 999) if fa4_plan.all_splits(T, *heads, n)[-1] == 3)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: num_sms)   # S <= 3: an odd S
+    page = 4 * T                  # S Ls, a multiple of 3 * 128, can end inside a page
+    runners = Runners(tiny, page, attention="fa4", fused=False)
+    alone, batch = runners.for_rows(T), runners.question_batch(T, 3)
+    num, cpu = batch.num_seqs, torch.device("cpu")
+    # a position inside a page (room for the T question rows) whose splits end above its
+    # start: the forks' copies of that page read through fork 0's
+    pos = next(p for p in range(page + T, 40 * page, T) if p % page and p % page + T <= page
+               and batch._fa4.split_keys(p, T, cpu) > p // page * page)
+    line = pos // page * page
+    spec = spec_for(tiny.cfg, "cpu", torch.float32)
+    base = paged_kv(spec, page, line + (1 + num) * page, seed=7)
+    shared, tail, own = (base.pages[:line // page], base.pages[line // page],
+                         base.pages[line // page + 1:])
+    for b in range(num):                         # each fork's copy of the partial page
+        base.pool.copy_page(tail, own[b])
+    g = torch.Generator().manual_seed(7)
+    forks = [(torch.randint(0, 248000, (T,), generator=g).tolist(), pos,
+              PagedKv(base.pool, shared + [own[b]]),
+              [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]) for b in range(num)]
+    held = base.pool.block.clone()
+    for bad, why in ((line, "the forks share"), (pos + page, "differ from fork 0's")):
+        with pytest.raises(ValueError, match=why):
+            batch.run(forks, bad)
+    assert torch.equal(base.pool.block, held)
+    got = batch.run(forks, pos)
+    written = [[x[own[b]].clone() for pair in base.pool.layers() for x in pair]
+               for b in range(num)]
+    for b, (ids, p, kv, gdn) in enumerate(forks):
+        want, _ = alone.run(ids, p, kv, gdn)
+        assert torch.equal(got[b], want), b
+        assert all(torch.equal(x, y) for x, y in zip(
+            written[b], [x[own[b]] for pair in base.pool.layers() for x in pair]))
+
+
 WAY = {"all": {}, "attention": dict(conv=False, rows=False),
        "recurrences": dict(attention=False)}
 
@@ -64,7 +115,7 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
     g = torch.Generator().manual_seed(num_forks)
     for pos in (0, 2 * T * 5, 2 * T * num_shared):
         forks = _fork_items(spec, base, num_shared, num_forks, pos, g)
-        got = batch.run(forks)
+        got = batch.run(forks, pos)                       # the pages below pos shared
         rows = [[x[base.pages[num_shared + b]].clone() for pair in base.pool.layers()
                  for x in pair] for b in range(num_forks)]
         for b, (ids, p, kv, gdn) in enumerate(forks):

@@ -170,8 +170,8 @@ def test_questions_of_two_buckets_batch_those_of_one(tiny, monkeypatch):
         [len(p.fw.rest) for p in pendings])
     calls = []
     real = a.fork_logits_batch
-    monkeypatch.setattr(a, "fork_logits_batch", lambda items: calls.append(
-        [a.fork_rows(len(i[0])) for i in items]) or real(items))
+    monkeypatch.setattr(a, "fork_logits_batch", lambda items, **kw: calls.append(
+        [a.fork_rows(len(i[0])) for i in items]) or real(items, **kw))
     while r.advance_many(pendings):
         pass
     got = r.finish_ask_many(pendings)
@@ -187,15 +187,20 @@ def test_questions_of_two_buckets_batch_those_of_one(tiny, monkeypatch):
 
 def _steps(r, items, monkeypatch):
     """begin/advance/finish_ask_many of items, recording each fork_logits_batch call's
-    (pos, bucket) pairs; returns (answers, calls)."""
-    a, calls = r.adapter, []
+    (pos, bucket) pairs and the rows it was told the forks share; returns (answers, calls,
+    shared rows per call)."""
+    a, calls, shared = r.adapter, [], []
     real = a.fork_logits_batch
-    monkeypatch.setattr(a, "fork_logits_batch", lambda items: calls.append(
-        [(i[1], a.fork_rows(len(i[0]))) for i in items]) or real(items))
+
+    def batch(items, shared_rows=0):
+        calls.append([(i[1], a.fork_rows(len(i[0]))) for i in items])
+        shared.append(shared_rows)
+        return real(items, shared_rows)
+    monkeypatch.setattr(a, "fork_logits_batch", batch)
     pendings = r.begin_ask_many("s", items)
     while r.advance_many(pendings):
         pass
-    return r.finish_ask_many(pendings), calls
+    return r.finish_ask_many(pendings), calls, shared
 
 
 def test_a_steps_batch_holds_forks_of_one_position_and_at_most_the_largest_batch(
@@ -209,15 +214,18 @@ def test_a_steps_batch_holds_forks_of_one_position_and_at_most_the_largest_batch
     items = [(vocab_ids(rng, 260), ["a", "b"]), (vocab_ids(rng, 60), ["x", "y"]),
              (vocab_ids(rng, 70), ["p", "q"]), ([3], ["u", "v"])]
     alone = [r.ask("s", q, c).probs for q, c in items]
-    got, calls = _steps(r, items, monkeypatch)
+    got, calls, shared = _steps(r, items, monkeypatch)
     assert [x.probs for x in got] == alone
     assert all(len(set(call)) == 1 for call in calls) and len(calls) >= 2, calls
+    # the forks share their base's rows: the pages below the line (512) and their copies
+    # of the tail's page, up to its cut at 576
+    assert shared == [576] * len(calls)
     # at 576 the 60 and 70 ids (with the tail's 24) in the 128-row bucket together, the
     # 3 ids in the 64-row one; the question that read a piece alone at its own position
     assert sorted(len(c) for c in calls) == [1, 1, 2] and [(576, 128)] * 2 in calls
     many = [(vocab_ids(rng, 100), ["a", "b"])] + [([5 + i], ["x", "y"]) for i in range(9)]
     alone = [r.ask("s", q, c).probs for q, c in many]
-    got, calls = _steps(r, many, monkeypatch)
+    got, calls, _ = _steps(r, many, monkeypatch)
     assert [x.probs for x in got] == alone
     assert [len(c) for c in calls] == [8, 1, 1] and calls[0][0][1] == 64, calls
     check_refs(r)
@@ -250,7 +258,8 @@ def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monke
     alone = [r.ask("s", *item).probs for item in items]
     batch = r.adapter.runners.question_batch(3, 2)
     real, runs, real_run = batch.ops.swiglu, [], batch.run
-    monkeypatch.setattr(batch, "run", lambda items: runs.append(batch.calls) or real_run(items))
+    monkeypatch.setattr(batch, "run", lambda items, *a: runs.append(batch.calls) or
+                        real_run(items, *a))
 
     def swiglu(g, u):                                  # other bits over exactly 128 rows
         out = real(g, u)
