@@ -10,7 +10,7 @@
 - `speed`: the invariant linear against F.linear at M = 512, 1,024, 2,048, 4,096 on each
   projection shape, per tile asked for (--tiles; a tile's bits are its own), CUDA events,
   warm-up, the median of --iters.
-- `graphs`: what a batched read inside CUDA graphs (not built) could keep and gain, from what
+- `graphs`: what a batched read inside CUDA graphs could keep and gain, from what
   exists: per 512-row block of a B x 512-row input (B = 2, 4, 8), whether the graph path's
   GEMMs (cuBLAS over the fused projection weights, model.fuse, and the unfused output
   projections; also per 128- and 64-row block, the questions' small buckets) and its compiled
@@ -21,6 +21,10 @@
   sessions adds B attentions and GDN recurrences in place of one).
 - `questions`: several questions over one session in one forward (issue 36, item 3):
   evals.question_bench, run as a part of this bench.
+- `chunks`: the batched read inside CUDA graphs (Runners.chunk_batch, item 2): B = 1, 2, 4, 8
+  sessions' grid chunks at each context in one forward against the chunk runner one chunk at
+  a time, ms, ids/s, and each chunk's hidden rows, KV rows and GDN states against alone, bit
+  for bit (`exact`).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -31,7 +35,7 @@
   a time over batched.
 
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
-        [--parts probe,speed,graphs,questions,read] [--contexts 16384,65536]
+        [--parts probe,speed,graphs,questions,chunks,read] [--contexts 16384,65536]
         [--batches 1,2,4,8] [--question-rows 64,128] [--ways NAME,...] [--ceiling] [--profile]
         [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
         [--out FILE]
@@ -211,6 +215,68 @@ def graphs_part(model, args) -> dict:
     return out                    # its runners and pool go with this frame
 
 
+def chunks_part(model, args) -> dict:
+    """`chunks` (module doc): per context and B, B sessions' grid chunks through
+    Runners.chunk_batch in one forward against the chunk runner one chunk at a time (CUDA
+    events, the median of --repeats rounds after a warm-up round that also captures the
+    graphs, the arms in turns), chunks/s and ids/s of each, and every chunk's hidden rows, KV
+    rows and GDN states against its own alone, bit for bit (`exact`)."""
+    from adapters import spec_for
+    from adapters.runners.runners import Runners
+    from block_store import KvPool, PagedKv
+    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
+    runners, num = Runners(model, grid), max(args.batches)
+    g = torch.Generator(device=dev).manual_seed(5)
+    spec = spec_for(cfg, dev, dt)
+    num_context = max(args.contexts) // grid
+    pool = KvPool(spec, grid, num_context + num)
+    pool.block.normal_(generator=g)
+    context_pages = [pool.manager.allocate().index for _ in range(num_context)]
+    own = [pool.manager.allocate().index for _ in range(num)]
+    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
+             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
+            for _ in range(spec.num_gdn)] for _ in range(num)]
+    ids = torch.randint(0, cfg.vocab_size, (num, grid), generator=torch.Generator()
+                        .manual_seed(5))
+    out = {}
+    for context in args.contexts:
+        # each session over the context's pages (the attention reads them per session) and
+        # a page of its own for its chunk's rows
+        items = [(ids[b].tolist(), context, PagedKv(pool, context_pages[:context // grid]
+                                                    + [own[b]]), gdn[b]) for b in range(num)]
+        for b in args.batches:
+            batch = runners.chunk_batch(b) if b > 1 else None
+            each = lambda b=b: [runners.chunk.run(*item) for item in items[:b]]  # noqa: E731
+            arms = {"one_at_a_time": each,
+                    "one_forward": (lambda q=batch, b=b: q.read(items[:b])) if batch else each}
+            times = {arm: [] for arm in arms}
+            for k in range(args.repeats + 1):
+                for arm, fn in arms.items():
+                    ms = device_ms(fn)[1]
+                    if k:
+                        times[arm].append(ms)
+            row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
+            row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
+            row["ids_per_s"] = round(b * grid / row["one_forward"] * 1e3)
+            row["ids_per_s_alone"] = round(b * grid / row["one_at_a_time"] * 1e3)
+            if batch is not None:
+                got = batch.read(items[:b])
+                rows = [[x[own[i]].clone() for pair in pool.layers() for x in pair]
+                        for i in range(b)]
+                row["exact"] = True
+                for i, (h, states) in enumerate(got):   # alone after: its rows rewritten
+                    want_h, want_states = runners.chunk.run(*items[i])
+                    row["exact"] &= torch.equal(h, want_h) and all(
+                        torch.equal(x, y) for p, q in zip(states, want_states)
+                        for x, y in zip(p, q)) and all(
+                        torch.equal(x, y) for x, y in zip(
+                            rows[i], [x[own[i]] for pair in pool.layers() for x in pair]))
+            out[f"{context}x{b}"] = row
+            print(f"chunks {context} B {b} {row}", file=sys.stderr, flush=True)
+    out["captures"] = runners.captures()
+    return out
+
+
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
     """Median milliseconds of fn() over iters calls (CUDA events), after warmup calls."""
     for _ in range(warmup):
@@ -347,6 +413,7 @@ def run(args) -> dict:
              "speed": lambda: speed_part(model, args.tiles, args.iters),
              "graphs": lambda: graphs_part(model, args),
              "questions": lambda: question_bench.questions_part(model, args),
+             "chunks": lambda: chunks_part(model, args),
              "read": lambda: read_part(model, args)}
     for name in args.parts:
         res[name] = parts[name]()
@@ -374,16 +441,17 @@ def main(argv=None) -> int:
                     help="the questions' buckets (`questions`)")
     ap.add_argument("--ways", type=lambda t: [w for w in t.split(",") if w], default=None,
                     help="`questions`: the other ways to time beside the batch's own, by "
-                         "name (OneCall.name, e.g. attention+recurrences,per_fork); default "
-                         "every way after it")
+                         "name (OneCall.name, e.g. attention+recurrences+norms,per_fork); "
+                         "default every way after it")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
                     "the largest context and smallest bucket also under torch.profiler")
     ap.add_argument("--ceiling", action="store_true",
                     help="`questions`: also one forward of the B questions' rows as one "
                          "sequence (FA4 compiles one kind of call more per row count)")
     ap.add_argument("--q-copies", action="store_true",
-                    help="`questions`: also FA4's split calls with q copied (today), "
-                         "broadcast, and shared by all forks (question_bench._q_copies)")
+                    help="`questions`: also FA4's split calls with q copied (as question "
+                         "batches ran them before they shared them), broadcast, and shared "
+                         "by all forks (question_bench._q_copies)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiles", default="64x128x64x4x3,128x128x64x8x3,64x64x64x4x4",
@@ -394,8 +462,9 @@ def main(argv=None) -> int:
                     help="each reader's resident cap (8 sessions at 64k hold ~6.3 GiB of KV)")
     ap.add_argument("--out", help="also write the JSON here after each part")
     args = ap.parse_args(argv)
-    if not set(args.parts.split(",")) <= {"probe", "speed", "graphs", "questions", "read"}:
-        ap.error(f"--parts takes probe, speed, graphs, questions, read; got {args.parts!r}")
+    known = {"probe", "speed", "graphs", "questions", "chunks", "read"}
+    if not set(args.parts.split(",")) <= known:
+        ap.error(f"--parts takes {', '.join(sorted(known))}; got {args.parts!r}")
     args.parts, args.arms = args.parts.split(","), args.arms.split(",")
     args.tiles = [invariant.Tile.parse(t) for t in args.tiles.split(",") if t]
     print(json.dumps(run(args)))

@@ -10,7 +10,7 @@ session's shared pages (a page of its own each, random states and ids):
   fork's hidden rows from the batch equal to its runner's alone, bit for bit;
 - beside it the same batch each other way of the check (question_batch.WAYS after the
   batch's own, or those named in --ways), each arm named by its parts in one call
-  (OneCall.name, e.g. `attention+recurrences`; `per_fork` for none), with `_over_one` and
+  (OneCall.name, e.g. `attention+recurrences+norms`; `per_fork` for none), with `_over_one` and
   `_exact`;
 - with --ceiling one forward of the B questions' rows as one sequence (`ceiling`,
   `over_ceiling`: what the per-fork work adds);

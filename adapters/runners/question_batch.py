@@ -55,7 +55,7 @@ from adapters.model.config import FULL
 from adapters.model.layers import rope_cos_sin
 from adapters.runners import capture
 from adapters.runners.meta import MAX_TABLE_PAGES, ChunkMeta
-from adapters.runners.slots import stacked
+from adapters.runners.slots import SlotGroup, stacked
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,19 @@ class OneCall:
     - conv: the GDN conv over [B, t] rows from each fork's conv state (KernelSet.convs);
     - rows: the row-wise ops between the projections over all B * t rows through the
       runner's op set (row-invariant kernels in the question runners on CUDA, ops.
-      row_invariant_ops): the q/k heads (norms, RoPE: the forks share one position), with
-      conv the GDN gates (GatedDeltaNet.gates_many), with recurrences the gated norm, and
-      the MLP's down projection where the op set has a row-invariant one (Ops.down)."""
+      row_invariant_ops): the q/k heads (norms, RoPE), with conv the GDN gates
+      (GatedDeltaNet.gates_many), with recurrences the gated norm, and the MLP's down
+      projection where the op set has a row-invariant one (Ops.down);
+    - norms: the layers' RMSNorms, each joined to the residual add before it, over all
+      B * t rows (row-invariant kernels in the question runners on CUDA; the grid's chunk
+      runner's compiled norms gave other bits at 512-row blocks on an H100,
+      docs/bi-bench-graphs-h100-2026-12-05.log), else one call a fork."""
 
     attention: bool = True
     recurrences: bool = True
     conv: bool = True
     rows: bool = True
+    norms: bool = True
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -100,7 +105,10 @@ class OneCall:
 
 
 ALL_IN_ONE = OneCall()
-PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False)
+PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, norms=False)
+# a batch of grid chunks of several sessions (ChunkBatch's way: no rows shared, so FA4 one
+# call a fork; the chunk runner's compiled row-wise ops one call a fork)
+CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
 # the check's order: the row-wise ops first (torch.compile picks their kernels by row count:
 # over all rows they gave some forks other bits on an H100 and an H200, question_bench `row_ops`,
 # 2026-12-06), then FA4, the recurrences and the conv in one call (each kept its bits there)
@@ -138,7 +146,8 @@ class QuestionBatch:
     [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
     forward's working set."""
 
-    def __init__(self, runner, slots: list, calls: OneCall = ALL_IN_ONE):
+    def __init__(self, runner, slots: list, calls: OneCall = ALL_IN_ONE,
+                 one_position: bool = True):
         num_seqs = len(slots)
         if num_seqs < 2:
             raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
@@ -159,6 +168,8 @@ class QuestionBatch:
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
                       for _ in range(num_seqs)]
         self.slots = list(slots)
+        self.group = SlotGroup(self.slots)             # what a graph keeps of their outputs
+        self.one_position = one_position
         self.calls = self._runnable(calls, on_fa4)
         self.steps = torch.arange(t, device=dev)
         rows = num_seqs * t
@@ -184,38 +195,52 @@ class QuestionBatch:
     def _body(self) -> None:
         """The forward of every fork: Qwen35.forward's ops in the runner's order (as
         ChunkGraphs' segments run them), those over all rows once, the others per fork."""
-        m, cfg, op, t = self.model, self.model.cfg, self.ops, self.t
+        m, cfg, t = self.model, self.model.cfg, self.t
         if self._tables is not None:                   # FA4's tables of every fork
             for meta, tables in zip(self.metas, self._tables.forks):
                 tables.fill(meta.meta, t, meta.table_at, self.page_rows)
             if self.calls.attention:                   # as attend_many takes them
                 self._tables.gather()
         x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
-        # the forks' cos, sin [t, rotary_dim] (one position: the same for every fork), and
-        # with calls.rows the same for all B * t rows
-        rope = rope_cos_sin(self.steps + self.metas[0].meta[t], cfg.rotary_dim,
-                            cfg.rope_theta, x.dtype)
-        if self.calls.rows:
-            rope = tuple(c.repeat(self.num_seqs, 1) for c in rope)
+        # each fork's cos, sin [t, rotary_dim] (at one position, one pair for all forks), and
+        # with calls.rows all B * t rows' [B * t, rotary_dim]
+        at = [self.metas[0]] if self.one_position else self.metas
+        ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
+                              x.dtype) for meta in at] * (self.num_seqs // len(at))
+        rope = tuple(torch.cat(c) for c in zip(*ropes)) if self.calls.rows else ropes
         eps = cfg.rms_norm_eps
-        h = op.rms_norm(x, m.layers[0].input_layernorm.weight, eps)
+        h = self._norm(None, x, m.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(m.layers):
             if layer.layer_type == FULL:
                 h = self._attention(i, layer.self_attn, h, rope)
             else:
                 h = self._gdn(i, layer.linear_attn, h)
-            x, h = op.add_rms_norm(x, h, layer.post_attention_layernorm.weight, eps)
+            x, h = self._norm(x, h, layer.post_attention_layernorm.weight, eps)
             h = self._mlp(i, layer.mlp, h)
             if i + 1 < len(m.layers):
-                x, h = op.add_rms_norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
+                x, h = self._norm(x, h, m.layers[i + 1].input_layernorm.weight, eps)
         self.hidden.copy_(x + h)
+
+    def _norm(self, x, h: torch.Tensor, weight: torch.Tensor, eps: float):
+        """op.rms_norm of h [B * t, hidden] (x None), else op.add_rms_norm of x + h (returns
+        (x + h, its norm)): over all rows with calls.norms, else one call a fork."""
+        op = self.ops
+        if self.calls.norms:
+            return op.rms_norm(h, weight, eps) if x is None else op.add_rms_norm(x, h, weight,
+                                                                                 eps)
+        rows = [self.rows(b) for b in range(self.num_seqs)]
+        if x is None:
+            return torch.cat([op.rms_norm(h[r], weight, eps) for r in rows])
+        outs = [op.add_rms_norm(x[r], h[r], weight, eps) for r in rows]
+        return torch.cat([a for a, _ in outs]), torch.cat([b for _, b in outs])
 
     def _attention(self, i: int, attn, h: torch.Tensor, rope) -> torch.Tensor:
         """Full-attention layer i on h [B * t, hidden]: the projections over all rows, the
         heads (q/k norms, RoPE: over all rows with calls.rows, rope then cos, sin [B * t,
-        rotary_dim], else per fork, rope [t, rotary_dim]), per fork its KV rows, the attention
-        into attn_out (one call for all forks with calls.attention, else per fork into its
-        rows), then the output gate and o_proj over all rows. Returns [B * t, hidden]."""
+        rotary_dim], else per fork, rope[b] fork b's [t, rotary_dim]), per fork its KV rows,
+        the attention into attn_out (one call for all forks with calls.attention, else per
+        fork into its rows), then the output gate and o_proj over all rows. Returns
+        [B * t, hidden]."""
         op, j, n = self.ops, self.full_index[i], self.num_seqs
         cfg = self.model.cfg
         qg, k, v = attn.project_rows(h, op, self.proj and self.proj.attn_in[i])
@@ -224,7 +249,8 @@ class QuestionBatch:
             q, k, v, _ = attn.heads(qg, k, v, rope, op)
             heads = [(q[r], k[r], v[r]) for r in rows]
         else:
-            heads = [attn.heads(qg[r], k[r], v[r], rope, op)[:3] for r in rows]
+            heads = [attn.heads(qg[r], k[r], v[r], rope[b], op)[:3]
+                     for b, r in enumerate(rows)]
         if self.calls.attention:
             from adapters.runners import fa4_graph
             for b, (_, k_b, v_b) in enumerate(heads):
@@ -280,16 +306,22 @@ class QuestionBatch:
         convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
         states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
         if self.calls.conv:                   # q, k, v, g, beta: [B, t, ...] tensors
-            gates = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1), a.view(n, t, -1),
-                                   stacked(convs), kernels, op, self.calls.rows)[:5]
+            *gates, new_convs = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1),
+                                               a.view(n, t, -1), stacked(convs), kernels, op,
+                                               self.calls.rows)
         else:                                 # q, k, v, g, beta: B tensors each
-            gates = list(zip(*(gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)[:5]
-                               for b, r in enumerate(map(self.rows, range(n))))))
+            outs = [gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)
+                    for b, r in enumerate(map(self.rows, range(n)))]
+            gates, new_convs = list(zip(*(x[:5] for x in outs))), [x[5] for x in outs]
         if self.calls.recurrences:
-            o, _ = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
-                                         for x in gates), stacked(states))
+            o, new_states = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
+                                                  for x in gates), stacked(states))
         else:
-            o = [kernels.gdn(*(x[b] for x in gates), states[b])[0] for b in range(n)]
+            outs = [kernels.gdn(*(x[b] for x in gates), states[b]) for b in range(n)]
+            o, new_states = [x[0] for x in outs], [x[1] for x in outs]
+        if self.group.returned:               # each fork's states after its t rows
+            for b in range(n):
+                self.group.set(b, g, new_convs[b], new_states[b])
         if self.calls.rows and torch.is_tensor(o):       # o [B, t, HV, V]: over all rows
             normed = gdn.gated_norm(o.reshape(n * t, *o.shape[2:]), z, op)
         else:
@@ -345,7 +377,7 @@ class QuestionBatch:
             self._tables = self._tables_for(s)
             self._kvs = [PagedKv(pool, [])] * self.num_seqs
             try:
-                self.split_graphs.ensure(s, pool, self._body, self.slots[0])
+                self.split_graphs.ensure(s, pool, self._body, self.group)
             finally:
                 self._kvs = self._tables = None
 
@@ -408,11 +440,17 @@ class QuestionBatch:
             return True
         return self._fa4.split_keys(pos, self.t, self.model.device) <= shared_rows
 
+    def splits(self, pos: int) -> int:
+        """FA4's split count S of a fork at pos (its graph's key: a batch's forks share one);
+        0 without FA4."""
+        return self._fa4.num_splits(pos, self.t, self.model.device) if self._fa4 else 0
+
     @torch.no_grad()
     def run(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
         """The forks' forwards: items, one per fork, (ids: t ints or a [t] int64 tensor, pos,
         kv: its block_store.PagedKv holding rows >= pos + t, gdn: its states as
-        Qwen35.forward takes them), all at one pos over one pool, no two writing one page.
+        Qwen35.forward takes them), all at one pos (a batch made with one_position=False: at
+        positions of one split count, `splits`) over one pool, no two writing one page.
         shared_rows: the forks hold the same KV rows [0, shared_rows) (the caller's word:
         forks of one session's state, their pages there the same or copies of one page; the
         pages wholly below it are checked to be the same), which FA4 in one call reads once
@@ -420,9 +458,9 @@ class QuestionBatch:
         fork's hidden rows [t, hidden] (new tensors; the states are not changed).
 
         Raises ValueError for another number of items, ids of another length, forks at other
-        positions or over other pools, pages that cannot take the rows (as ChunkGraphs.run
-        checks them), other pages below shared_rows, or forks that share too few rows
-        (`shares`), before anything runs."""
+        positions (or split counts) or over other pools, pages that cannot take the rows (as
+        ChunkGraphs.run checks them), other pages below shared_rows, or forks that share too
+        few rows (`shares`), before anything runs."""
         items = [(list(ids) if isinstance(ids, tuple) else ids, pos, kv, gdn)
                  for ids, pos, kv, gdn in items]
         if len(items) != self.num_seqs:
@@ -430,29 +468,42 @@ class QuestionBatch:
         pos, pool = items[0][1], items[0][2].pool
         for ids, p, kv, _ in items:
             n = len(ids) if isinstance(ids, list) else int(ids.shape[0])
-            if n != self.t or p != pos or kv.pool is not pool:
-                raise ValueError(f"a batch's forks have {self.t} ids each, at one position "
-                                 f"over one pool; got {n} ids at {p} (the first at {pos})"
+            placed = p == pos if self.one_position else \
+                p >= 0 and self.splits(p) == self.splits(pos)
+            if n != self.t or not placed or kv.pool is not pool:
+                where = "at one position" if self.one_position else \
+                    f"at positions of one FA4 split count ({self.splits(pos)} at {pos})"
+                raise ValueError(f"a batch's forks have {self.t} ids each, {where}, over one "
+                                 f"pool; got {n} ids at {p} (the first at {pos})"
                                  f"{'' if kv.pool is pool else ' over another pool'}")
-            if pos < 0 or kv.num_rows < pos + self.t or kv.page_rows != self.page_rows or \
+            if p < 0 or kv.num_rows < p + self.t or kv.page_rows != self.page_rows or \
                     len(kv.pages) > MAX_TABLE_PAGES:
                 raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
-                                 f"rows {pos} to {pos + self.t} (pages of {self.page_rows} "
+                                 f"rows {p} to {p + self.t} (pages of {self.page_rows} "
                                  f"rows, at most {MAX_TABLE_PAGES} a fork)")
         self._check_shared(items, pos, shared_rows)
         self.prepare()
-        self._stage([(ids, pos, kv) for ids, pos, kv, _ in items])
+        self._stage([(ids, p, kv) for ids, p, kv, _ in items])
         for slots, (*_, gdn) in zip(self.slots, items):
             slots.feed(gdn)
         try:
             if self.use_graphs:                        # FA4's graph of the batch's splits
                 s = self._tables.s
-                self.split_graphs.replay(s, pool, self._body, self.slots[0])
+                self.split_graphs.replay(s, pool, self._body, self.group)
             else:
                 self._body()
         finally:
             self._kvs = None
         return [self.hidden[self.rows(b)].clone() for b in range(self.num_seqs)]
+
+    def read(self, items) -> list[tuple[torch.Tensor, list]]:
+        """`run` for slots that return states (chunks read in a batch: a ChunkGraphs.run
+        each): each fork's (hidden [t, hidden], its new gdn list), new tensors. Raises as
+        run, and RuntimeError for slots that return none (before anything runs)."""
+        if not self.group.returned:
+            raise RuntimeError("this batch's state slots return no states (a question batch)")
+        hidden = self.run(items)
+        return list(zip(hidden, self.group.take()))
 
     def _check_shared(self, items, pos: int, shared_rows: int) -> None:
         """ValueError unless the forks' pages wholly below shared_rows are the same and they

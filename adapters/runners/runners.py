@@ -64,6 +64,8 @@ class Runners:
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
         self._batches: dict = {}          # (t, B) -> question_batch.QuestionBatch
+        self._chunk_batches: dict = {}    # B -> the QuestionBatch of B grid chunks
+        self._chunk_slots: list = []      # the chunk batches' state slots (chunk_slots)
         self._slots: list = []            # the question batches' state slots (batch_slots)
 
     @property
@@ -144,6 +146,36 @@ class Runners:
                 batch.split_graphs.pin(self._pool)          # the reader's pool, as _made
         return self._batches[key]
 
+    def chunk_batch(self, num_seqs: int):
+        """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
+        item 2): a runners.question_batch.QuestionBatch over the chunk runner (its ops, its
+        attention, its bits) whose forks sit at their own positions of one FA4 split count
+        and whose slots return states (`chunk_slots`), run the way question_batch.CHUNKS
+        (the chunk runner's compiled row-wise ops and FA4 one call a fork), made at first
+        use; None where chunks are not batched (as question_batch, or num_seqs not one of
+        BATCH_SIZES: a caller fills a batch itself)."""
+        if num_seqs not in self.BATCH_SIZES or not self.batches_questions:
+            return None
+        if num_seqs not in self._chunk_batches:
+            from adapters.runners.question_batch import CHUNKS, QuestionBatch
+            batch = self._chunk_batches[num_seqs] = QuestionBatch(
+                self.chunk, self.chunk_slots(num_seqs), CHUNKS, one_position=False)
+            if batch.split_graphs is not None and self._pool is not None:
+                batch.split_graphs.pin(self._pool)
+        return self._chunk_batches[num_seqs]
+
+    def chunk_slots(self, num_seqs: int) -> list:
+        """The first num_seqs of the chunk batches' state slots (StateSlots that return
+        states, made for the largest BATCH_SIZES at the first ask, their inputs in one block
+        per layer as `batch_slots`'). Raises ValueError for more than that size."""
+        from adapters.runners.slots import StateSlots
+        m, most = self.model, self.BATCH_SIZES[-1]
+        if num_seqs > most:
+            raise ValueError(f"chunk batches hold at most {most} chunks, got {num_seqs}")
+        if not self._chunk_slots:
+            self._chunk_slots = StateSlots.block(m.cfg, m.device, m.dtype, most)
+        return self._chunk_slots[:num_seqs]
+
     def batch_size(self, num_seqs: int) -> int | None:
         """The forks a question batch of num_seqs holds: BATCH_SIZES' first at or above it;
         None for fewer than 2 or more than the largest."""
@@ -183,13 +215,15 @@ class Runners:
         question runners (`question_rows`; a question padded to the grid runs on the chunk
         runner, not listed), of the states-keeping ones (`kept_rows`: Runners.rows, a
         fork's tail) and the question batches' "BxT" (`question_batches`: B forks of T
-        rows, question_batch; their graphs counted with the others). All 0 without
-        graphs."""
+        rows, question_batch) and the chunk batches' B (`chunk_batches`, `chunk_batch`;
+        their graphs counted with the others). All 0 without graphs."""
         out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
                "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
-               "kept_rows": [], "question_batches": []}
+               "kept_rows": [], "question_batches": [],
+               "chunk_batches": sorted(self._chunk_batches)}
         batches = [(("batch",) + key, b) for key, b in sorted(self._batches.items())]
-        for key, runner in [("chunk", self.chunk), *self._sized.items(), *batches]:
+        chunks = [("chunks", b) for _, b in sorted(self._chunk_batches.items())]
+        for key, runner in [("chunk", self.chunk), *self._sized.items(), *batches, *chunks]:
             for name, value in runner.captures().items():
                 out[name] += value
             out["num_runners"] += 1

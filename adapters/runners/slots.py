@@ -4,10 +4,11 @@ out of a run.
 
 The host's time before a chunk's first kernel is the GPU's idle time when chunks are read one
 at a time (evals/chunk_timeline.py at cadb457 measured 0.11 ms of a 5.0 ms chunk at 16k in
-the copy-in calls on the H200's host). Slots made with keep=True (the reader's chunk runner) also copy the
-output states into the inputs at the end of a run, while the GPU is still busy, and skip the
-copy in at the next run when given exactly the states that run returned: the same tensors,
-unchanged since (torch's version counters), as when one session is read chunk after chunk.
+the copy-in calls on the H200's host). Slots made with keep=True (the reader's chunk runner)
+also copy the output states into the inputs at the end of a run, while the GPU is still busy,
+and skip the copy in at the next run when given exactly the states that run returned: the
+same tensors, unchanged since (torch's version counters), as when one session is read chunk
+after chunk.
 Bits are the same either way (a copy of the same values).
 """
 from __future__ import annotations
@@ -120,3 +121,38 @@ class StateSlots:
         if self.keep:
             self.fed = versions(gdn)
         return gdn
+
+
+class SlotGroup:
+    """A batch's StateSlots (runners.question_batch) as fa4_graph.SplitGraphs takes one
+    runner's: `outputs`, every fork's output states in one list (fork b's GDN layer g at
+    b * L + g, L GDN layers: a graph keeps them all), `returned` and `release`; `take` hands
+    each fork's through its own slots. Raises ValueError for slots that differ in
+    `returned`."""
+
+    def __init__(self, slots: list[StateSlots]):
+        if len({s.returned for s in slots}) != 1:
+            raise ValueError("a batch's state slots all return states or none do")
+        self.slots = slots
+        self.num_layers = len(slots[0].outputs)
+        self.outputs: list = [None] * (len(slots) * self.num_layers)
+        self.returned = slots[0].returned
+
+    def set(self, b: int, g: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Fork b's new states of GDN layer g: conv [conv_dim, W], recurrent [HV, K, V] fp32
+        (views of the batch's outputs are fine: `take` copies them)."""
+        self.outputs[b * self.num_layers + g] = (conv, recurrent)
+
+    def release(self) -> None:
+        """Let go of the outputs (slots that return none); nothing otherwise."""
+        if not self.returned:
+            self.outputs[:] = [None] * len(self.outputs)
+
+    def take(self) -> list[list]:
+        """Each fork's outputs copied into new tensors (StateSlots.take through its own
+        slots): a gdn list per fork. Raises RuntimeError for slots that return none."""
+        n, out = self.num_layers, []
+        for b, slots in enumerate(self.slots):
+            slots.outputs[:] = self.outputs[b * n:(b + 1) * n]
+            out.append(slots.take())
+        return out

@@ -18,6 +18,10 @@
 #       (issue 36, item 3; JSON in $out/bi-bench-questions.json; BENCH_S bounds it, 540;
 #       BI_ARGS: more of bi_bench's flags, the last of a flag given twice counts, e.g.
 #       "--contexts 100352 --batches 1,4 --question-rows 64 --ceiling --profile")
+#   bash evals/device/bench_h200.sh chunks  `python -m evals.bi_bench --parts chunks`: B = 1, 2,
+#       4, 8 sessions' grid chunks at 16k and 64k in one forward inside CUDA graphs
+#       (Runners.chunk_batch) against one at a time, ids/s, bit for bit (issue 36, item 2;
+#       JSON in $out/bi-bench-chunks.json; BENCH_S bounds it, 540; BI_ARGS as for questions)
 #   bash evals/device/bench_h200.sh ask     `python -m evals.batch_bench --parts ask`: the router
 #       question and three classifications at 100k through Reader.ask_many (warmed up as a
 #       server is) against one at a time, bit for bit, with ask_many's host profile
@@ -54,6 +58,11 @@ questions)
         --repeats 5 --out "$out/bi-bench-questions.json" ${BI_ARGS:-} 2>&1 | quiet \
         | tee "$out/bi-bench-questions.log" | grep -v "^{" | cut -c1-400
     tail -n 1 "$out/bi-bench-questions.log" | cut -c1-3000 ;;
+chunks)
+    timeout "${BENCH_S:-540}" python3 -m evals.bi_bench --parts chunks --contexts 16384,65536 \
+        --repeats 5 --out "$out/bi-bench-chunks.json" ${BI_ARGS:-} 2>&1 | quiet \
+        | tee "$out/bi-bench-chunks.log" | grep -v "^{" | cut -c1-400
+    tail -n 1 "$out/bi-bench-chunks.log" | cut -c1-3000 ;;
 ask)
     timeout 400 python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
         --contexts 100352 --parts ask --profile 2>&1 | quiet | tee "$out/batch-bench-ask.log" \

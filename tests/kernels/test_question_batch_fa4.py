@@ -203,3 +203,49 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
         assert r.adapter.check_batches([(T, 2)]) == {(2, T): True}
     assert r.adapter.graph_stats()["question_batch_one_call"] == {
         "2x64": dataclasses.asdict(OneCall(**way))}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_a_chunk_batch_on_fa4_gives_each_session_its_chunk_runners_bits(tiny, fake_fa4,
+                                                                       monkeypatch):
+    """Runners.chunk_batch with FA4 (the body its CUDA graphs capture, eagerly): grid chunks
+    of four sessions at their own positions of one split count, FA4 one call a chunk over its
+    own tables, give each the hidden rows, KV rows and GDN states the chunk runner gives it
+    alone; chunks at positions of other split counts are refused before anything runs."""
+    from adapters import spec_for
+    from adapters.attention import fa4_plan
+    from adapters.runners.runners import Runners
+    grid = 2 * T
+    heads = (tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
+    num_sms = next(n for n in range(1, 999) if fa4_plan.all_splits(grid, *heads, n)[-1] == 2)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: num_sms)   # S = 2 from 512 on
+    runners = Runners(tiny, grid, attention="fa4", fused=False)
+    batch = runners.chunk_batch(4)
+    positions = [512, 768, 1152, 1408]
+    assert {batch.splits(p) for p in positions} == {2} and batch.splits(grid) == 0
+    spec = spec_for(tiny.cfg, "cpu", torch.float32)
+    need = [p // grid + 1 for p in positions]
+    base = paged_kv(spec, grid, grid * sum(need), seed=11)
+    g = torch.Generator().manual_seed(11)
+    items, at = [], 0
+    for pos, n in zip(positions, need):
+        kv = PagedKv(base.pool, base.pages[at:at + n])
+        at += n
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        items.append((torch.randint(0, 248000, (grid,), generator=g).tolist(), pos, kv, gdn))
+    held = base.pool.block.clone()
+    with pytest.raises(ValueError, match="one FA4 split count"):
+        batch.read(items[:3] + [(items[3][0], grid, items[3][2], items[3][3])])
+    assert torch.equal(base.pool.block, held)
+    got = batch.read(items)
+    written = [[x[kv.pages[-1]].clone() for pair in base.pool.layers() for x in pair]
+               for _, _, kv, _ in items]
+    for (ids, pos, kv, gdn), (h, states), rows in zip(items, got, written):
+        want_h, want_states = runners.chunk.run(ids, pos, kv, gdn)
+        assert torch.equal(h, want_h), pos
+        assert all(torch.equal(a, c) and torch.equal(b, d)
+                   for (a, b), (c, d) in zip(states, want_states)), pos
+        assert all(torch.equal(x, y) for x, y in zip(
+            rows, [x[kv.pages[-1]] for pair in base.pool.layers() for x in pair])), pos

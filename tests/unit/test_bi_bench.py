@@ -1,9 +1,9 @@
-"""evals.bi_bench's graphs part on the CPU: blocks_differ finds the blocks whose bits depend on
-what else is in the batch, and the part runs its code paths (eagerly, random:tiny) to a
-report with every projection, op and ceiling row."""
+"""evals.bi_bench's graphs and chunks parts on the CPU: blocks_differ finds the blocks whose bits
+depend on what else is in the batch, and the parts run their code paths (eagerly, random:tiny)
+to reports with every projection, op, ceiling row and batch."""
 import torch
 
-from evals.bi_bench import graphs_part
+from evals.bi_bench import chunks_part, graphs_part
 from evals.probes import blocks_differ
 
 
@@ -30,3 +30,22 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
     for row in out["ceiling"].values():
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
+
+
+def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
+    class Args:
+        grid, batches, contexts, repeats = 64, [1, 2, 4], [128, 192], 1
+    if not tiny.gemms_keep_tile_bits(4 * 64, 64):
+        import pytest
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    out = chunks_part(tiny, Args)
+    assert set(out) == {f"{c}x{b}" for c in (128, 192) for b in (1, 2, 4)} | {"captures"}
+    for key, row in out.items():
+        if key == "captures":
+            continue
+        assert row["one_at_a_time"] > 0 and row["one_forward"] > 0
+        assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)
+        b = int(key.split("x")[1])
+        assert row["ids_per_s"] == round(b * 64 / row["one_forward"] * 1e3)
+        assert ("exact" in row) == (b > 1) and row.get("exact", True) is True
+    assert out["captures"]["chunk_batches"] == [2, 4]

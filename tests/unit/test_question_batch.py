@@ -139,20 +139,21 @@ def test_one_call_falls_back_from_all_in_one_to_per_fork():
     """The ways in order (question_batch.WAYS): the row-wise ops one call a fork first, then
     the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
     skipped; a way not among WAYS falls to the first with fewer parts."""
-    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS, OneCall
+    from adapters.runners.question_batch import ALL_IN_ONE, CHUNKS, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
         ways.append(ways[-1].fallback())
     assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 8
     assert [w.name for w in ways] == [
-        "attention+recurrences+conv+rows", "attention+recurrences+conv",
-        "attention+recurrences", "recurrences+conv+rows", "recurrences+conv", "recurrences",
-        "attention", "per_fork"]
+        "attention+recurrences+conv+rows+norms", "attention+recurrences+conv+norms",
+        "attention+recurrences+norms", "recurrences+conv+rows+norms", "recurrences+conv+norms",
+        "recurrences+norms", "attention+norms", "per_fork"]
     cpu = OneCall(attention=False)
     assert ALL_IN_ONE.fallback(fa4=False) == cpu
     assert cpu.fallback(fa4=False) == OneCall(attention=False, rows=False)
     odd = OneCall(attention=False, recurrences=False)
     assert odd not in WAYS and odd.fallback() == PER_FORK
+    assert CHUNKS.name == "recurrences" and CHUNKS.fallback() == PER_FORK
     assert PER_FORK.fallback() is None
 
 
@@ -232,7 +233,7 @@ def test_a_runner_with_the_fused_conv_and_gates_runs_them_per_fork(tiny, monkeyp
     alone = runners.for_rows(G)
     monkeypatch.setattr(alone, "ops", dataclasses.replace(ops.EAGER, conv_gates=ops.conv_gates))
     batch = QuestionBatch(alone, runners.batch_slots(2))
-    assert batch.calls.parts == ("recurrences", "rows")
+    assert batch.calls.parts == ("recurrences", "rows", "norms")
     forks = _forks(tiny, 2, 2 * G, seed=12)
     if not tiny.gemms_keep_tile_bits(2 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
@@ -252,3 +253,46 @@ def test_use_sets_a_way_as_the_batch_can_run_it(tiny):
     batch.use(ALL_IN_ONE)
     assert batch.calls == OneCall(attention=False)
     assert batch.fall_back() and batch.calls == OneCall(attention=False, rows=False)
+
+
+@pytest.mark.parametrize("num_seqs", [2, 4])
+def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny, num_seqs):
+    """Runners.chunk_batch: grid chunks of several sessions, each at its own position over
+    pages of its own in one pool, in one forward (the CPU: SDPA through each one's pages,
+    the row-wise ops and norms one call a chunk, the recurrences in one call) give each
+    session the hidden rows, KV rows and GDN states the chunk runner gives it alone, bit for
+    bit; the states given are not changed. A question batch's slots return no states."""
+    from adapters.runners.question_batch import CHUNKS
+    runners = Runners(tiny, G)
+    batch = runners.chunk_batch(num_seqs)
+    assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None
+    assert batch.calls == CHUNKS and batch.t == G and not batch.one_position
+    spec = state_spec(tiny)
+    positions = [G * (2 * b + 1) for b in range(num_seqs)]      # 64, 192, 320, 448
+    pages_each = [p // G + 1 for p in positions]
+    base = paged_kv(spec, G, G * sum(pages_each), seed=num_seqs)
+    g = torch.Generator().manual_seed(num_seqs)
+    items, at = [], 0
+    for pos, n in zip(positions, pages_each):
+        kv = PagedKv(base.pool, base.pages[at:at + n])
+        at += n
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g).to(tiny.dtype),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        ids = torch.randint(0, tiny.cfg.vocab_size, (G,), generator=g).tolist()
+        items.append((ids, pos, kv, gdn))
+    if not tiny.gemms_keep_tile_bits(num_seqs * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    kept = [[(c.clone(), r.clone()) for c, r in gdn] for *_, gdn in items]
+    got = batch.read(items)
+    written = [_rows(kv, pos) for _, pos, kv, _ in items]
+    for (ids, pos, kv, gdn), (h, states), rows, old in zip(items, got, written, kept):
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(gdn, old))
+        want_h, want_states = runners.chunk.run(ids, pos, kv, gdn)
+        assert torch.equal(h, want_h)
+        assert len(states) == len(want_states) == spec.num_gdn
+        assert all(torch.equal(a, c) and torch.equal(b, d)
+                   for (a, b), (c, d) in zip(states, want_states))
+        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, pos)))
+    with pytest.raises(RuntimeError, match="return no states"):
+        runners.question_batch(G, 2).read(items[:2])

@@ -30,9 +30,9 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
         assert abs(row["over_ceiling"] - row["one_forward"] / row["ceiling"]) < 2e-3
         # beside it every later way without FA4 in one call (SDPA on the CPU)
         assert [k for k in row if k.endswith("_exact")] == [
-            "recurrences+conv_exact", "recurrences_exact", "per_fork_exact"]
+            "recurrences+conv+norms_exact", "recurrences+norms_exact", "per_fork_exact"]
         assert row["per_fork"] > 0 and row["per_fork_exact"] is True
-        assert row["recurrences"] > 0 and row["recurrences_exact"] is True
+        assert row["recurrences+norms"] > 0 and row["recurrences+norms_exact"] is True
         assert row["per_fork_over_one"] > 0 and "attention+recurrences" not in row
     assert set(out["row_ops"]) == {"64"}
     for ops in out["row_ops"].values():
@@ -56,7 +56,7 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
 def test_other_ways_follow_the_checks_order_or_the_names_given():
     from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS
     assert _other_ways(ALL_IN_ONE, None) == list(WAYS[1:])
-    assert _other_ways(ALL_IN_ONE, ["per_fork", "attention+recurrences"]) == [
+    assert _other_ways(ALL_IN_ONE, ["per_fork", "attention+recurrences+norms"]) == [
         PER_FORK, WAYS[2]]
     with pytest.raises(ValueError, match=r"no way \['rows'\]"):
         _other_ways(ALL_IN_ONE, ["rows"])                   # no way has the rows alone
