@@ -4,10 +4,13 @@ single-token runner and its device-fed decode loop). On CUDA each runner replays
 with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
 run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
-reference on CUDA. Grid chunks of several sessions (`read_chunks`) run one at a time here (the
-Adapter's default): a batched read in graphs would gain at most 1.53x at B = 4 on an H100
-(evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
-waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks
+reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler's batches
+with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
+(runners.question_batch over the chunk runner, Runners.chunk_batch), checked against each
+chunk read alone as below (on CUDA in the warm-up, `check_chunk_batches`); the measured
+ceiling of such a batch was 1.53x at B = 4 on an H100 (evals/bi_bench.py `graphs`), and the
+timelines almost never have two sessions' chunks waiting. Several questions' last forwards at
+one position (`fork_logits_batch`, the forks
 of one ask) run in one forward (runners.question_batch.QuestionBatch), each question with the
 bits it gets alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
 `check_batches`, and only shapes that pass are batched; elsewhere at its first batch), and a
@@ -46,17 +49,23 @@ class GraphAdapter(Adapter):
         # runner (`_checked`: in the warm-up on CUDA, else at its first batch)
         self.batch_bits: dict[tuple[int, int], bool] = {}
         self.num_question_batches = 0          # batches run in one forward
+        # B -> whether a batch of B grid chunks (Runners.chunk_batch) gave each chunk the bits
+        # and states of the chunk runner alone (`_checked_chunks`: on CUDA in
+        # check_chunk_batches, else at its first batch)
+        self.chunk_bits: dict[int, bool] = {}
 
     @property
     def path(self) -> str:
         return self.runners.path
 
-    def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
+    def prepare(self, pool=None, kept_rows: Sequence[int] = (),
+                chunk_batches: Sequence[int] = ()) -> None:
         """Runners.prepare; with graphs, also the question batches of every shape
         (Runners.question_batch_shapes): warmed up, checked against their forks run alone
         (`check_batches`), then, for the shapes that kept the bits, their graphs captured over
-        `pool`. On CUDA only a shape warmed up and checked here is batched, so no question
-        waits for a compile, a capture or a check."""
+        `pool`; and the chunk batches of chunk_batches' sizes (Runners.chunk_batch) the same
+        way (`check_chunk_batches`). On CUDA only a shape warmed up and checked here is
+        batched, so no question or read waits for a compile, a capture or a check."""
         shapes = self.runners.question_batch_shapes() if self.runners.chunk.use_graphs and \
             self.runners.batches_questions else []
         self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
@@ -69,6 +78,15 @@ class GraphAdapter(Adapter):
             if pool is not None and batch is not None and \
                     self.batch_bits.get((batch.num_seqs, batch.t)):
                 batch.capture_over(pool)
+        if not (self.runners.chunk.use_graphs and self.runners.batches_questions):
+            return
+        sizes = sorted({self.runners.batch_size(n) for n in chunk_batches} - {None})
+        for size in sizes:                   # warmed up (eagerly), checked, captured over pool
+            self.runners.chunk_batch(size).prepare()
+        self.check_chunk_batches(sizes)
+        for size in sizes:
+            if pool is not None and self.chunk_bits.get(size):
+                self.runners.chunk_batch(size).capture_over(pool)
 
     def check_batches(self, shapes) -> dict:
         """For each (rows, forks) shape, one batch of random forks over a scratch pool of
@@ -101,6 +119,112 @@ class GraphAdapter(Adapter):
             self._checked(batch, items, pos)
         return self.batch_bits
 
+    def read_chunks(self, items) -> list[GdnState]:
+        """read_chunk for each item (ids, pos, kv, gdn): the grid chunks over one pool at
+        positions of one FA4 split count (QuestionBatch.splits) in one forward a group of up
+        to the largest Runners.BATCH_SIZES (Runners.chunk_batch; a group short of its batch's
+        size padded with copies of its last chunk, which write the same rows), each with the
+        bits and states read_chunk gives it alone (`_checked_chunks`; a size not known to
+        keep them, `_chunks_batchable`, runs one at a time, as do the others). Returns each
+        chunk's new GDN states."""
+        runners, out = self.runners, [None] * len(items)
+        if len(items) < 2 or not runners.batches_questions or not any(
+                self._chunks_batchable(b) for b in runners.BATCH_SIZES):
+            return super().read_chunks(items)
+        groups: dict = {}
+        for i, (ids, pos, kv, _) in enumerate(items):
+            groups.setdefault((id(kv.pool), runners.chunk_splits(pos)), []).append(i)
+        most = runners.BATCH_SIZES[-1]
+        for every in groups.values():
+            for idx in (every[k:k + most] for k in range(0, len(every), most)):
+                size = runners.batch_size(len(idx))
+                batch = runners.chunk_batch(size) if size is not None else None
+                if batch is None or not self._chunks_batchable(size):
+                    for i in idx:
+                        out[i] = self.read_chunk(*items[i])
+                    continue
+                group = [items[i] for i in idx]
+                states = self._checked_chunks(batch, group + group[-1:] * (size - len(idx)))
+                if self.chunk_bits[size]:
+                    self.num_batched_forwards += 1
+                    self.num_batched_chunks += len(idx)
+                for i, gdn in zip(idx, states):
+                    out[i] = gdn
+        return out
+
+    def _chunks_batchable(self, size: int) -> bool:
+        """Whether a batch of `size` grid chunks runs in one forward: with graphs, once
+        check_chunk_batches found it keeps the bits; without, unless its first batch
+        (checked then) gave other bits."""
+        ok = self.chunk_bits.get(size)
+        return ok is True if self.runners.chunk.use_graphs else ok is not False
+
+    def check_chunk_batches(self, sizes: Sequence[int] = ()) -> dict:
+        """For each batch size (default Runners.BATCH_SIZES), one batch of random chunks over
+        a scratch pool of their own (at 2,048 ids and above, where FA4 splits the keys, pages
+        and states of their own) against each chunk through the chunk runner, bit for bit
+        (`_checked_chunks`; sizes checked before are skipped). On CUDA only sizes checked here
+        are batched (a check compiles and captures: the warm-up's work). Returns chunk_bits."""
+        from adapters.model.config import spec_for
+        from block_store import KvPool, PagedKv
+        m, g = self.model, self.grid
+        spec = spec_for(m.cfg, m.device, m.dtype)
+        gen, dev_gen = torch.Generator().manual_seed(1), \
+            torch.Generator(device=m.device).manual_seed(1)
+        pos = -(-2048 // g) * g
+        for size in sizes or self.runners.BATCH_SIZES:
+            batch = self.runners.chunk_batch(size)
+            if batch is None or size in self.chunk_bits:
+                continue
+            need = pos // g + 1
+            pool = KvPool(spec, g, need * size)
+            pool.block.normal_(generator=dev_gen)
+            pages = [pool.manager.allocate().index for _ in range(pool.num_pages)]
+            items = []
+            for b in range(size):
+                ids = torch.randint(0, self.vocab_size, (g,), generator=gen).tolist()
+                gdn = [(torch.randn(spec.conv_dim, spec.conv_width, device=m.device,
+                                    generator=dev_gen).to(m.dtype),
+                        torch.randn(*spec.recurrent_shape, device=m.device, generator=dev_gen)
+                        * 0.1) for _ in range(spec.num_gdn)]
+                items.append((ids, pos, PagedKv(pool, pages[b * need:(b + 1) * need]), gdn))
+            self._checked_chunks(batch, items)
+        return self.chunk_bits
+
+    def _checked_chunks(self, batch, items) -> list[GdnState]:
+        """The chunks' new states from one forward of `batch`; at the first batch of its size,
+        also each chunk through the chunk runner (run after, so the KV rows they leave are
+        its), hidden rows and states compared bit for bit; where they differ, again with
+        every part one call a chunk (question_batch.PER_FORK), and where that differs too the
+        size is recorded as differing, with a RuntimeWarning, and the chunks get the chunk
+        runner's states."""
+        got = batch.read(items)
+        size = batch.num_seqs
+        if size in self.chunk_bits:
+            return [gdn for _, gdn in got]
+
+        def alone() -> list:
+            return [self.runners.chunk.run(*item) for item in items]
+
+        def same(a, b) -> bool:
+            return all(torch.equal(h, h2) and all(torch.equal(x, y) for p, q in zip(s, s2)
+                                                  for x, y in zip(p, q))
+                       for (h, s), (h2, s2) in zip(a, b))
+
+        own = alone()
+        ok = same(got, own)
+        if not ok and batch.calls != PER_FORK:
+            batch.use(PER_FORK)
+            got = batch.read(items)
+            own = alone()
+            ok = same(got, own)
+        self.chunk_bits[size] = ok
+        if not ok:
+            warnings.warn(f"a batch of {size} grid chunks gave other bits than each alone on "
+                          f"{self.model.device}; such batches run one chunk at a time in this "
+                          f"process", RuntimeWarning, stacklevel=3)
+        return [gdn for _, gdn in own]
+
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
@@ -116,6 +240,7 @@ class GraphAdapter(Adapter):
             f"{b}x{t}": dataclasses.asdict(self.runners.question_batch(t, b).calls) if ok
             else None for (b, t), ok in sorted(self.batch_bits.items())}
         out["num_question_batches"] = self.num_question_batches
+        out["chunk_batch_bits"] = {str(b): ok for b, ok in sorted(self.chunk_bits.items())}
         return out
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:
@@ -125,12 +250,18 @@ class GraphAdapter(Adapter):
         batch a step (fork.last_group), those of a shape whose batches gave other bits one a
         step, so a step stays one forward (but for a shape's first batch off CUDA, checked
         against its forks alone, and forks at other positions, which fork_logits_batch runs a
-        group a forward). Grid chunks never do (read_chunks runs them one at a time)."""
+        group a forward). Grid chunks (every length the grid) do where a chunk batch of their
+        number (at most the largest) keeps the bits (`_chunks_batchable`; read_chunks runs
+        those at positions of other FA4 split counts a group a forward)."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions
-        if not runners.batches_questions or len(lengths) < 2 or \
-                any(not 0 < n < self.grid for n in lengths):
+        if not runners.batches_questions or len(lengths) < 2:
+            return False
+        if all(n == self.grid for n in lengths):             # grid chunks: read_chunks
+            return self._chunks_batchable(runners.batch_size(min(len(lengths),
+                                                                 runners.BATCH_SIZES[-1])))
+        if any(not 0 < n < self.grid for n in lengths):
             return False
         buckets = {runners.rows_of(n) for n in lengths}
         t, size = buckets.pop(), runners.batch_size(len(lengths))

@@ -158,11 +158,13 @@ class Adapter(ABC):
         adapter's counts (runners.Runners.captures)."""
         return {}
 
-    def prepare(self, pool=None, kept_rows: Sequence[int] = ()) -> None:
+    def prepare(self, pool=None, kept_rows: Sequence[int] = (),
+                chunk_batches: Sequence[int] = ()) -> None:
         """Compile and capture now what the first forwards would (nothing by default). pool:
         the reader's block_store.KvPool, for graphs that name the pool they read (FA4 inside
         a chunk's graph), or None; kept_rows: row counts of `read_rows` forwards to prepare
-        too (a fork's tails)."""
+        too (a fork's tails); chunk_batches: sizes of `read_chunks` batches to prepare too
+        (a scheduler that reads several sessions' chunks in one forward)."""
 
     # -- forwards -------------------------------------------------------------------------------
     @abstractmethod

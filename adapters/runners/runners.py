@@ -164,6 +164,12 @@ class Runners:
                 batch.split_graphs.pin(self._pool)
         return self._chunk_batches[num_seqs]
 
+    def chunk_splits(self, pos: int) -> int:
+        """FA4's split count S of a grid chunk at pos (fa4_plan.split_plan; a chunk batch's
+        chunks share one); 0 with another attention."""
+        between = self.chunk._between
+        return between.num_splits(pos, self.chunk.t, self.model.device) if between else 0
+
     def chunk_slots(self, num_seqs: int) -> list:
         """The first num_seqs of the chunk batches' state slots (StateSlots that return
         states, made for the largest BATCH_SIZES at the first ask, their inputs in one block

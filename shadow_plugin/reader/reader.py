@@ -347,14 +347,17 @@ class Reader:
             return "other"
         return rewrites.classify(held, prompt, d, tok)
 
-    def warm_up(self) -> float:
+    def warm_up(self, batch_sessions: int = 1) -> float:
         """Compile and capture the adapter's runners now (chunks, decode, question buckets,
-        the states-keeping runners of every tail a fork can cut, fork.tail_rows) instead of
-        inside the first read, question or decode; returns the seconds it took (about 0 on
-        the CPU or without graphs). Inside a serving process a capture at first use would
-        sync the device and take graph memory after the host budgeted its own."""
+        the states-keeping runners of every tail a fork can cut, fork.tail_rows, and with
+        batch_sessions > 1 the batches of up to that many sessions' chunks that read_batch
+        runs) instead of inside the first read, question or decode; returns the seconds it
+        took (about 0 on the CPU or without graphs). Inside a serving process a capture at
+        first use would sync the device and take graph memory after the host budgeted its
+        own."""
         t0 = time.perf_counter()
-        self.adapter.prepare(pool=self.store.pool, kept_rows=fork.tail_rows(self.config.grid))
+        self.adapter.prepare(pool=self.store.pool, kept_rows=fork.tail_rows(self.config.grid),
+                             chunk_batches=range(2, batch_sessions + 1))
         return time.perf_counter() - t0
 
     # -- reading -------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ class Service:
                                  int(cfg.prefetch_gb * 2**30),
                                  attention=cfg.attention, max_tails=cfg.max_tails)
             self.reader.adapter.bind_thread()
-            self.reader.warm_up()
+            self.reader.warm_up(batch_sessions=cfg.scheduler.batch_sessions)
             self.warm_up_s = time.perf_counter() - t_warm
             self.host = Host(self.reader, host_busy=lambda: self.busy, cfg=cfg.scheduler,
                              on_question=lambda s, at: self.journal.answer(self.reader, s, at),

@@ -236,11 +236,14 @@ def test_warm_up_hands_the_readers_pool_to_the_adapter(tiny, monkeypatch):
     for grid in (64, 256):
         reader = Reader(tiny, grid=grid)
         monkeypatch.setattr(reader.adapter, "prepare",
-                            lambda pool=None, kept_rows=(): seen.append((pool, kept_rows)))
+                            lambda pool=None, kept_rows=(), chunk_batches=():
+                            seen.append((pool, kept_rows, list(chunk_batches))))
         reader.warm_up()
-        assert seen[-1] == (reader.table.store.pool, fork.tail_rows(grid))
+        assert seen[-1] == (reader.table.store.pool, fork.tail_rows(grid), [])
         assert seen[-1][0] is not None
-    assert [rows for _, rows in seen] == [[], [64, 128, 192]]
+    assert [rows for _, rows, _ in seen] == [[], [64, 128, 192]]
+    reader.warm_up(batch_sessions=4)                 # the read batches of 2 to 4 sessions
+    assert seen[-1][2] == [2, 3, 4]
 
 
 def test_split_graphs_of_a_question_runner_keep_no_states(monkeypatch):

@@ -134,3 +134,30 @@ def test_a_batch_the_adapter_reads_one_at_a_time_is_not_counted_as_batched(tiny,
     assert r.read_batch(["s0", "s1"]).num_chunks == 2               # 2G rows: one forward
     assert (r.totals["num_batched_forwards"], r.totals["num_batched_chunks"]) == (1, 2)
     assert all(r.check_exact(s) for s in ids)
+
+
+def test_the_graph_adapter_reads_a_batch_in_one_forward_checked_against_alone(tiny):
+    """On the graph adapter (its bodies eagerly on the CPU) a batch's chunks go through one
+    chunk batch (Runners.chunk_batch), its first batch of each size checked against each
+    chunk read alone, bit for bit in hidden rows and states: every session committed as
+    read alone; sessions at positions of one FA4 split count (all, with SDPA) share a
+    batch, three padded to the batch of four (its copy of the last writes the same rows)."""
+    sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
+    batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    a = batched.adapter
+    if not tiny.gemms_keep_tile_bits(4 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    names = list(ids)
+    while batched.read_batch(names).num_chunks:
+        pass
+    stats = a.graph_stats()
+    # chunks due by round: 4, 4, 3 (padded to 4), 2, then s2's last alone
+    assert stats["chunk_batch_bits"] == {"2": True, "4": True}
+    assert stats["chunk_batches"] == [2, 4]
+    assert (a.num_batched_forwards, a.num_batched_chunks) == (4, 13)
+    for s in names:
+        alone.read(s)
+        assert batched.committed(s) == alone.committed(s) == len(ids[s]) // G * G
+        assert _same_state(batched, alone, s) and batched.check_exact(s)
+    check_refs(batched)
