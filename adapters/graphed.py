@@ -6,12 +6,12 @@ run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
 reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler's batches
 with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
-(runners.question_batch over the chunk runner, Runners.chunk_batch), checked against each
+(runners.batch over the chunk runner, Runners.chunk_batch), checked against each
 chunk read alone as below (on CUDA in the warm-up, `check_chunk_batches`); the measured
 ceiling of such a batch was 1.53x at B = 4 on an H100 (evals/bi_bench.py `graphs`), and the
 timelines almost never have two sessions' chunks waiting. Several questions' last forwards at
 one position (`fork_logits_batch`, the forks
-of one ask) run in one forward (runners.question_batch.QuestionBatch), each question with the
+of one ask) run in one forward (runners.batch.BatchRunner), each question with the
 bits it gets alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
 `check_batches`, and only shapes that pass are batched; elsewhere at its first batch), and a
 shape whose bits differ runs one fork at a time.
@@ -27,7 +27,7 @@ import torch
 from adapters.interface import Adapter, check_rows
 from adapters.model import autotune
 from adapters.model.qwen35 import Qwen35
-from adapters.runners.question_batch import PER_FORK
+from adapters.runners.batch import PER_FORK
 from adapters.runners.runners import Runners
 from block_store import PagedKv
 from block_store.memory.layout import GdnState
@@ -121,7 +121,7 @@ class GraphAdapter(Adapter):
 
     def read_chunks(self, items) -> list[GdnState]:
         """read_chunk for each item (ids, pos, kv, gdn): the grid chunks over one pool at
-        positions of one FA4 split count (QuestionBatch.splits) in one forward a group of up
+        positions of one FA4 split count (BatchRunner.splits) in one forward a group of up
         to the largest Runners.BATCH_SIZES (Runners.chunk_batch; a group short of its batch's
         size padded with copies of its last chunk, which write the same rows), each with the
         bits and states read_chunk gives it alone (`_checked_chunks`; a size not known to
@@ -195,7 +195,7 @@ class GraphAdapter(Adapter):
         """The chunks' new states from one forward of `batch`; at the first batch of its size,
         also each chunk through the chunk runner (run after, so the KV rows they leave are
         its), hidden rows and states compared bit for bit; where they differ, again with
-        every part one call a chunk (question_batch.PER_FORK), and where that differs too the
+        every part one call a chunk (batch.PER_FORK), and where that differs too the
         size is recorded as differing, with a RuntimeWarning, and the chunks get the chunk
         runner's states."""
         got = batch.read(items)
@@ -229,8 +229,8 @@ class GraphAdapter(Adapter):
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
-        "conv", "rows"}: whether each runs one call for all forks, QuestionBatch.calls,
-        question_batch.OneCall; None for a shape that
+        "conv", "rows"}: whether each runs one call for all forks, BatchRunner.calls,
+        batch.OneCall; None for a shape that
         runs one question at a time}) and num_question_batches (questions' batches run in one
         forward; the checks not counted)."""
         out = self.runners.captures()
@@ -281,7 +281,7 @@ class GraphAdapter(Adapter):
         the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
         size padded with copies of its last fork, which write the same rows), each with the
         bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
-        `_batchable`, or forks sharing too few rows for its FA4 call, QuestionBatch.shares,
+        `_batchable`, or forks sharing too few rows for its FA4 call, BatchRunner.shares,
         runs one at a time, as do the others). shared_rows: as Adapter.fork_logits_batch.
         Returns [len(token_ids)] fp32 each."""
         items = [(list(ids), *rest) for ids, *rest in items]
@@ -310,14 +310,14 @@ class GraphAdapter(Adapter):
 
     def _checked(self, batch, items, shared_rows: int) -> list[torch.Tensor]:
         """The forks' hidden rows [t, hidden] from one forward of `batch` (the forks sharing
-        rows [0, shared_rows), QuestionBatch.run); at the first batch
+        rows [0, shared_rows), BatchRunner.run); at the first batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
         same ids in both). Where they differ, the batch is run and compared again with
-        every part one call a fork (question_batch.PER_FORK: where that differs too, the ops
+        every part one call a fork (batch.PER_FORK: where that differs too, the ops
         over all rows that every way runs do, and the shape is recorded in batch_bits as
         differing, with a RuntimeWarning, and its forks get their own runner's rows), then
-        the ways after the first (QuestionBatch.fall_back, OneCall.fallback's order) until
+        the ways after the first (BatchRunner.fall_back, OneCall.fallback's order) until
         one keeps the bits."""
         t, key = batch.t, (batch.num_seqs, batch.t)
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)

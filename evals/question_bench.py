@@ -5,10 +5,10 @@
 Per context and question bucket (--question-rows), B forks at the context's end over the
 session's shared pages (a page of its own each, random states and ids):
 - their last forwards one at a time through the bucket's runner against one forward of
-  runners.question_batch (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's
+  runners.batch (`one_at_a_time`, `one_forward`, `speedup`), `over_one` the batch's
   ms over one question's (the target: at most 1.5 at B = 4 and 100k), and `exact`: every
   fork's hidden rows from the batch equal to its runner's alone, bit for bit;
-- beside it the same batch each other way of the check (question_batch.WAYS after the
+- beside it the same batch each other way of the check (batch.WAYS after the
   batch's own, or those named in --ways), each arm named by its parts in one call
   (OneCall.name, e.g. `attention+recurrences+norms`; `per_fork` for none), with `_over_one` and
   `_exact`;
@@ -42,7 +42,7 @@ def questions_part(model, args) -> dict:
     median of --repeats rounds after a warm-up round that also captures the graphs, the arms
     in turns each round) and the batch's bits against each fork alone."""
     from adapters import spec_for
-    from adapters.runners.question_batch import QuestionBatch
+    from adapters.runners.batch import BatchRunner
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
     cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
@@ -78,7 +78,7 @@ def questions_part(model, args) -> dict:
                     arms["one_forward"] = lambda b=b, q=batch: q.run(forks[:b], context)
                     for calls in _other_ways(batch.calls, getattr(args, "ways", None)):
                         if (rows, b, calls) not in other_batches:
-                            other_batches[(rows, b, calls)] = QuestionBatch(
+                            other_batches[(rows, b, calls)] = BatchRunner(
                                 alone, runners.batch_slots(b), calls)
                         arms[calls.name] = lambda b=b, q=other_batches[(rows, b, calls)]: \
                             q.run(forks[:b], context)
@@ -264,7 +264,7 @@ def _graph_ms(fn, repeats: int) -> float:
 
 
 def _row_ops(model, op, rows: int, batches: list[int]) -> dict:
-    """blocks_differ of the row-wise ops QuestionBatch's `rows` and `conv` parts run over all B
+    """blocks_differ of the row-wise ops BatchRunner's `rows` and `conv` parts run over all B
     * rows rows, each with the question runner's op set `op` (on CUDA ops.row_invariant_ops:
     model.rowwise's kernels, model.invariant's split-K down projection) on random inputs of the
     model's shapes: `norm_rope` (the q norm and RoPE, the forks' cos, sin repeated),
@@ -329,7 +329,7 @@ def _other_ways(calls, names: list[str] | None) -> list:
 
 
 def _question_profile(target, run, iters: int = 5, top: int = 30) -> dict:
-    """`--profile`: run() (a forward of `target`, a QuestionBatch or for B = 1 the question
+    """`--profile`: run() (a forward of `target`, a BatchRunner or for B = 1 the question
     runner alone) with target's graphs off (eagerly: the same kernels its graph replays, one
     launch each) under torch.profiler, iters times after one warm-up: the `top` kernels by
     device time, each {calls, us} per forward, the device time in all (us per forward) and

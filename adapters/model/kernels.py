@@ -35,7 +35,7 @@ class KernelSet:
     pure torch gdn per sequence (`gdn_each`); conv_many: conv for B sequences at once (x
     [B, T, D], state [B, D, W]) -> (y [B, T, D], state [B, D, W]); on fla one call, in pure
     torch conv per sequence (`conv_each`). Whether each sequence gets the bits gdn and conv
-    give it alone is measured, not assumed (runners.question_batch checks it)."""
+    give it alone is measured, not assumed (runners.batch checks it)."""
 
     name: str
     gdn: Callable

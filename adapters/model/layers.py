@@ -231,7 +231,7 @@ class GatedDeltaNet(nn.Module):
         sequence) `gates` one call a sequence. Returns (q, k [B, T, HK, K], v [B, T, HV, V],
         g, beta [B, T, HV], new conv_states [B, conv_dim, W]), what KernelSet.recurrences
         takes. Whether each sequence gets the bits `gates` gives it alone is measured, not
-        assumed (runners.question_batch checks it)."""
+        assumed (runners.batch checks it)."""
         cfg = self.cfg
         n, t = qkv.shape[0], qkv.shape[1]
         if op.conv_gates is not None:

@@ -169,7 +169,7 @@ def row_invariant_ops(op_set: Ops) -> Ops:
     CUDA, or Triton's interpreter) and the down projection through model.invariant's split-K
     kernel (`down`: fixed tiles and K parts summed in order, DOWN_SPLITS): the ops of the
     question runners below the grid on CUDA, so that a batch of questions
-    (runners.question_batch, OneCall.rows) gives each the bits it gets alone."""
+    (runners.batch, OneCall.rows) gives each the bits it gets alone."""
     from adapters.model import invariant, rowwise
     return replace(op_set, norm_rope=rowwise.norm_rope, gdn_gates=rowwise.gdn_gates,
                    gated_rms_norm=rowwise.gated_rms_norm,

@@ -11,7 +11,7 @@ some questions' rows other bits than over each question's rows alone (evals/bi_b
 `row_ops`: `norm_rope` and `gdn_gates` on an H100, 2026-12-06,
 docs/bi-bench-questions-h100-2026-12-06-c.log; `gated_rms_norm`: bi_bench `graphs`,
 docs/bi-bench-graphs-q64-h100-2026-12-05.log). With these kernels a question runner
-(runners.runners, below the grid) and a batch of its questions (runners.question_batch,
+(runners.runners, below the grid) and a batch of its questions (runners.batch,
 OneCall.rows) run the same instructions on each row.
 
 The formulas are ops.norm_rope's, ops.gdn_gates' and ops.gated_rms_norm's

@@ -39,7 +39,7 @@ def warm_up(runner, kv, pos: int) -> None:
 
 def twice_on_side(runner, body) -> None:
     """body() twice on the runner's side stream (`side_stream`; runner: anything with
-    `side_stream` and `model`, a ChunkGraphs or a question_batch.QuestionBatch), ordered after
+    `side_stream` and `model`, a ChunkGraphs or a batch.BatchRunner), ordered after
     the current stream's work and before its next, then a sync of the model's device."""
     side = side_stream(runner)
     side.wait_stream(torch.cuda.current_stream())

@@ -214,9 +214,9 @@ def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     with S = 0 the tails alone, straight into out.
 
     The forks must hold the same keys and values in rows [0, S Ls) (forks of one session's
-    state: the caller checks, QuestionBatch.shares). The splits are non-causal, so each row
+    state: the caller checks, BatchRunner.shares). The splits are non-causal, so each row
     of an FA4 tile is computed as in the fork's own call over the same keys; whether FA4
-    keeps every fork's bits is measured, not assumed (runners.question_batch's check). On
+    keeps every fork's bits is measured, not assumed (runners.batch's check). On
     an H100, four 64-row forks at 100k: the split calls took 1.63 ms this way against 1.78
     ms as a batch of S * B over copies of q, every fork's bits kept (evals/question_bench.py
     `q_copies`, docs/bi-bench-questions-h100-2026-12-06-h.log). Capturable, as `attend`."""
@@ -352,7 +352,7 @@ class SplitGraphs:
     def captures(self) -> dict:
         """num_graphs (held now), num_captures, num_failed_captures and capture_s (seconds
         since the start), as the runners report them (ChunkGraphs.captures,
-        question_batch.QuestionBatch.captures)."""
+        batch.BatchRunner.captures)."""
         return {"num_graphs": len(self.all()), "num_captures": self.num_captures,
                 "num_failed_captures": self.num_failed_captures, "capture_s": self.capture_s}
 

@@ -63,8 +63,8 @@ class Runners:
         self._sized: dict = {}
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
-        self._batches: dict = {}          # (t, B) -> question_batch.QuestionBatch
-        self._chunk_batches: dict = {}    # B -> the QuestionBatch of B grid chunks
+        self._batches: dict = {}          # (t, B) -> batch.BatchRunner
+        self._chunk_batches: dict = {}    # B -> the BatchRunner of B grid chunks
         self._chunk_slots: list = []      # the chunk batches' state slots (chunk_slots)
         self._slots: list = []            # the question batches' state slots (batch_slots)
 
@@ -101,7 +101,7 @@ class Runners:
         """The op set of the question runner of t rows: on CUDA with the compiled ops, for a
         bucket that batches (at most BUCKET rows) and a model model.rowwise takes, the
         row-wise ops and the MLP's down projection row-invariant (ops.row_invariant_ops: a
-        batch of its questions gives each the bits it gets alone, runners.question_batch);
+        batch of its questions gives each the bits it gets alone, runners.batch);
         else the chunk runner's."""
         c = self.chunk
         if c.use_graphs and c.ops is not ops.EAGER and t <= self.BUCKET and \
@@ -128,19 +128,19 @@ class Runners:
 
     def question_batch(self, num_rows: int, num_seqs: int):
         """The runner of question forks of num_rows ids each (padded as `for_rows` pads them)
-        in one forward (runners.question_batch.QuestionBatch over that bucket's runner) that
+        in one forward (runners.batch.BatchRunner over that bucket's runner) that
         holds num_seqs of them: BATCH_SIZES' first size at or above num_seqs (a caller fills
         the rest with copies of a fork), made at first use; None where questions are not
         batched: fewer than 2 forks, more than the largest size, a bucket past BUCKET rows, or
-        an attention QuestionBatch does not take (the table attention). The batches share one
+        an attention BatchRunner does not take (the table attention). The batches share one
         set of state slots (`batch_slots`)."""
         t, size = self.rows_of(num_rows), self.batch_size(num_seqs)
         if size is None or t > self.BUCKET or not self.batches_questions:
             return None
         key = (t, size)
         if key not in self._batches:
-            from adapters.runners.question_batch import QuestionBatch
-            batch = self._batches[key] = QuestionBatch(self._get(t, self.split),
+            from adapters.runners.batch import BatchRunner
+            batch = self._batches[key] = BatchRunner(self._get(t, self.split),
                                                        self.batch_slots(size))
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)          # the reader's pool, as _made
@@ -148,17 +148,17 @@ class Runners:
 
     def chunk_batch(self, num_seqs: int):
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
-        item 2): a runners.question_batch.QuestionBatch over the chunk runner (its ops, its
+        item 2): a runners.batch.BatchRunner over the chunk runner (its ops, its
         attention, its bits) whose forks sit at their own positions of one FA4 split count
-        and whose slots return states (`chunk_slots`), run the way question_batch.CHUNKS
+        and whose slots return states (`chunk_slots`), run the way batch.CHUNKS
         (the chunk runner's compiled row-wise ops and FA4 one call a fork), made at first
         use; None where chunks are not batched (as question_batch, or num_seqs not one of
         BATCH_SIZES: a caller fills a batch itself)."""
         if num_seqs not in self.BATCH_SIZES or not self.batches_questions:
             return None
         if num_seqs not in self._chunk_batches:
-            from adapters.runners.question_batch import CHUNKS, QuestionBatch
-            batch = self._chunk_batches[num_seqs] = QuestionBatch(
+            from adapters.runners.batch import CHUNKS, BatchRunner
+            batch = self._chunk_batches[num_seqs] = BatchRunner(
                 self.chunk, self.chunk_slots(num_seqs), CHUNKS, one_position=False)
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)
@@ -282,7 +282,7 @@ class Runners:
         the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
         `pool` (the reader's block_store.KvPool) given, their graphs over that pool
         (ChunkGraphs.prepare); and the question batches of question_batches ((rows, forks)
-        pairs, `question_batch`) warmed up (their graphs: QuestionBatch.capture_over, after
+        pairs, `question_batch`) warmed up (their graphs: BatchRunner.capture_over, after
         their check, adapters.graphed.GraphAdapter.prepare)."""
         if pool is not None:
             self._pool = pool

@@ -124,7 +124,7 @@ class StateSlots:
 
 
 class SlotGroup:
-    """A batch's StateSlots (runners.question_batch) as fa4_graph.SplitGraphs takes one
+    """A batch's StateSlots (runners.batch) as fa4_graph.SplitGraphs takes one
     runner's: `outputs`, every fork's output states in one list (fork b's GDN layer g at
     b * L + g, L GDN layers: a graph keeps them all), `returned` and `release`; `take` hands
     each fork's through its own slots. Raises ValueError for slots that differ in

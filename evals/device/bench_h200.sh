@@ -14,7 +14,7 @@
 #       (issue 36; JSON also in $out/bi-bench.json after each part, should the timeout hit)
 #   bash evals/device/bench_h200.sh questions   `python -m evals.bi_bench --parts questions`:
 #       B = 1, 2, 4, 8 questions over one session at 16k and 100k in one forward
-#       (runners.question_batch) against one at a time, 64- and 128-row buckets, bit for bit
+#       (runners.batch) against one at a time, 64- and 128-row buckets, bit for bit
 #       (issue 36, item 3; JSON in $out/bi-bench-questions.json; BENCH_S bounds it, 540;
 #       BI_ARGS: more of bi_bench's flags, the last of a flag given twice counts, e.g.
 #       "--contexts 100352 --batches 1,4 --question-rows 64 --ceiling --profile")

@@ -1,5 +1,5 @@
 """Several questions over one session in one forward on CUDA (skipped without one; issue 36,
-item 3): runners.question_batch's CUDA graphs (FA4 inside, per fork its own tables) give every
+item 3): runners.batch's CUDA graphs (FA4 inside, per fork its own tables) give every
 fork the hidden rows its question runner gives it alone, bit for bit, with and without FA4's
 splits; and a reader warmed up (every shape's batch warmed, captured over its pool and checked
 against its forks alone) answers ask_many as `ask` answers each question, in one forward

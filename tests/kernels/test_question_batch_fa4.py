@@ -1,4 +1,4 @@
-"""runners.question_batch with FA4 (the fp32 fake of flash-attn-4's package, tests/fake_fa4.py,
+"""runners.batch with FA4 (the fp32 fake of flash-attn-4's package, tests/fake_fa4.py,
 and the tables kernel in Triton's interpreter on the CPU): the body the CUDA graphs capture,
 run eagerly, gives each fork the hidden rows and KV rows its FA4 question runner gives it
 alone, at positions with and without FA4's splits; a reader's GraphAdapter on that path checks
@@ -100,12 +100,12 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
     "attention": the heads, conv and gates one call a fork; "recurrences": FA4 one call a
     fork."""
     from adapters import spec_for
-    from adapters.runners.question_batch import OneCall, QuestionBatch
+    from adapters.runners.batch import BatchRunner, OneCall
     from adapters.runners.runners import Runners
     runners = Runners(tiny, 2 * T, attention="fa4", fused=False)
     alone, batch = runners.for_rows(T), runners.question_batch(T, num_forks)
     if calls != "all":
-        batch = QuestionBatch(alone, runners.batch_slots(num_forks), OneCall(**WAY[calls]))
+        batch = BatchRunner(alone, runners.batch_slots(num_forks), OneCall(**WAY[calls]))
     assert batch.calls.attention == (calls != "recurrences")
     assert batch.calls.conv == batch.calls.rows == (calls != "attention")
     assert alone is not runners.chunk and batch._fa4 is not None
@@ -167,7 +167,7 @@ def test_a_part_whose_one_call_differs_runs_one_call_a_fork(tiny, fake_fa4, monk
 
     from adapters.model import kernels
     from adapters.runners import fa4_graph
-    from adapters.runners.question_batch import OneCall
+    from adapters.runners.batch import OneCall
     from shadow_plugin import Reader
     if broken == "attention":
         real = fa4_graph.attend_many

@@ -148,7 +148,7 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
     from paged import paged_kv
 
     from adapters import state_spec
-    from adapters.runners.question_batch import QuestionBatch
+    from adapters.runners.batch import BatchRunner
     from adapters.runners.runners import Runners
     from block_store import PagedKv
     t, grid = 64, 128
@@ -157,7 +157,7 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
     alone = runners.for_rows(t)
     assert alone is not runners.chunk and alone.ops.norm_rope is rowwise.norm_rope
     assert alone.ops.down is not None
-    batch = QuestionBatch(alone, runners.batch_slots(2))
+    batch = BatchRunner(alone, runners.batch_slots(2))
     assert batch.calls.parts == ("recurrences", "conv", "rows")
     spec = state_spec(tiny)
     base = paged_kv(spec, grid, 4 * grid, seed=6)

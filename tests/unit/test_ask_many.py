@@ -126,7 +126,7 @@ def test_bad_lists_are_refused_with_nothing_held(tiny):
 
 def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
     """The CUDA-graph adapter (its bodies run eagerly on the CPU) answers the questions of one
-    ask that pad to one bucket in one forward (runners.question_batch), each answer its
+    ask that pad to one bucket in one forward (runners.batch), each answer its
     question's alone, bit for bit; its first batch of a shape was checked against the forks
     run alone; grid chunks still go one at a time."""
     r, rng = _reader(tiny, seed=7, cuda_graphs=True)
@@ -268,7 +268,7 @@ def test_a_graph_batch_whose_bits_differ_runs_one_question_at_a_time(tiny, monke
     with pytest.warns(RuntimeWarning, match="other bits than each alone"):
         assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["question_batch_bits"] == {"2x64": False}
-    from adapters.runners.question_batch import PER_FORK
+    from adapters.runners.batch import PER_FORK
     assert len(runs) == 2 and runs[-1] == PER_FORK               # the first way, the floor
     assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["num_question_batches"] == 0 and len(runs) == 2
@@ -298,7 +298,7 @@ def test_a_batch_whose_row_count_changes_the_norms_bits_runs_one_at_a_time(tiny,
 def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, monkeypatch):
     """Where the forks' recurrences in one call (KernelSet.gdn_many) give a fork other bits
     than alone, the check runs the batch again with them one a fork
-    (QuestionBatch.fall_back): that keeps the bits, so the shape stays batched, with no
+    (BatchRunner.fall_back): that keeps the bits, so the shape stays batched, with no
     warning, and every answer equals `ask`'s."""
     import dataclasses
     import warnings

@@ -1,4 +1,4 @@
-"""runners.question_batch.QuestionBatch on the CPU (its body eagerly, SDPA through each fork's
+"""runners.batch.BatchRunner on the CPU (its body eagerly, SDPA through each fork's
 pages): B forks of one session at one position, each with pages and states of its own, get
 from one forward the hidden rows and KV rows their own runner gives them, bit for bit; bad
 batches are refused before anything runs."""
@@ -7,7 +7,7 @@ import torch
 from paged import paged_kv
 
 from adapters import state_spec
-from adapters.runners.question_batch import QuestionBatch
+from adapters.runners.batch import BatchRunner
 from adapters.runners.runners import Runners
 from block_store import PagedKv
 
@@ -49,7 +49,7 @@ def test_each_fork_gets_its_own_runners_bits(tiny, grid, num_forks, pos):
     its own (no states returned), as on a reader's grid of 512."""
     runners = Runners(tiny, grid)
     batch = runners.question_batch(G - 5, num_forks)
-    assert isinstance(batch, QuestionBatch) and batch.t == G and batch.num_seqs == num_forks
+    assert isinstance(batch, BatchRunner) and batch.t == G and batch.num_seqs == num_forks
     assert (runners.for_rows(G) is runners.chunk) == (grid == G)
     forks = _forks(tiny, num_forks, pos, seed=num_forks, page_rows=grid)
     if not tiny.gemms_keep_tile_bits(num_forks * G, G):
@@ -82,7 +82,7 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
         batch.run([forks[0], short])
     assert torch.equal(batch.hidden, before)
     with pytest.raises(ValueError, match="2 or more forks"):
-        QuestionBatch(runners.for_rows(G), runners.batch_slots(1))
+        BatchRunner(runners.for_rows(G), runners.batch_slots(1))
     assert runners.question_batch(G, 1) is None and runners.question_batch(300, 2) is None
     assert runners.question_batch(G, 9) is None            # past the largest batch size
     assert runners.question_batch(G, 3).num_seqs == 4      # 3 forks: the batch of 4
@@ -93,16 +93,16 @@ def test_bad_batches_are_refused_before_anything_runs(tiny):
 @pytest.mark.parametrize("rows", [True, False])
 def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same_rows(
         tiny, monkeypatch, rows):
-    """QuestionBatch.calls.recurrences: the forks' GDN recurrences through
+    """BatchRunner.calls.recurrences: the forks' GDN recurrences through
     KernelSet.recurrences, one call of gdn_many over [B, t] rows (counted here); with
     calls.conv also the conv in one call of conv_many (counted), and with calls.rows the gates
     and the q/k heads over all rows; against one call a fork
-    (question_batch.PER_FORK): the same hidden rows, each equal to its runner's alone.
+    (batch.PER_FORK): the same hidden rows, each equal to its runner's alone.
     Without FA4 the attention runs one call a fork whatever OneCall says."""
     import dataclasses
 
     from adapters.model import kernels
-    from adapters.runners.question_batch import PER_FORK, OneCall
+    from adapters.runners.batch import PER_FORK, OneCall
     runners = Runners(tiny, G)
     calls, convs = [], []
 
@@ -116,9 +116,9 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
     monkeypatch.setattr(tiny, "kernels", dataclasses.replace(
         tiny.kernels, gdn_many=gdn_many, conv_many=conv_many))
     forks = _forks(tiny, 4, 2 * G, seed=11)
-    one_call = QuestionBatch(runners.for_rows(G), runners.batch_slots(4),
+    one_call = BatchRunner(runners.for_rows(G), runners.batch_slots(4),
                              OneCall(conv=rows, rows=rows))
-    per_fork = QuestionBatch(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
+    per_fork = BatchRunner(runners.for_rows(G), runners.batch_slots(4), PER_FORK)
     assert one_call.calls == OneCall(attention=False, conv=rows,   # SDPA: per fork
                                      rows=rows)
     assert per_fork.calls == PER_FORK
@@ -136,10 +136,10 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
 
 
 def test_one_call_falls_back_from_all_in_one_to_per_fork():
-    """The ways in order (question_batch.WAYS): the row-wise ops one call a fork first, then
+    """The ways in order (batch.WAYS): the row-wise ops one call a fork first, then
     the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
     skipped; a way not among WAYS falls to the first with fewer parts."""
-    from adapters.runners.question_batch import ALL_IN_ONE, CHUNKS, PER_FORK, WAYS, OneCall
+    from adapters.runners.batch import ALL_IN_ONE, CHUNKS, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
         ways.append(ways[-1].fallback())
@@ -232,7 +232,7 @@ def test_a_runner_with_the_fused_conv_and_gates_runs_them_per_fork(tiny, monkeyp
     runners = Runners(tiny, G)
     alone = runners.for_rows(G)
     monkeypatch.setattr(alone, "ops", dataclasses.replace(ops.EAGER, conv_gates=ops.conv_gates))
-    batch = QuestionBatch(alone, runners.batch_slots(2))
+    batch = BatchRunner(alone, runners.batch_slots(2))
     assert batch.calls.parts == ("recurrences", "rows", "norms")
     forks = _forks(tiny, 2, 2 * G, seed=12)
     if not tiny.gemms_keep_tile_bits(2 * G, G):
@@ -242,9 +242,9 @@ def test_a_runner_with_the_fused_conv_and_gates_runs_them_per_fork(tiny, monkeyp
 
 
 def test_use_sets_a_way_as_the_batch_can_run_it(tiny):
-    """QuestionBatch.use: the way given, its attention off without FA4 (as the constructor
+    """BatchRunner.use: the way given, its attention off without FA4 (as the constructor
     sets it); the way it runs already changes nothing."""
-    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, OneCall
+    from adapters.runners.batch import ALL_IN_ONE, PER_FORK, OneCall
     runners = Runners(tiny, G)
     batch = runners.question_batch(G, 2)
     assert batch.calls == OneCall(attention=False)
@@ -262,7 +262,7 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
     the row-wise ops and norms one call a chunk, the recurrences in one call) give each
     session the hidden rows, KV rows and GDN states the chunk runner gives it alone, bit for
     bit; the states given are not changed. A question batch's slots return no states."""
-    from adapters.runners.question_batch import CHUNKS
+    from adapters.runners.batch import CHUNKS
     runners = Runners(tiny, G)
     batch = runners.chunk_batch(num_seqs)
     assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None

@@ -54,7 +54,7 @@ def test_questions_part_times_both_arms_and_checks_the_bits(tiny):
 
 
 def test_other_ways_follow_the_checks_order_or_the_names_given():
-    from adapters.runners.question_batch import ALL_IN_ONE, PER_FORK, WAYS
+    from adapters.runners.batch import ALL_IN_ONE, PER_FORK, WAYS
     assert _other_ways(ALL_IN_ONE, None) == list(WAYS[1:])
     assert _other_ways(ALL_IN_ONE, ["per_fork", "attention+recurrences+norms"]) == [
         PER_FORK, WAYS[2]]

@@ -221,7 +221,7 @@ def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, di
     """Random sessions fed, rewritten, sharing prefixes, read together in random batches
     (Reader.read_batch: one forward for the chunks of several) or alone, asked several
     questions in one forward (on the eager adapter, or the CUDA-graph adapter's bodies:
-    runners.question_batch), parked to disk and restored (from its files or from rows read
+    runners.batch), parked to disk and restored (from its files or from rows read
     ahead of the restore): after every step every session's committed state equals its fresh
     prefill, bit for bit."""
     import tempfile

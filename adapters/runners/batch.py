@@ -1,7 +1,12 @@
-"""Several questions' last forwards over one session in one forward (issue 36, item 3): B forks
-at one position, t rows each (a question runner's bucket, runners.runners), through one CUDA
-graph per number of FA4 splits on CUDA, eagerly on the CPU (tests/kernels runs the FA4 body
-there over a pure-torch fake of the package).
+"""B sequences' forwards of t rows each in one forward (issue 36), through one CUDA graph per
+number of FA4 splits on CUDA, eagerly on the CPU (tests/kernels runs the FA4 body there over a
+pure-torch fake of the package):
+- several questions' last forwards over one session (item 3): B forks at one position, t rows
+  each (a question runner's bucket, runners.runners), which share the session's rows below it
+  (Runners.question_batch);
+- grid chunks of several sessions (item 2): B chunks of the grid's rows, each at its own
+  position of one FA4 split count over pages of its own, their GDN states returned, run the
+  way CHUNKS says (Runners.chunk_batch, the graph adapter's read_chunks).
 
 Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
 docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100; the profile of four 64-row questions
@@ -122,17 +127,20 @@ WAYS = (ALL_IN_ONE,
         PER_FORK)
 
 
-class QuestionBatch:
-    """B question forwards of exactly t rows each, at one position, over one KV pool.
+class BatchRunner:
+    """B forwards ("forks") of exactly t rows each over one KV pool: questions at one position,
+    or grid chunks at positions of one FA4 split count.
 
-    Args: runner: the question runner of t rows (a runners.graphs.ChunkGraphs made by
-    runners.Runners; its model, compiled op set, fused projections, attention, page size and
-    side stream are this batch's, so the ops it runs per fork are its own); slots: B >= 2
-    runners.slots.StateSlots that return none, the forks' input GDN states (static inputs of
-    the graphs; Runners shares one set between its batches: each run feeds them first);
-    calls: which per-fork parts run as one call for all forks (OneCall; its attention is off
-    without FA4, its conv with the op set's fused conv and gates; `fall_back` takes the next
-    way).
+    Args: runner: the runner of t rows whose bits each fork must get (a runners.graphs.
+    ChunkGraphs made by runners.Runners: a question runner, or the grid's chunk runner; its
+    model, compiled op set, fused projections, attention, page size and side stream are this
+    batch's, so the ops it runs per fork are its own); slots: B >= 2 runners.slots.StateSlots,
+    the forks' input GDN states (static inputs of the graphs; Runners shares one set between
+    its batches: each run feeds them first), which return the forks' new states (`read`) or
+    none (questions), all alike; calls: which per-fork parts run as one call for all forks
+    (OneCall; its attention is off without FA4, its conv with the op set's fused conv and
+    gates; `fall_back` takes the next way); one_position: the forks share one position (one
+    RoPE for all), else each its own of one FA4 split count.
     Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
     device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
     elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
@@ -150,10 +158,10 @@ class QuestionBatch:
                  one_position: bool = True):
         num_seqs = len(slots)
         if num_seqs < 2:
-            raise ValueError(f"a question batch holds 2 or more forks, got {num_seqs}")
+            raise ValueError(f"a batch holds 2 or more forks, got {num_seqs}")
         on_fa4 = runner.attention == "fa4" and runner.split_graphs is not None
         if not (on_fa4 or (runner.attention == "sdpa" and not runner.use_graphs)):
-            raise ValueError(f"questions are batched with FA4 inside the graph (CUDA) or SDPA "
+            raise ValueError(f"forwards are batched with FA4 inside the graph (CUDA) or SDPA "
                              f"(the CPU), not attention {runner.attention!r}")
         model, t = runner.model, runner.t
         cfg, dev, dt = model.cfg, model.device, model.dtype
