@@ -219,11 +219,11 @@ def _asks_equal_alone(reader, sid, k, where, rng):
 def test_sessions_read_in_batches_equal_their_fresh_prefills(tiny, ops, seed, disk,
                                                              gdn_entries, graphs):
     """Random sessions fed, rewritten, sharing prefixes, read together in random batches
-    (Reader.read_batch: one forward for the chunks of several) or alone, asked several
-    questions in one forward (on the eager adapter, or the CUDA-graph adapter's bodies:
-    runners.batch), parked to disk and restored (from its files or from rows read
-    ahead of the restore): after every step every session's committed state equals its fresh
-    prefill, bit for bit."""
+    (Reader.read_batch: one forward for the chunks of several, on the eager adapter or
+    through the CUDA-graph adapter's chunk batches, runners.batch) or alone, asked several
+    questions in one forward (question batches there too), parked to disk and restored
+    (from its files or from rows read ahead of the restore): after every step every
+    session's committed state equals its fresh prefill, bit for bit."""
     import tempfile
     rng = random.Random(seed)
     budget = None if gdn_entries is None else gdn_entries * 61440
