@@ -158,7 +158,7 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
     assert alone is not runners.chunk and alone.ops.norm_rope is rowwise.norm_rope
     assert alone.ops.down is not None
     batch = BatchRunner(alone, runners.batch_slots(2))
-    assert batch.calls.parts == ("recurrences", "conv", "rows")
+    assert batch.calls.parts == ("recurrences", "conv", "rows", "norms")
     spec = state_spec(tiny)
     base = paged_kv(spec, grid, 4 * grid, seed=6)
     g = torch.Generator().manual_seed(6)
