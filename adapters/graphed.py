@@ -78,9 +78,9 @@ class GraphAdapter(Adapter):
             if pool is not None and batch is not None and \
                     self.batch_bits.get((batch.num_seqs, batch.t)):
                 batch.capture_over(pool)
-        if not (self.runners.chunk.use_graphs and self.runners.batches_questions):
-            return
         sizes = sorted({self.runners.batch_size(n) for n in chunk_batches} - {None})
+        if not (sizes and self.runners.chunk.use_graphs and self.runners.batches_questions):
+            return
         for size in sizes:                   # warmed up (eagerly), checked, captured over pool
             self.runners.chunk_batch(size).prepare()
         self.check_chunk_batches(sizes)
@@ -152,6 +152,20 @@ class GraphAdapter(Adapter):
                     out[i] = gdn
         return out
 
+    def chunk_group(self, positions: Sequence[int]) -> list[int]:
+        """The indices of the grid chunks at `positions` that one read_chunks forward takes
+        with the first: those at positions of its FA4 split count (Runners.chunk_splits), at
+        most the largest Runners.BATCH_SIZES, where a chunk batch of their number keeps the
+        bits (`_chunks_batchable`); else the first alone."""
+        runners = self.runners
+        if len(positions) < 2 or not runners.batches_questions:
+            return [0][:len(positions)]
+        s = runners.chunk_splits(positions[0])
+        group = [i for i, p in enumerate(positions) if runners.chunk_splits(p) == s]
+        group = group[:runners.BATCH_SIZES[-1]]
+        size = runners.batch_size(len(group))
+        return group if size is not None and self._chunks_batchable(size) else [0]
+
     def _chunks_batchable(self, size: int) -> bool:
         """Whether a batch of `size` grid chunks runs in one forward: with graphs, once
         check_chunk_batches found it keeps the bits; without, unless its first batch
@@ -159,8 +173,8 @@ class GraphAdapter(Adapter):
         ok = self.chunk_bits.get(size)
         return ok is True if self.runners.chunk.use_graphs else ok is not False
 
-    def check_chunk_batches(self, sizes: Sequence[int] = ()) -> dict:
-        """For each batch size (default Runners.BATCH_SIZES), one batch of random chunks over
+    def check_chunk_batches(self, sizes: Sequence[int] | None = None) -> dict:
+        """For each batch size (None: every Runners.BATCH_SIZES), one batch of random chunks over
         a scratch pool of their own (at 2,048 ids and above, where FA4 splits the keys, pages
         and states of their own) against each chunk through the chunk runner, bit for bit
         (`_checked_chunks`; sizes checked before are skipped). On CUDA only sizes checked here
@@ -172,7 +186,7 @@ class GraphAdapter(Adapter):
         gen, dev_gen = torch.Generator().manual_seed(1), \
             torch.Generator(device=m.device).manual_seed(1)
         pos = -(-2048 // g) * g
-        for size in sizes or self.runners.BATCH_SIZES:
+        for size in self.runners.BATCH_SIZES if sizes is None else sizes:
             batch = self.runners.chunk_batch(size)
             if batch is None or size in self.chunk_bits:
                 continue
@@ -194,30 +208,38 @@ class GraphAdapter(Adapter):
     def _checked_chunks(self, batch, items) -> list[GdnState]:
         """The chunks' new states from one forward of `batch`; at the first batch of its size,
         also each chunk through the chunk runner (run after, so the KV rows they leave are
-        its), hidden rows and states compared bit for bit; where they differ, again with
-        every part one call a chunk (batch.PER_FORK), and where that differs too the
-        size is recorded as differing, with a RuntimeWarning, and the chunks get the chunk
-        runner's states."""
+        its), hidden rows, states and the KV rows each wrote compared bit for bit; where
+        they differ, again with every part one call a chunk (batch.PER_FORK), and where
+        that differs too the size is recorded as differing, with a RuntimeWarning, and the
+        chunks get the chunk runner's states."""
         got = batch.read(items)
         size = batch.num_seqs
         if size in self.chunk_bits:
             return [gdn for _, gdn in got]
 
-        def alone() -> list:
-            return [self.runners.chunk.run(*item) for item in items]
+        def written() -> list:                 # each chunk's page, every layer's k and v
+            return [[x[kv.pages[pos // kv.page_rows]].clone() for pair in kv.pool.layers()
+                     for x in pair] for _, pos, kv, _ in items]
 
-        def same(a, b) -> bool:
+        def same(a, b) -> bool:                # (hidden, states, rows) of each chunk
             return all(torch.equal(h, h2) and all(torch.equal(x, y) for p, q in zip(s, s2)
                                                   for x, y in zip(p, q))
-                       for (h, s), (h2, s2) in zip(a, b))
+                       and all(torch.equal(x, y) for x, y in zip(r, r2))
+                       for (h, s), r, (h2, s2), r2 in zip(*a, *b))
 
-        own = alone()
-        ok = same(got, own)
+        def tried() -> tuple:                  # the batch's, then alone's (run after)
+            mine = (got, written())
+            own = [self.runners.chunk.run(*item) for item in items]
+            return mine, (own, written())
+
+        mine, theirs = tried()
+        ok = same(mine, theirs)
         if not ok and batch.calls != PER_FORK:
             batch.use(PER_FORK)
             got = batch.read(items)
-            own = alone()
-            ok = same(got, own)
+            mine, theirs = tried()
+            ok = same(mine, theirs)
+        own = theirs[0]
         self.chunk_bits[size] = ok
         if not ok:
             warnings.warn(f"a batch of {size} grid chunks gave other bits than each alone on "
@@ -250,18 +272,13 @@ class GraphAdapter(Adapter):
         batch a step (fork.last_group), those of a shape whose batches gave other bits one a
         step, so a step stays one forward (but for a shape's first batch off CUDA, checked
         against its forks alone, and forks at other positions, which fork_logits_batch runs a
-        group a forward). Grid chunks (every length the grid) do where a chunk batch of their
-        number (at most the largest) keeps the bits (`_chunks_batchable`; read_chunks runs
-        those at positions of other FA4 split counts a group a forward)."""
+        group a forward). Grid chunks never do here: `chunk_group` says which of them one
+        read_chunks forward takes."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions
-        if not runners.batches_questions or len(lengths) < 2:
-            return False
-        if all(n == self.grid for n in lengths):             # grid chunks: read_chunks
-            return self._chunks_batchable(runners.batch_size(min(len(lengths),
-                                                                 runners.BATCH_SIZES[-1])))
-        if any(not 0 < n < self.grid for n in lengths):
+        if not runners.batches_questions or len(lengths) < 2 or \
+                any(not 0 < n < self.grid for n in lengths):
             return False
         buckets = {runners.rows_of(n) for n in lengths}
         t, size = buckets.pop(), runners.batch_size(len(lengths))

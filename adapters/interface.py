@@ -163,8 +163,8 @@ class Adapter(ABC):
         """Compile and capture now what the first forwards would (nothing by default). pool:
         the reader's block_store.KvPool, for graphs that name the pool they read (FA4 inside
         a chunk's graph), or None; kept_rows: row counts of `read_rows` forwards to prepare
-        too (a fork's tails); chunk_batches: sizes of `read_chunks` batches to prepare too
-        (a scheduler that reads several sessions' chunks in one forward)."""
+        too (a fork's tails); chunk_batches: numbers of chunks of `read_chunks` batches to
+        prepare too (a scheduler that reads several sessions' chunks in one forward)."""
 
     # -- forwards -------------------------------------------------------------------------------
     @abstractmethod
@@ -196,9 +196,17 @@ class Adapter(ABC):
         """read_chunk for each item (ids, pos, kv, gdn), in order: grid chunks of several
         sequences (no two writing one page), each with the bits read_chunk gives it alone, so
         a state read in a batch is the state read alone (the same `path`). Returns the GDN
-        states after each chunk. By default one at a time (the graph adapter keeps this on
-        CUDA for now: its GEMMs need fixed tiles to be batch-invariant there)."""
+        states after each chunk. By default one at a time; `chunk_group` says which chunks
+        an adapter reads in one forward."""
         return [self.read_chunk(*item) for item in items]
+
+    def chunk_group(self, positions: Sequence[int]) -> list[int]:
+        """The indices of the grid chunks at `positions` (one per session, in order) that one
+        read_chunks forward takes with the first (Reader.read_batch reads those, so a call
+        holds the device for one forward): all where `batches` says chunks of the grid batch,
+        else the first alone ([] for none)."""
+        n = len(positions)
+        return list(range(n)) if n > 1 and self.batches([self.grid] * n) else [0][:n]
 
     def fork_logits_batch(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState,
                                                       Sequence[int]]],
@@ -206,9 +214,9 @@ class Adapter(ABC):
         """fork_logits for each item (ids, pos, kv, gdn, token_ids), in order: forks of one
         session or several (no two writing one page), each with the logits fork_logits gives
         it alone ([len(token_ids)] fp32 each). shared_rows: every item's KV holds the same
-        rows [0, shared_rows) (forks of one session's state: the same pages there, or copies
-        of one page), which a batch may read once for all (0: nothing shared). By default
-        one at a time."""
+        rows [0, shared_rows) (forks of one session's state: the same pages wholly below it,
+        and the page it ends in the same or a copy of one page), which a batch may read once
+        for all (0: nothing shared). By default one at a time."""
         return [self.fork_logits(*item) for item in items]
 
     def fork_rows(self, num_ids: int) -> int:

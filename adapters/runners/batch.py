@@ -111,8 +111,9 @@ class OneCall:
 
 ALL_IN_ONE = OneCall()
 PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, norms=False)
-# a batch of grid chunks of several sessions (ChunkBatch's way: no rows shared, so FA4 one
-# call a fork; the chunk runner's compiled row-wise ops one call a fork)
+# a batch of grid chunks of several sessions (Runners.chunk_batch's way: no rows shared, so
+# FA4 one call a fork; the chunk runner's compiled norms and row-wise ops one call a fork:
+# its norms gave other bits over more rows, docs/bi-bench-graphs-h100-2026-12-05.log)
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
 # the check's order: the row-wise ops first (torch.compile picks their kernels by row count:
 # over all rows they gave some forks other bits on an H100 and an H200, question_bench `row_ops`,
@@ -147,12 +148,13 @@ class BatchRunner:
     attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
-    table) and, with FA4, its split tables per split count and the batch's copy of them
-    (fa4_graph.BatchTables: up to 4.3 MB a fork at 64 rows on a grid of 512 over every
-    split count on an H100),
-    the hidden rows [B * t, hidden] and per full-attention layer its attention output
-    [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
-    forward's working set."""
+    table) and, with FA4, its split and tail tables per split count and the batch's copy of
+    the tails (fa4_graph.BatchTables: up to 4.3 MB a fork at 64 rows on a grid of 512 over
+    every split count on an H100), the hidden rows [B * t, hidden] and per full-attention
+    layer its attention output [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B);
+    its graphs' memory pool holds one forward's working set, and with slots that return
+    states each graph keeps its forks' output states (19.8 MB a fork on the 0.8B: about
+    160 MB a graph at B = 8, a graph per split count and pool)."""
 
     def __init__(self, runner, slots: list, calls: OneCall = ALL_IN_ONE,
                  one_position: bool = True):
@@ -307,7 +309,8 @@ class BatchRunner:
         (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
         KernelSet.gdn per fork); the gated norm (over all rows with calls.rows and
         calls.recurrences, else per fork); out_proj over all rows. Returns [B * t, hidden];
-        the forks' new states are not kept."""
+        with slots that return states, each fork's new conv and recurrent states go to
+        `group` (SlotGroup.set), else they are not kept."""
         op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
         n, t = self.num_seqs, self.t
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
@@ -414,9 +417,11 @@ class BatchRunner:
         self._prepared = False
 
     def _runnable(self, calls: OneCall, fa4: bool) -> OneCall:
-        """`calls` as this batch can run it: its attention off without FA4, its conv off
-        with the op set's fused conv and gates (ops.conv_gates: one sequence a call)."""
-        if not fa4:
+        """`calls` as this batch can run it: its attention off without FA4 or at positions of
+        their own (forks at two positions read other split tables: one_position False), its
+        conv off with the op set's fused conv and gates (ops.conv_gates: one sequence a
+        call)."""
+        if not fa4 or not self.one_position:
             calls = replace(calls, attention=False)
         if self.ops.conv_gates is not None:
             calls = replace(calls, conv=False)

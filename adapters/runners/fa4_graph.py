@@ -207,7 +207,8 @@ def _splits_beside_tail(splits, tail, side, device: torch.device) -> None:
 def attend_many(fwd, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                 tables: BatchTables, out: torch.Tensor, side=None) -> None:
     """`attend` for B forks of t rows each in three calls: q [B * t, H, D] (fork b's rows
-    b t .. (b + 1) t) over the rows each fork's filled tables name (tables.forks[b]) into
+    b t .. (b + 1) t) over the rows fork b's filled tables name (tables.forks[b]; its split
+    rows read through fork 0's tables, which name the same rows' values) into
     out [B * t, H * D]: one FA4 call of S splits over all B * t rows through fork 0's split
     tables (a batch of S, q broadcast as a stride-0 view: each split's keys read once for
     all forks), one of the forks' causal tails (a batch of B) and one combine of all rows;

@@ -133,7 +133,9 @@ class Forward:
     position after its last id (at + the question's or prompt's ids), whatever it forwards
     (a fork on a kept tail forwards fewer ids: num_ids); base_rows: its KV rows
     [0, base_rows) are its base's (the pages below `line`, its copy of the tail's page):
-    the same in every fork of one start_many."""
+    the same in every fork of one start_many, which share one `origin` (an object of that
+    call's own: forks of two calls may stand on other rows at the same place, a rewrite
+    between them)."""
 
     session: str
     at: int
@@ -152,6 +154,7 @@ class Forward:
     stale: bool = False
     end: int = 0
     base_rows: int = 0
+    origin: object = None
 
 
 def min_tail(grid: int) -> int:
@@ -234,7 +237,7 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
     base = sc.state if sc else st
     cut = tail_cut(at, rcfg.grid)           # the line when there is no tail
     out: list[Forward] = []
-    tail, num_tail = None, 0
+    tail, num_tail, origin = None, 0, object()
     try:
         if cut > line:
             # at the session's end: its tip tail (replacing its older one in `tails`)
@@ -246,7 +249,7 @@ def start_many(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: Sessi
             pinned = store.take_pages(base.pages[:line // rcfg.grid])
             fw = Forward(session, at, line, line, fwd, base.gdn, pinned, [],
                          line + len(fwd) + rows, len(fwd), num_committed, num_scratch,
-                         backlog, t0, st.stale, at + len(extra), line)
+                         backlog, t0, st.stale, at + len(extra), line, origin)
             out.append(fw)
             if tail is not None:       # the fork starts at cut, on its own copy of the page
                 fw.scratch.append(store.copy(tail.page))
@@ -386,12 +389,13 @@ def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
                      letters: list[list[int]]) -> list[torch.Tensor]:
     """Forks' last forwards (their pieces read) through adapter.fork_logits_batch (one
     forward a group at one position in one bucket, on the graph adapter, which may read the
-    rows they share once: their base's, when all come from one start_many, as the forks of
-    one ask do): fork i's letters' logits [len(letters[i])] fp32, the bits last_logits
+    rows they share once: their base's, when all come from one start_many (one origin), as
+    the forks of one ask do): fork i's letters' logits [len(letters[i])] fp32, the bits last_logits
     gives it alone."""
-    one_base = len({(fw.session, fw.at, fw.line, fw.base_rows) for fw in fws}) == 1
     if not fws:
         return []
+    one_base = all(fw.origin is fws[0].origin and fw.base_rows == fws[0].base_rows
+                   for fw in fws) and fws[0].origin is not None
     return adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
                                       for fw, lt in zip(fws, letters)],
                                      shared_rows=fws[0].base_rows if one_base else 0)

@@ -249,3 +249,63 @@ def test_a_chunk_batch_on_fa4_gives_each_session_its_chunk_runners_bits(tiny, fa
                    for (a, b), (c, d) in zip(states, want_states)), pos
         assert all(torch.equal(x, y) for x, y in zip(
             rows, [x[kv.pages[-1]] for pair in base.pool.layers() for x in pair])), pos
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_forks_of_two_asks_share_nothing_across_a_rewrite(tiny, fake_fa4, monkeypatch):
+    """Forks begun by two begin_ask_many calls at one `at` of one session, a rewrite of the
+    tail's ids between them, finished together: they stand on other rows below the cut, so
+    the batch is told they share none (Forward.origin) and each answer equals `ask`'s; forks
+    of one call share the rows up to the cut. (A review found the first case read fork 1's
+    tail rows through fork 0's copy when forks were matched by session and place.)"""
+    import random
+
+    from helpers import vocab_ids
+
+    from adapters.attention import fa4_plan
+    from shadow_plugin import Reader
+    heads = (tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
+    num_sms = next(n for n in range(1, 999) if fa4_plan.all_splits(T, *heads, n)[-1] == 3)
+    monkeypatch.setattr(attn_fa4, "_num_sms", lambda index: num_sms)
+    grid, at = 4 * T, 1160                   # line 1024, cut 1152 = S Ls (S = 3, Ls = 384)
+    r = Reader(tiny, grid=grid, cuda_graphs=True, attention="fa4", fused_ops=False)
+    a = r.adapter
+    assert a.runners.question_batch(T, 2)._fa4.split_keys(1152, T, torch.device("cpu")) == 1152
+    assert a.check_batches([(T, 2)]) == {(2, T): True}
+    rng = random.Random(1)
+    ids = vocab_ids(rng, 1200)
+    r.feed("s", ids, "prompt")
+    r.read("s")
+    q = ([5, 6, 7], ["x", "y"])
+    want1 = r.ask("s", *q, at=at).probs
+    shared = []
+    real = a.fork_logits_batch
+    monkeypatch.setattr(a, "fork_logits_batch", lambda items, shared_rows=0:
+                        shared.append(shared_rows) or real(items, shared_rows))
+    assert [x.probs for x in r.ask_many("s", [q, q], at=at)] == [want1] * 2
+    assert shared == [1152]                  # one ask: its forks share rows up to the cut
+    first = r.begin_ask_many("s", [q], at=at)
+    r.feed("s", ids[:1100] + vocab_ids(rng, 100), "prompt")       # rewrites [1100, 1152)
+    second = r.begin_ask_many("s", [q], at=at)
+    both = first + second
+    while r.advance_many(both):
+        pass
+    got = r.finish_ask_many(both)
+    monkeypatch.setattr(a, "fork_logits_batch", real)
+    assert shared[1:] == [0] and got[0].probs == want1
+    assert got[1].probs == r.ask("s", *q, at=at).probs != want1
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_a_chunk_batch_never_runs_fa4_in_one_call(tiny, fake_fa4):
+    """Chunks at positions of their own read other split tables: a chunk batch turns FA4 in
+    one call off whatever way it is told to run (the constructor's or `use`'s)."""
+    from adapters.runners.batch import ALL_IN_ONE, BatchRunner
+    from adapters.runners.runners import Runners
+    runners = Runners(tiny, 2 * T, attention="fa4", fused=False)
+    batch = runners.chunk_batch(2)
+    batch.use(ALL_IN_ONE)
+    assert not batch.calls.attention and batch.calls.recurrences
+    own = BatchRunner(runners.chunk, runners.chunk_slots(2), ALL_IN_ONE, one_position=False)
+    assert not own.calls.attention
+    assert runners.question_batch(T, 2).calls.attention       # one position: FA4 in one call

@@ -128,7 +128,7 @@ def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
     """The CUDA-graph adapter (its bodies run eagerly on the CPU) answers the questions of one
     ask that pad to one bucket in one forward (runners.batch), each answer its
     question's alone, bit for bit; its first batch of a shape was checked against the forks
-    run alone; grid chunks still go one at a time."""
+    run alone; last forwards of a whole grid are never a question batch's."""
     r, rng = _reader(tiny, seed=7, cuda_graphs=True)
     a = r.adapter
     assert a.batches() and a.batches([3, 40]) and not a.batches([3]) and not a.batches([G, 3])

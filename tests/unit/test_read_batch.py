@@ -161,3 +161,91 @@ def test_the_graph_adapter_reads_a_batch_in_one_forward_checked_against_alone(ti
         assert batched.committed(s) == alone.committed(s) == len(ids[s]) // G * G
         assert _same_state(batched, alone, s) and batched.check_exact(s)
     check_refs(batched)
+
+
+def test_a_read_batch_call_reads_what_one_forward_takes(tiny, monkeypatch):
+    """Nine sessions due on the graph adapter: a call reads the eight one chunk batch takes
+    (Adapter.chunk_group), the ninth the next call, one forward each."""
+    rng = random.Random(0)
+    r = Reader(tiny, grid=G, cuda_graphs=True)
+    names = [f"s{i}" for i in range(9)]
+    for s in names:
+        r.feed(s, vocab_ids(rng, G + 7), "prompt")         # one chunk each
+    a = r.adapter
+    if not tiny.gemms_keep_tile_bits(8 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    assert a.chunk_group([0] * 9) == list(range(8)) and a.chunk_group([G]) == [0]
+    assert r.read_batch(names).sessions == tuple(names[:8])
+    assert r.read_batch(names).sessions == (names[8],)
+    assert (a.num_batched_forwards, a.num_batched_chunks) == (1, 8)
+
+
+@pytest.mark.parametrize("where", ["swiglu", "norm"])
+def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeypatch, where):
+    """A chunk batch whose ops over all rows give other bits (the SwiGLU over all rows: every
+    way runs it so, so the size is refused with a warning) or whose norms over all rows do
+    (the batch's way runs them one call a chunk: nothing differs): every session committed
+    as read alone either way."""
+    import dataclasses
+    import warnings
+    sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
+    batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    a = batched.adapter
+    if not tiny.gemms_keep_tile_bits(4 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    batch = a.runners.chunk_batch(4)
+    name = "swiglu" if where == "swiglu" else "add_rms_norm"
+    real = getattr(batch.ops, name)
+
+    def off(*args):                                   # other bits over more than one chunk
+        out = real(*args)
+        if args[0].shape[0] <= G:
+            return out
+        return out * (1 + 2 ** -6) if name == "swiglu" else (out[0], out[1] * (1 + 2 ** -6))
+    monkeypatch.setattr(batch, "ops", dataclasses.replace(batch.ops, **{name: off}))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        while batched.read_batch(list(ids)).num_chunks:
+            pass
+    refused = [w for w in seen if "grid chunks gave other bits" in str(w.message)]
+    assert a.chunk_bits[4] is (where == "norm") and len(refused) == (where == "swiglu")
+    for s in ids:
+        alone.read(s)
+        assert _same_state(batched, alone, s) and batched.check_exact(s)
+    check_refs(batched)
+
+
+def test_chunk_batches_are_checked_only_for_the_sizes_asked(tiny):
+    """check_chunk_batches checks the sizes given (none for an empty list, every batch size
+    for None), and the warm-up asks for none unless told how many sessions a batch reads."""
+    r = Reader(tiny, grid=G, cuda_graphs=True)
+    a = r.adapter
+    assert a.check_chunk_batches([]) == {} and a.runners.captures()["chunk_batches"] == []
+    r.warm_up()
+    assert a.chunk_bits == {} and a.runners.captures()["chunk_batches"] == []
+    if not tiny.gemms_keep_tile_bits(8 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    assert a.check_chunk_batches([2]) == {2: True}
+    assert a.check_chunk_batches() == {2: True, 4: True, 8: True}
+
+
+def test_grid_long_last_forwards_are_not_taken_for_chunks(tiny, monkeypatch):
+    """Two questions whose last forwards are a whole grid of ids: no question batch takes
+    them (batches is False), so advance_many runs one a step, as before chunk batches."""
+    rng = random.Random(0)
+    grid = 512
+    r = Reader(tiny, grid=grid, cuda_graphs=True)
+    a = r.adapter
+    r.feed("s", vocab_ids(rng, 600), "prompt")
+    r.read("s")
+    items = [(vocab_ids(rng, 424), ["a", "b"]), (vocab_ids(rng, 424), ["c", "d"])]
+    alone = [r.ask("s", *item).probs for item in items]
+    pendings = r.begin_ask_many("s", items)
+    assert [len(p.fw.rest) for p in pendings] == [grid, grid]
+    assert not a.batches([grid, grid])
+    steps = 0
+    while r.advance_many(pendings):
+        steps += 1
+    assert steps >= 1
+    assert [x.probs for x in r.finish_ask_many(pendings)] == alone
