@@ -220,7 +220,9 @@ def chunks_part(model, args) -> dict:
     Runners.chunk_batch in one forward against the chunk runner one chunk at a time (CUDA
     events, the median of --repeats rounds after a warm-up round that also captures the
     graphs, the arms in turns), chunks/s and ids/s of each, and every chunk's hidden rows, KV
-    rows and GDN states against its own alone, bit for bit (`exact`)."""
+    rows and GDN states against its own alone, bit for bit (`exact`); with --profile, one
+    chunk's forward and the largest batch's at the smallest context under torch.profiler
+    (question_bench.forward_profile: eagerly, kernels by device time)."""
     from adapters import spec_for
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
@@ -259,6 +261,10 @@ def chunks_part(model, args) -> dict:
             row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
             row["ids_per_s"] = round(b * grid / row["one_forward"] * 1e3)
             row["ids_per_s_alone"] = round(b * grid / row["one_at_a_time"] * 1e3)
+            if getattr(args, "profile", False) and context == min(args.contexts) and \
+                    b in (1, max(args.batches)):        # where the time goes, eagerly
+                target = batch if batch is not None else runners.chunk
+                row["profile"] = question_bench.forward_profile(target, arms["one_forward"])
             if batch is not None:
                 got = batch.read(items[:b])
                 rows = [[x[own[i]].clone() for pair in pool.layers() for x in pair]
@@ -444,7 +450,8 @@ def main(argv=None) -> int:
                          "name (OneCall.name, e.g. attention+recurrences+norms,per_fork); "
                          "default every way after it")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
-                    "the largest context and smallest bucket also under torch.profiler")
+                    "the largest context and smallest bucket also under torch.profiler; "
+                    "`chunks`: one chunk and the largest batch at the smallest context")
     ap.add_argument("--ceiling", action="store_true",
                     help="`questions`: also one forward of the B questions' rows as one "
                          "sequence (FA4 compiles one kind of call more per row count)")

@@ -113,7 +113,7 @@ def questions_part(model, args) -> dict:
                     target, run = ((batch, lambda b=b, q=batch: q.run(forks[:b], context))
                                    if batched else (alone, lambda: alone.run(*forks[0])))
                     try:                       # the rows above kept whatever the profiler does
-                        row["profile"] = _question_profile(target, run)
+                        row["profile"] = forward_profile(target, run)
                     except Exception as e:     # noqa: BLE001 (a bench: said, not fatal)
                         row["profile_error"] = f"{type(e).__name__}: {e}"
     out["down_bmm"] = {f"{rows}x{b}": _down_bmm(model, rows, b, args.repeats)
@@ -328,12 +328,12 @@ def _other_ways(calls, names: list[str] | None) -> list:
     return [by_name[n] for n in names]
 
 
-def _question_profile(target, run, iters: int = 5, top: int = 30) -> dict:
-    """`--profile`: run() (a forward of `target`, a BatchRunner or for B = 1 the question
-    runner alone) with target's graphs off (eagerly: the same kernels its graph replays, one
-    launch each) under torch.profiler, iters times after one warm-up: the `top` kernels by
-    device time, each {calls, us} per forward, the device time in all (us per forward) and
-    the number of kernels a forward (launches in its graph)."""
+def forward_profile(target, run, iters: int = 5, top: int = 30) -> dict:
+    """`--profile`: run() (a forward of `target`, a BatchRunner or for B = 1 the question or
+    chunk runner alone; also bi_bench's `chunks`) with target's graphs off (eagerly: the same
+    kernels its graph replays, one launch each) under torch.profiler, iters times after one
+    warm-up: the `top` kernels by device time, each {calls, us} per forward, the device time
+    in all (us per forward) and the number of kernels a forward (launches in its graph)."""
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -373,7 +373,7 @@ def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
     ChunkGraphs of B x t rows over the shared prefix, ids [B, t]: every layer over all rows,
     one attention and one recurrence; the forks' own work left out) and the batch's ms over
     it (what its per-fork attention, recurrences, norms and down projections add); with
-    profile, its kernels too (`ceiling_profile`, as _question_profile gives them: what the
+    profile, its kernels too (`ceiling_profile`, as forward_profile gives them: what the
     batch runs that it does not)."""
     from adapters.runners import graphs
     runner = graphs.ChunkGraphs(model, ids.numel(), page_rows=alone.page_rows,
@@ -385,6 +385,6 @@ def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
     ms = statistics.median(times[1:])
     out = {"ceiling": round(ms, 3), "over_ceiling": round(batch_ms / ms, 3)}
     if profile:
-        out["ceiling_profile"] = _question_profile(runner,
+        out["ceiling_profile"] = forward_profile(runner,
                                                    lambda: runner.run(flat, context, kv, gdn))
     return out
