@@ -6,13 +6,13 @@ run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
 reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler's batches
 with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
-(runners.batch over the chunk runner, Runners.chunk_batch), checked against each
-chunk read alone as below (on CUDA in the warm-up, `check_chunk_batches`); the measured
-ceiling of such a batch was 1.53x at B = 4 on an H100 (evals/bi_bench.py `graphs`), and the
-timelines almost never have two sessions' chunks waiting. Several questions' last forwards at
-one position (`fork_logits_batch`, the forks
-of one ask) run in one forward (runners.batch.BatchRunner), each question with the
-bits it gets alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
+(runners.batch over the chunk runner, Runners.chunk_batch), checked against each chunk read
+alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks took
+1.12x less than one at a time at 16k (BENCHMARKS.md), under the 1.53x ceiling of any batch
+(evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
+waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks of
+one ask) run in one forward (runners.batch.BatchRunner), each question with the bits it gets
+alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
 `check_batches`, and only shapes that pass are batched; elsewhere at its first batch), and a
 shape whose bits differ runs one fork at a time.
 """
@@ -253,8 +253,9 @@ class GraphAdapter(Adapter):
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
         "conv", "rows"}: whether each runs one call for all forks, BatchRunner.calls,
         batch.OneCall; None for a shape that
-        runs one question at a time}) and num_question_batches (questions' batches run in one
-        forward; the checks not counted)."""
+        runs one question at a time}), num_question_batches (questions' batches run in one
+        forward; the checks not counted) and `chunk_batch_bits` ({"B": whether a batch of B
+        grid chunks keeps each chunk's bits, as checked})."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}

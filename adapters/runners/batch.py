@@ -13,7 +13,8 @@ docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100; the profile of four 64-r
 at 100k, docs/bi-bench-questions-h100-2026-12-06-f.log: FA4 took 42 % of the device time,
 what grows with the forks beside it mostly their splits' copies and combine, the GDN conv and
 gates, and the norms):
-- over all rows: the embedding (a gather), the RMSNorms and residual adds, every projection
+- over all rows: the embedding (a gather), the RMSNorms and residual adds (with `norms`;
+  the chunk batches run them one call a fork), every projection
   but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj and the GDN
   out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
   each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
@@ -40,7 +41,9 @@ gates, and the norms):
   element, took 1.78 ms at 100k for four 64-row forks on an H100 against 1.63 ms for these,
   each kept every fork's bits (evals/question_bench.py `q_copies`,
   docs/bi-bench-questions-h100-2026-12-06-h.log); a build of the shared splits that copied
-  q ran no faster as a whole forward on an H200 (7.01 against 6.94 ms, 2026-12-06).
+  q ran no faster as a whole forward on an H200 (7.01 against 6.94 ms, 2026-12-06); with q
+  broadcast four such questions took 4.88 ms in one forward, 1.68x one
+  (docs/bi-bench-questions-h100-2026-12-06-i.log).
 Whether the ops over all rows keep each fork's bits depends on the device, the libraries and
 the row count (cuBLAS and torch.compile pick kernels by shape), so nothing here assumes it: the
 graph adapter compares the first batch of each (B, t) with the same forks run alone, bit for
