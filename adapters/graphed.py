@@ -1,14 +1,15 @@
 """The CUDA-graph path: every forward through a reader's runners (adapters.runners.runners:
 the grid chunk runner, question runners padded to row buckets (Runners.rows_of), the
 single-token runner and its device-fed decode loop). On CUDA each runner replays CUDA graphs
-with FlashAttention-4 or -2 (or the table attention) between them; on the CPU the same bodies
+with FlashAttention-4 (or the table attention) inside or between them; on the CPU the same bodies
 run without graphs.
 Forks and fresh prefills go through the same chunk runner as reads, so its bits are the
 reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler's batches
 with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
 (runners.batch over the chunk runner, Runners.chunk_batch), checked against each chunk read
-alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks took
-1.12x less than one at a time at 16k (BENCHMARKS.md), under the 1.53x ceiling of any batch
+alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks at 16k
+took 13.2 ms in one forward against 14.7 ms one at a time (BENCHMARKS.md), under the 1.53x
+ceiling of any batch
 (evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
 waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks of
 one ask) run in one forward (runners.batch.BatchRunner), each question with the bits it gets
@@ -251,7 +252,7 @@ class GraphAdapter(Adapter):
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
-        "conv", "rows"}: whether each runs one call for all forks, BatchRunner.calls,
+        "conv", "rows", "norms"}: whether each runs one call for all forks, BatchRunner.calls,
         batch.OneCall; None for a shape that
         runs one question at a time}), num_question_batches (questions' batches run in one
         forward; the checks not counted) and `chunk_batch_bits` ({"B": whether a batch of B

@@ -26,7 +26,7 @@
   a time, ms, ids/s, and each chunk's hidden rows, KV rows and GDN states against alone, bit
   for bit (`exact`).
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
-  (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk a forward) and the
+  (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk at a time) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
   (Reader.read_batch), the arms in turns each round; every session's committed state on the
   batched reader equal to the same session's on the alone 'eager+bi' reader, bit for bit

@@ -395,8 +395,9 @@ class Reader:
         next call (its page is held then). Only the sessions due whose chunks one forward
         takes with the first's are read (Adapter.chunk_group: on the CUDA-graph adapter up to
         8 at positions of one FA4 split count; with an adapter that reads one at a time, the
-        first), so a call holds the device for one forward. Returns ReadResult with the
-        sessions that advanced.
+        first), so a call holds the device for one forward. On CUDA the graph adapter batches
+        only sizes its warm-up checked: call `warm_up(batch_sessions=N)` first. Returns
+        ReadResult with the sessions that advanced.
         Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
         t0, g = time.perf_counter(), self.config.grid

@@ -109,8 +109,9 @@ def test_the_idle_window_reads_in_batches_and_every_state_is_exact(tiny):
 
 
 def test_without_batched_forwards_a_call_reads_one_chunk(tiny, monkeypatch):
-    """An adapter that runs batches one at a time (Adapter.batches false: the CUDA-graph
-    adapter for now) gets one session's chunk a call, so the host's wait stays one chunk."""
+    """An adapter that runs batches one at a time (Adapter.batches false, so chunk_group
+    takes the first alone) gets one session's chunk a call, so the host's wait stays one
+    chunk."""
     r, ids = _fed(tiny, [2 * G, 3 * G, G], seed=6)
     monkeypatch.setattr(r.adapter, "batches", lambda *lengths: False)
     names = list(ids)
