@@ -583,6 +583,9 @@ class Reader:
         rendered = []
         for i, item in enumerate(items):
             try:
+                if isinstance(item, (dict, str, bytes)):     # a dict unpacks to its keys
+                    raise ValueError(f"a (question, choices) pair expected, got a "
+                                     f"{type(item).__name__}")
                 question, choices = item
                 rendered.append(self._question(st, question, choices, at))
             except (TypeError, ValueError) as e:

@@ -116,8 +116,10 @@ def test_bad_lists_are_refused_with_nothing_held(tiny):
         r.ask_many("s", [])
     with pytest.raises(ValueError, match=r"questions\[1\]"):
         r.ask_many("s", [ROUTER, ("q", ["only one"])])
-    with pytest.raises(ValueError, match=r"questions\[0\]"):
+    with pytest.raises(ValueError, match=r"questions\[0\]: a \(question, choices\) pair"):
         r.ask_many("s", ["not a pair"])
+    with pytest.raises(ValueError, match=r"questions\[1\]: .* got a dict"):   # the HTTP shape
+        r.ask_many("s", [ROUTER, {"question": "q", "choices": ["a", "b"]}])
     with pytest.raises(KeyError):
         r.ask_many("nobody", [ROUTER])
     assert r.committed("s") == c                        # nothing read on the way
