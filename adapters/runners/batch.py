@@ -118,10 +118,13 @@ PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, n
 # FA4 one call a fork; the chunk runner's compiled norms and row-wise ops one call a fork:
 # its norms gave other bits over more rows, docs/bi-bench-graphs-h100-2026-12-05.log)
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
-# the check's order: the row-wise ops first (torch.compile picks their kernels by row count:
-# over all rows they gave some forks other bits on an H100 and an H200, question_bench `row_ops`,
-# 2026-12-06), then FA4, the recurrences and the conv in one call (each kept its bits there)
+# the check's order: the norms, then the row-wise ops first (torch.compile picks their
+# kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
+# `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an
+# H200, question_bench `row_ops`, 2026-12-06), then FA4, the recurrences and the conv in one
+# call (each kept its bits there)
 WAYS = (ALL_IN_ONE,
+        OneCall(norms=False),
         OneCall(rows=False),
         OneCall(conv=False, rows=False),
         OneCall(attention=False),

@@ -136,21 +136,23 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
 
 
 def test_one_call_falls_back_from_all_in_one_to_per_fork():
-    """The ways in order (batch.WAYS): the row-wise ops one call a fork first, then
-    the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
+    """The ways in order (batch.WAYS): the norms one call a fork first, then the row-wise
+    ops, then the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
     skipped; a way not among WAYS falls to the first with fewer parts."""
     from adapters.runners.batch import ALL_IN_ONE, CHUNKS, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
         ways.append(ways[-1].fallback())
-    assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 8
+    assert ways == list(WAYS) and ways[-1] == PER_FORK and len(set(ways)) == 9
     assert [w.name for w in ways] == [
-        "attention+recurrences+conv+rows+norms", "attention+recurrences+conv+norms",
+        "attention+recurrences+conv+rows+norms", "attention+recurrences+conv+rows",
+        "attention+recurrences+conv+norms",
         "attention+recurrences+norms", "recurrences+conv+rows+norms", "recurrences+conv+norms",
         "recurrences+norms", "attention+norms", "per_fork"]
     cpu = OneCall(attention=False)
     assert ALL_IN_ONE.fallback(fa4=False) == cpu
     assert cpu.fallback(fa4=False) == OneCall(attention=False, rows=False)
+    assert ALL_IN_ONE.fallback() == OneCall(norms=False)     # the norms alone first
     odd = OneCall(attention=False, recurrences=False)
     assert odd not in WAYS and odd.fallback() == PER_FORK
     assert CHUNKS.name == "recurrences" and CHUNKS.fallback() == PER_FORK

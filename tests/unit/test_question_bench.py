@@ -57,6 +57,6 @@ def test_other_ways_follow_the_checks_order_or_the_names_given():
     from adapters.runners.batch import ALL_IN_ONE, PER_FORK, WAYS
     assert _other_ways(ALL_IN_ONE, None) == list(WAYS[1:])
     assert _other_ways(ALL_IN_ONE, ["per_fork", "attention+recurrences+norms"]) == [
-        PER_FORK, WAYS[2]]
+        PER_FORK, WAYS[3]]
     with pytest.raises(ValueError, match=r"no way \['rows'\]"):
         _other_ways(ALL_IN_ONE, ["rows"])                   # no way has the rows alone
