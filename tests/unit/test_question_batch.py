@@ -137,8 +137,8 @@ def test_the_recurrences_heads_and_gates_in_one_call_or_one_a_fork_give_the_same
 
 def test_one_call_falls_back_from_all_in_one_to_per_fork():
     """The ways in order (batch.WAYS): the norms one call a fork first, then the row-wise
-    ops, then the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one call are
-    skipped; a way not among WAYS falls to the first with fewer parts."""
+    ops, then the conv, then FA4, then the recurrences; without FA4 the ways with FA4 in one
+    call are skipped; a way not among WAYS falls to the first with fewer parts."""
     from adapters.runners.batch import ALL_IN_ONE, CHUNKS, PER_FORK, WAYS, OneCall
     ways = [ALL_IN_ONE]
     while ways[-1].fallback() is not None:
