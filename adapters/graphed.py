@@ -28,7 +28,7 @@ import torch
 from adapters.interface import Adapter, check_rows
 from adapters.model import autotune
 from adapters.model.qwen35 import Qwen35
-from adapters.runners.batch import PER_FORK
+from adapters.runners.batch import CHUNK_WAYS, PER_FORK
 from adapters.runners.runners import Runners
 from block_store import PagedKv
 from block_store.memory.layout import GdnState
@@ -210,9 +210,10 @@ class GraphAdapter(Adapter):
         """The chunks' new states from one forward of `batch`; at the first batch of its size,
         also each chunk through the chunk runner (run after, so the KV rows they leave are
         its), hidden rows, states and the KV rows each wrote compared bit for bit; where
-        they differ, again with every part one call a chunk (batch.PER_FORK), and where
-        that differs too the size is recorded as differing, with a RuntimeWarning, and the
-        chunks get the chunk runner's states."""
+        they differ, again with every part one call a chunk (batch.PER_FORK: where that
+        differs too the size is recorded as differing, with a RuntimeWarning, and the chunks
+        get the chunk runner's states), then the ways after the batch's in CHUNK_WAYS until
+        one keeps the bits (the floor, PER_FORK, does)."""
         got = batch.read(items)
         size = batch.num_seqs
         if size in self.chunk_bits:
@@ -236,10 +237,24 @@ class GraphAdapter(Adapter):
         mine, theirs = tried()
         ok = same(mine, theirs)
         if not ok and batch.calls != PER_FORK:
-            batch.use(PER_FORK)
+            first = batch.calls
+            batch.use(PER_FORK)                # the floor: only the projections over all rows
             got = batch.read(items)
             mine, theirs = tried()
             ok = same(mine, theirs)
+            later = CHUNK_WAYS[CHUNK_WAYS.index(first) + 1:] if first in CHUNK_WAYS else ()
+            found = False
+            for way in later if ok else ():
+                if way == PER_FORK:
+                    break
+                batch.use(way)
+                got = batch.read(items)
+                mine, way_theirs = tried()
+                if same(mine, way_theirs):
+                    theirs, found = way_theirs, True
+                    break
+            if not found:
+                batch.use(PER_FORK)
         own = theirs[0]
         self.chunk_bits[size] = ok
         if not ok:

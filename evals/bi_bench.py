@@ -37,7 +37,8 @@
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
         [--parts probe,speed,graphs,questions,chunks,read] [--contexts 16384,65536]
         [--batches 1,2,4,8] [--question-rows 64,128] [--ways NAME,...] [--ceiling] [--profile]
-        [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...] [--arms today,bi]
+        [--chunk-ways NAME,...] [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...]
+        [--arms today,bi] [--device cuda|cpu]
         [--out FILE]
 
 The last line printed is one JSON object (GPU, dtype, versions, commit, date); nothing here
@@ -220,14 +221,23 @@ def chunks_part(model, args) -> dict:
     Runners.chunk_batch in one forward against the chunk runner one chunk at a time (CUDA
     events, the median of --repeats rounds after a warm-up round that also captures the
     graphs, the arms in turns), chunks/s and ids/s of each, and every chunk's hidden rows, KV
-    rows and GDN states against its own alone, bit for bit (`exact`); with --profile, one
+    rows and GDN states against its own alone, bit for bit (`exact`); with --chunk-ways,
+    beside the batch's own way (CHUNK_WAYS' first) those named, each timed and checked the
+    same way (`<name>`, `<name>_exact`); with --profile, one
     chunk's forward and the largest batch's at the smallest context under torch.profiler
     (question_bench.forward_profile: eagerly, kernels by device time)."""
     from adapters import spec_for
+    from adapters.runners.batch import CHUNK_WAYS, BatchRunner
     from adapters.runners.runners import Runners
     from block_store import KvPool, PagedKv
     cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
     runners, num = Runners(model, grid), max(args.batches)
+    by_name = {w.name: w for w in CHUNK_WAYS[1:]}
+    names = getattr(args, "chunk_ways", None) or []
+    if set(names) - set(by_name):
+        raise ValueError(f"--chunk-ways: no way {sorted(set(names) - set(by_name))}; ways: "
+                         f"{list(by_name)}")
+    others: dict = {}                  # (B, name) -> a BatchRunner of that way
     g = torch.Generator(device=dev).manual_seed(5)
     spec = spec_for(cfg, dev, dt)
     num_context = max(args.contexts) // grid
@@ -251,6 +261,11 @@ def chunks_part(model, args) -> dict:
             each = lambda b=b: [runners.chunk.run(*item) for item in items[:b]]  # noqa: E731
             arms = {"one_at_a_time": each,
                     "one_forward": (lambda q=batch, b=b: q.read(items[:b])) if batch else each}
+            for name in names if batch is not None else []:
+                if (b, name) not in others:
+                    others[(b, name)] = BatchRunner(runners.chunk, runners.chunk_slots(b),
+                                                    by_name[name], one_position=False)
+                arms[name] = lambda q=others[(b, name)], b=b: q.read(items[:b])
             times = {arm: [] for arm in arms}
             for k in range(args.repeats + 1):
                 for arm, fn in arms.items():
@@ -265,22 +280,30 @@ def chunks_part(model, args) -> dict:
                     b in (1, max(args.batches)):        # where the time goes, eagerly
                 target = batch if batch is not None else runners.chunk
                 row["profile"] = question_bench.forward_profile(target, arms["one_forward"])
-            if batch is not None:
-                got = batch.read(items[:b])
-                rows = [[x[own[i]].clone() for pair in pool.layers() for x in pair]
-                        for i in range(b)]
-                row["exact"] = True
-                for i, (h, states) in enumerate(got):   # alone after: its rows rewritten
-                    want_h, want_states = runners.chunk.run(*items[i])
-                    row["exact"] &= torch.equal(h, want_h) and all(
-                        torch.equal(x, y) for p, q in zip(states, want_states)
-                        for x, y in zip(p, q)) and all(
-                        torch.equal(x, y) for x, y in zip(
-                            rows[i], [x[own[i]] for pair in pool.layers() for x in pair]))
+            for arm in [a for a in arms if a != "one_at_a_time"] if batch is not None else []:
+                key = "exact" if arm == "one_forward" else f"{arm}_exact"
+                row[key] = _chunks_exact(arms[arm](), items[:b], own, pool, runners.chunk)
+                if arm != "one_forward":
+                    row[f"{arm}_speedup"] = round(row["one_at_a_time"] / row[arm], 3)
             out[f"{context}x{b}"] = row
             print(f"chunks {context} B {b} {row}", file=sys.stderr, flush=True)
     out["captures"] = runners.captures()
     return out
+
+
+def _chunks_exact(got, items, own, pool, chunk) -> bool:
+    """Whether each chunk's (hidden, states) of a batch's read, `got`, and the KV rows it left
+    in its page own[i] equal the chunk runner's alone (run after: it rewrites the rows)."""
+    rows = [[x[own[i]].clone() for pair in pool.layers() for x in pair]
+            for i in range(len(items))]
+    exact = True
+    for i, (h, states) in enumerate(got):
+        want_h, want_states = chunk.run(*items[i])
+        exact &= torch.equal(h, want_h) and all(
+            torch.equal(x, y) for p, q in zip(states, want_states) for x, y in zip(p, q)) \
+            and all(torch.equal(x, y) for x, y in zip(
+                rows[i], [x[own[i]] for pair in pool.layers() for x in pair]))
+    return bool(exact)
 
 
 def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -449,6 +472,10 @@ def main(argv=None) -> int:
                     help="`questions`: the other ways to time beside the batch's own, by "
                          "name (OneCall.name, e.g. attention+recurrences+norms,per_fork); "
                          "default every way after it")
+    ap.add_argument("--chunk-ways", type=lambda t: [w for w in t.split(",") if w], default=None,
+                    help="`chunks`: the other ways to time beside the batch's own, by name "
+                         "(OneCall.name of batch.CHUNK_WAYS after the first, e.g. "
+                         "recurrences+conv,recurrences,per_fork)")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
                     "the largest context and smallest bucket also under torch.profiler; "
                     "`chunks`: one chunk and the largest batch at the smallest context")

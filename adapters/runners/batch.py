@@ -114,10 +114,19 @@ class OneCall:
 
 ALL_IN_ONE = OneCall()
 PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, norms=False)
-# a batch of grid chunks of several sessions (Runners.chunk_batch's way: no rows shared, so
-# FA4 one call a fork; the chunk runner's compiled norms and row-wise ops one call a fork:
-# its norms gave other bits over more rows, docs/bi-bench-graphs-h100-2026-12-05.log)
+# a batch of grid chunks of several sessions: no rows shared, so FA4 one call a fork; the
+# chunk runner's compiled norms one call a fork (they gave other bits over more rows on an
+# H100, docs/bi-bench-graphs-h100-2026-12-05.log); its row-wise ops and conv one call a fork
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
+# the chunk batches' ways in the check's order (Runners.chunk_batch starts at the first,
+# GraphAdapter._checked_chunks falls back): the GDN conv and the row-wise ops (q/k heads,
+# GDN gates, gated norm: the gated norm kept a 512-row block's bits in a batch on an H100,
+# bi_bench `graphs`; the others were not measured at 512 rows) in one call too, then the
+# conv alone, then CHUNKS, then every part one call a chunk
+CHUNK_WAYS = (OneCall(attention=False, norms=False),
+              OneCall(attention=False, rows=False, norms=False),
+              CHUNKS,
+              PER_FORK)
 # the check's order: the norms, then the row-wise ops first (torch.compile picks their
 # kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
 # `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an

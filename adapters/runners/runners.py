@@ -150,16 +150,17 @@ class Runners:
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
         item 2): a runners.batch.BatchRunner over the chunk runner (its ops, its
         attention, its bits) whose forks sit at their own positions of one FA4 split count
-        and whose slots return states (`chunk_slots`), run the way batch.CHUNKS
-        (the chunk runner's compiled row-wise ops and FA4 one call a fork), made at first
-        use; None where chunks are not batched (as question_batch, or num_seqs not one of
-        BATCH_SIZES: a caller fills a batch itself)."""
+        and whose slots return states (`chunk_slots`), run the first of batch.CHUNK_WAYS
+        (FA4 and the chunk runner's compiled norms one call a fork; the graph adapter's check
+        may take a later way), made at first use; None where chunks are not batched (as
+        question_batch, or num_seqs not one of BATCH_SIZES: a caller fills a batch
+        itself)."""
         if num_seqs not in self.BATCH_SIZES or not self.batches_questions:
             return None
         if num_seqs not in self._chunk_batches:
-            from adapters.runners.batch import CHUNKS, BatchRunner
+            from adapters.runners.batch import CHUNK_WAYS, BatchRunner
             batch = self._chunk_batches[num_seqs] = BatchRunner(
-                self.chunk, self.chunk_slots(num_seqs), CHUNKS, one_position=False)
+                self.chunk, self.chunk_slots(num_seqs), CHUNK_WAYS[0], one_position=False)
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)
         return self._chunk_batches[num_seqs]

@@ -35,6 +35,7 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
     class Args:
         grid, batches, contexts, repeats, profile = 64, [1, 2, 4], [128, 192], 1, True
+        chunk_ways = ["recurrences", "per_fork"]             # beside the batch's own way
     if not tiny.gemms_keep_tile_bits(4 * 64, 64):
         import pytest
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
@@ -48,6 +49,11 @@ def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
         b = int(key.split("x")[1])
         assert row["ids_per_s"] == round(b * 64 / row["one_forward"] * 1e3)
         assert ("exact" in row) == (b > 1) and row.get("exact", True) is True
+        for way in Args.chunk_ways:                          # the other ways, timed, exact
+            assert (way in row) == (b > 1)
+            if b > 1:
+                assert row[way] > 0 and row[f"{way}_exact"] is True
+                assert row[f"{way}_speedup"] == round(row["one_at_a_time"] / row[way], 3)
     assert out["captures"]["chunk_batches"] == [2, 4]
     profiled = [k for k, row in out.items() if "profile" in row]   # one chunk and the largest
     assert profiled == ["128x1", "128x4"]                          # batch, smallest context

@@ -263,12 +263,13 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
     pages of its own in one pool, in one forward (the CPU: SDPA through each one's pages,
     the row-wise ops and norms one call a chunk, the recurrences in one call) give each
     session the hidden rows, KV rows and GDN states the chunk runner gives it alone, bit for
-    bit; the states given are not changed. A question batch's slots return no states."""
-    from adapters.runners.batch import CHUNKS
+    bit, each way of CHUNK_WAYS; the states given are not changed. A question batch's slots
+    return no states."""
+    from adapters.runners.batch import CHUNK_WAYS
     runners = Runners(tiny, G)
     batch = runners.chunk_batch(num_seqs)
     assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None
-    assert batch.calls == CHUNKS and batch.t == G and not batch.one_position
+    assert batch.calls == CHUNK_WAYS[0] and batch.t == G and not batch.one_position
     spec = state_spec(tiny)
     positions = [G * (2 * b + 1) for b in range(num_seqs)]      # 64, 192, 320, 448
     pages_each = [p // G + 1 for p in positions]
@@ -286,15 +287,19 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
     if not tiny.gemms_keep_tile_bits(num_seqs * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     kept = [[(c.clone(), r.clone()) for c, r in gdn] for *_, gdn in items]
-    got = batch.read(items)
-    written = [_rows(kv, pos) for _, pos, kv, _ in items]
-    for (ids, pos, kv, gdn), (h, states), rows, old in zip(items, got, written, kept):
-        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(gdn, old))
-        want_h, want_states = runners.chunk.run(ids, pos, kv, gdn)
-        assert torch.equal(h, want_h)
-        assert len(states) == len(want_states) == spec.num_gdn
-        assert all(torch.equal(a, c) and torch.equal(b, d)
-                   for (a, b), (c, d) in zip(states, want_states))
-        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, pos)))
+    for way in CHUNK_WAYS:
+        batch.use(way)
+        assert batch.calls == way
+        got = batch.read(items)
+        written = [_rows(kv, pos) for _, pos, kv, _ in items]
+        for (ids, pos, kv, gdn), (h, states), rows, old in zip(items, got, written, kept):
+            assert all(torch.equal(a, c) and torch.equal(b, d)
+                       for (a, b), (c, d) in zip(gdn, old))
+            want_h, want_states = runners.chunk.run(ids, pos, kv, gdn)
+            assert torch.equal(h, want_h), way
+            assert len(states) == len(want_states) == spec.num_gdn
+            assert all(torch.equal(a, c) and torch.equal(b, d)
+                       for (a, b), (c, d) in zip(states, want_states)), way
+            assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, pos))), way
     with pytest.raises(RuntimeError, match="return no states"):
         runners.question_batch(G, 2).read(items[:2])

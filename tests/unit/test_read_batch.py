@@ -181,14 +181,17 @@ def test_a_read_batch_call_reads_what_one_forward_takes(tiny, monkeypatch):
     assert (a.num_batched_forwards, a.num_batched_chunks) == (1, 8)
 
 
-@pytest.mark.parametrize("where", ["swiglu", "norm"])
+@pytest.mark.parametrize("where", ["swiglu", "norm", "gates"])
 def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeypatch, where):
-    """A chunk batch whose ops over all rows give other bits (the SwiGLU over all rows: every
-    way runs it so, so the size is refused with a warning) or whose norms over all rows do
-    (the batch's way runs them one call a chunk: nothing differs): every session committed
-    as read alone either way."""
+    """A chunk batch whose ops over all rows give other bits: the SwiGLU (every way runs it
+    over all rows, so the size is refused with a warning), the norms (every chunk way runs
+    them one call a chunk: nothing differs), the GDN gates (the first way runs them over all
+    rows: the check takes the next way of CHUNK_WAYS). Every session committed as read alone
+    each time."""
     import dataclasses
     import warnings
+
+    from adapters.runners.batch import CHUNK_WAYS
     sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
     batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
     alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
@@ -196,21 +199,27 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
     if not tiny.gemms_keep_tile_bits(4 * G, G):
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     batch = a.runners.chunk_batch(4)
-    name = "swiglu" if where == "swiglu" else "add_rms_norm"
+    name = {"swiglu": "swiglu", "norm": "add_rms_norm", "gates": "gdn_gates"}[where]
     real = getattr(batch.ops, name)
 
     def off(*args):                                   # other bits over more than one chunk
         out = real(*args)
         if args[0].shape[0] <= G:
             return out
-        return out * (1 + 2 ** -6) if name == "swiglu" else (out[0], out[1] * (1 + 2 ** -6))
+        if name == "add_rms_norm":
+            return out[0], out[1] * (1 + 2 ** -6)
+        if name == "gdn_gates":                       # q, k, v, g, beta: q off
+            return (out[0] * (1 + 2 ** -6), *out[1:])
+        return out * (1 + 2 ** -6)
     monkeypatch.setattr(batch, "ops", dataclasses.replace(batch.ops, **{name: off}))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         while batched.read_batch(list(ids)).num_chunks:
             pass
     refused = [w for w in seen if "grid chunks gave other bits" in str(w.message)]
-    assert a.chunk_bits[4] is (where == "norm") and len(refused) == (where == "swiglu")
+    assert a.chunk_bits[4] is (where != "swiglu") and len(refused) == (where == "swiglu")
+    assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[0],
+                           "gates": CHUNK_WAYS[1]}[where]
     for s in ids:
         alone.read(s)
         assert _same_state(batched, alone, s) and batched.check_exact(s)
