@@ -270,8 +270,9 @@ class GraphAdapter(Adapter):
         "conv", "rows", "norms"}: whether each runs one call for all forks, BatchRunner.calls,
         batch.OneCall; None for a shape that
         runs one question at a time}), num_question_batches (questions' batches run in one
-        forward; the checks not counted) and `chunk_batch_bits` ({"B": whether a batch of B
-        grid chunks keeps each chunk's bits, as checked})."""
+        forward; the checks not counted), `chunk_batch_bits` ({"B": whether a batch of B
+        grid chunks keeps each chunk's bits, as checked}) and `chunk_batch_one_call` ({"B":
+        the parts it runs in one call, or None})."""
         out = self.runners.captures()
         out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
                                       sorted(self.batch_bits.items())}
@@ -280,6 +281,9 @@ class GraphAdapter(Adapter):
             else None for (b, t), ok in sorted(self.batch_bits.items())}
         out["num_question_batches"] = self.num_question_batches
         out["chunk_batch_bits"] = {str(b): ok for b, ok in sorted(self.chunk_bits.items())}
+        out["chunk_batch_one_call"] = {             # the way each size runs, as checked
+            str(b): dataclasses.asdict(self.runners.chunk_batch(b).calls) if ok else None
+            for b, ok in sorted(self.chunk_bits.items())}
         return out
 
     def batches(self, lengths: Sequence[int] | None = None) -> bool:

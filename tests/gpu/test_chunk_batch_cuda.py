@@ -32,7 +32,8 @@ def test_a_warmed_reader_reads_sessions_in_batches_as_alone(model):
     warm_s = batched.warm_up(batch_sessions=4)
     stats = batched.adapter.graph_stats()
     bits = stats["chunk_batch_bits"]                 # the device's facts: printed, not assumed
-    print(f"warm-up {warm_s:.1f} s, chunk batches {bits}, captures {stats['num_captures']}")
+    print(f"warm-up {warm_s:.1f} s, chunk batches {bits}, ways "
+          f"{stats['chunk_batch_one_call']}, captures {stats['num_captures']}")
     assert set(bits) == {"2", "4"} and stats["num_failed_captures"] == 0
     captures = stats["num_captures"]
     for r in (batched, alone):

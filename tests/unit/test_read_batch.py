@@ -220,6 +220,8 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
     assert a.chunk_bits[4] is (where != "swiglu") and len(refused) == (where == "swiglu")
     assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[0],
                            "gates": CHUNK_WAYS[1]}[where]
+    way = a.graph_stats()["chunk_batch_one_call"]["4"]
+    assert way == (None if where == "swiglu" else dataclasses.asdict(batch.calls))
     for s in ids:
         alone.read(s)
         assert _same_state(batched, alone, s) and batched.check_exact(s)
