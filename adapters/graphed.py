@@ -9,13 +9,12 @@ with batch_sessions > 1) run in one forward per group at positions of one FA4 sp
 (runners.batch over the chunk runner, Runners.chunk_batch), checked against each chunk read
 alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks at 16k
 took 13.2 ms in one forward against 14.7 ms one at a time (BENCHMARKS.md), under the 1.53x
-ceiling of any batch
-(evals/bi_bench.py `graphs`), and the timelines almost never have two sessions' chunks
-waiting. Several questions' last forwards at one position (`fork_logits_batch`, the forks of
-one ask) run in one forward (runners.batch.BatchRunner), each question with the bits it gets
-alone: each shape is checked against its forks run alone (on CUDA in the warm-up,
-`check_batches`, and only shapes that pass are batched; elsewhere at its first batch), and a
-shape whose bits differ runs one fork at a time.
+ceiling of any batch (evals/bi_bench.py `graphs`), and the timelines almost never have two
+sessions' chunks waiting. Several questions' last forwards at one position
+(`fork_logits_batch`, the forks of one ask) run in one forward (runners.batch.BatchRunner),
+each question with the bits it gets alone: each shape is checked against its forks run alone
+(on CUDA in the warm-up, `check_batches`, and only shapes that pass are batched; elsewhere at
+its first batch), and a shape whose bits differ runs one fork at a time.
 """
 from __future__ import annotations
 
