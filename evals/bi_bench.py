@@ -226,11 +226,10 @@ def chunks_part(model, args) -> dict:
     same way (`<name>`, `<name>_exact`); with --profile, one
     chunk's forward and the largest batch's at the smallest context under torch.profiler
     (question_bench.forward_profile: eagerly, kernels by device time)."""
-    from adapters import spec_for
     from adapters.runners.batch import CHUNK_WAYS, BatchRunner
     from adapters.runners.runners import Runners
-    from block_store import KvPool, PagedKv
-    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
+    from block_store import PagedKv
+    cfg, grid = model.cfg, args.grid
     runners, num = Runners(model, grid), max(args.batches)
     by_name = {w.name: w for w in CHUNK_WAYS[1:]}
     names = getattr(args, "chunk_ways", None) or []
@@ -238,16 +237,8 @@ def chunks_part(model, args) -> dict:
         raise ValueError(f"--chunk-ways: no way {sorted(set(names) - set(by_name))}; ways: "
                          f"{list(by_name)}")
     others: dict = {}                  # (B, name) -> a BatchRunner of that way
-    g = torch.Generator(device=dev).manual_seed(5)
-    spec = spec_for(cfg, dev, dt)
-    num_context = max(args.contexts) // grid
-    pool = KvPool(spec, grid, num_context + num)
-    pool.block.normal_(generator=g)
-    context_pages = [pool.manager.allocate().index for _ in range(num_context)]
-    own = [pool.manager.allocate().index for _ in range(num)]
-    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
-             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
-            for _ in range(spec.num_gdn)] for _ in range(num)]
+    pool, context_pages, own, gdn = question_bench.scratch_pool(
+        model, grid, max(args.contexts) // grid, num, 5)
     ids = torch.randint(0, cfg.vocab_size, (num, grid), generator=torch.Generator()
                         .manual_seed(5))
     out = {}

@@ -37,27 +37,38 @@ from evals.probes import blocks_differ
 from evals.timing import device_ms
 
 
+def scratch_pool(model, grid: int, num_shared: int, num_own: int, seed: int, spare: int = 0):
+    """A bench's KV pool of grid-row pages filled with random rows (a device generator seeded
+    with `seed`): (pool, shared: num_shared page indices, a context's, own: num_own page
+    indices, one a fork, gdn: num_own random GDN state lists, per layer (conv [conv_dim, W]
+    model dtype, recurrent [HV, K, V] fp32 times 0.1)); `spare` more pages left free."""
+    from adapters import spec_for
+    from block_store import KvPool
+    dev, dt = model.device, model.dtype
+    g = torch.Generator(device=dev).manual_seed(seed)
+    spec = spec_for(model.cfg, dev, dt)
+    pool = KvPool(spec, grid, num_shared + num_own + spare)
+    pool.block.normal_(generator=g)
+    shared = [pool.manager.allocate().index for _ in range(num_shared)]
+    own = [pool.manager.allocate().index for _ in range(num_own)]
+    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
+             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
+            for _ in range(spec.num_gdn)] for _ in range(num_own)]
+    return pool, shared, own, gdn
+
+
 def questions_part(model, args) -> dict:
     """`questions` (module doc): per context, bucket and B the two arms' ms (CUDA events, the
     median of --repeats rounds after a warm-up round that also captures the graphs, the arms
     in turns each round) and the batch's bits against each fork alone."""
-    from adapters import spec_for
     from adapters.runners.batch import BatchRunner
     from adapters.runners.runners import Runners
-    from block_store import KvPool, PagedKv
-    cfg, dev, dt, grid = model.cfg, model.device, model.dtype, args.grid
+    from block_store import PagedKv
+    cfg, dev, grid = model.cfg, model.device, args.grid
     other_batches: dict = {}           # (rows, B, OneCall) -> a batch with less in one call
     runners, num = Runners(model, grid), max(args.batches)
-    g = torch.Generator(device=dev).manual_seed(3)
-    spec = spec_for(cfg, dev, dt)
-    num_shared = max(args.contexts) // grid
-    pool = KvPool(spec, grid, num_shared + num + 1)
-    pool.block.normal_(generator=g)
-    shared = [pool.manager.allocate().index for _ in range(num_shared)]
-    own = [pool.manager.allocate().index for _ in range(num)]
-    gdn = [[(torch.randn(spec.conv_dim, spec.conv_width, device=dev, generator=g).to(dt),
-             torch.randn(*spec.recurrent_shape, device=dev, generator=g) * 0.1)
-            for _ in range(spec.num_gdn)] for _ in range(num)]
+    pool, shared, own, gdn = scratch_pool(model, grid, max(args.contexts) // grid, num, 3,
+                                          spare=1)
     ids = torch.randint(0, cfg.vocab_size, (num, max(args.question_rows)),  # host lists,
                         generator=torch.Generator().manual_seed(3))         # as a reader's
     out = {}

@@ -137,18 +137,26 @@ def test_a_batch_the_adapter_reads_one_at_a_time_is_not_counted_as_batched(tiny,
     assert all(r.check_exact(s) for s in ids)
 
 
+def _graph_readers(tiny):
+    """Two graph-adapter readers fed the same four sessions (3, 2, 5 and 4 chunks):
+    (batched, alone, ids); skipped where this CPU's GEMMs change a row's bits in a batch of
+    four chunks."""
+    sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
+    batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    if not tiny.gemms_keep_tile_bits(4 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    return batched, alone, ids
+
+
 def test_the_graph_adapter_reads_a_batch_in_one_forward_checked_against_alone(tiny):
     """On the graph adapter (its bodies eagerly on the CPU) a batch's chunks go through one
     chunk batch (Runners.chunk_batch), its first batch of each size checked against each
     chunk read alone, bit for bit in hidden rows and states: every session committed as
     read alone; sessions at positions of one FA4 split count (all, with SDPA) share a
     batch, three padded to the batch of four (its copy of the last writes the same rows)."""
-    sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
-    batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
-    alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    batched, alone, ids = _graph_readers(tiny)
     a = batched.adapter
-    if not tiny.gemms_keep_tile_bits(4 * G, G):
-        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     names = list(ids)
     while batched.read_batch(names).num_chunks:
         pass
@@ -192,12 +200,8 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
     import warnings
 
     from adapters.runners.batch import CHUNK_WAYS
-    sizes = [3 * G + 5, 2 * G, 5 * G + 63, 4 * G]
-    batched, ids = _fed(tiny, sizes, seed=3, cuda_graphs=True)
-    alone, _ = _fed(tiny, sizes, seed=3, cuda_graphs=True)
+    batched, alone, ids = _graph_readers(tiny)
     a = batched.adapter
-    if not tiny.gemms_keep_tile_bits(4 * G, G):
-        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     batch = a.runners.chunk_batch(4)
     name = {"swiglu": "swiglu", "norm": "add_rms_norm", "gates": "gdn_gates"}[where]
     real = getattr(batch.ops, name)
