@@ -225,7 +225,9 @@ def chunks_part(model, args) -> dict:
     beside the batch's own way (CHUNK_WAYS' first) those named, each timed and checked the
     same way (`<name>`, `<name>_exact`); with --profile, one
     chunk's forward and the largest batch's at the smallest context under torch.profiler
-    (question_bench.forward_profile: eagerly, kernels by device time)."""
+    (question_bench.forward_profile: eagerly, kernels by device time); with --ceiling, the B
+    chunks' rows as one sequence in one forward (question_bench.ceiling_forward: `ceiling`,
+    `over_ceiling`, and with --profile its kernels)."""
     from adapters.runners.batch import CHUNK_WAYS, BatchRunner
     from adapters.runners.runners import Runners
     from block_store import PagedKv
@@ -267,10 +269,17 @@ def chunks_part(model, args) -> dict:
             row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
             row["ids_per_s"] = round(b * grid / row["one_forward"] * 1e3)
             row["ids_per_s_alone"] = round(b * grid / row["one_at_a_time"] * 1e3)
-            if getattr(args, "profile", False) and context == min(args.contexts) and \
-                    b in (1, max(args.batches)):        # where the time goes, eagerly
+            profile = getattr(args, "profile", False) and context == min(args.contexts) \
+                and b in (1, max(args.batches))         # where the time goes, eagerly
+            if profile:
                 target = batch if batch is not None else runners.chunk
                 row["profile"] = question_bench.forward_profile(target, arms["one_forward"])
+            if getattr(args, "ceiling", False) and batch is not None:
+                # the b chunks' rows as one sequence over the context's pages and b own pages
+                kv = PagedKv(pool, context_pages[:context // grid] + own[:b])
+                row.update(question_bench.ceiling_forward(
+                    model, runners.chunk, ids[:b], context, kv, gdn[0], args.repeats,
+                    row["one_forward"], profile=profile))
             for arm in [a for a in arms if a != "one_at_a_time"] if batch is not None else []:
                 key = "exact" if arm == "one_forward" else f"{arm}_exact"
                 row[key] = _chunks_exact(arms[arm](), items[:b], own, pool, runners.chunk)
@@ -471,8 +480,9 @@ def main(argv=None) -> int:
                     "the largest context and smallest bucket also under torch.profiler; "
                     "`chunks`: one chunk and the largest batch at the smallest context")
     ap.add_argument("--ceiling", action="store_true",
-                    help="`questions`: also one forward of the B questions' rows as one "
-                         "sequence (FA4 compiles one kind of call more per row count)")
+                    help="`questions`, `chunks`: also one forward of the B questions' or "
+                         "chunks' rows as one sequence (FA4 compiles one kind of call more "
+                         "per row count)")
     ap.add_argument("--q-copies", action="store_true",
                     help="`questions`: also FA4's split calls with q copied (as question "
                          "batches ran them before they shared them), broadcast, and shared "

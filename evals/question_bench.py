@@ -114,7 +114,7 @@ def questions_part(model, args) -> dict:
                     batched and b == max(args.batches))) and \
                     context == max(args.contexts) and rows == min(args.question_rows)
                 if getattr(args, "ceiling", False) and b > 1:
-                    row.update(_question_ceiling(model, alone, ids[:b, :rows], context,
+                    row.update(ceiling_forward(model, alone, ids[:b, :rows], context,
                                                  PagedKv(pool, pages + own), gdn[0],
                                                  args.repeats, row["one_forward"], profiled))
                 out[f"{context}x{rows}x{b}"] = row
@@ -378,14 +378,16 @@ def forward_profile(target, run, iters: int = 5, top: int = 30) -> dict:
     return out
 
 
-def _question_ceiling(model, alone, ids, context: int, kv, gdn, repeats: int,
+def ceiling_forward(model, alone, ids, context: int, kv, gdn, repeats: int,
                       batch_ms: float, profile: bool = False) -> dict:
-    """`--ceiling`: the ms of one forward of the B questions' rows as one sequence (a
-    ChunkGraphs of B x t rows over the shared prefix, ids [B, t]: every layer over all rows,
-    one attention and one recurrence; the forks' own work left out) and the batch's ms over
-    it (what its per-fork attention, recurrences, norms and down projections add); with
-    profile, its kernels too (`ceiling_profile`, as forward_profile gives them: what the
-    batch runs that it does not)."""
+    """`--ceiling`: the ms of one forward of a batch's B blocks of rows as one sequence (a
+    ChunkGraphs of B x t rows over kv's pages from `context`, ids [B, t]: every layer over all
+    rows, one attention and one recurrence; the B questions' or sessions' own work left out),
+    the median of `repeats` after a warm-up, and the batch's ms over it (what its per-fork or
+    per-session attention, recurrences, norms and down projections add); with profile, its
+    kernels too (`ceiling_profile`, as forward_profile gives them: what the batch runs that it
+    does not). `alone` is the runner of one block (the question or chunk runner) whose ops,
+    projections and side stream the ceiling shares; kv must hold B x t rows from `context`."""
     from adapters.runners import graphs
     runner = graphs.ChunkGraphs(model, ids.numel(), page_rows=alone.page_rows,
                                 op_set=alone.ops, proj=alone.proj, return_states=False,

@@ -34,7 +34,8 @@ def test_graphs_part_reports_every_gemm_op_and_ceiling_row(tiny):
 
 def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
     class Args:
-        grid, batches, contexts, repeats, profile = 64, [1, 2, 4], [128, 192], 1, True
+        grid, batches, contexts, repeats, profile, ceiling = 64, [1, 2, 4], [128, 192], 1, \
+            True, True
         chunk_ways = ["recurrences", "per_fork"]             # beside the batch's own way
     if not tiny.gemms_keep_tile_bits(4 * 64, 64):
         import pytest
@@ -49,6 +50,10 @@ def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
         b = int(key.split("x")[1])
         assert row["ids_per_s"] == round(b * 64 / row["one_forward"] * 1e3)
         assert ("exact" in row) == (b > 1) and row.get("exact", True) is True
+        assert ("ceiling" in row) == (b > 1)                 # b chunks as one sequence
+        if b > 1:
+            assert row["ceiling"] > 0
+            assert row["over_ceiling"] == round(row["one_forward"] / row["ceiling"], 3)
         for way in Args.chunk_ways:                          # the other ways, timed, exact
             assert (way in row) == (b > 1)
             if b > 1:
@@ -60,3 +65,5 @@ def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
     for key in profiled:
         prof = out[key]["profile"]
         assert prof["total_us"] > 0 and prof["num_kernels"] > 0 and prof["kernels"]
+    assert "ceiling_profile" in out["128x4"] and "ceiling_profile" not in out["192x4"]
+    assert out["128x4"]["ceiling_profile"]["total_us"] > 0
