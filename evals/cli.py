@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "chunks one at a time")
     fp.add_argument("--batch-costs", metavar="FILE", help="with --agents: a forward of B "
                     "chunks costs their one-at-a-time sum times the batching's gain measured "
-                    "by `python -m evals.bi_bench --parts read --out FILE` (bi_batch / "
-                    "bi_alone ms at B and the chunks' mean context, interpolated; evals/"
+                    "by `python -m evals.bi_bench --parts chunks --out FILE` (one "
+                    "forward's ms over one at a time's at B and the chunks' mean context, "
+                    "interpolated; or --parts read's bi_batch / bi_alone; evals/"
                     "fresh_agents.py, batched_costs); needs --batch-sessions (or "
                     "SHADOW_BATCH_SESSIONS) > 1 and the bench's grid")
     fp.set_defaults(func=_fresh)
@@ -291,7 +292,7 @@ def _fresh_agents(args, cfg, name: str, ms_per_1k) -> int:
 def _batch_costs(path: str, cfg, ms_per_1k):
     """(chunk_ms, the report's "simulation" words) from a bi_bench JSON (--batch-costs).
     ValueError for batch_sessions 1, a file that is not JSON or has no usable rows."""
-    from evals.fresh_agents import batch_ratios, batched_costs
+    from evals.fresh_agents import batch_part, batch_ratios, batched_costs
     if cfg.batch_sessions < 2:
         raise ValueError("--batch-costs prices batched forwards, but the scheduler reads one "
                          "chunk at a time: pass --batch-sessions N (2-64) or set "
@@ -310,8 +311,10 @@ def _batch_costs(path: str, cfg, ms_per_1k):
     ratios = "; ".join(f"{c}: " + ", ".join(f"B={b} {r:.3f}" for b, r in rows)
                        for c, rows in batch_ratios(bench, cfg.grid).items())
     about = ", ".join(str(bench[k]) for k in ("gpu", "model", "date", "commit") if bench.get(k))
+    ratio = "one forward's / one at a time's ms (the CUDA graphs' batched read)" \
+        if batch_part(bench)[1] else "bi_batch / bi_alone ms"
     return chunk_ms, (f"batched chunk costs: a forward of B chunks costs their one-at-a-time "
-                      f"sum times bi_batch / bi_alone ms at B and their mean context, "
+                      f"sum times {ratio} at B and their mean context, "
                       f"interpolated, batches of up to {cfg.batch_sessions} sessions "
                       f"({path}{'; ' + about if about else ''}; ratio by context: {ratios})")
 

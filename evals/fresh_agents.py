@@ -29,7 +29,8 @@ Chunk costs: `chunk_ms(contexts)` is the hook for a batched read (the ms of one 
 reads one chunk of each session at these contexts, in ids); the scheduler reads one chunk at a
 time (with SHADOW_BATCH_SESSIONS > 1, one chunk of each of several sessions a call), and the
 default, `one_at_a_time`, is the sum of the measured cost model's chunks. `batched_costs` is
-that sum times the batching's gain that `python -m evals.bi_bench --parts read` measured
+that sum times the batching's gain that `python -m evals.bi_bench --parts chunks` (the
+batched read inside the CUDA graphs; or `--parts read`, the eager one) measured
 (`fresh --agents N --batch-costs FILE --batch-sessions B`).
 """
 from __future__ import annotations
@@ -116,23 +117,74 @@ def _ms(arm) -> float | None:
 
 
 def batch_ratios(bench: dict, grid: int) -> dict[int, list[tuple[int, float]]]:
-    """Per measured context (ids), the batching's gain by batch size: [(B, bi_batch.ms /
-    bi_alone.ms)] for B > 1, ascending, from `python -m evals.bi_bench --parts read`'s JSON
-    (the object --out writes, with the read part under "read", or that part alone): its rows
-    "{context}x{B}" (`ms`: one round, B chunks one at a time on 'eager+bi' (bi_alone) or in
-    one forward (bi_batch); both arms run the same kernels, so the ratio is the batching's
-    alone). A context is left out where "{context}_exact" says the adapter did not batch
-    ("batches": false) or the batched states were not bit-exact ("exact": false), a row
-    where an arm or its ms is missing. ValueError when the bench's grid is not `grid`, or
-    no row is left (the message says why each was left out)."""
+    """Per measured context (ids), the batching's gain by batch size: [(B, one forward's ms /
+    the same B chunks' ms one at a time)] for B > 1, ascending, from a `python -m
+    evals.bi_bench` JSON (the object --out writes, or one part alone):
+
+    - its `chunks` part where it has one (the batched read inside the CUDA graphs, which the
+      service runs on CUDA): rows "{context}x{B}" with `one_forward` / `one_at_a_time` ms; a
+      row whose `exact` is false is left out;
+    - else its `read` part: rows "{context}x{B}" (`ms`: one round, B chunks one at a time on
+      'eager+bi' (bi_alone) or in one forward (bi_batch); both arms run the same kernels, so
+      the ratio is the batching's alone); a context is left out where "{context}_exact" says
+      the adapter did not batch ("batches": false) or the batched states were not bit-exact
+      ("exact": false).
+
+    A row where an arm or its ms is missing is left out. ValueError when the bench's grid is
+    not `grid`, or no row is left (the message says why each was left out)."""
     if not isinstance(bench, dict):
         raise ValueError("not a bi_bench JSON object (python -m evals.bi_bench --out FILE)")
     if "grid" in bench and bench["grid"] != grid:
         raise ValueError(f"the batched read was measured at grid {bench['grid']}, the "
                          f"simulation reads at grid {grid} (--grid)")
-    part = bench.get("read", bench)
+    part, graphs = batch_part(bench)
+    out, why = (_graph_rows if graphs else _eager_rows)(part)
+    if not out:
+        raise ValueError("no usable batched read rows (\"{context}x{B}\", B > 1, with "
+                         "one_at_a_time and one_forward or bi_alone and bi_batch ms, exact)"
+                         + (f": {'; '.join(why)}" if why else "")
+                         + "; measure them with python -m evals.bi_bench --parts chunks "
+                         "--out FILE on CUDA")
+    return {c: sorted(rows) for c, rows in sorted(out.items())}
+
+
+def batch_part(bench: dict) -> tuple[dict, bool]:
+    """(the part of a bi_bench JSON that batch_ratios reads, whether it is the CUDA graphs'
+    `chunks` part (else the eager `read` part)). ValueError when that part is not an object."""
+    chunks = bench.get("chunks")
+    part = chunks if isinstance(chunks, dict) else bench.get("read", bench)
     if not isinstance(part, dict):
         raise ValueError("its \"read\" part is not an object")
+    return part, isinstance(chunks, dict) or any(
+        isinstance(row, dict) and "one_forward" in row for row in part.values())
+
+
+def _batch_rows(part: dict):
+    """(context, B, row) of a bench part's "{context}x{B}" rows with B > 1."""
+    for key, row in part.items():
+        m = re.fullmatch(r"(\d+)x(\d+)", key)
+        if m and int(m[2]) > 1:
+            yield int(m[1]), int(m[2]), row
+
+
+def _graph_rows(part: dict) -> tuple[dict, list[str]]:
+    """batch_ratios of a `chunks` part: ({context: [(B, ratio)]}, why rows were left out)."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    why = []
+    for context, b, row in _batch_rows(part):
+        alone = _ms({"ms": row.get("one_at_a_time")}) if isinstance(row, dict) else None
+        batch = _ms({"ms": row.get("one_forward")}) if isinstance(row, dict) else None
+        if alone is None or batch is None:
+            why.append(f"{context}x{b}: no one_at_a_time and one_forward ms")
+        elif row.get("exact") is not True:
+            why.append(f"{context}x{b}: the batched chunks were not bit-exact")
+        else:
+            out.setdefault(context, []).append((b, batch / alone))
+    return out, why
+
+
+def _eager_rows(part: dict) -> tuple[dict, list[str]]:
+    """batch_ratios of a `read` part: ({context: [(B, ratio)]}, why rows were left out)."""
     skipped, why = set(), []
     for key, row in part.items():
         m = re.fullmatch(r"(\d+)_exact", key)
@@ -144,23 +196,16 @@ def batch_ratios(bench: dict, grid: int) -> dict[int, list[tuple[int, float]]]:
                 skipped.add(int(m[1]))
                 why.append(f"{m[1]}: the batched states were not bit-exact")
     out: dict[int, list[tuple[int, float]]] = {}
-    for key, row in part.items():
-        m = re.fullmatch(r"(\d+)x(\d+)", key)
-        if not m or int(m[1]) in skipped or int(m[2]) < 2:
+    for context, b, row in _batch_rows(part):
+        if context in skipped:
             continue
         alone = _ms(row.get("bi_alone")) if isinstance(row, dict) else None
         batch = _ms(row.get("bi_batch")) if isinstance(row, dict) else None
         if alone is None or batch is None:
-            why.append(f"{key}: no bi_alone and bi_batch ms")
+            why.append(f"{context}x{b}: no bi_alone and bi_batch ms")
             continue
-        out.setdefault(int(m[1]), []).append((int(m[2]), batch / alone))
-    if not out:
-        raise ValueError("no usable batched read rows (\"{context}x{B}\", B > 1, with "
-                         "bi_alone and bi_batch ms, at a context that batched exactly)"
-                         + (f": {'; '.join(why)}" if why else "")
-                         + "; measure them with python -m evals.bi_bench --parts read "
-                         "--out FILE on CUDA")
-    return {c: sorted(rows) for c, rows in sorted(out.items())}
+        out.setdefault(context, []).append((b, batch / alone))
+    return out, why
 
 
 def _between(points: list[tuple[float, float]], x: float) -> float:
@@ -176,10 +221,10 @@ def _between(points: list[tuple[float, float]], x: float) -> float:
 def batched_costs(bench: dict, ms_per_1k, grid: int) -> ChunkMs:
     """The measured batched read as a ChunkMs: a forward of B chunks at contexts cs (ids)
     costs one_at_a_time(ms_per_1k, grid)(cs) (ms, the measured cost model `fresh` uses) times
-    r(B, mean(cs)), r = bi_batch.ms / bi_alone.ms of `python -m evals.bi_bench --parts read`
-    (batch_ratios). r is linear in B between the measured batch sizes (1 at B = 1, the
-    largest measured B's beyond it) and linear in the context between the measured contexts
-    (the nearest one's outside them). ValueError as batch_ratios says."""
+    r(B, mean(cs)), r = one forward's ms over one at a time's of `python -m evals.bi_bench
+    --parts chunks` (or `read`; batch_ratios). r is linear in B between the measured batch
+    sizes (1 at B = 1, the largest measured B's beyond it) and linear in the context between
+    the measured contexts (the nearest one's outside them). ValueError as batch_ratios says."""
     curves = batch_ratios(bench, grid)
     base = one_at_a_time(ms_per_1k, grid)
     by_context = list(curves.items())

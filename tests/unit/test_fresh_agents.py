@@ -324,6 +324,44 @@ def test_batched_costs_leave_out_contexts_that_did_not_batch():
         pytest.approx(4 * 5.12 * 0.5)
 
 
+def _chunks_bench(rows: dict, exact: bool = True, nested: bool = True) -> dict:
+    """A bi_bench --parts chunks JSON: rows {(context, B): (one at a time ms, one forward
+    ms)}."""
+    part = {}
+    for (c, b), (alone, batch) in rows.items():
+        row = {"one_at_a_time": alone, "one_forward": batch,
+               "speedup": round(alone / batch, 3)}
+        if b > 1:
+            row["exact"] = exact
+        part[f"{c}x{b}"] = row
+    part["captures"] = {"num_graphs": 3, "chunk_batches": [2, 4, 8]}
+    return {"grid": 512, "gpu": "synthetic", "chunks": part} if nested else part
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_batched_costs_read_the_graphs_chunks_part(nested):
+    """bi_bench's `chunks` part (the CUDA graphs' batched read) gives one forward's ms over
+    one at a time's; it wins over a `read` part in the same file."""
+    rows = {(16384, 1): (4.0, 4.0), (16384, 2): (8.0, 7.0), (16384, 4): (16.0, 12.0),
+            (65536, 4): (20.0, 18.0)}
+    bench = _chunks_bench(rows, nested=nested)
+    if nested:
+        bench["read"] = _bench(BENCH_ROWS, nested=False)
+    assert batch_ratios(bench, 512) == {16384: [(2, 0.875), (4, 0.75)], 65536: [(4, 0.9)]}
+    cost = batched_costs(bench, lambda c: 2.0, 512)
+    assert cost((16384,) * 4) == pytest.approx(4 * 1.024 * 0.75)
+    assert cost((65536,) * 2) == pytest.approx(2 * 1.024 * (1 - 0.1 / 3))   # 1 at B = 1, 0.9 at 4
+
+
+def test_batched_costs_leave_out_chunk_batches_that_were_not_exact():
+    bench = _chunks_bench({(16384, 4): (16.0, 12.0)}, exact=False)
+    with pytest.raises(ValueError, match="16384x4: the batched chunks were not bit-exact"):
+        batch_ratios(bench, 512)
+    bench["chunks"]["16384x2"] = {"one_at_a_time": 8.0, "exact": True}
+    with pytest.raises(ValueError, match="16384x2: no one_at_a_time and one_forward ms"):
+        batch_ratios(bench, 512)
+
+
 def _lockstep_timeline(tmp_path):
     """One session: 6 requests of 1 s prefill and 1 s decode, 0.6 s apart, each prompt 8
     chunks longer (4,096 ids)."""
