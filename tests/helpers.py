@@ -1,28 +1,21 @@
 """Test helpers shared by the layers (tests/ is on the path of every test through conftest.py):
 random ids, readers on a disk folder and a session parked there, the reference counts a reader
 must keep, a question's logits through a reader's fork, the metrics the Grafana dashboard
-queries, fla's autotuner and an autotune key, the disk tier's test identity and pages, the
-service served by uvicorn in a thread on a loopback port. KV pools of pages for the attention
-kernels: paged.py."""
+queries, fla's autotuner and an autotune key, the disk tier's test identity and pages. KV pools
+of pages for the attention kernels: paged.py; the service on a loopback port: serving.py (apart,
+so that the GPU tests need no server packages on the device)."""
 import contextlib
 import json
 import random
 import re
-import socket
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import torch
-import uvicorn
 
 from block_store import FileIdentity
 from block_store.memory.keys import identity_key
 from shadow_plugin.reader.reader import Reader
-from shadow_plugin.server.app import create_app
-from shadow_plugin.server.config import ServiceConfig
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "shadow-reader.json"
 
@@ -149,40 +142,6 @@ DISK_ROOT = identity_key(DISK_IDENT.as_meta())
 def disk_page(seed: int) -> torch.Tensor:
     """A page's kv [num_attention=2, 2, G=64, Hkv=2, D=8] float32 from `seed`."""
     return torch.randn(2, 2, 64, 2, 8, generator=torch.Generator().manual_seed(seed))
-
-
-class Server:
-    """create_app(cfg) served by uvicorn on 127.0.0.1 in a thread, until stop()."""
-
-    def __init__(self, cfg: ServiceConfig):
-        self.app = create_app(cfg)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz").json()["state"] == "ready":
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("the service did not become ready in 60 s")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "the server did not stop"
-
-    @property
-    def service(self):
-        return self.app.state.service
 
 
 @contextlib.contextmanager

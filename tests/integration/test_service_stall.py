@@ -12,7 +12,8 @@ import time
 
 import httpx
 import pytest
-from helpers import Server, rand_ids  # noqa: E402
+from helpers import rand_ids  # noqa: E402
+from serving import Server  # noqa: E402
 
 from evals.stall import beside_host_calls  # noqa: E402
 from shadow_plugin.scheduling.scheduler import SchedulerConfig

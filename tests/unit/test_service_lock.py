@@ -6,7 +6,7 @@ import threading
 
 import httpx
 import pytest
-from helpers import Server  # noqa: E402
+from serving import Server  # noqa: E402
 
 from shadow_plugin.scheduling.scheduler import SchedulerConfig
 from shadow_plugin.server.config import ServiceConfig
