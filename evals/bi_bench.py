@@ -24,7 +24,8 @@
 - `chunks`: the batched read inside CUDA graphs (Runners.chunk_batch, item 2): B = 1, 2, 4, 8
   sessions' grid chunks at each context in one forward against the chunk runner one chunk at
   a time, ms, ids/s, and each chunk's hidden rows, KV rows and GDN states against alone, bit
-  for bit (`exact`).
+  for bit (`exact`); with --chunk-ops compiled,rowwise the chunk runner's compiled ops and its
+  row-invariant ones (Runners(row_invariant=True)) side by side.
 - `read`: chunks/s and ids/s for B = 1, 2, 4, 8 sessions at each context: today's reader
   (make_adapter's default on CUDA: the graph runners, cuBLAS, one chunk at a time) and the
   'eager+bi' path (EagerAdapter(invariant=True)) one at a time and in one forward
@@ -37,8 +38,8 @@
     python -m evals.bi_bench [--model random:qwen3.5-0.8b] [--grid 512]
         [--parts probe,speed,graphs,questions,chunks,read] [--contexts 16384,65536]
         [--batches 1,2,4,8] [--question-rows 64,128] [--ways NAME,...] [--ceiling] [--profile]
-        [--chunk-ways NAME,...] [--repeats 3] [--iters 20] [--tiles 64x128x64x4x3,...]
-        [--arms today,bi] [--device cuda|cpu]
+        [--chunk-ways NAME,...] [--chunk-ops compiled,rowwise] [--repeats 3] [--iters 20]
+        [--tiles 64x128x64x4x3,...] [--arms today,bi] [--device cuda|cpu]
         [--out FILE]
 
 The last line printed is one JSON object (GPU, dtype, versions, commit, date); nothing here
@@ -221,24 +222,27 @@ def chunks_part(model, args) -> dict:
     Runners.chunk_batch in one forward against the chunk runner one chunk at a time (CUDA
     events, the median of --repeats rounds after a warm-up round that also captures the
     graphs, the arms in turns), chunks/s and ids/s of each, and every chunk's hidden rows, KV
-    rows and GDN states against its own alone, bit for bit (`exact`); with --chunk-ways,
-    beside the batch's own way (CHUNK_WAYS' first) those named, each timed and checked the
-    same way (`<name>`, `<name>_exact`); with --profile, one
-    chunk's forward and the largest batch's at the smallest context under torch.profiler
-    (question_bench.forward_profile: eagerly, kernels by device time); with --ceiling, the B
-    chunks' rows as one sequence in one forward (question_bench.ceiling_forward: `ceiling`,
-    `over_ceiling`, and with --profile its kernels)."""
-    from adapters.runners.batch import CHUNK_WAYS, BatchRunner
-    from adapters.runners.runners import Runners
+    rows and GDN states against its own alone, bit for bit (`exact`).
+
+    --chunk-ops: the chunk runner's op sets, side by side in one run ('compiled', the
+    default's torch.compile'd ops, and 'rowwise', Runners(row_invariant=True)): the first's
+    arms are `one_at_a_time` and `one_forward`, another's `<ops>_one_at_a_time`, ...
+    (`<ops>_exact`, `<ops>_speedup`, `<ops>_ids_per_s`, and `<ops>_over_<first>`: its chunk
+    alone over the first's). --chunk-ways: beside the first op set's batch way
+    (batch.chunk_way) those named, each timed and checked the same way (`<name>`,
+    `<name>_exact`); --profile: one chunk's forward and the largest batch's at the smallest
+    context under torch.profiler (question_bench.forward_profile: eagerly, kernels by device
+    time; `profile`, `<ops>_profile`); --ceiling: the B chunks' rows as one sequence in one
+    forward through the first op set's chunk runner (question_bench.ceiling_forward:
+    `ceiling`, `over_ceiling`, and with --profile its kernels)."""
+    from adapters.runners.batch import CHUNK_WAYS
     from block_store import PagedKv
-    cfg, grid = model.cfg, args.grid
-    runners, num = Runners(model, grid), max(args.batches)
-    by_name = {w.name: w for w in CHUNK_WAYS[1:]}
-    names = getattr(args, "chunk_ways", None) or []
-    if set(names) - set(by_name):
-        raise ValueError(f"--chunk-ways: no way {sorted(set(names) - set(by_name))}; ways: "
-                         f"{list(by_name)}")
-    others: dict = {}                  # (B, name) -> a BatchRunner of that way
+    cfg, grid, num = model.cfg, args.grid, max(args.batches)
+    op_sets = getattr(args, "chunk_ops", None) or ["compiled"]
+    if set(op_sets) - {"compiled", "rowwise"} or len(set(op_sets)) < len(op_sets):
+        raise ValueError(f"--chunk-ops: 'compiled' and 'rowwise', each once; got {op_sets}")
+    sets = {name: _chunk_set(model, args, name, CHUNK_WAYS) for name in op_sets}
+    first = op_sets[0]
     pool, context_pages, own, gdn = question_bench.scratch_pool(
         model, grid, max(args.contexts) // grid, num, 5)
     ids = torch.randint(0, cfg.vocab_size, (num, grid), generator=torch.Generator()
@@ -250,15 +254,11 @@ def chunks_part(model, args) -> dict:
         items = [(ids[b].tolist(), context, PagedKv(pool, context_pages[:context // grid]
                                                     + [own[b]]), gdn[b]) for b in range(num)]
         for b in args.batches:
-            batch = runners.chunk_batch(b) if b > 1 else None
-            each = lambda b=b: [runners.chunk.run(*item) for item in items[:b]]  # noqa: E731
-            arms = {"one_at_a_time": each,
-                    "one_forward": (lambda q=batch, b=b: q.read(items[:b])) if batch else each}
-            for name in names if batch is not None else []:
-                if (b, name) not in others:
-                    others[(b, name)] = BatchRunner(runners.chunk, runners.chunk_slots(b),
-                                                    by_name[name], one_position=False)
-                arms[name] = lambda q=others[(b, name)], b=b: q.read(items[:b])
+            arms, batches = {}, {}
+            for name, chunk_set in sets.items():
+                prefix = "" if name == first else f"{name}_"
+                arms.update(_chunk_arms(chunk_set, items[:b], b, prefix))
+                batches[name] = chunk_set["runners"].chunk_batch(b) if b > 1 else None
             times = {arm: [] for arm in arms}
             for k in range(args.repeats + 1):
                 for arm, fn in arms.items():
@@ -266,29 +266,76 @@ def chunks_part(model, args) -> dict:
                     if k:
                         times[arm].append(ms)
             row = {arm: round(statistics.median(ts), 3) for arm, ts in times.items()}
-            row["speedup"] = round(row["one_at_a_time"] / row["one_forward"], 3)
-            row["ids_per_s"] = round(b * grid / row["one_forward"] * 1e3)
-            row["ids_per_s_alone"] = round(b * grid / row["one_at_a_time"] * 1e3)
             profile = getattr(args, "profile", False) and context == min(args.contexts) \
                 and b in (1, max(args.batches))         # where the time goes, eagerly
-            if profile:
-                target = batch if batch is not None else runners.chunk
-                row["profile"] = question_bench.forward_profile(target, arms["one_forward"])
-            if getattr(args, "ceiling", False) and batch is not None:
+            for name, chunk_set in sets.items():
+                prefix = "" if name == first else f"{name}_"
+                _chunk_row(row, prefix, b, grid)
+                if name != first:
+                    row[f"{prefix}over_{first}"] = round(
+                        row[f"{prefix}one_at_a_time"] / row["one_at_a_time"], 3)
+                batch, chunk = batches[name], chunk_set["runners"].chunk
+                if profile:
+                    row[f"{prefix}profile"] = question_bench.forward_profile(
+                        batch if batch is not None else chunk, arms[f"{prefix}one_forward"])
+                for arm in [f"{prefix}one_forward", *chunk_set["ways"]] if batch else []:
+                    key = f"{prefix}exact" if arm == f"{prefix}one_forward" else f"{arm}_exact"
+                    row[key] = _chunks_exact(arms[arm](), items[:b], own, pool, chunk)
+                    if arm in chunk_set["ways"]:
+                        row[f"{arm}_speedup"] = round(row["one_at_a_time"] / row[arm], 3)
+            if getattr(args, "ceiling", False) and batches[first] is not None:
                 # the b chunks' rows as one sequence over the context's pages and b own pages
                 kv = PagedKv(pool, context_pages[:context // grid] + own[:b])
                 row.update(question_bench.ceiling_forward(
-                    model, runners.chunk, ids[:b], context, kv, gdn[0], args.repeats,
-                    row["one_forward"], profile=profile))
-            for arm in [a for a in arms if a != "one_at_a_time"] if batch is not None else []:
-                key = "exact" if arm == "one_forward" else f"{arm}_exact"
-                row[key] = _chunks_exact(arms[arm](), items[:b], own, pool, runners.chunk)
-                if arm != "one_forward":
-                    row[f"{arm}_speedup"] = round(row["one_at_a_time"] / row[arm], 3)
+                    model, sets[first]["runners"].chunk, ids[:b], context, kv, gdn[0],
+                    args.repeats, row["one_forward"], profile=profile))
             out[f"{context}x{b}"] = row
             print(f"chunks {context} B {b} {row}", file=sys.stderr, flush=True)
-    out["captures"] = runners.captures()
+    captures = {name: chunk_set["runners"].captures() for name, chunk_set in sets.items()}
+    out["captures"] = captures if len(sets) > 1 else captures[first]
     return out
+
+
+def _chunk_set(model, args, name: str, ways) -> dict:
+    """One op set's Runners and, for the first op set, the --chunk-ways named (name ->
+    OneCall); ValueError for a way that is none of `ways` or is the batch's own."""
+    from adapters.runners.batch import chunk_way
+    from adapters.runners.runners import Runners
+    row_invariant = name == "rowwise"
+    runners = Runners(model, args.grid, row_invariant=row_invariant)
+    first = (getattr(args, "chunk_ops", None) or ["compiled"])[0]
+    by_name = {w.name: w for w in ways if w != chunk_way(row_invariant)}
+    names = (getattr(args, "chunk_ways", None) or []) if name == first else []
+    if set(names) - set(by_name):
+        raise ValueError(f"--chunk-ways: no way {sorted(set(names) - set(by_name))} beside "
+                         f"the batch's own; ways: {list(by_name)}")
+    return {"runners": runners, "ways": {n: by_name[n] for n in names}, "batches": {}}
+
+
+def _chunk_arms(chunk_set: dict, items, b: int, prefix: str) -> dict:
+    """The timed arms of one op set at B = b: one at a time, in one forward (the batch's own
+    way; one at a time for b = 1) and each --chunk-ways way (its own BatchRunner, made once
+    per (B, way))."""
+    from adapters.runners.batch import BatchRunner
+    runners = chunk_set["runners"]
+    batch = runners.chunk_batch(b) if b > 1 else None
+    each = lambda: [runners.chunk.run(*item) for item in items]      # noqa: E731
+    arms = {f"{prefix}one_at_a_time": each,
+            f"{prefix}one_forward": (lambda: batch.read(items)) if batch else each}
+    for name, way in chunk_set["ways"].items() if batch is not None else []:
+        if (b, name) not in chunk_set["batches"]:
+            chunk_set["batches"][(b, name)] = BatchRunner(
+                runners.chunk, runners.chunk_slots(b), way, one_position=False)
+        arms[name] = lambda q=chunk_set["batches"][(b, name)]: q.read(items)
+    return arms
+
+
+def _chunk_row(row: dict, prefix: str, b: int, grid: int) -> None:
+    """One op set's speedup and ids/s from its arms' ms in `row` (in place)."""
+    alone, batch = row[f"{prefix}one_at_a_time"], row[f"{prefix}one_forward"]
+    row[f"{prefix}speedup"] = round(alone / batch, 3)
+    row[f"{prefix}ids_per_s"] = round(b * grid / batch * 1e3)
+    row[f"{prefix}ids_per_s_alone"] = round(b * grid / alone * 1e3)
 
 
 def _chunks_exact(got, items, own, pool, chunk) -> bool:
@@ -476,6 +523,10 @@ def main(argv=None) -> int:
                     help="`chunks`: the other ways to time beside the batch's own, by name "
                          "(OneCall.name of batch.CHUNK_WAYS after the first, e.g. "
                          "recurrences+conv,recurrences,per_fork)")
+    ap.add_argument("--chunk-ops", type=lambda t: [w for w in t.split(",") if w], default=None,
+                    help="`chunks`: the chunk runner's op sets side by side, the first's arms "
+                         "unprefixed: compiled (the default), rowwise (Runners(row_invariant="
+                         "True)), e.g. compiled,rowwise")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
                     "the largest context and smallest bucket also under torch.profiler; "
                     "`chunks`: one chunk and the largest batch at the smallest context")

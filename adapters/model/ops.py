@@ -157,6 +157,21 @@ def decode_ops(op_set: Ops) -> Ops:
     return replace(op_set, linear=linear, down=None)
 
 
+def rowwise_chunk_ops(op_set: Ops) -> Ops:
+    """op_set with every row-wise reduction through model.rowwise's Triton kernels (one
+    program a row, or a row and head: a row's bits never depend on the row count): the
+    layers' `rms_norm` and `add_rms_norm`, `norm_rope`, `gdn_gates` and `gated_rms_norm`;
+    the projections (the down projection's too) stay op_set's. The grid chunk runner's ops on
+    CUDA with row-invariant chunks (runners.Runners, rowwise): a batch of grid chunks of
+    several sessions (runners.batch, OneCall.rows and .norms) then runs these over all its
+    rows and gives each chunk the bits it gets alone, where the compiled ops gave other bits
+    (model.rowwise's module doc)."""
+    from adapters.model import rowwise
+    return replace(op_set, rms_norm=rowwise.rms_norm, add_rms_norm=rowwise.add_rms_norm,
+                   norm_rope=rowwise.norm_rope, gdn_gates=rowwise.gdn_gates,
+                   gated_rms_norm=rowwise.gated_rms_norm)
+
+
 # the down projection's K parts in the question runners (model.invariant.linear_splitk):
 # a 64-row question's 1,024 output columns are 8 tiles; 8 parts of its 3,584 K make 64
 # programs alone (the 0.8B)

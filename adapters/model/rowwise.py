@@ -1,21 +1,28 @@
-"""Row-invariant versions of three row-wise ops of a layer, for the question runners on CUDA
-(issue 36, item 3): `norm_rope` (a q or k head's norm, then RoPE), `gdn_gates` (the GDN
-q/k L2 norms, v, the decay g and beta) and `gated_rms_norm` (the GDN output's norm gated by
-z), each a Triton kernel with one program per (row, head) and one fixed block over the
-head's dims, so a row's bits depend on nothing but that row: not on the row count, nor on
-the row's place in the tensor, nor on the other rows.
+"""Row-invariant versions of the row-wise ops of a layer, for the question runners on CUDA
+(issue 36, item 3) and the grid chunk runner that batches (item 2): `norm_rope` (a q or k
+head's norm, then RoPE), `gdn_gates` (the GDN q/k L2 norms, v, the decay g and beta),
+`gated_rms_norm` (the GDN output's norm gated by z), each a Triton kernel with one program per
+(row, head) and one fixed block over the head's dims, and `rms_norm` and `add_rms_norm` (the
+layers' norms, the residual add before), one program a row and one block over it, so a row's
+bits depend on nothing but that row: not on the row count, nor on the row's place in the
+tensor, nor on the other rows.
 
 Why: torch.compile picks a row-wise op's kernel (its rows per program, warps, reduction
 layout) by the row count, and over the rows of several questions at once its kernels gave
 some questions' rows other bits than over each question's rows alone (evals/bi_bench.py
 `row_ops`: `norm_rope` and `gdn_gates` on an H100, 2026-12-06,
 docs/bi-bench-questions-h100-2026-12-06-c.log; `gated_rms_norm`: bi_bench `graphs`,
-docs/bi-bench-graphs-q64-h100-2026-12-05.log). With these kernels a question runner
-(runners.runners, below the grid) and a batch of its questions (runners.batch,
-OneCall.rows) run the same instructions on each row.
+docs/bi-bench-graphs-q64-h100-2026-12-05.log); its `rms_norm` and `add_rms_norm` gave most
+512-row blocks of a batch other bits (bi_bench `graphs`, docs/bi-bench-graphs-h100-2026-12-05.log),
+and four grid chunks' q/k heads, GDN gates and gated norm over all rows gave other bits than
+each chunk's alone (bi_bench `chunks`, docs/bi-bench-chunks-profile-h100-2026-12-06.log). With
+these kernels a runner (a question runner below the grid, or the grid's chunk runner with
+ops.rowwise_chunk_ops) and a batch of its forks (runners.batch, OneCall.rows and .norms) run
+the same instructions on each row.
 
-The formulas are ops.norm_rope's, ops.gdn_gates' and ops.gated_rms_norm's
-(docs/specs/qwen35.md sections 3.4, 4.3-4.8): the norm in fp32, cast to the input's dtype,
+The formulas are ops.norm_rope's, ops.gdn_gates', ops.gated_rms_norm's, ops.rms_norm's and
+ops.add_rms_norm's (docs/specs/qwen35.md sections 3.4, 4.3-4.8, 5): the norm in fp32, cast to
+the input's dtype (for the layers' norms: the weight (1 + w) in fp32, one rounding at the end),
 RoPE (or the weight and silu(z) gate) in fp32 from that, one rounding at the end; the L2 norms
 in fp32; g = -exp(A_log) * softplus(a + dt_bias) in fp32 (softplus linear past 20, log1p
 below, as torch's); beta = sigmoid(b) in b's dtype. Their eager versions in
@@ -105,7 +112,27 @@ def _kernels():
         y = w * n * (z / (1.0 + tl.exp(-z)))
         tl.store(Y + (r64 * H + head) * D + d, y.to(Y.dtype.element_ty))
 
-    return norm_rope_kernel, gates_kernel, gated_norm_kernel
+    @triton.jit
+    def rms_norm_kernel(X, H_, W, S, Y, stride_xt, stride_ht, N, eps, ADD: tl.constexpr,
+                        BLOCK: tl.constexpr):
+        """Program (row): with ADD, S[row] = X[row] + H_[row] (rounded to X's dtype) and Y[row]
+        = rms_norm(S[row]) * (1 + W); else Y[row] = rms_norm(X[row]) * (1 + W). N <= BLOCK
+        values a row, the sum of squares over one block of BLOCK (masked past N)."""
+        row = tl.program_id(0)
+        r64 = row.to(tl.int64)
+        n = tl.arange(0, BLOCK)
+        ok = n < N
+        x = tl.load(X + r64 * stride_xt + n, mask=ok, other=0.0)
+        if ADD:
+            x = (x.to(tl.float32) + tl.load(H_ + r64 * stride_ht + n, mask=ok, other=0.0)
+                 .to(tl.float32)).to(S.dtype.element_ty)
+            tl.store(S + r64 * N + n, x, mask=ok)
+        x = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+        w = tl.load(W + n, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + r64 * N + n, (x * inv * (1.0 + w)).to(Y.dtype.element_ty), mask=ok)
+
+    return norm_rope_kernel, gates_kernel, gated_norm_kernel, rms_norm_kernel
 
 
 def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
@@ -180,6 +207,53 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
         kernel[(t, h)](x, z, w, y, x.stride(0), x.stride(1), z.stride(0), z.stride(1), h, eps,
                        D=d)
     return y
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """ops.rms_norm, row-invariant: x [T, N] (unit stride along a row; rows may be strided),
+    w [N] -> [T, N] contiguous in x's dtype: x * rsqrt(mean(x^2) + eps) * (1 + w) in fp32,
+    one rounding at the end, the sum of squares over one block of the next power of two
+    >= N. Raises ValueError for other shapes."""
+    _check_norm("rms_norm", x, None, w)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    if x.shape[0]:
+        _norm_rows(x, x, w, y, y, eps, add=False)
+    return y
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
+    """ops.add_rms_norm, row-invariant: the residual add, then `rms_norm` of the sum: x, h
+    [T, N] (unit stride along a row), w [N] -> (x + h, its norm), both [T, N] contiguous in
+    x's dtype (the sum in fp32, rounded once to x's dtype before the norm). Raises ValueError
+    for other shapes."""
+    _check_norm("add_rms_norm", x, h, w)
+    s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty_like(s)
+    if x.shape[0]:
+        _norm_rows(x, h, w, s, y, eps, add=True)
+    return s, y
+
+
+def _check_norm(name: str, x: torch.Tensor, h: torch.Tensor | None, w: torch.Tensor) -> None:
+    """ValueError unless x (and h: its shape and dtype) is [T, N] of unit stride along a row
+    and w is [N] of unit stride."""
+    ok = x.dim() == 2 and x.stride(1) == 1 and w.shape == (x.shape[-1],) and w.stride(0) == 1
+    if h is not None:
+        ok = ok and h.shape == x.shape and h.dtype == x.dtype and h.stride(1) == 1
+    if not ok:
+        got = f"x {tuple(x.shape)} strides {x.stride()}" + (
+            "" if h is None else f", h {tuple(h.shape)} {h.dtype} strides {h.stride()}")
+        raise ValueError(f"{name} takes x [T, N]{'' if h is None else ', h like x'} (unit "
+                         f"stride along a row) and w [N] (unit stride); got {got}, x {x.dtype}, "
+                         f"w {tuple(w.shape)} strides {w.stride()}")
+
+
+def _norm_rows(x, h, w, s, y, eps: float, add: bool) -> None:
+    """One program a row of rms_norm_kernel (module doc; `add`: the residual add first)."""
+    import triton
+    t, n = x.shape
+    _kernels()[3][(t,)](x, h, w, s, y, x.stride(0), h.stride(0), n, eps, ADD=add,
+                        BLOCK=triton.next_power_of_2(n))
 
 
 def fits(cfg) -> bool:

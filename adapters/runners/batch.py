@@ -118,15 +118,26 @@ PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, n
 # chunk runner's compiled norms one call a fork (they gave other bits over more rows on an
 # H100, docs/bi-bench-graphs-h100-2026-12-05.log); its row-wise ops and conv one call a fork
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
-# the chunk batches' ways in the check's order (Runners.chunk_batch starts at the first,
-# GraphAdapter._checked_chunks falls back): the GDN conv and the row-wise ops (q/k heads,
-# GDN gates, gated norm: the gated norm kept a 512-row block's bits in a batch on an H100,
-# bi_bench `graphs`; the others were not measured at 512 rows) in one call too, then the
-# conv alone, then CHUNKS, then every part one call a chunk
-CHUNK_WAYS = (OneCall(attention=False, norms=False),
+# the chunk batches' ways in the check's order (Runners.chunk_batch starts at chunk_way's,
+# GraphAdapter._checked_chunks falls back): every part but FA4 in one call (the norms and
+# row-wise ops over all rows keep each chunk's bits through model.rowwise's kernels,
+# ops.rowwise_chunk_ops), then the norms one call a chunk, then the row-wise ops too (q/k
+# heads, GDN gates, gated norm: through the compiled ops four chunks' rows gave other bits
+# over all rows on an H100, docs/bi-bench-chunks-profile-h100-2026-12-06.log), then the conv
+# too (CHUNKS), then every part one call a chunk
+CHUNK_WAYS = (OneCall(attention=False),
+              OneCall(attention=False, norms=False),
               OneCall(attention=False, rows=False, norms=False),
               CHUNKS,
               PER_FORK)
+
+
+def chunk_way(row_invariant: bool) -> OneCall:
+    """The way a batch of grid chunks starts (Runners.chunk_batch): with the chunk runner's
+    row-wise reductions row-invariant (Runners' row_invariant) every part but FA4 in one call,
+    CHUNK_WAYS[0]; else the norms and row-wise ops one call a chunk, CHUNK_WAYS[2] (the
+    compiled ones gave other bits over all rows on an H100, bi_bench `graphs` and `chunks`)."""
+    return CHUNK_WAYS[0] if row_invariant else CHUNK_WAYS[2]
 # the check's order: the norms, then the row-wise ops first (torch.compile picks their
 # kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
 # `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an

@@ -32,7 +32,14 @@ class Runners:
     C (69 ids: 128 rows) took 12-14 % less at 32k and 22 % less at 100k than with 256 rows,
     and 16 % less at 32k than the contiguous tree's, which pads to 256 rows (BENCHMARKS.md,
     docs/pages-ab-buckets-*-2026-12-02*.log). () for none. Raises ValueError for buckets
-    that are not such row counts, or a tiling of another attention."""
+    that are not such row counts, or a tiling of another attention.
+
+    row_invariant: the chunk runner's row-wise reductions through model.rowwise
+    (ops.rowwise_chunk_ops: its norms, q/k heads, GDN gates and gated norm), so that a batch
+    of grid chunks (`chunk_batch`) runs them over all its rows and keeps each chunk's bits
+    (another path, `path`: other bits than the compiled ops'); default False (the compiled
+    ops; a chunk batch runs them one call a chunk). Raises ValueError for a model whose
+    heads model.rowwise does not take."""
 
     BUCKET = 256
     MAX_ROWS = 4096
@@ -42,7 +49,8 @@ class Runners:
     BATCH_SIZES = (2, 4, 8)
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
-                 split=None, small_bucket_rows: tuple[int, ...] | None = None):
+                 split=None, small_bucket_rows: tuple[int, ...] | None = None,
+                 row_invariant: bool = False):
         self.model = model
         if split is not None and attention is None:      # a tiling is the table attention's
             attention = "table"
@@ -54,8 +62,10 @@ class Runners:
         self.small_bucket_rows = check_small_bucket_rows(small_bucket_rows, self.BUCKET)
         # one stream for every runner's warm-ups: one cuBLAS workspace (runners.capture)
         side = capture.new_side_stream(model.device)
+        self.row_invariant = row_invariant
         self.chunk = ChunkGraphs(model, grid, attention, fused, split, keep_states=True,
-                                 page_rows=grid, side_stream=side)
+                                 page_rows=grid, side_stream=side,
+                                 op_set=self._chunk_ops(fused) if row_invariant else None)
         self.options = {"attention": attention, "op_set": self.chunk.ops,     # one compiled set
                         "proj": self.chunk.proj, "page_rows": grid, "side_stream": side}
         self.split = split
@@ -68,14 +78,28 @@ class Runners:
         self._chunk_slots: list = []      # the chunk batches' state slots (chunk_slots)
         self._slots: list = []            # the question batches' state slots (batch_slots)
 
+    def _chunk_ops(self, fused: bool | None) -> ops.Ops:
+        """The chunk runner's op set with row_invariant: ops.rowwise_chunk_ops over the op set
+        ChunkGraphs would pick (the compiled ops with graphs, else the eager ones). Raises
+        ValueError for a model whose heads model.rowwise does not take."""
+        if not rowwise.fits(self.model.cfg):
+            raise ValueError("row-invariant chunks: model.rowwise takes head dims that are "
+                             "powers of two and an even rotary dim within head_dim; this "
+                             f"model has head_dim {self.model.cfg.head_dim}, rotary_dim "
+                             f"{self.model.cfg.rotary_dim}")
+        graphs = self.model.device.type == "cuda"
+        return ops.rowwise_chunk_ops(ops.fused_ops() if (graphs if fused is None else fused)
+                                     else ops.EAGER)
+
     @property
     def path(self) -> str:
         """What the committed bits depend on beyond the model: 'graphs:fa4 VERSIONS paged64'
         (flash-attn-4's and its compiler's, attention.fa4.package_version; read in 64-row sub-pages
         with a 64-row key tile), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
         (the compiled small ops), '+conv' (the GDN conv compiled with them,
-        ops.fused_ops(compile_conv=True)) and '+proj' (fused projections) (written into
-        spilled files: another path, other bits)."""
+        ops.fused_ops(compile_conv=True)), '+rowwise' (the row-wise reductions row-invariant,
+        ops.rowwise_chunk_ops) and '+proj' (fused projections) (written into spilled files:
+        another path, other bits)."""
         c = self.chunk
         kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
         if c.table:
@@ -84,8 +108,10 @@ class Runners:
         elif c.attention == "fa4":                     # its kernels' code: the package's
             from adapters.attention.fa4 import SUB_PAGE, package_version
             kind += f" {package_version()} paged{SUB_PAGE}"
-        fused = "" if c.ops is ops.EAGER else "+fused" + ("+conv" if c.ops.conv_gates else "")
-        return kind + fused + ("+proj" if c.proj else "")
+        eager = c.ops.swiglu is ops.EAGER.swiglu               # (rowwise keeps it)
+        fused = "" if eager else "+fused" + ("+conv" if c.ops.conv_gates else "")
+        return kind + fused + ("+rowwise" if self.row_invariant else "") + \
+            ("+proj" if c.proj else "")
 
     def run(self, ids, pos: int, kv: list, gdn: list):
         """ChunkGraphs.run of the grid chunk runner."""
@@ -150,17 +176,19 @@ class Runners:
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
         item 2): a runners.batch.BatchRunner over the chunk runner (its ops, its
         attention, its bits) whose forks sit at their own positions of one FA4 split count
-        and whose slots return states (`chunk_slots`), run the first of batch.CHUNK_WAYS
-        (FA4 and the chunk runner's compiled norms one call a fork; the graph adapter's check
-        may take a later way), made at first use; None where chunks are not batched (as
+        and whose slots return states (`chunk_slots`), run the way batch.chunk_way gives
+        (with row_invariant every part but FA4 in one call, else the compiled norms and
+        row-wise ops one call a chunk too; the graph adapter's check may take a later way of
+        batch.CHUNK_WAYS), made at first use; None where chunks are not batched (as
         question_batch, or num_seqs not one of BATCH_SIZES: a caller fills a batch
         itself)."""
         if num_seqs not in self.BATCH_SIZES or not self.batches_questions:
             return None
         if num_seqs not in self._chunk_batches:
-            from adapters.runners.batch import CHUNK_WAYS, BatchRunner
+            from adapters.runners.batch import BatchRunner, chunk_way
             batch = self._chunk_batches[num_seqs] = BatchRunner(
-                self.chunk, self.chunk_slots(num_seqs), CHUNK_WAYS[0], one_position=False)
+                self.chunk, self.chunk_slots(num_seqs), chunk_way(self.row_invariant),
+                one_position=False)
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)
         return self._chunk_batches[num_seqs]

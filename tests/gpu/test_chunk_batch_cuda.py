@@ -51,3 +51,38 @@ def test_a_warmed_reader_reads_sessions_in_batches_as_alone(model):
         assert batched.committed(s) == alone.committed(s) == len(ids[s]) // G * G
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), s
         assert batched.check_exact(s)
+
+
+@pytest.mark.parametrize("row_invariant", [False, True])
+def test_a_chunk_batch_keeps_its_starting_way_and_each_chunks_bits(model, row_invariant):
+    """Runners.chunk_batch(4) at 8k-10k with the compiled chunk ops and with the row-invariant
+    ones (Runners(row_invariant=True): every part but FA4 in one call): each chunk's hidden
+    rows, GDN states and KV rows equal the chunk runner's alone, bit for bit, replayed from
+    the batch's graph (printed: the way, and whether it kept them)."""
+    from adapters.runners.batch import chunk_way
+    from adapters.runners.runners import Runners
+    from block_store import PagedKv
+    from evals.question_bench import scratch_pool
+    runners = Runners(model, G, row_invariant=row_invariant)
+    batch = runners.chunk_batch(4)
+    assert batch.calls == chunk_way(row_invariant)
+    pool, shared, own, gdn = scratch_pool(model, G, 20, 4, 11)
+    positions = [16 * G, 17 * G, 18 * G, 19 * G]                  # one FA4 split count
+    assert len({runners.chunk_splits(p) for p in positions}) == 1
+    g = torch.Generator().manual_seed(11)
+    items = [(torch.randint(0, model.cfg.vocab_size, (G,), generator=g).tolist(), p,
+              PagedKv(pool, shared[:p // G] + [own[b]]), gdn[b])
+             for b, p in enumerate(positions)]
+    for _ in range(2):                                   # the second replays the graph
+        got = batch.read(items)
+    rows = [[x[own[b]].clone() for pair in pool.layers() for x in pair] for b in range(4)]
+    same = []
+    for b, (item, (h, states)) in enumerate(zip(items, got)):
+        want_h, want_states = runners.chunk.run(*item)
+        same.append(torch.equal(h, want_h) and all(
+            torch.equal(x, y) for p, q in zip(states, want_states) for x, y in zip(p, q))
+            and all(torch.equal(x, y) for x, y in zip(
+                rows[b], [x[own[b]] for pair in pool.layers() for x in pair])))
+    print(f"row_invariant {row_invariant}: way {batch.calls.name}, chunks kept their bits "
+          f"{same}, path {runners.path}")
+    assert all(same)

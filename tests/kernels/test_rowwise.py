@@ -171,3 +171,86 @@ def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits
                       PagedKv(base.pool, base.pages[:1] + [base.pages[1 + b]]), gdn))
     for (ids, pos, kv, gdn), h in zip(forks, batch.run(forks)):
         assert torch.equal(h, alone.run(ids, pos, kv, gdn)[0])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_layers_norms_are_close_to_their_twins_and_row_invariant(dtype, tol):
+    """rms_norm and add_rms_norm (hidden 48: one block of 64, masked): close to ops' eager
+    ones, the norm of add_rms_norm that of its sum, each row the same alone as among
+    others."""
+    g = torch.Generator().manual_seed(5)
+    t, n = 20, 48
+    x = torch.randn(t, n + 8, generator=g).to(dtype)[:, 8:]       # rows strided
+    h = torch.randn(t, n, generator=g).to(dtype)
+    w = torch.randn(n, generator=g).to(dtype)
+    y = rowwise.rms_norm(x, w, 1e-6)
+    assert y.shape == (t, n) and y.dtype == dtype and y.is_contiguous()
+    torch.testing.assert_close(y.float(), ops.rms_norm(x, w, 1e-6).float(), atol=tol, rtol=tol)
+    s, yn = rowwise.add_rms_norm(x, h, w, 1e-6)
+    want_s, want_n = ops.add_rms_norm(x, h, w, 1e-6)
+    assert s.is_contiguous()            # the sum: one rounding (Triton's interpreter rounds
+    torch.testing.assert_close(s.float(), want_s.float(), atol=tol, rtol=tol)   # otherwise)
+    torch.testing.assert_close(yn.float(), want_n.float(), atol=tol, rtol=tol)
+    assert torch.equal(yn, rowwise.rms_norm(s, w, 1e-6))          # the norm of the sum
+    for lo, hi in ((0, 8), (8, 20), (3, 4)):
+        assert torch.equal(rowwise.rms_norm(x[lo:hi], w, 1e-6), y[lo:hi])
+        part = rowwise.add_rms_norm(x[lo:hi], h[lo:hi], w, 1e-6)
+        assert torch.equal(part[0], s[lo:hi]) and torch.equal(part[1], yn[lo:hi])
+    assert rowwise.rms_norm(x[:0], w, 1e-6).shape == (0, n)
+    with pytest.raises(ValueError, match=r"rms_norm takes x \[T, N\].*w \(47,\)"):
+        rowwise.rms_norm(x, w[:47], 1e-6)
+    with pytest.raises(ValueError, match=r"add_rms_norm takes.*h \(20, 48\) torch.float64"):
+        rowwise.add_rms_norm(x, h.double(), w, 1e-6)
+    with pytest.raises(ValueError, match=r"strides \(1, 20\)"):        # columns strided
+        rowwise.rms_norm(torch.randn(n, t).to(dtype).t(), w, 1e-6)
+
+
+def test_rowwise_chunk_ops_swap_the_five_row_wise_reductions():
+    fused = ops.Ops()
+    chunk = ops.rowwise_chunk_ops(fused)
+    assert (chunk.rms_norm, chunk.add_rms_norm, chunk.norm_rope, chunk.gdn_gates,
+            chunk.gated_rms_norm) == (rowwise.rms_norm, rowwise.add_rms_norm, rowwise.norm_rope,
+                                      rowwise.gdn_gates, rowwise.gated_rms_norm)
+    assert chunk.linear is fused.linear and chunk.down is None and chunk.swiglu is fused.swiglu
+    assert chunk.sigmoid_gate is fused.sigmoid_gate
+
+
+def test_a_chunk_batch_over_row_invariant_chunk_ops_keeps_every_part_in_one_call(tiny):
+    """Runners(row_invariant=True): the chunk runner's row-wise reductions through
+    model.rowwise (interpreted here, over the eager ops) and a batch of its grid chunks that
+    starts with every part but FA4 in one call (the norms, q/k heads, GDN gates, gated norm,
+    conv and recurrences over all rows): each chunk's hidden rows, states and KV rows equal
+    the chunk runner's alone, bit for bit; the path names the op set."""
+    from paged import paged_kv
+
+    from adapters import state_spec
+    from adapters.runners.batch import CHUNK_WAYS
+    from adapters.runners.runners import Runners
+    from block_store import PagedKv
+    grid = 64
+    runners = Runners(tiny, grid, row_invariant=True)
+    assert runners.chunk.ops.rms_norm is rowwise.rms_norm and "+rowwise" in runners.path
+    assert "+rowwise" not in Runners(tiny, grid).path
+    batch = runners.chunk_batch(2)
+    assert batch.calls == CHUNK_WAYS[0] and set(batch.calls.parts) == {
+        "recurrences", "conv", "rows", "norms"}
+    spec = state_spec(tiny)
+    base = paged_kv(spec, grid, 6 * grid, seed=8)
+    g = torch.Generator().manual_seed(8)
+    items = []
+    for pos, pages in ((grid, base.pages[:2]), (3 * grid, base.pages[2:6])):
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        items.append((torch.randint(0, 1000, (grid,), generator=g).tolist(), pos,
+                       PagedKv(base.pool, pages), gdn))
+    got = batch.read(items)
+    rows = [[x[kv.pages[pos // grid]].clone() for pair in kv.pool.layers() for x in pair]
+            for _, pos, kv, _ in items]
+    for (ids, pos, kv, gdn), (h, states), written in zip(items, got, rows):
+        want_h, want_states = runners.chunk.run(ids, pos, kv, gdn)
+        assert torch.equal(h, want_h)
+        assert all(torch.equal(a, c) and torch.equal(b, d)
+                   for (a, b), (c, d) in zip(states, want_states))
+        assert all(torch.equal(x, y) for x, y in zip(
+            written, [x[kv.pages[pos // grid]] for pair in kv.pool.layers() for x in pair]))

@@ -265,11 +265,12 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
     session the hidden rows, KV rows and GDN states the chunk runner gives it alone, bit for
     bit, each way of CHUNK_WAYS; the states given are not changed. A question batch's slots
     return no states."""
-    from adapters.runners.batch import CHUNK_WAYS
+    from adapters.runners.batch import CHUNK_WAYS, chunk_way
     runners = Runners(tiny, G)
     batch = runners.chunk_batch(num_seqs)
     assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None
-    assert batch.calls == CHUNK_WAYS[0] and batch.t == G and not batch.one_position
+    assert batch.calls == chunk_way(False) == CHUNK_WAYS[2] and batch.t == G and \
+        not batch.one_position
     spec = state_spec(tiny)
     positions = [G * (2 * b + 1) for b in range(num_seqs)]      # 64, 192, 320, 448
     pages_each = [p // G + 1 for p in positions]

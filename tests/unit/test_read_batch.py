@@ -191,11 +191,12 @@ def test_a_read_batch_call_reads_what_one_forward_takes(tiny, monkeypatch):
 
 @pytest.mark.parametrize("where", ["swiglu", "norm", "gates"])
 def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeypatch, where):
-    """A chunk batch whose ops over all rows give other bits: the SwiGLU (every way runs it
-    over all rows, so the size is refused with a warning), the norms (every chunk way runs
-    them one call a chunk: nothing differs), the GDN gates (the first way runs them over all
-    rows: the check takes the next way of CHUNK_WAYS). Every session committed as read alone
-    each time."""
+    """A chunk batch that starts at CHUNK_WAYS' first way (every part but FA4 in one call, as
+    with row-invariant chunk ops) and whose ops over all rows give other bits: the SwiGLU
+    (every way runs it over all rows, so the size is refused with a warning), the norms (the
+    check takes the next way, the norms one call a chunk), the GDN gates (the next way runs
+    them over all rows too: the check takes the one after). Every session committed as read
+    alone each time."""
     import dataclasses
     import warnings
 
@@ -203,6 +204,7 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
     batched, alone, ids = _graph_readers(tiny)
     a = batched.adapter
     batch = a.runners.chunk_batch(4)
+    batch.use(CHUNK_WAYS[0])
     name = {"swiglu": "swiglu", "norm": "add_rms_norm", "gates": "gdn_gates"}[where]
     real = getattr(batch.ops, name)
 
@@ -222,8 +224,8 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
             pass
     refused = [w for w in seen if "grid chunks gave other bits" in str(w.message)]
     assert a.chunk_bits[4] is (where != "swiglu") and len(refused) == (where == "swiglu")
-    assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[0],
-                           "gates": CHUNK_WAYS[1]}[where]
+    assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[1],
+                           "gates": CHUNK_WAYS[2]}[where]
     way = a.graph_stats()["chunk_batch_one_call"]["4"]
     assert way == (None if where == "swiglu" else dataclasses.asdict(batch.calls))
     for s in ids:
