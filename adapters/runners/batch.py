@@ -82,13 +82,21 @@ class OneCall:
     - norms: the layers' RMSNorms, each joined to the residual add before it, over all
       B * t rows (row-invariant kernels in the question runners on CUDA; the grid's chunk
       runner's compiled norms gave other bits at 512-row blocks on an H100,
-      docs/bi-bench-graphs-h100-2026-12-05.log), else one call a fork."""
+      docs/bi-bench-graphs-h100-2026-12-05.log), else one call a fork;
+    - down: the MLP's down projection over all B * t rows through the op set's linear
+      (cuBLAS) where it has no row-invariant one (with `rows` and one it runs over all rows
+      anyway): cuBLAS picks its kernel by the row count, and kept each 512-row block's bits
+      in a batch on an H100 (bi_bench `graphs`) but gave 64-row blocks other bits, so the
+      grid chunks' ways only (CHUNK_WAYS); off by default. Over all rows it ran four chunks'
+      down projections in 24 calls of 18 us where one call a chunk took 96 of 10.6 us
+      (docs/bi-bench-chunks-profile-h100-2026-12-06.log, eagerly)."""
 
     attention: bool = True
     recurrences: bool = True
     conv: bool = True
     rows: bool = True
     norms: bool = True
+    down: bool = False
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -119,14 +127,18 @@ PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, n
 # H100, docs/bi-bench-graphs-h100-2026-12-05.log); its row-wise ops and conv one call a fork
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
 # the chunk batches' ways in the check's order (Runners.chunk_batch starts at chunk_way's,
-# GraphAdapter._checked_chunks falls back): every part but FA4 in one call (the norms and
+# GraphAdapter._checked_chunks falls back, turning `down` on again for the compiled ops):
+# every part but FA4 in one call with the down projection over all rows (the norms and
 # row-wise ops over all rows keep each chunk's bits through model.rowwise's kernels,
-# ops.rowwise_chunk_ops), then the norms one call a chunk, then the row-wise ops too (q/k
-# heads, GDN gates, gated norm: through the compiled ops four chunks' rows gave other bits
-# over all rows on an H100, docs/bi-bench-chunks-profile-h100-2026-12-06.log), then the conv
-# too (CHUNKS), then every part one call a chunk
-CHUNK_WAYS = (OneCall(attention=False),
+# ops.rowwise_chunk_ops), then the down projection one call a chunk, then the norms too, then
+# the row-wise ops too (q/k heads, GDN gates, gated norm: through the compiled ops four
+# chunks' rows gave other bits over all rows on an H100,
+# docs/bi-bench-chunks-profile-h100-2026-12-06.log) with and without the down projection,
+# then the conv too (CHUNKS), then every part one call a chunk
+CHUNK_WAYS = (OneCall(attention=False, down=True),
+              OneCall(attention=False),
               OneCall(attention=False, norms=False),
+              OneCall(attention=False, rows=False, norms=False, down=True),
               OneCall(attention=False, rows=False, norms=False),
               CHUNKS,
               PER_FORK)
@@ -135,9 +147,9 @@ CHUNK_WAYS = (OneCall(attention=False),
 def chunk_way(row_invariant: bool) -> OneCall:
     """The way a batch of grid chunks starts (Runners.chunk_batch): with the chunk runner's
     row-wise reductions row-invariant (Runners' row_invariant) every part but FA4 in one call,
-    CHUNK_WAYS[0]; else the norms and row-wise ops one call a chunk, CHUNK_WAYS[2] (the
+    CHUNK_WAYS[0]; else the norms and row-wise ops one call a chunk, CHUNK_WAYS[3] (the
     compiled ones gave other bits over all rows on an H100, bi_bench `graphs` and `chunks`)."""
-    return CHUNK_WAYS[0] if row_invariant else CHUNK_WAYS[2]
+    return CHUNK_WAYS[0] if row_invariant else CHUNK_WAYS[3]
 # the check's order: the norms, then the row-wise ops first (torch.compile picks their
 # kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
 # `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an
@@ -367,12 +379,12 @@ class BatchRunner:
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
-        the down projection over all rows with calls.rows where the op set's is row-invariant
-        (Ops.down), else per fork. Returns [B * t, hidden]."""
+        the down projection over all rows with calls.down, or with calls.rows where the op
+        set's is row-invariant (Ops.down), else per fork. Returns [B * t, hidden]."""
         op, w = self.ops, mlp.down_proj.weight
         g, u = mlp.gate_up(h, op, self.proj and self.proj.mlp_in[i])
         act = op.swiglu(g, u)
-        if self.calls.rows and op.down is not None:
+        if self.calls.down or (self.calls.rows and op.down is not None):
             return op.down_proj(act, w)
         return torch.cat([op.down_proj(act[self.rows(b)], w) for b in range(self.num_seqs)])
 

@@ -219,8 +219,9 @@ def test_a_chunk_batch_over_row_invariant_chunk_ops_keeps_every_part_in_one_call
     """Runners(row_invariant=True): the chunk runner's row-wise reductions through
     model.rowwise (interpreted here, over the eager ops) and a batch of its grid chunks that
     starts with every part but FA4 in one call (the norms, q/k heads, GDN gates, gated norm,
-    conv and recurrences over all rows): each chunk's hidden rows, states and KV rows equal
-    the chunk runner's alone, bit for bit; the path names the op set."""
+    conv, recurrences and the down projection over all rows): each chunk's hidden rows,
+    states and KV rows equal the chunk runner's alone, bit for bit; the path names the op
+    set."""
     from paged import paged_kv
 
     from adapters import state_spec
@@ -233,7 +234,7 @@ def test_a_chunk_batch_over_row_invariant_chunk_ops_keeps_every_part_in_one_call
     assert "+rowwise" not in Runners(tiny, grid).path
     batch = runners.chunk_batch(2)
     assert batch.calls == CHUNK_WAYS[0] and set(batch.calls.parts) == {
-        "recurrences", "conv", "rows", "norms"}
+        "recurrences", "conv", "rows", "norms", "down"}
     spec = state_spec(tiny)
     base = paged_kv(spec, grid, 6 * grid, seed=8)
     g = torch.Generator().manual_seed(8)

@@ -269,7 +269,7 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
     runners = Runners(tiny, G)
     batch = runners.chunk_batch(num_seqs)
     assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None
-    assert batch.calls == chunk_way(False) == CHUNK_WAYS[2] and batch.t == G and \
+    assert batch.calls == chunk_way(False) == CHUNK_WAYS[3] and batch.t == G and \
         not batch.one_position
     spec = state_spec(tiny)
     positions = [G * (2 * b + 1) for b in range(num_seqs)]      # 64, 192, 320, 448

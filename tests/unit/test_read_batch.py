@@ -194,8 +194,8 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
     """A chunk batch that starts at CHUNK_WAYS' first way (every part but FA4 in one call, as
     with row-invariant chunk ops) and whose ops over all rows give other bits: the SwiGLU
     (every way runs it over all rows, so the size is refused with a warning), the norms (the
-    check takes the next way, the norms one call a chunk), the GDN gates (the next way runs
-    them over all rows too: the check takes the one after). Every session committed as read
+    check takes the first way that runs them one call a chunk), the GDN gates (the first that
+    runs the row-wise ops one call a chunk). Every session committed as read
     alone each time."""
     import dataclasses
     import warnings
@@ -224,8 +224,8 @@ def test_a_chunk_batch_whose_bits_differ_reads_one_chunk_at_a_time(tiny, monkeyp
             pass
     refused = [w for w in seen if "grid chunks gave other bits" in str(w.message)]
     assert a.chunk_bits[4] is (where != "swiglu") and len(refused) == (where == "swiglu")
-    assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[1],
-                           "gates": CHUNK_WAYS[2]}[where]
+    assert batch.calls == {"swiglu": CHUNK_WAYS[-1], "norm": CHUNK_WAYS[2],
+                           "gates": CHUNK_WAYS[3]}[where]
     way = a.graph_stats()["chunk_batch_one_call"]["4"]
     assert way == (None if where == "swiglu" else dataclasses.asdict(batch.calls))
     for s in ids:
