@@ -8,9 +8,10 @@ reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler
 with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
 (runners.batch over the chunk runner, Runners.chunk_batch), checked against each chunk read
 alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks at 16k
-took 13.2 ms in one forward against 14.7 ms one at a time (BENCHMARKS.md), under the 1.53x
-ceiling of any batch (evals/bi_bench.py `graphs`), and the timelines almost never have two
-sessions' chunks waiting. Several questions' last forwards at one position
+took 10.67 ms in one forward against 14.60 ms one at a time with the row-invariant chunk ops
+(BENCHMARKS.md, "Inside the CUDA graphs, now"), under the 1.52x ceiling of four chunks' rows
+as one sequence (evals/bi_bench.py `chunks --ceiling`), and the timelines almost never have
+two sessions' chunks waiting. Several questions' last forwards at one position
 (`fork_logits_batch`, the forks of one ask) run in one forward (runners.batch.BatchRunner),
 each question with the bits it gets alone: each shape is checked against its forks run alone
 (on CUDA in the warm-up, `check_batches`, and only shapes that pass are batched; elsewhere at
@@ -34,14 +35,17 @@ from block_store.memory.layout import GdnState
 
 
 class GraphAdapter(Adapter):
-    """Args: model, grid; attention, fused, split: the runners' options (Runners); runners: a
-    Runners for this model and grid built elsewhere (tests pass smaller buckets). Raises
-    ValueError for an attention this device cannot run or a tiling of another attention."""
+    """Args: model, grid; attention, fused, split, row_invariant: the runners' options
+    (Runners); runners: a Runners for this model and grid built elsewhere (tests pass smaller
+    buckets). Raises ValueError for an attention this device cannot run, a tiling of another
+    attention, or row_invariant for a model whose heads model.rowwise does not take."""
 
     def __init__(self, model: Qwen35, grid: int, attention: str | None = None,
-                 fused: bool | None = None, split=None, runners: Runners | None = None):
+                 fused: bool | None = None, split=None, runners: Runners | None = None,
+                 row_invariant: bool | None = None):
         super().__init__(model, grid)
-        self.runners = runners or Runners(model, grid, attention, fused=fused, split=split)
+        self.runners = runners or Runners(model, grid, attention, fused=fused, split=split,
+                                          row_invariant=row_invariant)
         if self.runners.chunk.t != grid:
             raise ValueError(f"the runners read chunks of {self.runners.chunk.t} ids, the "
                              f"grid is {grid}")
@@ -266,8 +270,8 @@ class GraphAdapter(Adapter):
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
         bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
-        "conv", "rows", "norms"}: whether each runs one call for all forks, BatchRunner.calls,
-        batch.OneCall; None for a shape that
+        "conv", "rows", "norms", "down"}: whether each runs one call for all forks,
+        BatchRunner.calls, batch.OneCall; None for a shape that
         runs one question at a time}), num_question_batches (questions' batches run in one
         forward; the checks not counted), `chunk_batch_bits` ({"B": whether a batch of B
         grid chunks keeps each chunk's bits, as checked}) and `chunk_batch_one_call` ({"B":

@@ -224,11 +224,13 @@ def chunks_part(model, args) -> dict:
     graphs, the arms in turns), chunks/s and ids/s of each, and every chunk's hidden rows, KV
     rows and GDN states against its own alone, bit for bit (`exact`).
 
-    --chunk-ops: the chunk runner's op sets, side by side in one run ('compiled', the
-    default's torch.compile'd ops, and 'rowwise', Runners(row_invariant=True)): the first's
-    arms are `one_at_a_time` and `one_forward`, another's `<ops>_one_at_a_time`, ...
-    (`<ops>_exact`, `<ops>_speedup`, `<ops>_ids_per_s`, and `<ops>_over_<first>`: its chunk
-    alone over the first's). --chunk-ways: beside the first op set's batch way
+    --chunk-ops: the chunk runner's op sets, side by side in one run ('compiled',
+    torch.compile's ops, and 'rowwise', Runners(row_invariant=True); default: the one
+    Runners picks on this device, runners.row_invariant_default), recorded as the part's
+    `chunk_ops`: the first's arms are `one_at_a_time` and `one_forward`, another's
+    `<ops>_one_at_a_time`, ... (`<ops>_exact`, `<ops>_speedup`, `<ops>_ids_per_s`, and
+    `<ops>_over_<first>`: its chunk alone over the first's). --chunk-ways: beside the first
+    op set's batch way
     (batch.chunk_way) those named, each timed and checked the same way (`<name>`,
     `<name>_exact`); --profile: one chunk's forward and the largest batch's at the smallest
     context under torch.profiler (question_bench.forward_profile: eagerly, kernels by device
@@ -236,12 +238,14 @@ def chunks_part(model, args) -> dict:
     forward through the first op set's chunk runner (question_bench.ceiling_forward:
     `ceiling`, `over_ceiling`, and with --profile its kernels)."""
     from adapters.runners.batch import CHUNK_WAYS
+    from adapters.runners.runners import row_invariant_default
     from block_store import PagedKv
     cfg, grid, num = model.cfg, args.grid, max(args.batches)
-    op_sets = getattr(args, "chunk_ops", None) or ["compiled"]
+    op_sets = getattr(args, "chunk_ops", None) or \
+        ["rowwise" if row_invariant_default(model) else "compiled"]
     if set(op_sets) - {"compiled", "rowwise"} or len(set(op_sets)) < len(op_sets):
         raise ValueError(f"--chunk-ops: 'compiled' and 'rowwise', each once; got {op_sets}")
-    sets = {name: _chunk_set(model, args, name, CHUNK_WAYS) for name in op_sets}
+    sets = {name: _chunk_set(model, args, name, op_sets[0], CHUNK_WAYS) for name in op_sets}
     first = op_sets[0]
     pool, context_pages, own, gdn = question_bench.scratch_pool(
         model, grid, max(args.contexts) // grid, num, 5)
@@ -293,17 +297,17 @@ def chunks_part(model, args) -> dict:
             print(f"chunks {context} B {b} {row}", file=sys.stderr, flush=True)
     captures = {name: chunk_set["runners"].captures() for name, chunk_set in sets.items()}
     out["captures"] = captures if len(sets) > 1 else captures[first]
+    out["chunk_ops"] = op_sets
     return out
 
 
-def _chunk_set(model, args, name: str, ways) -> dict:
-    """One op set's Runners and, for the first op set, the --chunk-ways named (name ->
-    OneCall); ValueError for a way that is none of `ways` or is the batch's own."""
+def _chunk_set(model, args, name: str, first: str, ways) -> dict:
+    """One op set's Runners and, for the first op set (`first`), the --chunk-ways named (name
+    -> OneCall); ValueError for a way that is none of `ways` or is the batch's own."""
     from adapters.runners.batch import chunk_way
     from adapters.runners.runners import Runners
     row_invariant = name == "rowwise"
     runners = Runners(model, args.grid, row_invariant=row_invariant)
-    first = (getattr(args, "chunk_ops", None) or ["compiled"])[0]
     by_name = {w.name: w for w in ways if w != chunk_way(row_invariant)}
     names = (getattr(args, "chunk_ways", None) or []) if name == first else []
     if set(names) - set(by_name):
@@ -521,12 +525,13 @@ def main(argv=None) -> int:
                          "default every way after it")
     ap.add_argument("--chunk-ways", type=lambda t: [w for w in t.split(",") if w], default=None,
                     help="`chunks`: the other ways to time beside the batch's own, by name "
-                         "(OneCall.name of batch.CHUNK_WAYS after the first, e.g. "
+                         "(OneCall.name of batch.CHUNK_WAYS but the batch's own, e.g. "
                          "recurrences+conv,recurrences,per_fork)")
     ap.add_argument("--chunk-ops", type=lambda t: [w for w in t.split(",") if w], default=None,
                     help="`chunks`: the chunk runner's op sets side by side, the first's arms "
-                         "unprefixed: compiled (the default), rowwise (Runners(row_invariant="
-                         "True)), e.g. compiled,rowwise")
+                         "unprefixed: compiled (torch.compile's), rowwise (Runners(row_invariant"
+                         "=True)), e.g. compiled,rowwise; default: the one the runners pick "
+                         "here (rowwise on CUDA)")
     ap.add_argument("--profile", action="store_true", help="`questions`: the largest batch at "
                     "the largest context and smallest bucket also under torch.profiler; "
                     "`chunks`: one chunk and the largest batch at the smallest context")

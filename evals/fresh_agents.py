@@ -168,15 +168,25 @@ def _batch_rows(part: dict):
 
 
 def _graph_rows(part: dict) -> tuple[dict, list[str]]:
-    """batch_ratios of a `chunks` part: ({context: [(B, ratio)]}, why rows were left out)."""
+    """batch_ratios of a `chunks` part: ({context: [(B, ratio)]}, why rows were left out),
+    from the arms of the row-invariant chunk ops where the part has them (the op set the
+    runners use on CUDA by default): its `chunk_ops` says which op set the unprefixed arms
+    are and which others it has (`rowwise_...`); a part without it (before 2026-12-06's
+    bi_bench), `rowwise_` arms where there are any."""
     out: dict[int, list[tuple[int, float]]] = {}
     why = []
+    ops = part.get("chunk_ops")
+    if isinstance(ops, list) and ops:
+        p = "" if ops[0] == "rowwise" or "rowwise" not in ops else "rowwise_"
+    else:
+        p = "rowwise_" if any(isinstance(row, dict) and "rowwise_one_forward" in row
+                              for row in part.values()) else ""
     for context, b, row in _batch_rows(part):
-        alone = _ms({"ms": row.get("one_at_a_time")}) if isinstance(row, dict) else None
-        batch = _ms({"ms": row.get("one_forward")}) if isinstance(row, dict) else None
+        alone = _ms({"ms": row.get(f"{p}one_at_a_time")}) if isinstance(row, dict) else None
+        batch = _ms({"ms": row.get(f"{p}one_forward")}) if isinstance(row, dict) else None
         if alone is None or batch is None:
-            why.append(f"{context}x{b}: no one_at_a_time and one_forward ms")
-        elif row.get("exact") is not True:
+            why.append(f"{context}x{b}: no {p}one_at_a_time and {p}one_forward ms")
+        elif row.get(f"{p}exact") is not True:
             why.append(f"{context}x{b}: the batched chunks were not bit-exact")
         else:
             out.setdefault(context, []).append((b, batch / alone))

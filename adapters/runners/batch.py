@@ -6,24 +6,28 @@ pure-torch fake of the package):
   (Runners.question_batch);
 - grid chunks of several sessions (item 2): B chunks of the grid's rows, each at its own
   position of one FA4 split count over pages of its own, their GDN states returned, run the
-  way CHUNKS says (Runners.chunk_batch, the graph adapter's read_chunks).
+  way chunk_way gives (Runners.chunk_batch, the graph adapter's read_chunks; it falls back
+  along CHUNK_WAYS).
 
 Which ops run over all B * t rows and which per fork, and why (evals/bi_bench.py `graphs`,
 docs/bi-bench-graphs-q64-h100-2026-12-05.log, one H100; the profile of four 64-row questions
 at 100k, docs/bi-bench-questions-h100-2026-12-06-f.log: FA4 took 42 % of the device time,
 what grows with the forks beside it mostly their splits' copies and combine, the GDN conv and
 gates, and the norms):
-- over all rows: the embedding (a gather), the RMSNorms and residual adds (with `norms`;
-  the chunk batches run them one call a fork), every projection
-  but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj and the GDN
-  out_proj), the attention's output gate and the MLP's SwiGLU (compiled elementwise ops):
-  each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits it has alone there;
+- over all rows: the embedding (a gather), the RMSNorms and residual adds (with `norms`:
+  the question runners' and, with Runners' row_invariant, the chunk runner's are
+  model.rowwise's row-invariant kernels; the compiled ones run one call a fork), every
+  projection but the MLP's down projection (cuBLAS over the fused weights, model.fuse; o_proj
+  and the GDN out_proj), the attention's output gate and the MLP's SwiGLU (compiled
+  elementwise ops): each 64- and 128-row block of a 2-8 block GEMM or norm kept the bits
+  it has alone there;
 - per fork, on the same rows and strides as the question's own runner: the KV rows' write
   and FA4's split and tail tables (built from its own staged page table: the same tables as
   alone), and the down projection where the op set's is cuBLAS (it picked another kernel
   for 64-row blocks of a batch, split-K for 64 rows alone; as one batched GEMM too, question_bench
   `down_bmm`): the question runners on CUDA run model.invariant's split-K kernel instead
-  (ops.row_invariant_ops), over all rows with `rows`;
+  (ops.row_invariant_ops), over all rows with `rows`; a batch of grid chunks runs cuBLAS's
+  over all rows with `down` (512-row blocks kept their bits on an H100; the check decides);
 - in one call for all forks (OneCall), where that keeps each fork's bits: FA4 over every
   fork's rows through fork 0's split tables (a batch of S, q broadcast: the forks share
   their context rows below the splits' end, `shares`), over their tails (a batch of B) and
@@ -34,9 +38,10 @@ gates, and the norms):
   conv; question_bench `row_ops`: every fork kept its bits on an H100); the q/k heads (norms,
   RoPE: the forks share one position), the GDN gates and the gated norm over all rows
   (`rows`: torch.compile's kernels gave some forks other bits over all rows on an H100 and
-  an H200, question_bench `row_ops` and bi_bench `graphs`; the question runners below the
-  grid run model.rowwise's row-invariant kernels instead: its norm_rope, gdn_gates and gated
-  norm kept every fork's bits on an H100), and the down projection; else one call a fork
+  an H200, question_bench `row_ops` and bi_bench `graphs` and `chunks`; the question runners
+  below the grid, and the chunk runner with Runners' row_invariant (the default on CUDA), run
+  model.rowwise's row-invariant kernels instead: its norm_rope, gdn_gates and gated norm kept
+  every fork's and chunk's bits on an H100), and the down projection; else one call a fork
   (`fall_back`). The splits as a batch of S * B over copies of q, one fork's splits a batch
   element, took 1.78 ms at 100k for four 64-row forks on an H100 against 1.63 ms for these,
   each kept every fork's bits (evals/question_bench.py `q_copies`,
@@ -80,9 +85,10 @@ class OneCall:
       (GatedDeltaNet.gates_many), with recurrences the gated norm, and the MLP's down
       projection where the op set has a row-invariant one (Ops.down);
     - norms: the layers' RMSNorms, each joined to the residual add before it, over all
-      B * t rows (row-invariant kernels in the question runners on CUDA; the grid's chunk
-      runner's compiled norms gave other bits at 512-row blocks on an H100,
-      docs/bi-bench-graphs-h100-2026-12-05.log), else one call a fork;
+      B * t rows (model.rowwise's row-invariant kernels in the question runners on CUDA and
+      in the chunk runner with Runners' row_invariant; the compiled norms gave other bits at
+      512-row blocks on an H100, docs/bi-bench-graphs-h100-2026-12-05.log), else one call a
+      fork;
     - down: the MLP's down projection over all B * t rows through the op set's linear
       (cuBLAS) where it has no row-invariant one (with `rows` and one it runs over all rows
       anyway): cuBLAS picks its kernel by the row count, and kept each 512-row block's bits
@@ -110,11 +116,13 @@ class OneCall:
         return "+".join(self.parts) or "per_fork"
 
     def fallback(self, fa4: bool = True) -> OneCall | None:
-        """The next way to try where this one gave a fork other bits than alone: the next of
-        WAYS (for a way not among them, the first of WAYS whose parts are a strict subset of
-        its own; from there on WAYS' order, which may turn a part on again that a way before
-        had off: the check's order, not a narrowing), skipping those with FA4 in one call
-        where fa4 is False (SDPA on the CPU); None after the last."""
+        """The next way a question batch tries where this one gave a fork other bits than
+        alone (BatchRunner.fall_back; a batch of grid chunks follows CHUNK_WAYS instead, the
+        graph adapter's check): the next of WAYS (for a way not among them, the first of WAYS
+        whose parts are a strict subset of its own; from there on WAYS' order, which may turn
+        a part on again that a way before had off: the check's order, not a narrowing),
+        skipping those with FA4 in one call where fa4 is False (SDPA on the CPU); None after
+        the last."""
         later = WAYS[WAYS.index(self) + 1:] if self in WAYS else [
             w for w in WAYS if set(w.parts) < set(self.parts)]
         return next((w for w in later if fa4 or not w.attention), None)
@@ -127,7 +135,8 @@ PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, n
 # H100, docs/bi-bench-graphs-h100-2026-12-05.log); its row-wise ops and conv one call a fork
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
 # the chunk batches' ways in the check's order (Runners.chunk_batch starts at chunk_way's,
-# GraphAdapter._checked_chunks falls back, turning `down` on again for the compiled ops):
+# GraphAdapter._checked_chunks falls back; from the first, the compiled ops' start turns
+# `down` on again):
 # every part but FA4 in one call with the down projection over all rows (the norms and
 # row-wise ops over all rows keep each chunk's bits through model.rowwise's kernels,
 # ops.rowwise_chunk_ops), then the down projection one call a chunk, then the norms too, then
@@ -150,6 +159,8 @@ def chunk_way(row_invariant: bool) -> OneCall:
     CHUNK_WAYS[0]; else the norms and row-wise ops one call a chunk, CHUNK_WAYS[3] (the
     compiled ones gave other bits over all rows on an H100, bi_bench `graphs` and `chunks`)."""
     return CHUNK_WAYS[0] if row_invariant else CHUNK_WAYS[3]
+
+
 # the check's order: the norms, then the row-wise ops first (torch.compile picks their
 # kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
 # `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an

@@ -93,7 +93,7 @@ class Reader:
     `sync`), disk_grace_s (files younger than this, s, are never deleted; None: 60 with
     disk_shared, else 0); prefetch_bytes (page rows read ahead of restores, `prefetch`, may
     hold this much host memory; None: half of resident_bytes, at most 2 GiB); cuda_graphs,
-    fused_ops, attn_split, attention: how the forwards run
+    fused_ops, attn_split, attention, row_invariant: how the forwards run
     (adapters.make_adapter; refused with an adapter already built); max_tails: questions'
     tails kept (shadow_plugin.reader.tails: a page and a GDN state's bytes each; 0: none).
     Questions, decoding and summaries: ask, generate, summarize.
@@ -101,8 +101,8 @@ class Reader:
     and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
     a chunk's bits depend on (Adapter.identity).
     Raises ValueError for a bad grid, max_checkpoints, resident_bytes, gdn_bytes,
-    prefetch_bytes or max_tails, an attention this device cannot run, or an attention, attn_split or
-    fused_ops without the runners.
+    prefetch_bytes or max_tails, an attention this device cannot run, or an attention,
+    attn_split, fused_ops or row_invariant without the runners.
     """
 
     def __init__(self, model: Qwen35 | Adapter, grid: int | None = None,
@@ -111,13 +111,14 @@ class Reader:
                  gdn_bytes: int | None = None, disk_shared: bool = False,
                  disk_grace_s: float | None = None, prefetch_bytes: int | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
-                 attn_split=None, attention: str | None = None, max_tails: int = 8):
-        options = (cuda_graphs, fused_ops, attn_split, attention)
+                 attn_split=None, attention: str | None = None, max_tails: int = 8,
+                 row_invariant: bool | None = None):
+        options = (cuda_graphs, fused_ops, attn_split, attention, row_invariant)
         if isinstance(model, Adapter):
-            if options != (None,) * 4 or grid not in (None, model.grid):
+            if options != (None,) * 5 or grid not in (None, model.grid):
                 raise ValueError(f"an adapter already chose its grid ({model.grid}) and how its "
-                                 f"forwards run: pass grid, cuda_graphs, fused_ops, attn_split "
-                                 f"and attention to the adapter, not the reader")
+                                 f"forwards run: pass grid, cuda_graphs, fused_ops, attn_split, "
+                                 f"attention and row_invariant to the adapter, not the reader")
             self.config = ReaderConfig(model.grid, max_checkpoints)
             self.adapter = model
         else:

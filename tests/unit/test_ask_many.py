@@ -323,7 +323,7 @@ def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, mo
     assert stats["question_batch_bits"] == {"2x64": True}
     assert stats["question_batch_one_call"] == {"2x64": {
         "attention": False, "recurrences": False, "conv": False, "rows": False,
-        "norms": False}}
+        "norms": False, "down": False}}
     assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["num_question_batches"] == 2
     check_refs(r)

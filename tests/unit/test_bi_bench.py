@@ -41,9 +41,11 @@ def test_chunks_part_times_each_batch_and_finds_it_exact(tiny):
         import pytest
         pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
     out = chunks_part(tiny, Args)
-    assert set(out) == {f"{c}x{b}" for c in (128, 192) for b in (1, 2, 4)} | {"captures"}
+    assert set(out) == {f"{c}x{b}" for c in (128, 192) for b in (1, 2, 4)} | {
+        "captures", "chunk_ops"}
+    assert out["chunk_ops"] == ["compiled"]                  # the runners' pick on the CPU
     for key, row in out.items():
-        if key == "captures":
+        if key in ("captures", "chunk_ops"):
             continue
         assert row["one_at_a_time"] > 0 and row["one_forward"] > 0
         assert row["speedup"] == round(row["one_at_a_time"] / row["one_forward"], 3)

@@ -353,6 +353,23 @@ def test_batched_costs_read_the_graphs_chunks_part(nested):
     assert cost((65536,) * 2) == pytest.approx(2 * 1.024 * (1 - 0.1 / 3))   # 1 at B = 1, 0.9 at 4
 
 
+def test_batched_costs_take_the_row_invariant_ops_arms_where_the_bench_has_them():
+    bench = _chunks_bench({(16384, 4): (16.0, 12.0)})
+    bench["chunks"]["16384x4"].update(rowwise_one_at_a_time=15.0, rowwise_one_forward=10.0,
+                                      rowwise_exact=True)
+    assert batch_ratios(bench, 512) == {16384: [(4, 10.0 / 15.0)]}
+    bench["chunks"]["chunk_ops"] = ["compiled", "rowwise"]          # as bi_bench records it
+    assert batch_ratios(bench, 512) == {16384: [(4, 10.0 / 15.0)]}
+    bench["chunks"]["chunk_ops"] = ["compiled"]                     # the unprefixed arms
+    assert batch_ratios(bench, 512) == {16384: [(4, 0.75)]}
+    bench["chunks"]["chunk_ops"] = ["rowwise", "compiled"]          # the unprefixed arms
+    assert batch_ratios(bench, 512) == {16384: [(4, 0.75)]}
+    bench["chunks"]["chunk_ops"] = ["compiled", "rowwise"]
+    bench["chunks"]["16384x4"]["rowwise_exact"] = False
+    with pytest.raises(ValueError, match="16384x4: the batched chunks were not bit-exact"):
+        batch_ratios(bench, 512)
+
+
 def test_batched_costs_leave_out_chunk_batches_that_were_not_exact():
     bench = _chunks_bench({(16384, 4): (16.0, 12.0)}, exact=False)
     with pytest.raises(ValueError, match="16384x4: the batched chunks were not bit-exact"):

@@ -188,11 +188,29 @@ def test_runner_refuses_attentions_it_cannot_run_and_names_its_path(tiny):
         ChunkGraphs(tiny, 64, attention="flash")
     with pytest.raises(ValueError, match="'fa4' there on Hopper.*got 'fa4' on cpu"):
         ChunkGraphs(tiny, 64, attention="fa4")
-    assert Runners(tiny, 64).path == "eager:sdpa"
+    assert Runners(tiny, 64).path == "eager:sdpa" and not Runners(tiny, 64).row_invariant
     assert Runners(tiny, 64, attention="table", fused=True).path == \
         "eager:table 128x32x8x2+fused+proj"
     assert Reader(tiny, grid=64).path == "eager"
     assert Reader(tiny, grid=64, cuda_graphs=True).adapter.identity().kernels == "torch eager:sdpa"
+
+
+def test_row_invariant_chunks_are_off_on_the_cpu_and_refused_where_the_kernels_do_not_fit(
+        tiny, monkeypatch):
+    """Runners' row_invariant defaults to off on the CPU (model.rowwise's kernels are Triton's);
+    asked for a model whose heads they do not take, it is refused with the head dims."""
+    from adapters.model import rowwise
+    from adapters.runners.runners import Runners
+    assert not Runners(tiny, 64).row_invariant and not Runners(tiny, 64, fused=True).row_invariant
+    from adapters import make_adapter
+    from shadow_plugin.reader.reader import Reader
+    assert Reader(tiny, grid=64, cuda_graphs=True, row_invariant=False).adapter.runners \
+        .row_invariant is False                               # the reader passes it on
+    with pytest.raises(ValueError, match="row_invariant=True choose how the CUDA-graph runners"):
+        make_adapter(tiny, 64, cuda_graphs=False, row_invariant=True)
+    monkeypatch.setattr(rowwise, "fits", lambda cfg: False)
+    with pytest.raises(ValueError, match=r"row-invariant chunks: .*head_dim \d+, rotary_dim"):
+        Runners(tiny, 64, row_invariant=True)
 
 
 def test_a_one_token_forward_takes_the_step_kernel(tiny):
