@@ -230,13 +230,13 @@ def chunks_part(model, args) -> dict:
     `chunk_ops`: the first's arms are `one_at_a_time` and `one_forward`, another's
     `<ops>_one_at_a_time`, ... (`<ops>_exact`, `<ops>_speedup`, `<ops>_ids_per_s`, and
     `<ops>_over_<first>`: its chunk alone over the first's). --chunk-ways: beside the first
-    op set's batch way
-    (batch.chunk_way) those named, each timed and checked the same way (`<name>`,
-    `<name>_exact`); --profile: one chunk's forward and the largest batch's at the smallest
-    context under torch.profiler (question_bench.forward_profile: eagerly, kernels by device
-    time; `profile`, `<ops>_profile`); --ceiling: the B chunks' rows as one sequence in one
-    forward through the first op set's chunk runner (question_bench.ceiling_forward:
-    `ceiling`, `over_ceiling`, and with --profile its kernels)."""
+    op set's batch way (batch.chunk_way) those named, each timed and checked the same way
+    (`<name>`, `<name>_exact`); --profile: one chunk's forward and the largest batch's at
+    the smallest context under torch.profiler (question_bench.forward_profile: eagerly,
+    kernels by device time; `profile`, `<ops>_profile`); --ceiling: the B chunks' rows as
+    one sequence in one forward through the first op set's chunk runner
+    (question_bench.ceiling_forward: `ceiling`, `over_ceiling`, and with --profile its
+    kernels)."""
     from adapters.runners.batch import CHUNK_WAYS
     from adapters.runners.runners import row_invariant_default
     from block_store import PagedKv

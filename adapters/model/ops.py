@@ -162,7 +162,7 @@ def rowwise_chunk_ops(op_set: Ops) -> Ops:
     program a row, or a row and head: a row's bits never depend on the row count): the
     layers' `rms_norm` and `add_rms_norm`, `norm_rope`, `gdn_gates` and `gated_rms_norm`;
     the projections (the down projection's too) stay op_set's. The grid chunk runner's ops on
-    CUDA with row-invariant chunks (runners.Runners, rowwise): a batch of grid chunks of
+    CUDA with row-invariant chunks (runners.Runners' row_invariant): a batch of grid chunks of
     several sessions (runners.batch, OneCall.rows and .norms) then runs these over all its
     rows and gives each chunk the bits it gets alone, where the compiled ops gave other bits
     (model.rowwise's module doc)."""

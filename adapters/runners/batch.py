@@ -135,8 +135,8 @@ PER_FORK = OneCall(attention=False, recurrences=False, conv=False, rows=False, n
 # H100, docs/bi-bench-graphs-h100-2026-12-05.log); its row-wise ops and conv one call a fork
 CHUNKS = OneCall(attention=False, conv=False, rows=False, norms=False)
 # the chunk batches' ways in the check's order (Runners.chunk_batch starts at chunk_way's,
-# GraphAdapter._checked_chunks falls back; from the first, the compiled ops' start turns
-# `down` on again):
+# GraphAdapter._checked_chunks falls back; falling back from the first, the check passes the
+# compiled ops' start, which turns `down` on again):
 # every part but FA4 in one call with the down projection over all rows (the norms and
 # row-wise ops over all rows keep each chunk's bits through model.rowwise's kernels,
 # ops.rowwise_chunk_ops), then the down projection one call a chunk, then the norms too, then

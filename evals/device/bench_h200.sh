@@ -24,6 +24,7 @@
 #       JSON in $out/bi-bench-chunks.json; BENCH_S bounds it, 540; BI_ARGS as for questions,
 #       e.g. "--batches 1,4 --profile --ceiling": where one chunk's and four chunks' time
 #       goes, and the four chunks' rows as one sequence (no per-session work) beside them;
+#       "--chunk-ops compiled,rowwise": the chunk runner's two op sets side by side;
 #       "--chunk-ways recurrences+conv,recurrences": the check's later ways beside the first)
 #   bash evals/device/bench_h200.sh ask     `python -m evals.batch_bench --parts ask`: the router
 #       question and three classifications at 100k through Reader.ask_many (warmed up as a
