@@ -230,7 +230,7 @@ def chunks_part(model, args) -> dict:
     `chunk_ops`: the first's arms are `one_at_a_time` and `one_forward`, another's
     `<ops>_one_at_a_time`, ... (`<ops>_exact`, `<ops>_speedup`, `<ops>_ids_per_s`, and
     `<ops>_over_<first>`: its chunk alone over the first's). --chunk-ways: beside the first
-    op set's batch way (batch.chunk_way) those named, each timed and checked the same way
+    op set's batch way (Runners.chunk_way) those named, each timed and checked the same way
     (`<name>`, `<name>_exact`); --profile: one chunk's forward and the largest batch's at
     the smallest context under torch.profiler (question_bench.forward_profile: eagerly,
     kernels by device time; `profile`, `<ops>_profile`); --ceiling: the B chunks' rows as
@@ -304,11 +304,10 @@ def chunks_part(model, args) -> dict:
 def _chunk_set(model, args, name: str, first: str, ways) -> dict:
     """One op set's Runners and, for the first op set (`first`), the --chunk-ways named (name
     -> OneCall); ValueError for a way that is none of `ways` or is the batch's own."""
-    from adapters.runners.batch import chunk_way
     from adapters.runners.runners import Runners
     row_invariant = name == "rowwise"
     runners = Runners(model, args.grid, row_invariant=row_invariant)
-    by_name = {w.name: w for w in ways if w != chunk_way(row_invariant)}
+    by_name = {w.name: w for w in ways if w != runners.chunk_way()}
     names = (getattr(args, "chunk_ways", None) or []) if name == first else []
     if set(names) - set(by_name):
         raise ValueError(f"--chunk-ways: no way {sorted(set(names) - set(by_name))} beside "

@@ -161,11 +161,13 @@ def chunk_way(row_invariant: bool) -> OneCall:
     return CHUNK_WAYS[0] if row_invariant else CHUNK_WAYS[3]
 
 
-# the check's order: the norms, then the row-wise ops first (torch.compile picks their
-# kernels by row count: the norms gave other bits over 512-row blocks on an H100, bi_bench
-# `graphs`; the row-wise ops over all rows gave some forks other bits on an H100 and an
-# H200, question_bench `row_ops`, 2026-12-06), then FA4, the recurrences and the conv in one
-# call (each kept its bits there)
+# the question batches' ways in the check's order: the norms, then the row-wise ops first
+# (through torch.compile's kernels, which pick their kernels by row count, the norms gave
+# other bits over 512-row blocks on an H100, bi_bench `graphs`, and the row-wise ops over all
+# rows gave some forks other bits on an H100 and an H200, question_bench `row_ops`,
+# 2026-12-06; the question runners on CUDA run model.rowwise's instead, the norms too where
+# the chunk runner's are row-invariant, Runners.question_ops), then FA4, the recurrences and
+# the conv in one call (each kept its bits there)
 WAYS = (ALL_IN_ONE,
         OneCall(norms=False),
         OneCall(rows=False),

@@ -184,22 +184,27 @@ class Runners:
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
         item 2): a runners.batch.BatchRunner over the chunk runner (its ops, its
         attention, its bits) whose forks sit at their own positions of one FA4 split count
-        and whose slots return states (`chunk_slots`), run the way batch.chunk_way gives
-        (with row_invariant every part but FA4 in one call, else the compiled norms and
-        row-wise ops one call a chunk too; the graph adapter's check may take a later way of
-        batch.CHUNK_WAYS), made at first use; None where chunks are not batched (as
-        question_batch, or num_seqs not one of BATCH_SIZES: a caller fills a batch
-        itself)."""
+        and whose slots return states (`chunk_slots`), run the way `chunk_way` gives (the
+        graph adapter's check may take a later way of batch.CHUNK_WAYS), made at first use;
+        None where chunks are not batched (as question_batch, or num_seqs not one of
+        BATCH_SIZES: a caller fills a batch itself)."""
         if num_seqs not in self.BATCH_SIZES or not self.batches_questions:
             return None
         if num_seqs not in self._chunk_batches:
-            from adapters.runners.batch import BatchRunner, chunk_way
+            from adapters.runners.batch import BatchRunner
             batch = self._chunk_batches[num_seqs] = BatchRunner(
-                self.chunk, self.chunk_slots(num_seqs), chunk_way(self.row_invariant),
-                one_position=False)
+                self.chunk, self.chunk_slots(num_seqs), self.chunk_way(), one_position=False)
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)
         return self._chunk_batches[num_seqs]
+
+    def chunk_way(self):
+        """The way a batch of grid chunks starts (a batch.OneCall): with row-invariant chunk
+        ops, or the eager ops without graphs (the CPU: the check at the first batch decides),
+        every part but FA4 in one call (batch.chunk_way(True)); with torch.compile's, the
+        norms and row-wise ops one call a chunk (batch.chunk_way(False))."""
+        from adapters.runners.batch import chunk_way
+        return chunk_way(self.row_invariant or not self.chunk.use_graphs)
 
     def chunk_splits(self, pos: int) -> int:
         """FA4's split count S of a grid chunk at pos (fa4_plan.split_plan; a chunk batch's

@@ -65,7 +65,7 @@ def test_a_chunk_batch_keeps_its_starting_way_and_each_chunks_bits(model, row_in
     from evals.question_bench import scratch_pool
     runners = Runners(model, G, row_invariant=row_invariant)
     batch = runners.chunk_batch(4)
-    assert batch.calls == chunk_way(row_invariant)
+    assert batch.calls == runners.chunk_way() == chunk_way(row_invariant)
     pool, shared, own, gdn = scratch_pool(model, G, 20, 4, 11)
     positions = [16 * G, 17 * G, 18 * G, 19 * G]                  # one FA4 split count
     assert len({runners.chunk_splits(p) for p in positions}) == 1

@@ -261,15 +261,15 @@ def test_use_sets_a_way_as_the_batch_can_run_it(tiny):
 def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny, num_seqs):
     """Runners.chunk_batch: grid chunks of several sessions, each at its own position over
     pages of its own in one pool, in one forward (the CPU: SDPA through each one's pages,
-    the row-wise ops and norms one call a chunk, the recurrences in one call) give each
+    starting with every other part over all rows, Runners.chunk_way) give each
     session the hidden rows, KV rows and GDN states the chunk runner gives it alone, bit for
     bit, each way of CHUNK_WAYS; the states given are not changed. A question batch's slots
     return no states."""
-    from adapters.runners.batch import CHUNK_WAYS, chunk_way
+    from adapters.runners.batch import CHUNK_WAYS
     runners = Runners(tiny, G)
     batch = runners.chunk_batch(num_seqs)
     assert batch is runners.chunk_batch(num_seqs) and runners.chunk_batch(3) is None
-    assert batch.calls == chunk_way(False) == CHUNK_WAYS[3] and batch.t == G and \
+    assert batch.calls == runners.chunk_way() == CHUNK_WAYS[0] and batch.t == G and \
         not batch.one_position
     spec = state_spec(tiny)
     positions = [G * (2 * b + 1) for b in range(num_seqs)]      # 64, 192, 320, 448
