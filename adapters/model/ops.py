@@ -180,8 +180,8 @@ DOWN_SPLITS = 8
 
 def row_invariant_ops(op_set: Ops) -> Ops:
     """op_set with `norm_rope`, `gdn_gates` and `gated_rms_norm` through model.rowwise's
-    Triton kernels (a program per row and head: a row's bits never depend on the row count;
-    CUDA, or Triton's interpreter) and the down projection through model.invariant's split-K
+    Triton kernels (a program a row over all its heads: a row's bits never depend on the row
+    count; CUDA, or Triton's interpreter) and the down projection through model.invariant's split-K
     kernel (`down`: fixed tiles and K parts summed in order, DOWN_SPLITS): the ops of the
     question runners below the grid on CUDA, so that a batch of questions
     (runners.batch, OneCall.rows) gives each the bits it gets alone."""

@@ -1,11 +1,13 @@
 """Row-invariant versions of the row-wise ops of a layer, for the question runners on CUDA
 (issue 36, item 3) and the grid chunk runner that batches (item 2): `norm_rope` (a q or k
 head's norm, then RoPE), `gdn_gates` (the GDN q/k L2 norms, v, the decay g and beta),
-`gated_rms_norm` (the GDN output's norm gated by z), each a Triton kernel with one program per
-(row, head) and one fixed block over the head's dims, and `rms_norm` and `add_rms_norm` (the
-layers' norms, the residual add before), one program a row and one block over it, so a row's
-bits depend on nothing but that row: not on the row count, nor on the row's place in the
-tensor, nor on the other rows.
+`gated_rms_norm` (the GDN output's norm gated by z), each a Triton kernel with one program a
+row and one fixed tile over all its heads ([heads, head_dim], warps fixed by the tile's size,
+`_tile`), and `rms_norm` and `add_rms_norm` (the layers' norms, the residual add before), one
+program a row and one block over it, so a row's bits depend on nothing but that row: not on
+the row count, nor on the row's place in the tensor, nor on the other rows. (One program a
+(row, head) was the first layout: at 512-4,096 rows of the 0.8B it ran 16-32 programs of one
+value a thread per row.)
 
 Why: torch.compile picks a row-wise op's kernel (its rows per program, warps, reduction
 layout) by the row count, and over the rows of several questions at once its kernels gave
@@ -44,73 +46,87 @@ def _kernels():
 
     @triton.jit
     def norm_rope_kernel(X, W, COS, SIN, Y, stride_xt, stride_xh, H, eps,
-                         D: tl.constexpr, ROT: tl.constexpr):
-        """Program (row, head): Y[row, head] = rope(rms_norm(X[row, head]) * (1 + W))."""
-        row, head = tl.program_id(0), tl.program_id(1)
-        d = tl.arange(0, D)
-        base = X + row.to(tl.int64) * stride_xt + head * stride_xh
-        x = tl.load(base + d).to(tl.float32)
+                         D: tl.constexpr, ROT: tl.constexpr, HP: tl.constexpr):
+        """Program (row): Y[row, h] = rope(rms_norm(X[row, h]) * (1 + W)) for every head h
+        (a [HP, D] tile, heads past H masked)."""
+        row = tl.program_id(0)
+        r64 = row.to(tl.int64)
+        h = tl.arange(0, HP)[:, None]
+        d = tl.arange(0, D)[None, :]
+        ok = h < H
+        base = X + r64 * stride_xt + h * stride_xh
+        x = tl.load(base + d, mask=ok, other=0.0).to(tl.float32)
         w = tl.load(W + d).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
         n = (x * inv * (1.0 + w)).to(Y.dtype.element_ty).to(tl.float32)
         half: tl.constexpr = ROT // 2
         rot = d < ROT
         # rotate-half: dim i < ROT/2 takes -x[i + ROT/2], i in [ROT/2, ROT) takes x[i - ROT/2]
         partner = tl.where(d < half, d + half, d - half)
-        xp = tl.load(base + partner, mask=rot, other=0.0).to(tl.float32)
+        xp = tl.load(base + partner, mask=rot & ok, other=0.0).to(tl.float32)
         wp = tl.load(W + partner, mask=rot, other=0.0).to(tl.float32)
         np_ = (xp * inv * (1.0 + wp)).to(Y.dtype.element_ty).to(tl.float32)
-        c = tl.load(COS + row.to(tl.int64) * ROT + d, mask=rot, other=1.0).to(tl.float32)
-        s = tl.load(SIN + row.to(tl.int64) * ROT + d, mask=rot, other=0.0).to(tl.float32)
+        c = tl.load(COS + r64 * ROT + d, mask=rot, other=1.0).to(tl.float32)
+        s = tl.load(SIN + r64 * ROT + d, mask=rot, other=0.0).to(tl.float32)
         sign = tl.where(d < half, -1.0, 1.0)
         y = tl.where(rot, n * c + sign * np_ * s, n)
-        tl.store(Y + (row.to(tl.int64) * H + head) * D + d, y.to(Y.dtype.element_ty))
+        tl.store(Y + (r64 * H + h) * D + d, y.to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
     def gates_kernel(M, B_, A_, ALOG, DTB, Q, K_, V, G, BETA, stride_mt, stride_bt, stride_at,
-                     HK, HV, eps, KD: tl.constexpr, VD: tl.constexpr):
-        """Program (row, slot): slots < HK normalize q and k head `slot`; the others copy v
-        head slot - HK and write its g and beta."""
-        row, slot = tl.program_id(0), tl.program_id(1)
+                     HK, HV, eps, KD: tl.constexpr, VD: tl.constexpr, HKP: tl.constexpr,
+                     HVP: tl.constexpr):
+        """Program (row): the row's q and k heads L2-normed ([HKP, KD] tiles), its v heads
+        copied ([HVP, VD]), its g and beta ([HVP]); heads past HK, HV masked."""
+        row = tl.program_id(0)
         r64 = row.to(tl.int64)
         m = M + r64 * stride_mt
-        if slot < HK:
-            kk = tl.arange(0, KD)
-            q = tl.load(m + slot * KD + kk).to(tl.float32)
-            k = tl.load(m + (HK + slot) * KD + kk).to(tl.float32)
-            q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps)
-            k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
-            out = (r64 * HK + slot) * KD + kk
-            tl.store(Q + out, q.to(Q.dtype.element_ty))
-            tl.store(K_ + out, k.to(K_.dtype.element_ty))
-        else:
-            h = slot - HK
-            vv = tl.arange(0, VD)
-            v = tl.load(m + 2 * HK * KD + h * VD + vv)
-            tl.store(V + (r64 * HV + h) * VD + vv, v)
-            a = tl.load(A_ + r64 * stride_at + h).to(tl.float32) + tl.load(DTB + h).to(tl.float32)
-            e = tl.exp(a)                  # softplus: log1p(e) by Goldberg's formula
-            u = 1.0 + e
-            den = tl.where(u == 1.0, 1.0, u - 1.0)
-            soft = tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * (e / den)))
-            tl.store(G + r64 * HV + h, -tl.exp(tl.load(ALOG + h).to(tl.float32)) * soft)
-            b = tl.load(B_ + r64 * stride_bt + h).to(tl.float32)
-            tl.store(BETA + r64 * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(BETA.dtype.element_ty))
+        hk = tl.arange(0, HKP)[:, None]
+        kk = tl.arange(0, KD)[None, :]
+        okk = hk < HK
+        q = tl.load(m + hk * KD + kk, mask=okk, other=0.0).to(tl.float32)
+        k = tl.load(m + (HK + hk) * KD + kk, mask=okk, other=0.0).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=1) + eps)[:, None]
+        k = k / tl.sqrt(tl.sum(k * k, axis=1) + eps)[:, None]
+        out = (r64 * HK + hk) * KD + kk
+        tl.store(Q + out, q.to(Q.dtype.element_ty), mask=okk)
+        tl.store(K_ + out, k.to(K_.dtype.element_ty), mask=okk)
+        hv = tl.arange(0, HVP)[:, None]
+        vv = tl.arange(0, VD)[None, :]
+        okv = hv < HV
+        v = tl.load(m + 2 * HK * KD + hv * VD + vv, mask=okv, other=0.0)
+        tl.store(V + (r64 * HV + hv) * VD + vv, v, mask=okv)
+        h = tl.arange(0, HVP)
+        ok = h < HV
+        a = tl.load(A_ + r64 * stride_at + h, mask=ok, other=0.0).to(tl.float32) + \
+            tl.load(DTB + h, mask=ok, other=0.0).to(tl.float32)
+        e = tl.exp(a)                      # softplus: log1p(e) by Goldberg's formula
+        u = 1.0 + e
+        den = tl.where(u == 1.0, 1.0, u - 1.0)
+        soft = tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * (e / den)))
+        alog = tl.load(ALOG + h, mask=ok, other=0.0).to(tl.float32)
+        tl.store(G + r64 * HV + h, -tl.exp(alog) * soft, mask=ok)
+        b = tl.load(B_ + r64 * stride_bt + h, mask=ok, other=0.0).to(tl.float32)
+        tl.store(BETA + r64 * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(BETA.dtype.element_ty),
+                 mask=ok)
 
     @triton.jit
     def gated_norm_kernel(X, Z, W, Y, stride_xt, stride_xh, stride_zt, stride_zh, H, eps,
-                          D: tl.constexpr):
-        """Program (row, head): Y[row, head] = W * rms(X[row, head]) * silu(Z[row, head])."""
-        row, head = tl.program_id(0), tl.program_id(1)
-        d = tl.arange(0, D)
+                          D: tl.constexpr, HP: tl.constexpr):
+        """Program (row): Y[row, h] = W * rms(X[row, h]) * silu(Z[row, h]) for every head h
+        (a [HP, D] tile, heads past H masked)."""
+        row = tl.program_id(0)
         r64 = row.to(tl.int64)
-        x = tl.load(X + r64 * stride_xt + head * stride_xh + d).to(tl.float32)
-        z = tl.load(Z + r64 * stride_zt + head * stride_zh + d).to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        h = tl.arange(0, HP)[:, None]
+        d = tl.arange(0, D)[None, :]
+        ok = h < H
+        x = tl.load(X + r64 * stride_xt + h * stride_xh + d, mask=ok, other=0.0).to(tl.float32)
+        z = tl.load(Z + r64 * stride_zt + h * stride_zh + d, mask=ok, other=0.0).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
         n = (x * inv).to(Y.dtype.element_ty).to(tl.float32)
         w = tl.load(W + d).to(tl.float32)
         y = w * n * (z / (1.0 + tl.exp(-z)))
-        tl.store(Y + (r64 * H + head) * D + d, y.to(Y.dtype.element_ty))
+        tl.store(Y + (r64 * H + h) * D + d, y.to(Y.dtype.element_ty), mask=ok)
 
     @triton.jit
     def rms_norm_kernel(X, H_, W, S, Y, stride_xt, stride_ht, N, eps, ADD: tl.constexpr,
@@ -152,8 +168,9 @@ def norm_rope(x: torch.Tensor, w: torch.Tensor, eps: float, cos: torch.Tensor,
     y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
     if t:
         kernel = _kernels()[0]
-        kernel[(t, h)](x, w, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1),
-                       h, eps, D=d, ROT=rot)
+        hp, warps = _tile(h, d)
+        kernel[(t,)](x, w, cos.contiguous(), sin.contiguous(), y, x.stride(0), x.stride(1), h,
+                     eps, D=d, ROT=rot, HP=hp, num_warps=warps)
     return y
 
 
@@ -182,8 +199,10 @@ def gdn_gates(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, a_log: torc
     beta = torch.empty(t, hv, device=dev, dtype=b.dtype)
     if t:
         kernel = _kernels()[1]
-        kernel[(t, hk + hv)](mixed, b, a, a_log, dt_bias, q, k, v, g, beta, mixed.stride(0),
-                             b.stride(0), a.stride(0), hk, hv, 1e-6, KD=kd, VD=vd)
+        (hkp, warps_k), (hvp, warps_v) = _tile(hk, kd), _tile(hv, vd)
+        kernel[(t,)](mixed, b, a, a_log, dt_bias, q, k, v, g, beta, mixed.stride(0),
+                     b.stride(0), a.stride(0), hk, hv, 1e-6, KD=kd, VD=vd, HKP=hkp, HVP=hvp,
+                     num_warps=max(warps_k, warps_v))
     return q, k, v, g, beta
 
 
@@ -204,8 +223,9 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
     y = torch.empty(t, h, d, device=x.device, dtype=x.dtype)
     if t:
         kernel = _kernels()[2]
-        kernel[(t, h)](x, z, w, y, x.stride(0), x.stride(1), z.stride(0), z.stride(1), h, eps,
-                       D=d)
+        hp, warps = _tile(h, d)
+        kernel[(t,)](x, z, w, y, x.stride(0), x.stride(1), z.stride(0), z.stride(1), h, eps,
+                     D=d, HP=hp, num_warps=warps)
     return y
 
 
@@ -232,6 +252,16 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
     if x.shape[0]:
         _norm_rows(x, h, w, s, y, eps, add=True)
     return s, y
+
+
+def _tile(num_heads: int, head_dim: int) -> tuple[int, int]:
+    """(heads padded to a power of two, warps) of one program's [heads, head_dim] tile: the
+    warps fixed by the tile's size (one per 512 values, 1 to 16, so a thread holds at most
+    16 fp32 values of a 512-8,192-value tile), never by the row count, so every row runs the
+    same instructions."""
+    import triton
+    hp = triton.next_power_of_2(num_heads)
+    return hp, min(max(1, hp * head_dim // 512), 16)
 
 
 def _check_norm(name: str, x: torch.Tensor, h: torch.Tensor | None, w: torch.Tensor) -> None:

@@ -40,9 +40,10 @@ def test_norm_rope_is_close_to_its_twin_and_row_invariant(dtype, tol):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_gdn_gates_are_close_to_their_twin_and_row_invariant(dtype, tol):
+@pytest.mark.parametrize("hk,hv", [(2, 4), (3, 6)])        # (3, 6): head tiles padded, masked
+def test_gdn_gates_are_close_to_their_twin_and_row_invariant(dtype, tol, hk, hv):
     g = torch.Generator().manual_seed(1)
-    t, hk, kd, hv, vd = 20, 2, 16, 4, 8
+    t, kd, vd = 20, 16, 8
     width = 2 * hk * kd + hv * vd
     wide = torch.randn(t, width + 2 * hv + 3, generator=g).to(dtype)   # one fused GEMM's out
     mixed, b, a = wide[:, :width], wide[:, width:width + hv], wide[:, width + hv:width + 2 * hv]
