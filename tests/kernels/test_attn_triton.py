@@ -18,6 +18,9 @@ triton = pytest.importorskip("triton")
 from adapters.attention import table as at  # noqa: E402
 from adapters.model.ref import attend_ref  # noqa: E402
 
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="CPU tensors, Triton's interpreter (on a GPU: the "
+                                       "device check)")
 DT = torch.float16
 SMALL = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4)
 

@@ -4,6 +4,7 @@ launching its first graph) against their slow twin:
 every sub-page of the sequence's pages in row order (attn_fa4.all_sub_pages), the splits'
 [0, S Ls) as S rows, the tail [S Ls, pos + T) as one; both 16-byte aligned; the page table
 left as it was. On the CPU, with FA4 declared available (no kernel runs)."""
+import os
 import random
 import types
 
@@ -87,6 +88,8 @@ def test_a_position_off_the_sub_pages_is_refused_before_anything_is_staged(tiny,
     assert (runner.meta == -1).all() and (runner.staged.host == 0).all()
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the tiny model on the CPU, Triton interpreted")
 def test_the_runner_stages_its_plan_once_a_chunk_and_keeps_its_bits(tiny, monkeypatch):
     """A FA4 runner through its eager body (FA4 replaced by the fp32 fake of test_attn_fa4):
     the plan staged once a chunk, at the first attention; the same bits with the pages

@@ -60,7 +60,9 @@ def test_the_kernel_gives_a_row_the_same_bits_in_every_gemm(dtype):
     fn = functools.partial(invariant.linear_kernel, tile=SMALL)
     big, x, w = _row_invariant(fn, dtype)
     assert big.dtype == dtype and big.shape == (max(ROW_COUNTS), N)
-    assert _close(big, x, w) < 2e-3                     # fp32 sums, one rounding to 16 bits
+    # fp32 sums, one rounding to 16 bits: a few units of rounding (fp16's unit 2^-11, bf16's
+    # 2^-8 = 3.9e-3, which bf16 reached on an H100, 2026-12-06)
+    assert _close(big, x, w) < (2e-3 if dtype == torch.float16 else 8e-3)
     assert torch.equal(fn(x, w), big)                   # one fixed order: the same bits again
 
 
