@@ -1,7 +1,8 @@
-"""model.rowwise's Triton kernels (in Triton's interpreter on the CPU) against their eager
-twins (model.ops): close in bf16 and fp32; each row's bits the same whatever rows share the
-call (all rows at once against each block alone, and against the rows shifted by one), and
-bad shapes refused."""
+"""model.rowwise's Triton kernels (in Triton's interpreter on the CPU, and natively on a GPU
+with TRITON_INTERPRET=0) against their eager twins (model.ops): close in bf16 and fp32; each
+row's bits the same whatever rows share the call (all rows at once against each block alone,
+and against the rows shifted by one; natively, at the 0.8B's heads, 512-row blocks of 1,500
+rows too), and bad shapes refused."""
 import os
 
 import pytest
@@ -9,13 +10,16 @@ import torch
 
 from adapters.model import ops, rowwise
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="Triton's interpreter on the CPU")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRETED else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(),
+                                reason="Triton's interpreter on the CPU, or a GPU")
+ON_CPU = pytest.mark.skipif(not INTERPRETED, reason="the tiny model on the CPU, interpreted")
 
 
 def _heads(t, h, d, dtype, g):
     """x [t, h, d] as a fused projection's strided column slice (rows 2 h d apart)."""
-    wide = torch.randn(t, h, 2 * d, generator=g).to(dtype)
+    wide = torch.randn(t, h, 2 * d, generator=g).to(DEV, dtype)
     return wide[..., :d]
 
 
@@ -24,10 +28,10 @@ def test_norm_rope_is_close_to_its_twin_and_row_invariant(dtype, tol):
     g = torch.Generator().manual_seed(0)
     t, h, d, rot = 24, 3, 32, 16
     x = _heads(t, h, d, dtype, g)
-    w = torch.randn(d, generator=g).to(dtype)
+    w = torch.randn(d, generator=g).to(DEV, dtype)
     pos = torch.arange(t, dtype=torch.float32)[:, None] * torch.arange(rot // 2) * 0.1
-    cos = torch.cat([pos.cos()] * 2, dim=-1).to(dtype)
-    sin = torch.cat([pos.sin()] * 2, dim=-1).to(dtype)
+    cos = torch.cat([pos.cos()] * 2, dim=-1).to(DEV, dtype)
+    sin = torch.cat([pos.sin()] * 2, dim=-1).to(DEV, dtype)
     y = rowwise.norm_rope(x, w, 1e-6, cos, sin)
     assert y.shape == (t, h, d) and y.dtype == dtype and y.is_contiguous()
     torch.testing.assert_close(y.float(), ops.norm_rope(x, w, 1e-6, cos, sin).float(),
@@ -45,9 +49,9 @@ def test_gdn_gates_are_close_to_their_twin_and_row_invariant(dtype, tol, hk, hv)
     g = torch.Generator().manual_seed(1)
     t, kd, vd = 20, 16, 8
     width = 2 * hk * kd + hv * vd
-    wide = torch.randn(t, width + 2 * hv + 3, generator=g).to(dtype)   # one fused GEMM's out
+    wide = torch.randn(t, width + 2 * hv + 3, generator=g).to(DEV, dtype)   # one fused GEMM's out
     mixed, b, a = wide[:, :width], wide[:, width:width + hv], wide[:, width + hv:width + 2 * hv]
-    a_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    a_log, dt_bias = torch.randn(hv, generator=g).to(DEV), torch.randn(hv, generator=g).to(DEV)
     a = a * 12                                               # softplus past 20 somewhere
     got = rowwise.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
     want = ops.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
@@ -67,9 +71,9 @@ def test_gdn_gates_are_close_to_their_twin_and_row_invariant(dtype, tol, hk, hv)
 def test_gated_rms_norm_is_close_to_its_twin_and_row_invariant(dtype, tol):
     g = torch.Generator().manual_seed(2)
     t, h, d = 18, 4, 16
-    x = torch.randn(t, h, d, generator=g).to(dtype)
-    z = torch.randn(t, h * d + 5, generator=g).to(dtype)[:, 5:].reshape(t, h, d)  # a slice
-    w = torch.randn(d, generator=g).to(dtype)
+    x = torch.randn(t, h, d, generator=g).to(DEV, dtype)
+    z = torch.randn(t, h * d + 5, generator=g).to(DEV, dtype)[:, 5:].reshape(t, h, d)  # a slice
+    w = torch.randn(d, generator=g).to(DEV, dtype)
     y = rowwise.gated_rms_norm(x, z, w, 1e-6)
     assert y.shape == (t, h, d) and y.dtype == dtype and y.is_contiguous()
     torch.testing.assert_close(y.float(), ops.gated_rms_norm(x, z, w, 1e-6).float(),
@@ -97,30 +101,43 @@ def test_row_invariant_ops_swap_only_the_three_ops_and_the_down_projection():
 
 def test_the_kernels_take_the_0_8b_heads_row_by_row():
     """The 0.8B's shapes (head_dim 256, rotary 64, 8 and 2 heads; GDN 16 key and value heads
-    of 128): a few rows, each the same alone as among the others, close to the twins."""
+    of 128; the gated norm over the gates' v): a few rows (natively 1,500, and 512-row blocks
+    of them), each the same alone as among the others, close to the twins."""
     from adapters.model.config import PRESETS
     cfg = PRESETS["qwen3.5-0.8b"]
     assert rowwise.fits(cfg)
     g = torch.Generator().manual_seed(3)
-    t, d, rot = 5, cfg.head_dim, cfg.rotary_dim
-    cos, sin = torch.randn(t, rot, generator=g), torch.randn(t, rot, generator=g)
-    w = torch.randn(d, generator=g)
+    t, d, rot = (5 if INTERPRETED else 1500), cfg.head_dim, cfg.rotary_dim
+    blocks = [(2, 3), (4, 5)] + ([] if INTERPRETED else [(100, 612), (988, 1500)])
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(DEV)
+    cos, sin, w = rand(t, rot), rand(t, rot), rand(d)
     for h in (cfg.num_attention_heads, cfg.num_key_value_heads):
         x = _heads(t, h, d, torch.float32, g)
         y = rowwise.norm_rope(x, w, 1e-6, cos, sin)
         torch.testing.assert_close(y, ops.norm_rope(x, w, 1e-6, cos, sin), atol=1e-5,
                                    rtol=1e-5)
-        assert torch.equal(rowwise.norm_rope(x[2:3], w, 1e-6, cos[2:3], sin[2:3]), y[2:3])
+        for lo, hi in blocks:
+            assert torch.equal(rowwise.norm_rope(x[lo:hi], w, 1e-6, cos[lo:hi], sin[lo:hi]),
+                               y[lo:hi])
     hk, kd = cfg.linear_num_key_heads, cfg.linear_key_head_dim
     hv, vd = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    mixed = torch.randn(t, 2 * hk * kd + hv * vd, generator=g)
-    b, a = torch.randn(t, hv, generator=g), torch.randn(t, hv, generator=g)
-    a_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g)
+    mixed = rand(t, 2 * hk * kd + hv * vd)
+    b, a, a_log, dt_bias = rand(t, hv), rand(t, hv), rand(hv), rand(hv)
     got = rowwise.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)
     for x, y in zip(got, ops.gdn_gates(mixed, b, a, a_log, dt_bias, hk, kd, hv, vd)):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
-    one = rowwise.gdn_gates(mixed[4:], b[4:], a[4:], a_log, dt_bias, hk, kd, hv, vd)
-    assert all(torch.equal(x, y[4:]) for x, y in zip(one, got))
+    z, w_v = rand(t, hv, vd), rand(vd)
+    y = rowwise.gated_rms_norm(got[2], z, w_v, 1e-6)
+    torch.testing.assert_close(y, ops.gated_rms_norm(got[2], z, w_v, 1e-6), atol=1e-5,
+                               rtol=1e-5)
+    for lo, hi in blocks:
+        one = rowwise.gdn_gates(mixed[lo:hi], b[lo:hi], a[lo:hi], a_log, dt_bias, hk, kd, hv,
+                                vd)
+        assert all(torch.equal(x, y_[lo:hi]) for x, y_ in zip(one, got))
+        assert torch.equal(rowwise.gated_rms_norm(got[2][lo:hi], z[lo:hi], w_v, 1e-6),
+                           y[lo:hi])
 
 
 def test_bad_inputs_are_refused_with_their_strides():
@@ -139,6 +156,7 @@ def test_bad_inputs_are_refused_with_their_strides():
                           1, 8, 2, 8)
 
 
+@ON_CPU
 def test_a_question_batch_through_the_row_invariant_ops_gives_each_fork_its_bits(tiny,
                                                                                 monkeypatch):
     """The question runner below the grid with ops.row_invariant_ops (as on CUDA: here over
@@ -181,9 +199,9 @@ def test_the_layers_norms_are_close_to_their_twins_and_row_invariant(dtype, tol)
     others."""
     g = torch.Generator().manual_seed(5)
     t, n = 20, 48
-    x = torch.randn(t, n + 8, generator=g).to(dtype)[:, 8:]       # rows strided
-    h = torch.randn(t, n, generator=g).to(dtype)
-    w = torch.randn(n, generator=g).to(dtype)
+    x = torch.randn(t, n + 8, generator=g).to(DEV, dtype)[:, 8:]       # rows strided
+    h = torch.randn(t, n, generator=g).to(DEV, dtype)
+    w = torch.randn(n, generator=g).to(DEV, dtype)
     y = rowwise.rms_norm(x, w, 1e-6)
     assert y.shape == (t, n) and y.dtype == dtype and y.is_contiguous()
     torch.testing.assert_close(y.float(), ops.rms_norm(x, w, 1e-6).float(), atol=tol, rtol=tol)
@@ -203,7 +221,7 @@ def test_the_layers_norms_are_close_to_their_twins_and_row_invariant(dtype, tol)
     with pytest.raises(ValueError, match=r"add_rms_norm takes.*h \(20, 48\) torch.float64"):
         rowwise.add_rms_norm(x, h.double(), w, 1e-6)
     with pytest.raises(ValueError, match=r"strides \(1, 20\)"):        # columns strided
-        rowwise.rms_norm(torch.randn(n, t).to(dtype).t(), w, 1e-6)
+        rowwise.rms_norm(torch.randn(n, t).to(DEV, dtype).t(), w, 1e-6)
 
 
 def test_rowwise_chunk_ops_swap_the_five_row_wise_reductions():
@@ -216,6 +234,7 @@ def test_rowwise_chunk_ops_swap_the_five_row_wise_reductions():
     assert chunk.sigmoid_gate is fused.sigmoid_gate
 
 
+@ON_CPU
 def test_a_chunk_batch_over_row_invariant_chunk_ops_keeps_every_part_in_one_call(tiny):
     """Runners(row_invariant=True): the chunk runner's row-wise reductions through
     model.rowwise (interpreted here, over the eager ops) and a batch of its grid chunks that
