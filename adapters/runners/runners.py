@@ -40,10 +40,10 @@ class Runners:
     (another path, `path`: other bits than the compiled ops'). Default (None): on CUDA with
     the compiled ops where model.rowwise takes the model's heads, else off (the compiled or
     eager ops; a chunk batch runs them one call a chunk). On an H100 a 512-id chunk alone
-    read 2.6 % faster at 16k and 3.8 % at 64k this way than with the compiled ops, and four
-    chunks in one forward 1.37x / 1.22x faster than one at a time against 1.20x / 1.13x,
+    read 6.8 % faster at 16k and 6.1 % at 64k this way than with the compiled ops, and four
+    chunks in one forward 1.39x / 1.24x faster than one at a time against 1.19x / 1.12x,
     every chunk exact (evals/bi_bench.py --chunk-ops compiled,rowwise,
-    docs/bi-bench-chunks-rowwise-h100-2026-12-06.log). Raises ValueError for True with a
+    docs/bi-bench-chunks-rowwise-h100-2026-12-06-b.log). Raises ValueError for True with a
     model whose heads model.rowwise does not take."""
 
     BUCKET = 256
