@@ -159,7 +159,7 @@ def decode_ops(op_set: Ops) -> Ops:
 
 def rowwise_chunk_ops(op_set: Ops) -> Ops:
     """op_set with every row-wise reduction through model.rowwise's Triton kernels (one
-    program a row, or a row and head: a row's bits never depend on the row count): the
+    program a row, over all its heads: a row's bits never depend on the row count): the
     layers' `rms_norm` and `add_rms_norm`, `norm_rope`, `gdn_gates` and `gated_rms_norm`;
     the projections (the down projection's too) stay op_set's. The grid chunk runner's ops on
     CUDA with row-invariant chunks (runners.Runners' row_invariant): a batch of grid chunks of

@@ -6,8 +6,8 @@ row and one fixed tile over all its heads ([heads, head_dim], warps fixed by the
 `_tile`), and `rms_norm` and `add_rms_norm` (the layers' norms, the residual add before), one
 program a row and one block over it, so a row's bits depend on nothing but that row: not on
 the row count, nor on the row's place in the tensor, nor on the other rows. (One program a
-(row, head) was the first layout: at 512-4,096 rows of the 0.8B it ran 16-32 programs of one
-value a thread per row.)
+(row, head) was the first layout: at 512-4,096 rows of the 0.8B it ran 2-32 programs a row,
+the GDN gates' and gated norm's of one value a thread.)
 
 Why: torch.compile picks a row-wise op's kernel (its rows per program, warps, reduction
 layout) by the row count, and over the rows of several questions at once its kernels gave
@@ -256,9 +256,9 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, eps: float):
 
 def _tile(num_heads: int, head_dim: int) -> tuple[int, int]:
     """(heads padded to a power of two, warps) of one program's [heads, head_dim] tile: the
-    warps fixed by the tile's size (one per 512 values, 1 to 16, so a thread holds at most
-    16 fp32 values of a 512-8,192-value tile), never by the row count, so every row runs the
-    same instructions."""
+    warps fixed by the tile's size (one per 512 values, 1 to 16: a thread holds at most 16
+    values of a tile of up to 8,192, more past that), never by the row count, so every row
+    runs the same instructions."""
     import triton
     hp = triton.next_power_of_2(num_heads)
     return hp, min(max(1, hp * head_dim // 512), 16)
@@ -291,8 +291,8 @@ def _norm_rows(x, h, w, s, y, eps: float, add: bool) -> None:
 
 def fits(cfg) -> bool:
     """Whether these kernels take the model's heads (a models.config.ModelConfig): head_dim
-    and the GDN key and value head dims powers of two (one block a head), the rotary dims
-    even and within head_dim."""
+    and the GDN key and value head dims powers of two (a head is one row of a tile), the
+    rotary dims even and within head_dim."""
     dims = (cfg.head_dim, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
     return all(d > 0 and not d & (d - 1) for d in dims) and cfg.rotary_dim % 2 == 0 and \
         cfg.rotary_dim <= cfg.head_dim

@@ -51,7 +51,8 @@ def test_split_plan_fills_the_gpu_once_and_depends_on_the_shape_only():
 
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU run of the split logic")
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the CPU run of the split logic, Triton interpreted")
 @pytest.mark.parametrize("t,pos", [(64, 0), (64, 896), (64, 7040), (64, 3008)])
 def test_split_attention_over_pages_equals_whole_attention(monkeypatch, t, pos):
     """The splits, the causal tail and the combine (Triton's interpreter) over shuffled pages
@@ -140,7 +141,8 @@ def test_a_tiling_or_an_attention_without_the_runners_is_refused(tiny):
             SplitConfig.parse(bad)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on the CPU")
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton's interpreter on the CPU")
 def test_combine_kernel_matches_its_twin():
     pytest.importorskip("triton")
     from adapters.attention.combine import combine_lse

@@ -2,8 +2,9 @@
 its pure-torch twin ref.attend_ref, and its KV write, on real-shaped heads.
 
 Skipped where triton is not installed. The interpreter's tl.dot multiplies bfloat16 operands as
-their raw 16-bit patterns (numpy has no bfloat16), so these tests run in float16; the device
-check (`shadow-reader bench --parts attn`) covers bfloat16 on the GPU."""
+their raw 16-bit patterns (numpy has no bfloat16), so these tests run in float16, and only
+there (they build CPU tensors); on a GPU the kernel runs in bfloat16 under `shadow-reader
+bench --attention table`, whose exact part checks the committed state."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,7 @@ from adapters.attention import table as at  # noqa: E402
 from adapters.model.ref import attend_ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="CPU tensors, Triton's interpreter (on a GPU: the "
-                                       "device check)")
+                                reason="CPU tensors for Triton's interpreter")
 DT = torch.float16
 SMALL = at.SplitConfig(block_m=16, block_n=16, s_max=4, min_split=32, num_warps=4)
 

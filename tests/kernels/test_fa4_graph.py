@@ -24,6 +24,8 @@ HOPPER_FA4 = torch.cuda.is_available() and attn_fa4.available(torch.device("cuda
 # run with TRITON_INTERPRET=0 runs it on the GPU instead)
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = torch.device("cpu" if INTERPRET or not torch.cuda.is_available() else "cuda")
+pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                reason="Triton's interpreter on the CPU, or a GPU")
 
 
 def _meta(pos: int, pages, table_at: int = 9) -> torch.Tensor:

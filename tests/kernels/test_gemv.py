@@ -16,7 +16,7 @@ from adapters.model import gemv  # noqa: E402
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="CPU tensors, Triton's interpreter (on a GPU: the decode tests)")
+                    reason="CPU tensors for Triton's interpreter")
 @pytest.mark.parametrize("n,k", [(64, 32), (37, 100), (2100, 96), (8, 1030)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gemv_matches_its_twin(n, k, dtype):

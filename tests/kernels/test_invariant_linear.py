@@ -24,6 +24,8 @@ N, K = 24, 40                 # neither a multiple of the tile: masked edges in 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
 DTYPES = [torch.float16] if DEVICE == "cpu" else [torch.float16, torch.bfloat16]
+pytestmark = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(),
+                                reason="Triton's interpreter on the CPU, or a GPU")
 
 
 def _data(m, dtype, seed=0, n=N, k=K):
