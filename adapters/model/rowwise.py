@@ -37,6 +37,12 @@ import functools
 
 import torch
 
+# The reader's path names these kernels by this tag (runners.Runners.path, written into spilled
+# files): a change of a kernel's reduction layout may change a row's bits, so it takes a new
+# tag and sessions spilled under the old one are read again from 0. 2: a program a row over
+# all its heads (b4be7dc; before, '+rowwise': a program per row and head).
+PATH_TAG = "+rowwise2"
+
 
 @functools.cache
 def _kernels():

@@ -104,9 +104,9 @@ class Runners:
         (flash-attn-4's and its compiler's, attention.fa4.package_version; read in 64-row sub-pages
         with a 64-row key tile), 'graphs:table BMxBNxWxS' or 'eager:sdpa', then '+fused'
         (the compiled small ops), '+conv' (the GDN conv compiled with them,
-        ops.fused_ops(compile_conv=True)), '+rowwise' (the row-wise reductions row-invariant,
-        ops.rowwise_chunk_ops) and '+proj' (fused projections) (written into spilled files:
-        another path, other bits)."""
+        ops.fused_ops(compile_conv=True)), '+rowwise2' (the row-wise reductions row-invariant,
+        ops.rowwise_chunk_ops; model.rowwise.PATH_TAG) and '+proj' (fused projections) (written
+        into spilled files: another path, other bits)."""
         c = self.chunk
         kind = f"{'graphs' if c.use_graphs else 'eager'}:{c.attention}"
         if c.table:
@@ -117,7 +117,7 @@ class Runners:
             kind += f" {package_version()} paged{SUB_PAGE}"
         eager = c.ops.swiglu is ops.EAGER.swiglu               # (rowwise keeps it)
         fused = "" if eager else "+fused" + ("+conv" if c.ops.conv_gates else "")
-        return kind + fused + ("+rowwise" if self.row_invariant else "") + \
+        return kind + fused + (rowwise.PATH_TAG if self.row_invariant else "") + \
             ("+proj" if c.proj else "")
 
     def run(self, ids, pos: int, kv: list, gdn: list):

@@ -251,7 +251,7 @@ def test_a_chunk_batch_over_row_invariant_chunk_ops_keeps_every_part_in_one_call
     from block_store import PagedKv
     grid = 64
     runners = Runners(tiny, grid, row_invariant=True)
-    assert runners.chunk.ops.rms_norm is rowwise.rms_norm and "+rowwise" in runners.path
+    assert runners.chunk.ops.rms_norm is rowwise.rms_norm and "+rowwise2" in runners.path
     assert "+rowwise" not in Runners(tiny, grid).path
     batch = runners.chunk_batch(2)
     assert batch.calls == CHUNK_WAYS[0] and set(batch.calls.parts) == {
