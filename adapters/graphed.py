@@ -8,7 +8,7 @@ reference on CUDA. Grid chunks of several sessions (`read_chunks`, the scheduler
 with batch_sessions > 1) run in one forward per group at positions of one FA4 split count
 (runners.batch over the chunk runner, Runners.chunk_batch), checked against each chunk read
 alone as below (on CUDA in the warm-up, `check_chunk_batches`): on an H100 four chunks at 16k
-took 10.67 ms in one forward against 14.60 ms one at a time with the row-invariant chunk ops
+took 9.81 ms in one forward against 13.63 ms one at a time with the row-invariant chunk ops
 (BENCHMARKS.md, "Inside the CUDA graphs, now"), under the 1.52x ceiling of four chunks' rows
 as one sequence (evals/bi_bench.py `chunks --ceiling`), and the timelines almost never have
 two sessions' chunks waiting. Several questions' last forwards at one position
