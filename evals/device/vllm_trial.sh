@@ -7,6 +7,10 @@
 #       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
 #       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again;
 #       with FA4 staged up to 7 minutes, its compiles too: `launch S P` in a call of its own)
+#   BATCH_SESSIONS=4 bash evals/device/vllm_trial.sh follow   the same with S's idle window
+#       reading one chunk of each of up to 4 sessions a forward (SHADOW_BATCH_SESSIONS; S's
+#       warm-up then also captures the batches' graphs, up to about 135 s more): the phase
+#       prints the host's longest wait on the shadow at a step's start (issue 36)
 #   bash evals/device/vllm_trial.sh cost     S and A (the host alone) up when they are not (A
 #       compiles: about 200 s; on an 80 GB GPU P, the peer, is stopped first), then the host's
 #       cost

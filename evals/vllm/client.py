@@ -46,7 +46,8 @@ def server_spec(name: str, args) -> ServerSpec:
     """S, A or P (module doc) with the trial's flags."""
     shadow_env = {"SHADOW_MODEL": args.shadow_model, "SHADOW_DISK": str(trial_dir() / "disk"),
                   "SHADOW_DIR": str(trial_dir() / "state"), "SHADOW_GB": str(args.shadow_gb),
-                  "SHADOW_IDLE_TRUST": str(args.idle_trust), "SHADOW_SHARE": str(args.share)}
+                  "SHADOW_IDLE_TRUST": str(args.idle_trust), "SHADOW_SHARE": str(args.share),
+                  "SHADOW_BATCH_SESSIONS": str(getattr(args, "batch_sessions", 1))}
     host_util = args.host_util if args.host_util > 0 else None      # 0: vLLM's default
     peer_util = args.peer_util if args.peer_util > 0 else None
     more = tuple(shlex.split(args.vllm_args))

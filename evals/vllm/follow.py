@@ -83,6 +83,11 @@ def follow(args) -> None:
     checks = [check(server, n, held[n]) for n in names]
     for c in checks:
         print(f"check {c}", flush=True)
+    share = status.get("engine_share") or {}
+    print(f"the host's longest wait: {share.get('gate_wait_max_ms', 0.0):.2f} ms at a step's "
+          f"start, {share.get('slot_max_ms', 0.0):.2f} ms in one slice; batched forwards "
+          f"{status['totals'].get('num_batched_forwards', 0)} of "
+          f"{status['totals'].get('num_batched_chunks', 0)} chunks", flush=True)
     # the questions through vLLM's server: ask, and the same in the OpenAI shape
     from shadow_plugin.chat.router import ROUTER
     q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
@@ -104,6 +109,12 @@ def follow(args) -> None:
               "chunks_by_window": windows,
               "both_windows": windows.get("ration", 0) > 0 and windows.get("idle", 0) > 0,
               "read_tokens": totals["num_read_tokens"], "totals": totals,
+              # the host's longest stall on the shadow (a step's start at the turnstile: the
+              # idle window's forward in flight, one batch with SHADOW_BATCH_SESSIONS > 1)
+              # and the slot's longest slice, beside the batched forwards read
+              "engine_share": status.get("engine_share"),
+              "batched": {k: totals.get(k, 0) for k in ("num_batched_forwards",
+                                                        "num_batched_chunks")},
               "committed": sum(before.values()),
               "host_status": status.get("host"), "host_log": log}
     write_result("follow", result)           # kept should the restart not finish

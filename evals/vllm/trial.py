@@ -5,7 +5,8 @@ started it; their state in $TRIAL_DIR/servers.json):
 - S: the host (a random-weight Qwen3.5 written by `shadow-reader export-model`) with the
   shadow's connector; the shadow (SHADOW_MODEL, random:qwen3.5-0.8b) in its worker, with the
   seed's rule for the in-turn ration by default (SHADOW_IDLE_TRUST=0: it reads during every
-  turn, the cost to measure) and a cap that keeps the trial's sessions resident (SHADOW_GB=12).
+  turn, the cost to measure) and a cap that keeps the trial's sessions resident (SHADOW_GB=12);
+  `--batch-sessions N` (SHADOW_BATCH_SESSIONS) has its idle window read N sessions a forward.
 - A: the same host without the connector (the cost's baseline).
 - P: the peer: vLLM serving the shadow's own model (the same random weights, exported) with
   prefix caching, as a user without this project would ask about a session.
@@ -14,8 +15,11 @@ Phases (each prints its rows and writes $TRIAL_DIR/PHASE.json):
 - follow: agents replayed concurrently on S (evals/vllm/agents.py: token-id prompts built as the
   host serves them, the host's own outputs, re-rendered histories), then every session checked
   through the check route against exactly the ids vLLM served and produced, ask and the
-  OpenAI-shaped answer, the chunks read in both windows, the host's model runner and CUDA
-  graphs (status and log); then SIGTERM, a restart, and a turn that reads nothing again.
+  OpenAI-shaped answer, the chunks read in both windows (and in batched forwards), the
+  host's longest stall on the shadow (status's engine_share: gate_wait_max_ms, one step's
+  start at the turnstile; slot_max_ms, one slice of the per-step slot), the host's model
+  runner and CUDA graphs (status and log); then SIGTERM, a restart, and a turn that reads
+  nothing again.
 - cost: the host's decode tokens/s and TTFT on A and S, arms alternating: a (A, no
   connector), b (S, the request not followed: the shadow idle), c (S, followed: the shadow
   reads the new 16k-id prompt during the host's turn and after it); a new session each run, a
@@ -130,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--share", type=float, default=float(os.environ.get("SHARE", "0.02")),
                    help="S's SHADOW_SHARE, the in-turn ration's share of the time since a "
                    "turn's first token (default $SHARE, else the seed's 0.02)")
+    p.add_argument("--batch-sessions", type=int,
+                   default=int(os.environ.get("BATCH_SESSIONS", "1")),
+                   help="S's SHADOW_BATCH_SESSIONS: the idle window reads one chunk of each of "
+                   "up to this many sessions in one forward (default $BATCH_SESSIONS, else 1)")
     p.add_argument("--shadow-gb", type=float, default=12.0, help="S's SHADOW_GB: the trial's "
                    "sessions (about 270k ids) stay resident, so no spill falls in a timed turn")
     p.add_argument("--start-timeout-s", type=float, default=480)

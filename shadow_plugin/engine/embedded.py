@@ -90,6 +90,7 @@ class EmbeddedShadow:
         self._prefetching = False              # the events thread reads pages ahead (_prefetch)
         self.start_wait_ms = 0.0               # steps' starts waiting for prompts (summed)
         self.gate_wait_ms = 0.0                # ... for the shadow's holds (summed)
+        self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -177,7 +178,9 @@ class EmbeddedShadow:
             self._hand_off_prompts()
             t0 = time.perf_counter()
             self.turnstile.step_begins()      # waits for the work in flight
-            self.gate_wait_ms += (time.perf_counter() - t0) * 1e3
+            waited_ms = (time.perf_counter() - t0) * 1e3
+            self.gate_wait_ms += waited_ms
+            self.gate_wait_max_ms = max(self.gate_wait_max_ms, waited_ms)
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
@@ -293,6 +296,7 @@ class EmbeddedShadow:
         return {"pid": os.getpid(), "embedded": True, "host": self.host,
                 "stepping": bool(self.turnstile and self.turnstile.stepping),
                 "engine_share": {"slot_ms": self.budget.slot_ms,
+                                 "slot_max_ms": self.budget.slot_max_ms,
                                  "steps_ms": self.budget.steps_ms,
                                  "credit_ms": self.budget.credit_ms, **self._slot_parts()},
                 "followed_requests": dict(follower.sessions) if follower else {}}
@@ -307,8 +311,12 @@ class EmbeddedShadow:
         Beside them, outside the slot, what the steps' starts waited for: start_wait_ms, a
         turn's prompt to be applied (_hand_off_prompts); gate_wait_ms, the turnstile (the
         holds that asked before the step: event batches, questions' steps; the idle loop's
-        chunk in flight)."""
-        waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms}
+        chunk in flight), and gate_wait_max_ms the longest one step's start waited there:
+        the host's longest stall on the shadow between its steps (with SHADOW_BATCH_SESSIONS
+        > 1 at most one batched forward, docs/service.md). status's engine_share also has
+        slot_max_ms, the slot's longest one slice (StepBudget)."""
+        waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
+                 "gate_wait_max_ms": self.gate_wait_max_ms}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

@@ -137,6 +137,7 @@ class StepBudget:
         self.share, self.clock, self.burst_ms = share, clock, burst_ms
         self.steps_ms = 0.0               # the engine's steps, from their start to their end
         self.slot_ms = 0.0                # the slot's work
+        self.slot_max_ms = 0.0            # the longest one slice of it (a step's own wait)
         self.credit_ms = 0.0              # share x steps less the slot's work, <= burst_ms
         self._began: float | None = None
         self._turn = 0
@@ -162,4 +163,5 @@ class StepBudget:
     def charge(self, ms: float) -> None:
         """The slot worked ms (taken from the credit, which may go below 0 by one slice)."""
         self.slot_ms += ms
+        self.slot_max_ms = max(self.slot_max_ms, ms)
         self.credit_ms -= ms

@@ -174,6 +174,9 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert share["slice_overhead_ms"] >= 0.0              # the slices' syncs, as charged
     assert share["start_wait_ms"] >= 0.0                  # steps waiting for a prompt's apply
     assert share["gate_wait_ms"] > 0.0                    # ... and at the turnstile (timed)
+    # the longest single waits: one step's start, one slice; each within its sum
+    assert 0.0 < share["gate_wait_max_ms"] <= share["gate_wait_ms"]
+    assert 0.0 < share["slot_max_ms"] <= share["slot_ms"]
 
 
 def _spin_step(emb, events=(), running=(), has_requests=True, host_s=0.003):

@@ -121,7 +121,9 @@ def test_the_engine_wide_share_keeps_at_most_one_slice_of_unspent_credit():
             taken += 40.0
     assert taken <= 0.02 * 10_000 + 150.0 + 40.0             # the share, the burst, one slice
     assert taken >= 0.02 * 10_000                             # and no less than the share
+    assert budget.slot_max_ms == 40.0                         # the longest one slice
     budget.charge(500.0)                                      # a slice far over the credit
+    assert budget.slot_max_ms == 500.0 and budget.slot_ms == pytest.approx(taken + 500.0)
     owed_ms = -budget.credit_ms
     assert owed_ms >= 500.0 - 150.0 and budget.next_session(["a"]) is None
     step(owed_ms / 0.02 / 1e3 - 0.5)                          # not yet repaid: still none

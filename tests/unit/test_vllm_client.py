@@ -58,12 +58,20 @@ def test_a_server_keeps_one_client_a_thread_and_its_stop_closes_them(tmp_path, m
 
 def test_the_trials_host_with_the_shadow_gets_its_settings_and_the_others_none(monkeypatch):
     """`trial up S` passes the shadow's settings (the share among them: --share, else $SHARE,
-    else the seed's 0.02) to S's environment; A and P get none."""
+    else the seed's 0.02; the batch: --batch-sessions, else $BATCH_SESSIONS, else 1) to S's
+    environment; A and P get none."""
     from evals.vllm.trial import build_parser
     monkeypatch.delenv("SHARE", raising=False)
+    monkeypatch.delenv("BATCH_SESSIONS", raising=False)
     args = build_parser().parse_args(["up", "S", "--share", "0.01", "--idle-trust", "0.5"])
     env = client.server_spec("S", args).env
     assert (env["SHADOW_SHARE"], env["SHADOW_IDLE_TRUST"]) == ("0.01", "0.5")
+    assert env["SHADOW_BATCH_SESSIONS"] == "1"
+    monkeypatch.setenv("BATCH_SESSIONS", "4")
+    assert client.server_spec("S", build_parser().parse_args(["up", "S"])).env[
+        "SHADOW_BATCH_SESSIONS"] == "4"
+    args = build_parser().parse_args(["up", "S", "--batch-sessions", "2"])
+    assert client.server_spec("S", args).env["SHADOW_BATCH_SESSIONS"] == "2"
     assert env["SHADOW_MODEL"] == "random:qwen3.5-0.8b" and env["SHADOW_GB"] == "12.0"
     monkeypatch.setenv("SHARE", "0.005")
     args = build_parser().parse_args(["up", "A"])
