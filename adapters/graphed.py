@@ -65,22 +65,25 @@ class GraphAdapter(Adapter):
     def prepare(self, pool=None, kept_rows: Sequence[int] = (),
                 chunk_batches: Sequence[int] = ()) -> None:
         """Runners.prepare; with graphs, also the question batches of every shape
-        (Runners.question_batch_shapes): warmed up, checked against their forks run alone
+        (Runners.question_batch_shapes, and the mixed ones, Runners.mixed_batch_shapes): warmed
+        up, checked against their forks run alone
         (`check_batches`), then, for the shapes that kept the bits, their graphs captured over
         `pool`; and the chunk batches of chunk_batches' sizes (Runners.chunk_batch) the same
         way (`check_chunk_batches`). On CUDA only a shape warmed up and checked here is
         batched, so no question or read waits for a compile, a capture or a check."""
-        shapes = self.runners.question_batch_shapes() if self.runners.chunk.use_graphs and \
-            self.runners.batches_questions else []
-        self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
-        self.check_batches(shapes)
+        warm = self.runners.chunk.use_graphs and self.runners.batches_questions
+        shapes = self.runners.question_batch_shapes() if warm else []
+        mixed = self.runners.mixed_batch_shapes() if warm else []
+        self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes,
+                             mixed_batches=mixed)
+        self.check_batches(shapes, mixed)
         pinned = autotune.pinned_dir()
         if shapes and pinned is not None:    # the batches' fla picks (some keyed by B) kept too,
             autotune.export(pinned)          # so another process runs the kernels checked here
-        for rows, forks in shapes:           # graphs over the reader's pool: passed shapes only
-            batch = self.runners.question_batch(rows, forks)
-            if pool is not None and batch is not None and \
-                    self.batch_bits.get((batch.num_seqs, batch.t)):
+        batches = [self.runners.question_batch(rows, forks) for rows, forks in shapes] + \
+            [self.runners.mixed_batch(rows) for rows in mixed]
+        for batch in batches:                # graphs over the reader's pool: passed shapes only
+            if pool is not None and batch is not None and self.batch_bits.get(batch.key):
                 batch.capture_over(pool)
         sizes = sorted({self.runners.batch_size(n) for n in chunk_batches} - {None})
         if not (sizes and self.runners.chunk.use_graphs and self.runners.batches_questions):
@@ -92,28 +95,31 @@ class GraphAdapter(Adapter):
             if pool is not None and self.chunk_bits.get(size):
                 self.runners.chunk_batch(size).capture_over(pool)
 
-    def check_batches(self, shapes) -> dict:
-        """For each (rows, forks) shape, one batch of random forks over a scratch pool of
-        their own (a shared prefix at 2,048 ids, where FA4 splits the keys, a page each,
-        random states and ids) against each fork through its own runner, bit for bit
-        (`_checked`; shapes checked before are skipped). shapes: (rows, forks) pairs, as
-        Runners.question_batch takes them. Returns batch_bits ({(B, T): kept the bits})."""
+    def check_batches(self, shapes, mixed=()) -> dict:
+        """For each (rows, forks) shape and each mixed batch's rows, one batch of random forks
+        over a scratch pool of their own (a shared prefix at 2,048 ids, where FA4 splits the
+        keys, a page each, random states and ids) against each fork through its own runner,
+        bit for bit (`_checked`; shapes checked before are skipped). shapes: (rows, forks)
+        pairs, as Runners.question_batch takes them; mixed: each fork's rows, as
+        Runners.mixed_batch takes them. Returns batch_bits ({BatchRunner.key: kept the bits}:
+        (B, T), or (B, each fork's rows) for a mixed batch)."""
         from adapters.model.config import spec_for
         from block_store import KvPool, PagedKv
         m = self.model
         spec, g = spec_for(m.cfg, m.device, m.dtype), torch.Generator().manual_seed(0)
         dev_g = torch.Generator(device=m.device).manual_seed(0)
         pos = -(-2048 // self.grid) * self.grid
-        for rows, forks in shapes:
-            batch = self.runners.question_batch(rows, forks)
-            if batch is None or (batch.num_seqs, batch.t) in self.batch_bits:
+        batches = [self.runners.question_batch(rows, forks) for rows, forks in shapes] + \
+            [self.runners.mixed_batch(rows) for rows in mixed]
+        for batch in batches:
+            if batch is None or batch.key in self.batch_bits:
                 continue
             pool = KvPool(spec, self.grid, pos // self.grid + batch.num_seqs)
             pool.block.normal_(generator=dev_g)
             pages = [pool.manager.allocate().index for _ in range(pool.num_pages)]
             items = []
-            for b in range(batch.num_seqs):
-                ids = torch.randint(0, self.vocab_size, (batch.t,), generator=g).tolist()
+            for b, t in enumerate(batch.ts):
+                ids = torch.randint(0, self.vocab_size, (t,), generator=g).tolist()
                 gdn = [(torch.randn(spec.conv_dim, spec.conv_width, device=m.device,
                                     generator=dev_g).to(m.dtype),
                         torch.randn(*spec.recurrent_shape, device=m.device, generator=dev_g)
@@ -269,19 +275,22 @@ class GraphAdapter(Adapter):
     def graph_stats(self) -> dict:
         """Runners.captures: the runners, their graphs and what capturing them took; with
         `question_batch_bits` ({"BxT": whether a batch of B forks of T rows keeps each fork's
-        bits, as checked}), `question_batch_one_call` ({"BxT": {"attention", "recurrences",
-        "conv", "rows", "norms", "down"}: whether each runs one call for all forks,
-        BatchRunner.calls, batch.OneCall; None for a shape that
-        runs one question at a time}), num_question_batches (questions' batches run in one
-        forward; the checks not counted), `chunk_batch_bits` ({"B": whether a batch of B
-        grid chunks keeps each chunk's bits, as checked}) and `chunk_batch_one_call` ({"B":
-        the parts it runs in one call, or None})."""
+        bits, as checked; a mixed batch named by its forks' rows, "256+64", after them}),
+        `question_batch_one_call` ({"BxT": {"attention", "recurrences", "conv", "rows", "norms",
+        "down"}: whether each runs one call for all forks, BatchRunner.calls, batch.OneCall;
+        None for a shape that runs one question at a time}), num_question_batches (questions'
+        batches run in one forward; the checks not counted), `chunk_batch_bits` ({"B": whether a
+        batch of B grid chunks keeps each chunk's bits, as checked}) and `chunk_batch_one_call`
+        ({"B": the parts it runs in one call, or None})."""
         out = self.runners.captures()
-        out["question_batch_bits"] = {f"{b}x{t}": ok for (b, t), ok in
-                                      sorted(self.batch_bits.items())}
+        shapes = sorted((kv for kv in self.batch_bits.items() if isinstance(kv[0][1], int)),
+                        key=lambda kv: kv[0]) + \
+            sorted((kv for kv in self.batch_bits.items() if not isinstance(kv[0][1], int)),
+                   key=lambda kv: kv[0][1])
+        out["question_batch_bits"] = {self._shape_name(key): ok for key, ok in shapes}
         out["question_batch_one_call"] = {          # which parts run one call for all forks
-            f"{b}x{t}": dataclasses.asdict(self.runners.question_batch(t, b).calls) if ok
-            else None for (b, t), ok in sorted(self.batch_bits.items())}
+            self._shape_name(key): dataclasses.asdict(self._batch_of(key).calls) if ok
+            else None for key, ok in shapes}
         out["num_question_batches"] = self.num_question_batches
         out["chunk_batch_bits"] = {str(b): ok for b, ok in sorted(self.chunk_bits.items())}
         out["chunk_batch_one_call"] = {             # the way each size runs, as checked
@@ -289,69 +298,114 @@ class GraphAdapter(Adapter):
             for b, ok in sorted(self.chunk_bits.items())}
         return out
 
-    def batches(self, lengths: Sequence[int] | None = None) -> bool:
+    @staticmethod
+    def _shape_name(key: tuple) -> str:
+        """A batch_bits key as graph_stats names it: "BxT", or a mixed batch's rows joined
+        by "+" ("256+64+64")."""
+        b, t = key
+        return f"{b}x{t}" if isinstance(t, int) else "+".join(map(str, t))
+
+    def _batch_of(self, key: tuple):
+        """The question batch (Runners.question_batch or mixed_batch) of a batch_bits key."""
+        b, t = key
+        return self.runners.question_batch(t, b) if isinstance(t, int) else \
+            self.runners.mixed_batch(t)
+
+    def batches(self, lengths: Sequence[int] | None = None,
+                positions: Sequence[int] | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
         are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
-        batches keep each fork's bits (`_batchable`). Questions of two buckets go a bucket's
-        batch a step (fork.last_group), those of a shape whose batches gave other bits one a
-        step, so a step stays one forward (but for a shape's first batch off CUDA, checked
-        against its forks alone, and forks at other positions, which fork_logits_batch runs a
+        batches keep each fork's bits (`_batchable`), or to buckets that a mixed batch of
+        theirs takes (Runners.mixed_batch: on CUDA the warmed ones, mixed_batch_shapes) and
+        that keeps their bits; with positions, all at one. Other questions of two buckets go
+        a bucket's batch a step (fork.last_group), those of a shape whose batches gave other
+        bits one a step, those at several positions a position's a step, so a step stays one
+        forward (but for a shape's first batch off CUDA, checked against its forks alone, and
+        forks at other positions given without positions, which fork_logits_batch runs a
         group a forward). Grid chunks never do here: `chunk_group` says which of them one
         read_chunks forward takes."""
         runners = self.runners
         if lengths is None:
             return runners.batches_questions
         if not runners.batches_questions or len(lengths) < 2 or \
-                any(not 0 < n < self.grid for n in lengths):
+                any(not 0 < n < self.grid for n in lengths) or len(set(positions or [0])) > 1:
             return False
         buckets = {runners.rows_of(n) for n in lengths}
+        if len(buckets) > 1:                 # several buckets: a mixed batch (Runners)
+            batch = runners.mixed_batch(lengths)
+            return batch is not None and self._batchable(batch.key)
         t, size = buckets.pop(), runners.batch_size(len(lengths))
-        return not buckets and size is not None and t <= runners.BUCKET and \
-            self._batchable(size, t)
+        return size is not None and t <= runners.BUCKET and self._batchable((size, t))
 
-    def _batchable(self, size: int, t: int) -> bool:
-        """Whether a batch of `size` forks of t rows runs in one forward: with graphs, once
-        `prepare` warmed it up and its check kept the bits; without, unless its first batch
-        (checked then) gave other bits."""
-        ok = self.batch_bits.get((size, t))
+    def _batchable(self, key: tuple) -> bool:
+        """Whether a batch of the shape `key` (BatchRunner.key: (B, t) or (B, each fork's
+        rows)) runs in one forward: with graphs, once `prepare` warmed it up and its check
+        kept the bits; without, unless its first batch (checked then) gave other bits."""
+        ok = self.batch_bits.get(key)
         return ok is True if self.runners.chunk.use_graphs else ok is not False
 
     def fork_logits_batch(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
         """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over
-        one pool whose ids pad to one bucket (Runners.rows_of) in one forward a group of up to
-        the largest Runners.BATCH_SIZES (Runners.question_batch; a group short of its batch's
-        size padded with copies of its last fork, which write the same rows), each with the
+        one pool in one forward where a mixed batch of their buckets keeps their bits
+        (Runners.mixed_batch), else those whose ids pad to one bucket (Runners.rows_of) in one
+        forward a group of up to the largest Runners.BATCH_SIZES (Runners.question_batch; a
+        group short of its batch's size padded with copies of its last fork, which write the
+        same rows), each with the
         bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
         `_batchable`, or forks sharing too few rows for its FA4 call, BatchRunner.shares,
         runs one at a time, as do the others). shared_rows: as Adapter.fork_logits_batch.
         Returns [len(token_ids)] fp32 each."""
         items = [(list(ids), *rest) for ids, *rest in items]
-        groups: dict = {}
+        places: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):
-            groups.setdefault((pos, id(kv.pool), self.runners.rows_of(len(ids))), []).append(i)
+            places.setdefault((pos, id(kv.pool)), []).append(i)
         out: list = [None] * len(items)
-        most = self.runners.BATCH_SIZES[-1]
-        for (pos, _, rows), every in groups.items():
-            for idx in (every[k:k + most] for k in range(0, len(every), most)):
-                batch = self.runners.question_batch(rows, len(idx))
-                if batch is None or not self._batchable(batch.num_seqs, batch.t) or \
-                        not batch.shares(pos, shared_rows):
-                    for i in idx:
-                        out[i] = self.fork_logits(*items[i])
-                    continue
-                group = [items[i] for i in idx]
-                hidden = self._checked(batch, group + group[-1:] * (batch.num_seqs - len(idx)),
-                                       shared_rows)
-                self.num_question_batches += self.batch_bits[(batch.num_seqs, batch.t)]
-                for i, h in zip(idx, hidden):
-                    ids, token_ids = items[i][0], items[i][4]
-                    out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
-                                               self._ids(token_ids))[0].float()
+        for (pos, _), every in places.items():
+            lengths = [len(items[i][0]) for i in every]
+            mixed = self.runners.mixed_batch(lengths)
+            if mixed is not None and self._batchable(mixed.key) and \
+                    mixed.shares(pos, shared_rows):       # every bucket's forks in one
+                idx = [every[k] for k in self.runners.mixed_order(lengths)]
+                self._logits_of(mixed, items, idx, shared_rows, out)
+                continue
+            groups: dict = {}
+            for i in every:
+                groups.setdefault(self.runners.rows_of(len(items[i][0])), []).append(i)
+            for rows, same in groups.items():
+                self._bucket_logits(rows, same, items, pos, shared_rows, out)
         return out
 
+    def _bucket_logits(self, rows: int, every: list[int], items, pos: int, shared_rows: int,
+                       out: list) -> None:
+        """fork_logits_batch's forks `every` (indices into items) of one bucket of `rows`
+        rows at pos: into out, a batch of up to the largest BATCH_SIZES a forward where one
+        keeps their bits, else one at a time."""
+        most = self.runners.BATCH_SIZES[-1]
+        for idx in (every[k:k + most] for k in range(0, len(every), most)):
+            batch = self.runners.question_batch(rows, len(idx))
+            if batch is None or not self._batchable(batch.key) or \
+                    not batch.shares(pos, shared_rows):
+                for i in idx:
+                    out[i] = self.fork_logits(*items[i])
+                continue
+            self._logits_of(batch, items, idx + idx[-1:] * (batch.num_seqs - len(idx)),
+                            shared_rows, out)
+
+    def _logits_of(self, batch, items, idx: list[int], shared_rows: int, out: list) -> None:
+        """The forks items[i] for i in idx (in the batch's order; a fork repeated fills a
+        batch) in one forward of `batch` (`_checked`): each one's letters' logits into
+        out[i]."""
+        hidden = self._checked(batch, [items[i] for i in idx], shared_rows)
+        self.num_question_batches += self.batch_bits[batch.key]
+        for i, h in zip(idx, hidden):
+            ids, token_ids = items[i][0], items[i][4]
+            out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
+                                       self._ids(token_ids))[0].float()
+
     def _checked(self, batch, items, shared_rows: int) -> list[torch.Tensor]:
-        """The forks' hidden rows [t, hidden] from one forward of `batch` (the forks sharing
-        rows [0, shared_rows), BatchRunner.run); at the first batch
+        """The forks' hidden rows [t, hidden] (each fork its batch.ts' rows) from one forward
+        of `batch` (the forks sharing rows [0, shared_rows), BatchRunner.run); at the first
+        batch
         of its shape, also from each fork's own runner (run after, so the KV rows they leave
         are its), compared bit for bit over all t rows (the real ones and the padding, the
         same ids in both). Where they differ, the batch is run and compared again with
@@ -360,16 +414,16 @@ class GraphAdapter(Adapter):
         differing, with a RuntimeWarning, and its forks get their own runner's rows), then
         the ways after the first (BatchRunner.fall_back, OneCall.fallback's order) until
         one keeps the bits."""
-        t, key = batch.t, (batch.num_seqs, batch.t)
+        key = batch.key
         padded = [(ids + [ids[-1]] * (t - len(ids)), pos, kv, gdn)
-                  for ids, pos, kv, gdn, _ in items]
+                  for (ids, pos, kv, gdn, _), t in zip(items, batch.ts)]
         hidden = batch.run(padded, shared_rows)
         if key in self.batch_bits:
             return hidden
-        runner = self.runners.for_rows(t)
 
         def alone() -> list[torch.Tensor]:
-            return [runner.run(torch.tensor(ids, dtype=torch.long), pos, kv, gdn)[0]
+            return [self.runners.for_rows(len(ids)).run(torch.tensor(ids, dtype=torch.long),
+                                                        pos, kv, gdn)[0]
                     for ids, pos, kv, gdn in padded]
 
         def tried() -> tuple[list, list, bool]:   # the batch, then its forks alone (after,
@@ -398,7 +452,9 @@ class GraphAdapter(Adapter):
                     hidden = floor
         self.batch_bits[key] = same
         if not same:
-            warnings.warn(f"a batch of {key[0]} questions of {t} rows gave other bits than "
+            shape = f"{batch.t} rows" if batch.t is not None else \
+                f"{'+'.join(map(str, batch.ts))} rows"
+            warnings.warn(f"a batch of {key[0]} questions of {shape} gave other bits than "
                           f"each alone on {self.model.device}; such batches run one question "
                           f"at a time in this process", RuntimeWarning, stacklevel=3)
             return rows

@@ -97,6 +97,9 @@ def ask_part(model, args) -> dict:
             "one_at_a_time_over_one": round(med["seq"] / med["one"], 3),
             "batched": bool(getattr(reader.adapter, "batches", lambda: False)()),
             "question_batches_an_ask": num_batches, "warm_up_s": round(warm_up_s, 1),
+            # the mixed batches' checks (several buckets in one forward), as the warm-up left
+            "mixed_batch_bits": {k: v for k, v in stats().get("question_batch_bits", {}).items()
+                                 if "+" in k},
             "exact": exact}
         if args.profile:
             out[str(context)]["profile"] = _host_profile(lambda: reader.ask_many("s", items),

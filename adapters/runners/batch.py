@@ -3,7 +3,11 @@ number of FA4 splits on CUDA, eagerly on the CPU (tests/kernels runs the FA4 bod
 pure-torch fake of the package):
 - several questions' last forwards over one session (item 3): B forks at one position, t rows
   each (a question runner's bucket, runners.runners), which share the session's rows below it
-  (Runners.question_batch);
+  (Runners.question_batch); or forks of several buckets, a runner a fork (Runners.mixed_batch:
+  the router question's 256 rows beside short classifications' 64 or 128), where the ops
+  over all rows run once and FA4 (each bucket its own split count, fa4_plan.split_plan: at
+  100k on an H100's 132 SMs 8 splits at 256 rows, 33 at 64), the conv and the recurrences
+  one call a bucket (`row_groups`; the graphs keyed by the buckets' split counts together);
 - grid chunks of several sessions (item 2): B chunks of the grid's rows, each at its own
   position of one FA4 split count over pages of its own, their GDN states returned, run the
   way chunk_way gives (Runners.chunk_batch, the graph adapter's read_chunks; it falls back
@@ -59,6 +63,8 @@ OneCall.fallback's order until one keeps the bits.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -179,24 +185,84 @@ WAYS = (ALL_IN_ONE,
         PER_FORK)
 
 
+@dataclass(frozen=True)
+class RowGroup:
+    """A batch's forks of one row count, next to each other: forks first .. first + num - 1,
+    t rows each, through `runner` (a question runner of that bucket, or the chunk runner)."""
+
+    runner: object
+    first: int
+    num: int
+
+    @property
+    def t(self) -> int:
+        return self.runner.t
+
+    @property
+    def forks(self) -> range:
+        return range(self.first, self.first + self.num)
+
+
+def _same_op(a, b) -> bool:
+    """Whether two ops of an op set compute alike: the same function, or partials of one
+    function with the same arguments (ops.row_invariant_ops makes its `down` anew a call)."""
+    if a is b:
+        return True
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func is b.func and a.args == b.args and a.keywords == b.keywords
+    return False
+
+
+def row_groups(runners: list) -> tuple[RowGroup, ...]:
+    """The forks' runners (one a fork) as groups of one runner each, in fork order. Raises
+    ValueError where one runner's forks are not next to each other, two runners have one row
+    count, or the runners differ in what a batch runs once for all of them (model, attention,
+    graphs, page rows, fused projections, op set)."""
+    groups: list[list] = []
+    for b, runner in enumerate(runners):
+        if groups and groups[-1][0] is runner:
+            groups[-1][2] += 1
+            continue
+        if any(g[0].t == runner.t for g in groups):
+            raise ValueError(f"a batch's forks of {runner.t} rows run through one runner, "
+                             f"next to each other; fork {b} is not")
+        first = runners[0]
+        unlike = [name for name in ("model", "attention", "use_graphs", "page_rows", "proj")
+                  if getattr(runner, name) is not getattr(first, name)
+                  and getattr(runner, name) != getattr(first, name)]
+        unlike += [f"ops.{f.name}" for f in fields(first.ops)
+                   if not _same_op(getattr(runner.ops, f.name), getattr(first.ops, f.name))]
+        if unlike:
+            raise ValueError(f"a batch's runners share what runs once for all forks; fork "
+                             f"{b}'s runner ({runner.t} rows) differs in {', '.join(unlike)}")
+        groups.append([runner, b, 1])
+    return tuple(RowGroup(r, first, num) for r, first, num in groups)
+
+
 class BatchRunner:
-    """B forwards ("forks") of exactly t rows each over one KV pool: questions at one position,
-    or grid chunks at positions of one FA4 split count.
+    """B forwards ("forks") of exactly t rows each (a mixed batch: each its runner's rows) over
+    one KV pool: questions at one position, or grid chunks at positions of one FA4 split
+    count.
 
     Args: runner: the runner of t rows whose bits each fork must get (a runners.graphs.
     ChunkGraphs made by runners.Runners: a question runner, or the grid's chunk runner; its
     model, compiled op set, fused projections, attention, page size and side stream are this
-    batch's, so the ops it runs per fork are its own); slots: B >= 2 runners.slots.StateSlots,
-    the forks' input GDN states (static inputs of the graphs; Runners shares one set between
-    its batches: each run feeds them first), which return the forks' new states (`read`) or
-    none (questions), all alike; calls: which per-fork parts run as one call for all forks
-    (OneCall; its attention is off without FA4, its conv with the op set's fused conv and
-    gates; `fall_back` takes the next way); one_position: the forks share one position (one
-    RoPE for all), else each its own of one FA4 split count.
-    Raises ValueError for B < 2, or a runner whose attention is neither FA4 over its
-    device-built tables (runners.fa4_graph: inside one graph per split count on CUDA, eagerly
-    elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the CPU): the table
-    attention is not batched.
+    batch's, so the ops it runs per fork are its own), or a list of runners, one a fork, for
+    questions of several buckets in one forward (a "mixed" batch, one_position only: the forks
+    of one runner next to each other, `row_groups`; the runners alike but for their row count):
+    the ops over all rows run once over every fork's rows, the attention (each bucket has its
+    own FA4 split count), the conv and the recurrences one call a group (`calls` as for one
+    runner, a group of one fork its own runner's calls); slots: B >= 2 runners.slots.StateSlots,
+    the forks' input GDN states (static inputs of the graphs; Runners shares one set between its
+    batches: each run feeds them first), which return the forks' new states (`read`) or none
+    (questions), all alike; calls: which per-fork parts run as one call for all forks (OneCall;
+    its attention is off without FA4, its conv with the op set's fused conv and gates;
+    `fall_back` takes the next way); one_position: the forks share one position (one RoPE for
+    all), else each its own of one FA4 split count.
+    Raises ValueError for B < 2, runners that `row_groups` refuses, or a runner whose attention
+    is neither FA4 over its device-built tables (runners.fa4_graph: inside one graph per split
+    count on CUDA, eagerly elsewhere, as with tests/fake_fa4.py) nor SDPA without graphs (the
+    CPU): the table attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
     table) and, with FA4, its split and tail tables per split count and the batch's copy of
@@ -212,13 +278,27 @@ class BatchRunner:
         num_seqs = len(slots)
         if num_seqs < 2:
             raise ValueError(f"a batch holds 2 or more forks, got {num_seqs}")
+        runners = list(runner) if isinstance(runner, (list, tuple)) else [runner] * num_seqs
+        if len(runners) != num_seqs:
+            raise ValueError(f"a runner a fork: {len(runners)} runners for {num_seqs} forks")
+        self.row_groups = row_groups(runners)
+        if len(self.row_groups) > 1 and not one_position:
+            raise ValueError("forks of several row counts share one position (questions)")
+        runner = runners[0]
         on_fa4 = runner.attention == "fa4" and runner.split_graphs is not None
         if not (on_fa4 or (runner.attention == "sdpa" and not runner.use_graphs)):
             raise ValueError(f"forwards are batched with FA4 inside the graph (CUDA) or SDPA "
                              f"(the CPU), not attention {runner.attention!r}")
-        model, t = runner.model, runner.t
+        model = runner.model
         cfg, dev, dt = model.cfg, model.device, model.dtype
-        self.model, self.t, self.num_seqs = model, t, num_seqs
+        # ts: each fork's rows; t: theirs when all have one count (else None); offsets: fork
+        # b's rows in the batch's buffers are [offsets[b], offsets[b + 1])
+        self.ts = tuple(r.t for r in runners)
+        self.t = self.ts[0] if len(self.row_groups) == 1 else None
+        self.offsets = tuple(itertools.accumulate(self.ts, initial=0))
+        self._group_of = [(gi, k) for gi, g in enumerate(self.row_groups)
+                          for k in range(g.num)]       # fork b: (its group, its place there)
+        self.model, self.num_seqs = model, num_seqs
         self.ops, self.proj, self.page_rows = runner.ops, runner.proj, runner.page_rows
         self.attention, self.use_graphs = runner.attention, runner.use_graphs
         self.side_stream = runner.side_stream          # capture.side_stream reads it
@@ -227,13 +307,13 @@ class BatchRunner:
         self.gdn_index = {i: g for g, i in enumerate(cfg.linear_layers)}
         num_full = len(self.full_index)
         self.metas = [ChunkMeta(t, num_full, self.page_rows, dev, dt, None, sub_pages=on_fa4)
-                      for _ in range(num_seqs)]
+                      for t in self.ts]
         self.slots = list(slots)
         self.group = SlotGroup(self.slots)             # what a graph keeps of their outputs
         self.one_position = one_position
         self.calls = self._runnable(calls, on_fa4)
-        self.steps = torch.arange(t, device=dev)
-        rows = num_seqs * t
+        self.steps = torch.arange(max(self.ts), device=dev)
+        rows = self.offsets[-1]
         self.hidden = torch.zeros(rows, cfg.hidden_size, device=dev, dtype=dt)
         self.attn_out = [torch.zeros(rows, cfg.num_attention_heads * cfg.head_dim, device=dev,
                                      dtype=dt) for _ in range(num_full)]
@@ -241,33 +321,48 @@ class BatchRunner:
         if on_fa4:
             from adapters.runners import fa4_graph
             self._fa4 = fa4.FA4Attention(cfg.num_attention_heads, cfg.num_key_value_heads)
-            self.split_graphs = fa4_graph.SplitGraphs(t, MAX_TABLE_PAGES * self.page_rows, dev)
-        self._tables_by_s: dict = {}                   # S -> fa4_graph.BatchTables
-        self._tables = None                            # the staged batch's BatchTables
+            self.split_graphs = fa4_graph.SplitGraphs(max(self.ts),
+                                                      MAX_TABLE_PAGES * self.page_rows, dev)
+        self._tables_by_s: dict = {}                   # (group, S) -> fa4_graph.BatchTables
+        self._tables = None                            # the staged batch's, one a group
         self._kvs: list | None = None                  # the staged forks' PagedKv
         self._prepared = False
 
+    @property
+    def key(self) -> tuple:
+        """The batch's shape: (B, t) with one row count, else (B, ts) (the graph adapter's
+        batch_bits key)."""
+        return (self.num_seqs, self.t if self.t is not None else self.ts)
+
     def rows(self, b: int) -> slice:
         """Fork b's rows in the batch's buffers."""
-        return slice(b * self.t, (b + 1) * self.t)
+        return slice(self.offsets[b], self.offsets[b + 1])
+
+    def group_rows(self, g: RowGroup) -> slice:
+        """A group's rows in the batch's buffers (its forks', one after another)."""
+        return slice(self.offsets[g.first], self.offsets[g.first + g.num])
 
     # -- the body ---------------------------------------------------------------------------
 
     def _body(self) -> None:
         """The forward of every fork: Qwen35.forward's ops in the runner's order (as
         ChunkGraphs' segments run them), those over all rows once, the others per fork."""
-        m, cfg, t = self.model, self.model.cfg, self.t
+        m, cfg = self.model, self.model.cfg
         if self._tables is not None:                   # FA4's tables of every fork
-            for meta, tables in zip(self.metas, self._tables.forks):
-                tables.fill(meta.meta, t, meta.table_at, self.page_rows)
-            if self.calls.attention:                   # as attend_many takes them
-                self._tables.gather()
-        x = m.embed_tokens(torch.cat([meta.meta[:t] for meta in self.metas]))
-        # each fork's cos, sin [t, rotary_dim] (at one position, one pair for all forks), and
-        # with calls.rows all B * t rows' [B * t, rotary_dim]
-        at = [self.metas[0]] if self.one_position else self.metas
-        ropes = [rope_cos_sin(self.steps + meta.meta[t], cfg.rotary_dim, cfg.rope_theta,
-                              x.dtype) for meta in at] * (self.num_seqs // len(at))
+            for g, tables in zip(self.row_groups, self._tables):
+                for b, fork_tables in zip(g.forks, tables.forks):
+                    meta = self.metas[b]
+                    fork_tables.fill(meta.meta, g.t, meta.table_at, self.page_rows)
+                if self.calls.attention and g.num > 1:     # as attend_many takes them
+                    tables.gather()
+        x = m.embed_tokens(torch.cat([meta.meta[:t] for meta, t in zip(self.metas, self.ts)]))
+        # each fork's cos, sin [t, rotary_dim] (at one position, one pair a group's forks),
+        # and with calls.rows all rows' [sum of t, rotary_dim]
+        ropes = []
+        for g in self.row_groups:
+            at = [g.first] if self.one_position else list(g.forks)
+            ropes += [rope_cos_sin(self.steps[:g.t] + self.metas[b].meta[g.t], cfg.rotary_dim,
+                                   cfg.rope_theta, x.dtype) for b in at] * (g.num // len(at))
         rope = tuple(torch.cat(c) for c in zip(*ropes)) if self.calls.rows else ropes
         eps = cfg.rms_norm_eps
         h = self._norm(None, x, m.layers[0].input_layernorm.weight, eps)
@@ -312,13 +407,20 @@ class BatchRunner:
         else:
             heads = [attn.heads(qg[r], k[r], v[r], rope[b], op)[:3]
                      for b, r in enumerate(rows)]
-        if self.calls.attention:
+        if self.calls.attention:                       # one call a group (a fork's own alone)
             from adapters.runners import fa4_graph
             for b, (_, k_b, v_b) in enumerate(heads):
                 self._write_kv(b, j, k_b, v_b)
             q = q if self.calls.rows else torch.cat([q_b for q_b, _, _ in heads])
-            fa4_graph.attend_many(fa4.forward(), q, *self._kvs[0].pool.layer(j), self._tables,
-                                  out, self._split_stream(q))
+            pools = self._kvs[0].pool.layer(j)
+            for g, tables in zip(self.row_groups, self._tables):
+                r = self.group_rows(g)
+                if g.num > 1:
+                    fa4_graph.attend_many(fa4.forward(), q[r], *pools, tables, out[r],
+                                          self._split_stream(q))
+                else:
+                    fa4_graph.attend(fa4.forward(), q[r], *pools, tables.forks[0], out[r],
+                                     self._split_stream(q))
         else:
             for b, (q_b, k_b, v_b) in enumerate(heads):
                 self._attend(b, j, attn, q_b, k_b, v_b, out[rows[b]])
@@ -333,8 +435,9 @@ class BatchRunner:
         if self._tables is not None:
             from adapters.runners import fa4_graph
             self._write_kv(b, j, k, v)
-            fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables.forks[b], out,
-                             self._split_stream(q))
+            gi, place = self._group_of[b]
+            fa4_graph.attend(fa4.forward(), q, *pool.layer(j), self._tables[gi].forks[place],
+                             out, self._split_stream(q))
             return
         from adapters.attention.paged import LayerPages
         pages = LayerPages(*pool.layer(j), meta.table(meta.num_pages))
@@ -362,33 +465,55 @@ class BatchRunner:
         calls.recurrences, else per fork); out_proj over all rows. Returns [B * t, hidden];
         with slots that return states, each fork's new conv and recurrent states go to
         `group` (SlotGroup.set), else they are not kept."""
-        op, g, kernels = self.ops, self.gdn_index[i], self.model.kernels
-        n, t = self.num_seqs, self.t
+        op, g, n = self.ops, self.gdn_index[i], self.num_seqs
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
         convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
         states = [slots.inputs[g][1] for slots in self.slots]      # [HV, K, V] fp32 each
-        if self.calls.conv:                   # q, k, v, g, beta: [B, t, ...] tensors
-            *gates, new_convs = gdn.gates_many(qkv.view(n, t, -1), b_.view(n, t, -1),
-                                               a.view(n, t, -1), stacked(convs), kernels, op,
-                                               self.calls.rows)
-        else:                                 # q, k, v, g, beta: B tensors each
-            outs = [gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)
-                    for b, r in enumerate(map(self.rows, range(n)))]
-            gates, new_convs = list(zip(*(x[:5] for x in outs))), [x[5] for x in outs]
-        if self.calls.recurrences:
-            o, new_states = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
-                                                  for x in gates), stacked(states))
-        else:
-            outs = [kernels.gdn(*(x[b] for x in gates), states[b]) for b in range(n)]
-            o, new_states = [x[0] for x in outs], [x[1] for x in outs]
+        new_convs, new_states, os = [None] * n, [None] * n, []
+        for group in self.row_groups:        # o: [n, t, HV, V] or a [t, HV, V] a fork
+            o, group_convs, group_states = self._gdn_group(group, gdn, qkv, b_, a, convs,
+                                                           states)
+            os.append(o)
+            for b, conv, state in zip(group.forks, group_convs, group_states):
+                new_convs[b], new_states[b] = conv, state
         if self.group.returned:               # each fork's states after its t rows
             for b in range(n):
                 self.group.set(b, g, new_convs[b], new_states[b])
-        if self.calls.rows and torch.is_tensor(o):       # o [B, t, HV, V]: over all rows
-            normed = gdn.gated_norm(o.reshape(n * t, *o.shape[2:]), z, op)
+        if self.calls.rows and all(torch.is_tensor(o) or len(o) == 1 for o in os):
+            # over all rows: the groups' o [sum of t, HV, V] (a copy with several groups)
+            flat = [o.reshape(-1, *o.shape[2:]) if torch.is_tensor(o) else o[0] for o in os]
+            normed = gdn.gated_norm(flat[0] if len(flat) == 1 else torch.cat(flat), z, op)
         else:
-            normed = torch.cat([gdn.gated_norm(o[b], z[self.rows(b)], op) for b in range(n)])
+            per_fork = [o[k] for o in os for k in range(len(o))]
+            normed = torch.cat([gdn.gated_norm(o_b, z[self.rows(b)], op)
+                                for b, o_b in enumerate(per_fork)])
         return op.linear(normed, gdn.out_proj.weight)
+
+    def _gdn_group(self, group: RowGroup, gdn, qkv, b_, a, convs: list, states: list):
+        """One group's conv, gates and recurrences (see _gdn): with calls.conv the conv and
+        gates in one call over its [num, t] rows (GatedDeltaNet.gates_many), else a call a
+        fork; with calls.recurrences the recurrences in one (KernelSet.recurrences), else
+        KernelSet.gdn a fork; a group of one fork its runner's calls. Returns (o: [num, t, HV,
+        V], or a list of [t, HV, V] a fork; the forks' new conv states; their new recurrent
+        states)."""
+        op, kernels = self.ops, self.model.kernels
+        n, t, forks = group.num, group.t, group.forks
+        held = slice(group.first, group.first + n)
+        if self.calls.conv and n > 1:       # q, k, v, g, beta: [n, t, ...] tensors
+            r = self.group_rows(group)
+            *gates, new_convs = gdn.gates_many(qkv[r].view(n, t, -1), b_[r].view(n, t, -1),
+                                               a[r].view(n, t, -1), stacked(convs[held]),
+                                               kernels, op, self.calls.rows)
+        else:                                 # q, k, v, g, beta: n tensors each
+            outs = [gdn.gates(qkv[r], b_[r], a[r], convs[b], kernels, op)
+                    for b, r in zip(forks, map(self.rows, forks))]
+            gates, new_convs = list(zip(*(x[:5] for x in outs))), [x[5] for x in outs]
+        if self.calls.recurrences and n > 1:
+            o, new_states = kernels.recurrences(*(x if torch.is_tensor(x) else torch.stack(x)
+                                                  for x in gates), stacked(states[held]))
+            return o, new_convs, new_states
+        outs = [kernels.gdn(*(x[k] for x in gates), states[b]) for k, b in enumerate(forks)]
+        return [x[0] for x in outs], new_convs, [x[1] for x in outs]
 
     def _mlp(self, i: int, mlp, h: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on h [B * t, hidden]: gate and up projections and SwiGLU over all rows,
@@ -414,13 +539,13 @@ class BatchRunner:
         from adapters.model.config import spec_for
         from block_store import contiguous_kv
         cfg, dev, dt = self.model.cfg, self.model.device, self.model.dtype
-        splits = self._fa4.all_splits(self.t, dev)
-        positions = [s * fa4_plan.MIN_SPLIT_KEYS for s in splits]  # S there (read now)
-        kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows, positions[-1] + self.t)
+        positions = list(self._graph_keys().values())          # every key's (read now)
+        kv = contiguous_kv(spec_for(cfg, dev, dt), self.page_rows,
+                           positions[-1] + max(self.ts))
         kv.pool.block.zero_()
         try:
             for pos in positions:
-                self._stage([([0] * self.t, pos, kv)] * self.num_seqs)
+                self._stage([([0] * t, pos, kv) for t in self.ts])
                 capture.twice_on_side(self, self._body)
         finally:
             self._kvs = self._tables = None            # the warm-up's rows go with kv
@@ -435,11 +560,11 @@ class BatchRunner:
         if self.split_graphs is None or not self.use_graphs:
             return
         self.split_graphs.pin(pool)                    # kept whatever other pools come
-        for s in self._fa4.all_splits(self.t, self.model.device):
-            self._tables = self._tables_for(s)
+        for key, pos in self._graph_keys().items():
+            self._tables = self._tables_at(pos)
             self._kvs = [PagedKv(pool, [])] * self.num_seqs
             try:
-                self.split_graphs.ensure(s, pool, self._body, self.group)
+                self.split_graphs.ensure(key, pool, self._body, self.group)
             finally:
                 self._kvs = self._tables = None
 
@@ -478,36 +603,60 @@ class BatchRunner:
             calls = replace(calls, conv=False)
         return calls
 
-    def _tables_for(self, s: int):
-        """The forks' fa4_graph.BatchTables of s splits (made at the first ask)."""
-        if s not in self._tables_by_s:
-            from adapters.runners import fa4_graph
-            self._tables_by_s[s] = fa4_graph.BatchTables(
-                s, self.t, self.split_graphs.max_rows, self.model.device, self.num_seqs)
-        return self._tables_by_s[s]
+    def _tables_at(self, pos: int) -> list:
+        """Each group's fa4_graph.BatchTables of its split count at pos (made at the first
+        ask)."""
+        from adapters.runners import fa4_graph
+        out = []
+        for gi, g in enumerate(self.row_groups):
+            s = self._fa4.num_splits(pos, g.t, self.model.device)
+            if (gi, s) not in self._tables_by_s:
+                self._tables_by_s[(gi, s)] = fa4_graph.BatchTables(
+                    s, g.t, self.split_graphs.max_rows, self.model.device, g.num)
+            out.append(self._tables_by_s[(gi, s)])
+        return out
+
+    def _graph_keys(self) -> dict:
+        """{graph key (`splits`): the first position of MIN_SPLIT_KEYS' multiples that has
+        it}: every key a batch can meet, in order of position (each group's split count grows
+        with pos // MIN_SPLIT_KEYS up to its most, fa4_plan.split_plan)."""
+        dev = self.model.device
+        most = max(max(self._fa4.all_splits(g.t, dev)) for g in self.row_groups)
+        keys: dict = {}
+        for m in range(most + 2):
+            keys.setdefault(self.splits(m * fa4_plan.MIN_SPLIT_KEYS), m * fa4_plan.MIN_SPLIT_KEYS)
+        return keys
 
     def _stage(self, items) -> None:
         """Each fork's ids, pos, pools' places and page table into its meta (ChunkMeta.stage),
-        and with FA4 the SplitTables of the batch's split count."""
+        and with FA4 each group's SplitTables of its split count."""
         for meta, (ids, pos, kv) in zip(self.metas, items):
             meta.stage(ids, pos, kv)
         self._kvs = [kv for _, _, kv in items]
         if self._fa4 is not None:
-            self._tables = self._tables_for(
-                self._fa4.num_splits(items[0][1], self.t, self.model.device))
+            self._tables = self._tables_at(items[0][1])
 
     def shares(self, pos: int, shared_rows: int) -> bool:
         """Whether forks at pos that hold the same KV rows [0, shared_rows) can run as one
         batch the way it runs now: always, unless FA4 in one call (calls.attention) would read
-        rows [0, S Ls) past shared_rows through fork 0's pages (fa4_graph.attend_many)."""
+        rows [0, S Ls) past shared_rows through a group's first fork's pages
+        (fa4_graph.attend_many)."""
         if self._fa4 is None or not self.calls.attention:
             return True
-        return self._fa4.split_keys(pos, self.t, self.model.device) <= shared_rows
+        return self._split_keys(pos) <= shared_rows
 
-    def splits(self, pos: int) -> int:
+    def _split_keys(self, pos: int) -> int:
+        """The most keys any group's splits read at pos (rows [0, S Ls))."""
+        return max(self._fa4.split_keys(pos, g.t, self.model.device) for g in self.row_groups)
+
+    def splits(self, pos: int):
         """FA4's split count S of a fork at pos (its graph's key: a batch's forks share one);
-        0 without FA4."""
-        return self._fa4.num_splits(pos, self.t, self.model.device) if self._fa4 else 0
+        with several groups the tuple of theirs; 0 without FA4."""
+        if not self._fa4:
+            return 0
+        counts = tuple(self._fa4.num_splits(pos, g.t, self.model.device)
+                       for g in self.row_groups)
+        return counts[0] if len(counts) == 1 else counts
 
     @torch.no_grad()
     def run(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
@@ -530,20 +679,21 @@ class BatchRunner:
         if len(items) != self.num_seqs:
             raise ValueError(f"a batch of {self.num_seqs} forks, got {len(items)}")
         pos, pool = items[0][1], items[0][2].pool
-        for ids, p, kv, _ in items:
+        for (ids, p, kv, _), t in zip(items, self.ts):
             n = len(ids) if isinstance(ids, list) else int(ids.shape[0])
             placed = p == pos if self.one_position else \
                 p >= 0 and self.splits(p) == self.splits(pos)
-            if n != self.t or not placed or kv.pool is not pool:
+            if n != t or not placed or kv.pool is not pool:
                 where = "at one position" if self.one_position else \
                     f"at positions of one FA4 split count ({self.splits(pos)} at {pos})"
-                raise ValueError(f"a batch's forks have {self.t} ids each, {where}, over one "
+                each = f"{t} ids each" if self.t is not None else f"{list(self.ts)} ids"
+                raise ValueError(f"a batch's forks have {each}, {where}, over one "
                                  f"pool; got {n} ids at {p} (the first at {pos})"
                                  f"{'' if kv.pool is pool else ' over another pool'}")
-            if p < 0 or kv.num_rows < p + self.t or kv.page_rows != self.page_rows or \
+            if p < 0 or kv.num_rows < p + t or kv.page_rows != self.page_rows or \
                     len(kv.pages) > MAX_TABLE_PAGES:
                 raise ValueError(f"{len(kv.pages)} pages of {kv.page_rows} rows cannot take "
-                                 f"rows {p} to {p + self.t} (pages of {self.page_rows} "
+                                 f"rows {p} to {p + t} (pages of {self.page_rows} "
                                  f"rows, at most {MAX_TABLE_PAGES} a fork)")
         self._check_shared(items, pos, shared_rows)
         self.prepare()
@@ -552,8 +702,7 @@ class BatchRunner:
             slots.feed(gdn)
         try:
             if self.use_graphs:                        # FA4's graph of the batch's splits
-                s = self._tables.s
-                self.split_graphs.replay(s, pool, self._body, self.group)
+                self.split_graphs.replay(self.splits(pos), pool, self._body, self.group)
             else:
                 self._body()
         finally:
@@ -579,7 +728,7 @@ class BatchRunner:
                 raise ValueError(f"forks sharing rows [0, {shared_rows}) hold the same pages "
                                  f"there; fork {b}'s first {num_pages} differ from fork 0's")
         if not self.shares(pos, shared_rows):
-            keys = self._fa4.split_keys(pos, self.t, self.model.device)
+            keys = self._split_keys(pos)
             raise ValueError(f"FA4 in one call reads rows [0, {keys}) of every fork at {pos} "
                              f"through fork 0's pages; the forks share {shared_rows}")
 

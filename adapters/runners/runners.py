@@ -52,6 +52,10 @@ class Runners:
     # forks a question batch holds (Runners.question_batch): a few shapes, each a set of
     # compiled ops and graphs, instead of one per count
     BATCH_SIZES = (2, 4, 8)
+    # short questions a reader's warm-up prepares beside one of BUCKET rows in one forward
+    # (mixed_batch_shapes): the router question (182 ids with its 9 choices: 256 rows) and
+    # up to 3 classifications of one small bucket, as one ask_many sends them
+    MIXED_SMALL = 3
 
     def __init__(self, model, grid: int, attention: str | None = None, fused: bool | None = None,
                  split=None, small_bucket_rows: tuple[int, ...] | None = None,
@@ -80,7 +84,7 @@ class Runners:
         self._sized: dict = {}
         self._pool = None                 # the reader's KV pool, once `prepare` was given it
         self._loop = None
-        self._batches: dict = {}          # (t, B) -> batch.BatchRunner
+        self._batches: dict = {}          # (t, B) or ("mixed", rows) -> batch.BatchRunner
         self._chunk_batches: dict = {}    # B -> the BatchRunner of B grid chunks
         self._chunk_slots: list = []      # the chunk batches' state slots (chunk_slots)
         self._slots: list = []            # the question batches' state slots (batch_slots)
@@ -180,6 +184,40 @@ class Runners:
                 batch.split_graphs.pin(self._pool)          # the reader's pool, as _made
         return self._batches[key]
 
+    def mixed_batch(self, num_rows):
+        """The runner of question forks of two or more buckets in one forward (runners.batch.
+        BatchRunner over a runner a fork: the ops over all rows once, FA4, the conv and the
+        recurrences one call a bucket), for forks of num_rows ids each (a sequence), padded
+        as `for_rows` pads them and ordered by bucket, largest first, as `mixed_order` gives
+        them (no copies fill it: a batch a composition); made at first use; None where they
+        are not so batched: fewer than 2 buckets, more forks than BATCH_SIZES' largest, a
+        bucket past BUCKET rows, or questions not batched here (`question_batch`)."""
+        rows = tuple(sorted((self.rows_of(n) for n in num_rows), reverse=True))
+        if len(set(rows)) < 2 or len(rows) > self.BATCH_SIZES[-1] or rows[0] > self.BUCKET \
+                or not self.batches_questions:
+            return None
+        key = ("mixed", rows)
+        if key not in self._batches:
+            from adapters.runners.batch import BatchRunner
+            batch = self._batches[key] = BatchRunner([self._get(t, self.split) for t in rows],
+                                                     self.batch_slots(len(rows)))
+            if batch.split_graphs is not None and self._pool is not None:
+                batch.split_graphs.pin(self._pool)
+        return self._batches[key]
+
+    def mixed_order(self, num_rows) -> list[int]:
+        """The forks' places in `mixed_batch`: indices into num_rows by bucket, largest first
+        (in their order within a bucket)."""
+        return sorted(range(len(num_rows)), key=lambda i: -self.rows_of(num_rows[i]))
+
+    def mixed_batch_shapes(self) -> list[tuple[int, ...]]:
+        """The mixed batches a reader's warm-up prepares (each fork's rows, `mixed_batch`): one
+        of BUCKET rows beside 1 to MIXED_SMALL of one small bucket (a short question pads to
+        64 rows with a kept tail, to 128 with a tail of up to 64 ids before it); none without
+        small buckets."""
+        return [(self.BUCKET,) + (small,) * k for small in self.small_bucket_rows
+                for k in range(1, self.MIXED_SMALL + 1)]
+
     def chunk_batch(self, num_seqs: int):
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,
         item 2): a runners.batch.BatchRunner over the chunk runner (its ops, its
@@ -263,20 +301,25 @@ class Runners:
         question runners (`question_rows`; a question padded to the grid runs on the chunk
         runner, not listed), of the states-keeping ones (`kept_rows`: Runners.rows, a
         fork's tail) and the question batches' "BxT" (`question_batches`: B forks of T
-        rows, question_batch) and the chunk batches' B (`chunk_batches`, `chunk_batch`;
-        their graphs counted with the others). All 0 without graphs."""
+        rows, question_batch; a mixed batch's rows joined by "+", mixed_batch) and the chunk
+        batches' B (`chunk_batches`, `chunk_batch`; their graphs counted with the others).
+        All 0 without graphs."""
         out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
                "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
                "kept_rows": [], "question_batches": [],
                "chunk_batches": sorted(self._chunk_batches)}
-        batches = [(("batch",) + key, b) for key, b in sorted(self._batches.items())]
+        plain = sorted((key, b) for key, b in self._batches.items() if key[0] != "mixed")
+        mixed = sorted(((key, b) for key, b in self._batches.items() if key[0] == "mixed"),
+                       key=lambda kb: kb[0][1])
+        batches = [(("batch",) + key, b) for key, b in plain + mixed]
         chunks = [("chunks", b) for _, b in sorted(self._chunk_batches.items())]
         for key, runner in [("chunk", self.chunk), *self._sized.items(), *batches, *chunks]:
             for name, value in runner.captures().items():
                 out[name] += value
             out["num_runners"] += 1
             if isinstance(key, tuple) and key[0] == "batch":
-                out["question_batches"].append(f"{key[2]}x{key[1]}")
+                out["question_batches"].append("+".join(map(str, key[2])) if key[1] == "mixed"
+                                               else f"{key[2]}x{key[1]}")
             elif isinstance(key, tuple):
                 out["kept_rows"].append(key[1])
             elif isinstance(key, int) and key > 1:
@@ -315,7 +358,8 @@ class Runners:
         BATCH_SIZES at every small bucket (the short questions of one ask)."""
         return [(t, b) for t in self.small_bucket_rows for b in self.BATCH_SIZES]
 
-    def prepare(self, question_rows=None, pool=None, kept_rows=(), question_batches=()) -> None:
+    def prepare(self, question_rows=None, pool=None, kept_rows=(), question_batches=(),
+                mixed_batches=()) -> None:
         """Capture the chunk runner, the decode runner, the question runners for these row
         counts (default: `question_bucket_rows()`) and the states-keeping runners of
         kept_rows (`rows`: a fork's tails; with FA4 in the graph one graph per split count
@@ -324,8 +368,9 @@ class Runners:
         the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
         `pool` (the reader's block_store.KvPool) given, their graphs over that pool
         (ChunkGraphs.prepare); and the question batches of question_batches ((rows, forks)
-        pairs, `question_batch`) warmed up (their graphs: BatchRunner.capture_over, after
-        their check, adapters.graphed.GraphAdapter.prepare)."""
+        pairs, `question_batch`) and the mixed batches of mixed_batches (each fork's rows,
+        `mixed_batch`) warmed up (their graphs: BatchRunner.capture_over, after their check,
+        adapters.graphed.GraphAdapter.prepare)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
@@ -336,8 +381,9 @@ class Runners:
                 runner.prepare(pool)
         for rows in kept_rows:
             self.rows(rows).prepare(pool)
-        for rows, forks in question_batches:
-            batch = self.question_batch(rows, forks)
+        batches = [self.question_batch(rows, forks) for rows, forks in question_batches] + \
+            [self.mixed_batch(rows) for rows in mixed_batches]
+        for batch in batches:
             if batch is not None:
                 batch.prepare()
 

@@ -403,11 +403,20 @@ def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
 
 def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
     """The begun questions (their pieces read, no logits yet) whose last forwards the next
-    step runs, in one forward: of the first group in `todo`'s order of 2 or more at one
-    position padding to one bucket (adapter.fork_rows), the most of its first ones the adapter
-    runs as one batch (adapter.batches: at most its largest batch), else the first question
-    alone; [] for none. So an ask whose questions pad to several buckets (a long router
-    question beside short ones) still batches the short ones (Reader.advance_many)."""
+    step runs, in one forward: the first position's, in `todo`'s order, where the adapter
+    runs them all as one batch (adapter.batches: one bucket, or a mixed batch of theirs);
+    else of the first group of 2 or more at one position padding to one bucket
+    (adapter.fork_rows), the most of its first ones the adapter runs as one batch (at most
+    its largest batch), else the first question alone; [] for none. So an ask whose
+    questions pad to several buckets (a long router question beside short ones) that no
+    mixed batch takes still batches the short ones (Reader.advance_many)."""
+    by_pos: dict[int, list[Pending]] = {}
+    for p in todo:
+        by_pos.setdefault(p.fw.pos, []).append(p)
+    for group in by_pos.values():     # every bucket at one position (a mixed batch) in one
+        if len(group) > 1 and adapter.batches([len(p.fw.rest) for p in group],
+                                              [p.fw.pos for p in group]):
+            return group
     groups: dict[tuple[int, int], list[Pending]] = {}
     for p in todo:
         groups.setdefault((p.fw.pos, adapter.fork_rows(len(p.fw.rest))), []).append(p)

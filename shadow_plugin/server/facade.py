@@ -493,7 +493,8 @@ class Shadow:
         """Several questions about one session (items: (question, choices) pairs, answered in
         order) in one forward: Reader.ask_many, held the way `ask` holds the gate (after
         catch_up, one batched grid piece of the questions a hold, then their last forwards in
-        one, or one bucket's batch or one question a hold where they pad to several), so a
+        one (one bucket, or a mixed batch of several), or one bucket's batch or one question a
+        hold where no batch takes them all), so a
         host's call waits at most one batched piece. Each answer equals the same question asked
         alone, bit for bit. Raises ValueError (400) for no question or more than max_questions
         (nothing read), QuestionTooLong for a question past max_question_tokens (nothing held),

@@ -124,10 +124,60 @@ def test_fa4_batches_give_each_fork_its_runners_bits(tiny, fake_fa4, num_forks, 
             assert all(torch.equal(x, y) for x, y in zip(
                 rows[b], [x[base.pages[num_shared + b]] for pair in base.pool.layers()
                           for x in pair]))
-    assert sorted(batch._tables_by_s) == sorted(
+    assert sorted(s for _, s in batch._tables_by_s) == sorted(
         {attn_fa4.FA4Attention(tiny.cfg.num_attention_heads, tiny.cfg.num_key_value_heads)
          .num_splits(p, T, torch.device("cpu")) for p in (0, 640, 1536)})
     assert len(batch._tables_by_s) >= 2                   # without splits and with
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+@pytest.mark.parametrize("calls", ["all", "per_fork"])
+def test_a_mixed_fa4_batch_gives_each_fork_its_own_buckets_bits(tiny, fake_fa4, calls):
+    """A mixed batch (Runners.mixed_batch): a 128-row question beside two 64-row ones at one
+    position, each bucket with its own FA4 split count (the 128-row group's splits and tail
+    through its own tables, alone in its group; the 64-row pair's through attend_many), the
+    conv and recurrences a group, the rest over all 256 rows; each fork gets the hidden rows
+    and KV rows its own bucket's runner gives it alone, at positions without splits and with
+    other split counts for the two buckets."""
+    from adapters import spec_for
+    from adapters.runners.batch import PER_FORK
+    from adapters.runners.runners import Runners
+    page = 4 * T
+    runners = Runners(tiny, page, attention="fa4", fused=False)
+    batch = runners.mixed_batch([100, 30, 40])
+    assert batch.ts == (2 * T, T, T) and batch.t is None and batch.key == (3, (2 * T, T, T))
+    assert runners.mixed_order([30, 100, 40]) == [1, 0, 2]
+    assert runners.mixed_batch([30, 40]) is None            # one bucket: question_batch's
+    if calls == "per_fork":
+        batch.use(PER_FORK)
+    # positions (multiples of the page) where the buckets' split counts differ, and one with
+    # none
+    differ = [p for p in range(page, 64 * page, page)
+              if len(set(batch.splits(p))) == 2 and min(batch.splits(p)) > 0]
+    positions = [0, differ[0], differ[-1]]
+    spec = spec_for(tiny.cfg, "cpu", torch.float32)
+    num_shared = positions[-1] // page
+    base = paged_kv(spec, page, (num_shared + 3) * page, seed=5)
+    g = torch.Generator().manual_seed(5)
+    for pos in positions:
+        forks = []
+        for b, t in enumerate(batch.ts):
+            kv = PagedKv(base.pool, base.pages[:pos // page] + [base.pages[num_shared + b]])
+            gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                    torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+                   for _ in range(spec.num_gdn)]
+            forks.append((torch.randint(0, 248000, (t,), generator=g).tolist(), pos, kv, gdn))
+        got = batch.run(forks, pos)
+        rows = [[x[base.pages[num_shared + b]].clone() for pair in base.pool.layers()
+                 for x in pair] for b in range(3)]
+        for b, (ids, p, kv, gdn) in enumerate(forks):
+            want, _ = runners.for_rows(len(ids)).run(ids, p, kv, gdn)
+            assert got[b].shape == want.shape and torch.equal(got[b], want), (pos, b)
+            assert all(torch.equal(x, y) for x, y in zip(
+                rows[b], [x[base.pages[num_shared + b]] for pair in base.pool.layers()
+                          for x in pair]))
+    assert {s for (gi, s) in batch._tables_by_s if gi == 0} != \
+        {s for (gi, s) in batch._tables_by_s if gi == 1}      # each group its own counts
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")

@@ -154,30 +154,73 @@ def test_the_graph_adapter_answers_a_list_in_one_forward(tiny):
     check_refs(r)
 
 
-def test_questions_of_two_buckets_batch_those_of_one(tiny, monkeypatch):
-    """An ask whose last forwards pad to two buckets (a long question beside three short
-    ones, as the router question beside short classifications): the short ones in one
-    forward, the long one alone, one forward a step; each answer its question's alone."""
-    grid = 256                                   # buckets of 64, 128 and 192 rows below it
-    rng = random.Random(8)
-    r = Reader(tiny, grid=grid, cuda_graphs=True)
+def _two_buckets(tiny, seed: int):
+    """A reader on grid 256 (buckets of 64, 128 and 192 rows below it) holding 600 ids, and
+    an ask whose last forwards pad to two buckets: a long question (128 rows) beside three
+    short ones (64), as the router question beside short classifications."""
+    rng = random.Random(seed)
+    r = Reader(tiny, grid=256, cuda_graphs=True)
     r.feed("s", vocab_ids(rng, 600), "prompt")
-    a = r.adapter
     items = [(vocab_ids(rng, 100), ["a", "b"]), ([5, 6, 7], ["x", "y"]),
              ("Is the user asking for code?", ["yes", "no"]), ([9, 10], ["p", "q", "r"])]
-    alone = [r.ask("s", q, c).probs for q, c in items]
-    pendings = r.begin_ask_many("s", items)
-    rows = [a.fork_rows(len(p.fw.rest)) for p in pendings]
-    assert rows[0] > 64 and rows[1:] == [64] * 3 and not a.batches(
-        [len(p.fw.rest) for p in pendings])
-    calls = []
+    return r, items
+
+
+def _ask_steps(r, items, monkeypatch):
+    """begin/advance/finish_ask_many of items, recording each fork_logits_batch call's
+    buckets; (answers, calls)."""
+    a, calls = r.adapter, []
     real = a.fork_logits_batch
     monkeypatch.setattr(a, "fork_logits_batch", lambda items, **kw: calls.append(
         [a.fork_rows(len(i[0])) for i in items]) or real(items, **kw))
+    pendings = r.begin_ask_many("s", items)
     while r.advance_many(pendings):
         pass
-    got = r.finish_ask_many(pendings)
-    assert calls == [[64, 64, 64], [rows[0]]]     # the short ones' step, then the long one's
+    return r.finish_ask_many(pendings), calls
+
+
+def test_questions_of_two_buckets_run_in_one_mixed_forward(tiny, monkeypatch):
+    """An ask whose last forwards pad to two buckets: all four in one forward of a mixed
+    batch (Runners.mixed_batch: the long question's 128 rows first, then the short ones'),
+    whatever the items' order; each answer its question's alone, bit for bit."""
+    r, items = _two_buckets(tiny, 8)
+    a = r.adapter
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    pendings = r.begin_ask_many("s", items)
+    lengths = [len(p.fw.rest) for p in pendings]
+    r.cancel_many(pendings)
+    assert [a.fork_rows(n) for n in lengths] == [128, 64, 64, 64] and a.batches(lengths)
+    assert a.runners.mixed_batch(lengths).ts == (128, 64, 64, 64)
+    got, calls = _ask_steps(r, items, monkeypatch)
+    assert calls == [[128, 64, 64, 64]] and [x.probs for x in got] == alone
+    stats = a.graph_stats()
+    kept = stats["question_batch_bits"]["128+64+64+64"]
+    assert stats["num_question_batches"] == int(kept) and \
+        "128+64+64+64" in stats["question_batches"]
+    if tiny.gemms_keep_tile_bits(5 * 64, 64):      # every row its own GEMM's bits: kept
+        assert kept is True
+    order = [items[2], items[0], items[3], items[1]]   # the long one second: still one forward
+    got, calls = _ask_steps(r, order, monkeypatch)
+    assert [x.probs for x in got] == [alone[2], alone[0], alone[3], alone[1]]
+    assert calls[-1] == [64, 128, 64, 64]
+    assert a.graph_stats()["num_question_batches"] == 2 * int(kept)
+    check_refs(r)
+
+
+def test_questions_of_two_buckets_without_a_mixed_batch_batch_those_of_one(tiny, monkeypatch):
+    """Where no mixed batch takes them (more forks than the largest batch, a composition the
+    warm-up did not prepare on CUDA: Runners.mixed_batch None), the short ones in one
+    forward, the long one alone, one forward a step; each answer its question's alone."""
+    r, items = _two_buckets(tiny, 8)
+    a = r.adapter
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    monkeypatch.setattr(a.runners, "mixed_batch", lambda num_rows: None)
+    pendings = r.begin_ask_many("s", items)
+    lengths = [len(p.fw.rest) for p in pendings]
+    r.cancel_many(pendings)
+    assert [a.fork_rows(n) for n in lengths] == [128, 64, 64, 64] and not a.batches(lengths)
+    got, calls = _ask_steps(r, items, monkeypatch)
+    assert calls == [[64, 64, 64], [128]]         # the short ones' step, then the long one's
     stats = a.graph_stats()
     if not tiny.gemms_keep_tile_bits(4 * 64, 64):  # this CPU's GEMMs: a batch checked, refused
         assert stats["question_batch_bits"] == {"4x64": False}
@@ -218,18 +261,23 @@ def test_a_steps_batch_holds_forks_of_one_position_and_at_most_the_largest_batch
     alone = [r.ask("s", q, c).probs for q, c in items]
     got, calls, shared = _steps(r, items, monkeypatch)
     assert [x.probs for x in got] == alone
-    assert all(len(set(call)) == 1 for call in calls) and len(calls) >= 2, calls
+    assert all(len({pos for pos, _ in call}) == 1 for call in calls) and len(calls) >= 2, calls
     # the forks share their base's rows: the pages below the line (512) and their copies
     # of the tail's page, up to its cut at 576
     assert shared == [576] * len(calls)
-    # at 576 the 60 and 70 ids (with the tail's 24) in the 128-row bucket together, the
-    # 3 ids in the 64-row one; the question that read a piece alone at its own position
-    assert sorted(len(c) for c in calls) == [1, 1, 2] and [(576, 128)] * 2 in calls
+    # at 576 the 60 and 70 ids (with the tail's 24) in the 128-row bucket and the 3 ids in
+    # the 64-row one together (a mixed batch); the question that read a piece alone at its
+    # own position
+    assert sorted(len(c) for c in calls) == [1, 3] and \
+        [(576, 128), (576, 128), (576, 64)] in calls
+    # ten at one position: more than a batch holds, so no mixed batch; the 64-row bucket's
+    # first 8 in one forward, then the long one and the last short one (a mixed batch)
     many = [(vocab_ids(rng, 100), ["a", "b"])] + [([5 + i], ["x", "y"]) for i in range(9)]
     alone = [r.ask("s", q, c).probs for q, c in many]
     got, calls, _ = _steps(r, many, monkeypatch)
     assert [x.probs for x in got] == alone
-    assert [len(c) for c in calls] == [8, 1, 1] and calls[0][0][1] == 64, calls
+    assert [len(c) for c in calls] == [8, 2] and calls[0][0][1] == 64, calls
+    assert sorted(rows for _, rows in calls[1]) == [64, 128]
     check_refs(r)
 
 

@@ -304,3 +304,62 @@ def test_a_chunk_batch_gives_each_session_its_chunk_runners_bits_and_states(tiny
             assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, pos))), way
     with pytest.raises(RuntimeError, match="return no states"):
         runners.question_batch(G, 2).read(items[:2])
+
+
+def test_a_mixed_batch_gives_each_fork_its_own_buckets_bits(tiny):
+    """Runners.mixed_batch on the CPU (SDPA a fork): a 128-row question (the grid's chunk
+    runner at grid 128) beside two 64-row ones at one position, in one forward; each fork
+    gets the hidden rows and KV rows its own bucket's runner gives it alone."""
+    grid, pos = 2 * G, 4 * G
+    runners = Runners(tiny, grid)
+    batch = runners.mixed_batch([100, 30, 40])
+    assert batch.ts == (2 * G, G, G) and batch.t is None and batch.key == (3, (2 * G, G, G))
+    assert [g.t for g in batch.row_groups] == [2 * G, G] and batch.offsets == (0, 128, 192, 256)
+    assert runners.captures()["question_batches"] == ["128+64+64"]
+    if not tiny.gemms_keep_tile_bits(4 * G, G):
+        pytest.skip("this CPU's GEMMs give a 64-row block other bits in a batch")
+    spec = state_spec(tiny)
+    base = paged_kv(spec, grid, pos + 3 * grid, seed=4)
+    g = torch.Generator().manual_seed(4)
+    forks = []
+    for b, t in enumerate(batch.ts):
+        kv = PagedKv(base.pool, base.pages[:pos // grid] + [base.pages[pos // grid + b]])
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g).to(tiny.dtype),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        forks.append((torch.randint(0, tiny.cfg.vocab_size, (t,), generator=g).tolist(), pos,
+                      kv, gdn))
+    hidden = batch.run(forks)
+    written = [_rows(kv, pos) for _, _, kv, _ in forks]
+    for (ids, p, kv, gdn), h, rows in zip(forks, hidden, written):
+        alone, _ = runners.for_rows(len(ids)).run(ids, p, kv, gdn)
+        assert h.shape == (len(ids), tiny.cfg.hidden_size) and torch.equal(h, alone)
+        assert all(torch.equal(x, y) for x, y in zip(rows, _rows(kv, p)))
+
+
+def test_mixed_batches_are_refused_where_their_forks_do_not_group(tiny):
+    """A runner a fork: one runner's forks next to each other, one runner a row count, one
+    position for all; Runners.mixed_batch only for two buckets or more within a batch's
+    size; a batch's forks of the wrong length are refused before anything runs."""
+    runners = Runners(tiny, 2 * G)
+    small, big = runners.for_rows(G), runners.for_rows(2 * G)
+    slots = runners.batch_slots(3)
+    with pytest.raises(ValueError, match="next to each other; fork 2"):
+        BatchRunner([small, big, small], slots)
+    other = Runners(tiny, 2 * G).for_rows(G)               # a second runner of 64 rows
+    with pytest.raises(ValueError, match="fork 1 is not"):
+        BatchRunner([small, other, big], slots)
+    with pytest.raises(ValueError, match="several row counts share one position"):
+        BatchRunner([big, small, small], slots, one_position=False)
+    with pytest.raises(ValueError, match="a runner a fork: 2 runners for 3 forks"):
+        BatchRunner([big, small], slots)
+    assert runners.mixed_batch([5, 6]) is None               # one bucket
+    assert runners.mixed_batch([100] + [5] * 8) is None      # past the largest batch
+    assert runners.mixed_batch([5, 100]).ts == (2 * G, G)    # largest bucket first
+    assert runners.mixed_order([5, 100, 6]) == [1, 0, 2]
+    assert runners.mixed_batch_shapes() == [(256, 64), (256, 64, 64), (256, 64, 64, 64),
+                                            (256, 128), (256, 128, 128), (256, 128, 128, 128)]
+    batch = runners.mixed_batch([100, 5])
+    forks = _forks(tiny, 2, 2 * G, seed=3, page_rows=2 * G)
+    with pytest.raises(ValueError, match=r"\[128, 64\] ids"):
+        batch.run(forks)                                      # 64 ids where 128 are due
