@@ -73,18 +73,16 @@ class GraphAdapter(Adapter):
         batched, so no question or read waits for a compile, a capture or a check."""
         warm = self.runners.chunk.use_graphs and self.runners.batches_questions
         shapes = self.runners.question_batch_shapes() if warm else []
-        mixed = self.runners.mixed_batch_shapes() if warm else []
-        self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes,
-                             mixed_batches=mixed)
-        self.check_batches(shapes, mixed)
+        self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
+        self.check_batches(shapes)
+        for rows, forks in shapes:           # graphs over the reader's pool: passed shapes only
+            batch = self.runners.question_batch(rows, forks)
+            if pool is not None and batch is not None and self.batch_bits.get(batch.key):
+                batch.capture_over(pool)
+        self._prepare_mixed(self.runners.mixed_batch_shapes() if warm else [], pool)
         pinned = autotune.pinned_dir()
         if shapes and pinned is not None:    # the batches' fla picks (some keyed by B) kept too,
             autotune.export(pinned)          # so another process runs the kernels checked here
-        batches = [self.runners.question_batch(rows, forks) for rows, forks in shapes] + \
-            [self.runners.mixed_batch(rows) for rows in mixed]
-        for batch in batches:                # graphs over the reader's pool: passed shapes only
-            if pool is not None and batch is not None and self.batch_bits.get(batch.key):
-                batch.capture_over(pool)
         sizes = sorted({self.runners.batch_size(n) for n in chunk_batches} - {None})
         if not (sizes and self.runners.chunk.use_graphs and self.runners.batches_questions):
             return
@@ -94,6 +92,27 @@ class GraphAdapter(Adapter):
         for size in sizes:
             if pool is not None and self.chunk_bits.get(size):
                 self.runners.chunk_batch(size).capture_over(pool)
+
+    def _prepare_mixed(self, shapes, pool) -> None:
+        """The mixed batches of `shapes` (each fork's rows, Runners.mixed_batch) warmed up,
+        checked (`check_batches`) and, where they kept the bits, captured over `pool`, one at
+        a time. One whose warm-up, check or capture raises is recorded as giving other bits
+        (batch_bits False: its questions go a bucket's batch a step) with a RuntimeWarning
+        naming the error, and the warm-up goes on: a mixed batch only speeds an ask up."""
+        for rows in shapes:
+            batch = self.runners.mixed_batch(rows)
+            if batch is None:
+                continue
+            try:
+                batch.prepare()
+                self.check_batches((), [rows])
+                if pool is not None and self.batch_bits.get(batch.key):
+                    batch.capture_over(pool)
+            except Exception as e:           # noqa: BLE001 (a bucket's batch a step stays)
+                self.batch_bits[batch.key] = False
+                warnings.warn(f"the mixed question batch of {'+'.join(map(str, rows))} rows "
+                              f"failed its warm-up ({type(e).__name__}: {e}); such questions "
+                              f"run a bucket's batch a step", RuntimeWarning, stacklevel=2)
 
     def check_batches(self, shapes, mixed=()) -> dict:
         """For each (rows, forks) shape and each mixed batch's rows, one batch of random forks

@@ -358,8 +358,7 @@ class Runners:
         BATCH_SIZES at every small bucket (the short questions of one ask)."""
         return [(t, b) for t in self.small_bucket_rows for b in self.BATCH_SIZES]
 
-    def prepare(self, question_rows=None, pool=None, kept_rows=(), question_batches=(),
-                mixed_batches=()) -> None:
+    def prepare(self, question_rows=None, pool=None, kept_rows=(), question_batches=()) -> None:
         """Capture the chunk runner, the decode runner, the question runners for these row
         counts (default: `question_bucket_rows()`) and the states-keeping runners of
         kept_rows (`rows`: a fork's tails; with FA4 in the graph one graph per split count
@@ -368,9 +367,9 @@ class Runners:
         the 0.8B, about 0.99 GB in all, an estimate, not measured); with FA4 in the graph and
         `pool` (the reader's block_store.KvPool) given, their graphs over that pool
         (ChunkGraphs.prepare); and the question batches of question_batches ((rows, forks)
-        pairs, `question_batch`) and the mixed batches of mixed_batches (each fork's rows,
-        `mixed_batch`) warmed up (their graphs: BatchRunner.capture_over, after their check,
-        adapters.graphed.GraphAdapter.prepare)."""
+        pairs, `question_batch`) warmed up (their graphs: BatchRunner.capture_over, after
+        their check, adapters.graphed.GraphAdapter.prepare, which warms the mixed batches up
+        too)."""
         if pool is not None:
             self._pool = pool
         self.chunk.prepare(pool)
@@ -381,9 +380,8 @@ class Runners:
                 runner.prepare(pool)
         for rows in kept_rows:
             self.rows(rows).prepare(pool)
-        batches = [self.question_batch(rows, forks) for rows, forks in question_batches] + \
-            [self.mixed_batch(rows) for rows in mixed_batches]
-        for batch in batches:
+        for rows, forks in question_batches:
+            batch = self.question_batch(rows, forks)
             if batch is not None:
                 batch.prepare()
 

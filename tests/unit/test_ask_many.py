@@ -375,3 +375,28 @@ def test_a_batch_whose_one_call_recurrences_differ_runs_them_one_a_fork(tiny, mo
     assert [x.probs for x in r.ask_many("s", items)] == alone
     assert r.adapter.graph_stats()["num_question_batches"] == 2
     check_refs(r)
+
+
+def test_a_mixed_batch_whose_warm_up_fails_leaves_its_questions_a_buckets_batch_a_step(
+        tiny, monkeypatch):
+    """GraphAdapter._prepare_mixed (the warm-up's mixed batches): one checks and keeps its
+    bits as the others; one whose warm-up raises is recorded as not batching, with a warning
+    naming the error, and the warm-up goes on; that ask's answers are still each
+    question's alone."""
+    r, items = _two_buckets(tiny, 8)
+    a = r.adapter
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    a._prepare_mixed([(128, 64)], None)                   # checked on forks of its own
+    assert (2, (128, 64)) in a.batch_bits
+    batch = a.runners.mixed_batch([100, 3, 3, 3])
+
+    def broken():
+        raise RuntimeError("no such kernel")
+    monkeypatch.setattr(batch, "prepare", broken)
+    with pytest.warns(RuntimeWarning, match=r"128\+64\+64\+64 rows failed its warm-up "
+                                            r"\(RuntimeError: no such kernel\)"):
+        a._prepare_mixed([(128, 64, 64, 64)], None)
+    assert a.batch_bits[(4, (128, 64, 64, 64))] is False
+    got, calls = _ask_steps(r, items, monkeypatch)
+    assert calls == [[64, 64, 64], [128]] and [x.probs for x in got] == alone
+    check_refs(r)
