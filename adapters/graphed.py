@@ -100,16 +100,17 @@ class GraphAdapter(Adapter):
         (batch_bits False: its questions go a bucket's batch a step) with a RuntimeWarning
         naming the error, and the warm-up goes on: a mixed batch only speeds an ask up."""
         for rows in shapes:
-            batch = self.runners.mixed_batch(rows)
-            if batch is None:
-                continue
+            key = (len(rows), tuple(rows))
             try:
+                batch = self.runners.mixed_batch(rows)
+                if batch is None:
+                    continue
                 batch.prepare()
                 self.check_batches((), [rows])
                 if pool is not None and self.batch_bits.get(batch.key):
                     batch.capture_over(pool)
             except Exception as e:           # noqa: BLE001 (a bucket's batch a step stays)
-                self.batch_bits[batch.key] = False
+                self.batch_bits[key] = False
                 warnings.warn(f"the mixed question batch of {'+'.join(map(str, rows))} rows "
                               f"failed its warm-up ({type(e).__name__}: {e}); such questions "
                               f"run a bucket's batch a step", RuntimeWarning, stacklevel=2)
@@ -351,10 +352,18 @@ class GraphAdapter(Adapter):
             return False
         buckets = {runners.rows_of(n) for n in lengths}
         if len(buckets) > 1:                 # several buckets: a mixed batch (Runners)
-            batch = runners.mixed_batch(lengths)
-            return batch is not None and self._batchable(batch.key)
+            return self._mixed(lengths) is not None
         t, size = buckets.pop(), runners.batch_size(len(lengths))
         return size is not None and t <= runners.BUCKET and self._batchable((size, t))
+
+    def _mixed(self, lengths: Sequence[int]):
+        """The mixed batch of questions of these lengths (Runners.mixed_batch) where it runs
+        in one forward here (`_batchable`), else None; a shape not warmed up on CUDA is not
+        even made (its buffers would never serve)."""
+        rows = self.runners.mixed_rows(lengths)
+        if rows is None or not self._batchable((len(rows), rows)):
+            return None
+        return self.runners.mixed_batch(lengths)
 
     def _batchable(self, key: tuple) -> bool:
         """Whether a batch of the shape `key` (BatchRunner.key: (B, t) or (B, each fork's
@@ -381,9 +390,8 @@ class GraphAdapter(Adapter):
         out: list = [None] * len(items)
         for (pos, _), every in places.items():
             lengths = [len(items[i][0]) for i in every]
-            mixed = self.runners.mixed_batch(lengths)
-            if mixed is not None and self._batchable(mixed.key) and \
-                    mixed.shares(pos, shared_rows):       # every bucket's forks in one
+            mixed = self._mixed(lengths)
+            if mixed is not None and mixed.shares(pos, shared_rows):   # every bucket's in one
                 idx = [every[k] for k in self.runners.mixed_order(lengths)]
                 self._logits_of(mixed, items, idx, shared_rows, out)
                 continue

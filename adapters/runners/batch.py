@@ -224,8 +224,10 @@ def row_groups(runners: list) -> tuple[RowGroup, ...]:
             groups[-1][2] += 1
             continue
         if any(g[0].t == runner.t for g in groups):
+            why = "another runner of that row count" if groups[-1][0].t == runner.t else \
+                "not next to the others"
             raise ValueError(f"a batch's forks of {runner.t} rows run through one runner, "
-                             f"next to each other; fork {b} is not")
+                             f"next to each other; fork {b}'s is {why}")
         first = runners[0]
         unlike = [name for name in ("model", "attention", "use_graphs", "page_rows", "proj")
                   if getattr(runner, name) is not getattr(first, name)
@@ -456,15 +458,16 @@ class BatchRunner:
         return self._fa4.split_stream(q.device) if self._fa4.overlap and q.is_cuda else None
 
     def _gdn(self, i: int, gdn, h: torch.Tensor) -> torch.Tensor:
-        """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv
-        from each fork's conv state (one call with calls.conv, GatedDeltaNet.gates_many) and
+        """GDN layer i on h [B * t, hidden]: the input projections over all rows; the conv from
+        each fork's conv state (one call with calls.conv, GatedDeltaNet.gates_many) and
         the gates (over all rows with calls.rows, else per fork), or without calls.conv
         GatedDeltaNet.gates per fork; the recurrences from each fork's state
         (KernelSet.recurrences: one call over [B, t] rows with calls.recurrences, else
-        KernelSet.gdn per fork); the gated norm (over all rows with calls.rows and
-        calls.recurrences, else per fork); out_proj over all rows. Returns [B * t, hidden];
-        with slots that return states, each fork's new conv and recurrent states go to
-        `group` (SlotGroup.set), else they are not kept."""
+        KernelSet.gdn per fork), a group at a time (`_gdn_group`); the gated norm (over
+        all rows with calls.rows where every group's o is one tensor or one fork's: with
+        calls.recurrences, or groups of one fork; else per fork); out_proj over all
+        rows. Returns [B * t, hidden]; with slots that return states, each fork's new
+        conv and recurrent states go to `group` (SlotGroup.set), else they are not kept."""
         op, g, n = self.ops, self.gdn_index[i], self.num_seqs
         qkv, z, b_, a = gdn.project(h, op, self.proj and self.proj.gdn_in[i])
         convs = [slots.inputs[g][0] for slots in self.slots]       # [conv_dim, W] each
@@ -730,7 +733,8 @@ class BatchRunner:
         if not self.shares(pos, shared_rows):
             keys = self._split_keys(pos)
             raise ValueError(f"FA4 in one call reads rows [0, {keys}) of every fork at {pos} "
-                             f"through fork 0's pages; the forks share {shared_rows}")
+                             f"through its group's first fork's pages; the forks share "
+                             f"{shared_rows}")
 
     def captures(self) -> dict:
         """num_graphs, num_captures, num_failed_captures, capture_s (as ChunkGraphs.captures);

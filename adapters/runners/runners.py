@@ -190,11 +190,9 @@ class Runners:
         recurrences one call a bucket), for forks of num_rows ids each (a sequence), padded
         as `for_rows` pads them and ordered by bucket, largest first, as `mixed_order` gives
         them (no copies fill it: a batch a composition); made at first use; None where they
-        are not so batched: fewer than 2 buckets, more forks than BATCH_SIZES' largest, a
-        bucket past BUCKET rows, or questions not batched here (`question_batch`)."""
-        rows = tuple(sorted((self.rows_of(n) for n in num_rows), reverse=True))
-        if len(set(rows)) < 2 or len(rows) > self.BATCH_SIZES[-1] or rows[0] > self.BUCKET \
-                or not self.batches_questions:
+        are not so batched (`mixed_rows`)."""
+        rows = self.mixed_rows(num_rows)
+        if rows is None:
             return None
         key = ("mixed", rows)
         if key not in self._batches:
@@ -205,6 +203,21 @@ class Runners:
                 batch.split_graphs.pin(self._pool)
         return self._batches[key]
 
+    def mixed_rows(self, num_rows) -> tuple[int, ...] | None:
+        """The rows of each fork of `mixed_batch(num_rows)`, largest first (its key, without
+        making it), or None where no mixed batch takes forks of num_rows ids: fewer than 2
+        buckets, more forks than BATCH_SIZES' largest, a bucket past BUCKET rows or past the
+        grid, a grid-sized bucket (the chunk runner's) whose op set is not the other
+        buckets' (on CUDA the question runners' row-invariant ops, `question_ops`), or
+        questions not batched here (`question_batch`)."""
+        rows = tuple(sorted((self.rows_of(n) for n in num_rows), reverse=True))
+        if len(set(rows)) < 2 or len(rows) > self.BATCH_SIZES[-1] or rows[0] > self.BUCKET \
+                or rows[0] > self.chunk.t or not self.batches_questions:
+            return None
+        if rows[0] == self.chunk.t and self.question_ops(rows[-1]) is not self.chunk.ops:
+            return None
+        return rows
+
     def mixed_order(self, num_rows) -> list[int]:
         """The forks' places in `mixed_batch`: indices into num_rows by bucket, largest first
         (in their order within a bucket)."""
@@ -213,10 +226,11 @@ class Runners:
     def mixed_batch_shapes(self) -> list[tuple[int, ...]]:
         """The mixed batches a reader's warm-up prepares (each fork's rows, `mixed_batch`): one
         of BUCKET rows beside 1 to MIXED_SMALL of one small bucket (a short question pads to
-        64 rows with a kept tail, to 128 with a tail of up to 64 ids before it); none without
-        small buckets."""
-        return [(self.BUCKET,) + (small,) * k for small in self.small_bucket_rows
-                for k in range(1, self.MIXED_SMALL + 1)]
+        64 rows with a kept tail, to 128 with a tail of up to 64 ids before it), those that
+        `mixed_rows` takes here; none without small buckets."""
+        shapes = [(self.BUCKET,) + (small,) * k for small in self.small_bucket_rows
+                  for k in range(1, self.MIXED_SMALL + 1)]
+        return [rows for rows in shapes if self.mixed_rows(rows) is not None]
 
     def chunk_batch(self, num_seqs: int):
         """The runner of num_seqs grid chunks of several sequences in one forward (issue 36,

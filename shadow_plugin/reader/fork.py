@@ -387,11 +387,11 @@ def last_logits(adapter: Adapter, store: PageStore, fw: Forward,
 
 def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
                      letters: list[list[int]]) -> list[torch.Tensor]:
-    """Forks' last forwards (their pieces read) through adapter.fork_logits_batch (one
-    forward a group at one position in one bucket, on the graph adapter, which may read the
-    rows they share once: their base's, when all come from one start_many (one origin), as
-    the forks of one ask do): fork i's letters' logits [len(letters[i])] fp32, the bits last_logits
-    gives it alone."""
+    """Forks' last forwards (their pieces read) through adapter.fork_logits_batch (one forward a
+    group at one position, in one bucket or a mixed batch of several, on the graph adapter,
+    which may read the rows they share once: their base's, when all come from one start_many
+    (one origin), as the forks of one ask do): fork i's letters' logits [len(letters[i])] fp32,
+    the bits last_logits gives it alone."""
     if not fws:
         return []
     one_base = all(fw.origin is fws[0].origin and fw.base_rows == fws[0].base_rows

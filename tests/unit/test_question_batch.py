@@ -344,10 +344,10 @@ def test_mixed_batches_are_refused_where_their_forks_do_not_group(tiny):
     runners = Runners(tiny, 2 * G)
     small, big = runners.for_rows(G), runners.for_rows(2 * G)
     slots = runners.batch_slots(3)
-    with pytest.raises(ValueError, match="next to each other; fork 2"):
+    with pytest.raises(ValueError, match="next to each other; fork 2's is not next to the"):
         BatchRunner([small, big, small], slots)
     other = Runners(tiny, 2 * G).for_rows(G)               # a second runner of 64 rows
-    with pytest.raises(ValueError, match="fork 1 is not"):
+    with pytest.raises(ValueError, match="fork 1's is another runner of that row count"):
         BatchRunner([small, other, big], slots)
     with pytest.raises(ValueError, match="several row counts share one position"):
         BatchRunner([big, small, small], slots, one_position=False)
@@ -357,9 +357,32 @@ def test_mixed_batches_are_refused_where_their_forks_do_not_group(tiny):
     assert runners.mixed_batch([100] + [5] * 8) is None      # past the largest batch
     assert runners.mixed_batch([5, 100]).ts == (2 * G, G)    # largest bucket first
     assert runners.mixed_order([5, 100, 6]) == [1, 0, 2]
-    assert runners.mixed_batch_shapes() == [(256, 64), (256, 64, 64), (256, 64, 64, 64),
-                                            (256, 128), (256, 128, 128), (256, 128, 128, 128)]
+    assert runners.mixed_batch_shapes() == []                # 256 rows: past this grid
+    assert Runners(tiny, 8 * G).mixed_batch_shapes() == [
+        (256, 64), (256, 64, 64), (256, 64, 64, 64),
+        (256, 128), (256, 128, 128), (256, 128, 128, 128)]
+    assert runners.mixed_rows([100, 5]) == (128, 64) and runners.mixed_rows([300, 5]) is None
     batch = runners.mixed_batch([100, 5])
     forks = _forks(tiny, 2, 2 * G, seed=3, page_rows=2 * G)
     with pytest.raises(ValueError, match=r"\[128, 64\] ids"):
         batch.run(forks)                                      # 64 ids where 128 are due
+
+
+def test_no_mixed_batch_joins_a_grid_sized_bucket_of_other_ops(tiny, monkeypatch):
+    """At a grid of BUCKET rows the router question's bucket is the grid's chunk runner; on
+    CUDA its op set is not the question runners' (their row-invariant ops, question_ops), so
+    no mixed batch takes it: mixed_rows None, no warm-up shape, and the graph adapter neither
+    batches such questions in one forward nor fails its warm-up over them."""
+    import dataclasses
+
+    from shadow_plugin.reader.reader import Reader
+    r = Reader(tiny, grid=256, cuda_graphs=True)
+    runners, a = r.adapter.runners, r.adapter
+    assert runners.mixed_rows([200, 5]) == (256, 64)           # one op set (the CPU's)
+    other = dataclasses.replace(runners.chunk.ops)              # as CUDA's question ops
+    monkeypatch.setattr(runners, "question_ops", lambda t: other)
+    assert runners.mixed_rows([200, 5]) is None and runners.mixed_batch([200, 5]) is None
+    assert runners.mixed_rows([100, 5]) == (128, 64)            # below the grid: still
+    assert all(rows[0] < 256 for rows in runners.mixed_batch_shapes())
+    a._prepare_mixed([(256, 64)], None)                         # nothing made, nothing raised
+    assert not a.batch_bits and not a.batches([200, 5], [512, 512])
