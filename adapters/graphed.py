@@ -65,12 +65,12 @@ class GraphAdapter(Adapter):
     def prepare(self, pool=None, kept_rows: Sequence[int] = (),
                 chunk_batches: Sequence[int] = ()) -> None:
         """Runners.prepare; with graphs, also the question batches of every shape
-        (Runners.question_batch_shapes, and the mixed ones, Runners.mixed_batch_shapes): warmed
-        up, checked against their forks run alone
-        (`check_batches`), then, for the shapes that kept the bits, their graphs captured over
-        `pool`; and the chunk batches of chunk_batches' sizes (Runners.chunk_batch) the same
-        way (`check_chunk_batches`). On CUDA only a shape warmed up and checked here is
-        batched, so no question or read waits for a compile, a capture or a check."""
+        (Runners.question_batch_shapes, and the mixed ones, Runners.mixed_batch_shapes):
+        warmed up, checked against their forks run alone (`check_batches`), then, for the
+        shapes that kept the bits, their graphs captured over `pool`; and the chunk batches
+        of chunk_batches' sizes (Runners.chunk_batch) the same way (`check_chunk_batches`).
+        On CUDA only a shape warmed up and checked here is batched, so no question or read
+        waits for a compile, a capture or a check."""
         warm = self.runners.chunk.use_graphs and self.runners.batches_questions
         shapes = self.runners.question_batch_shapes() if warm else []
         self.runners.prepare(pool=pool, kept_rows=kept_rows, question_batches=shapes)
@@ -373,16 +373,15 @@ class GraphAdapter(Adapter):
         return ok is True if self.runners.chunk.use_graphs else ok is not False
 
     def fork_logits_batch(self, items, shared_rows: int = 0) -> list[torch.Tensor]:
-        """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over
-        one pool in one forward where a mixed batch of their buckets keeps their bits
-        (Runners.mixed_batch), else those whose ids pad to one bucket (Runners.rows_of) in one
-        forward a group of up to the largest Runners.BATCH_SIZES (Runners.question_batch; a
-        group short of its batch's size padded with copies of its last fork, which write the
-        same rows), each with the
-        bits fork_logits gives it alone (`_checked`; a shape not known to keep them,
-        `_batchable`, or forks sharing too few rows for its FA4 call, BatchRunner.shares,
-        runs one at a time, as do the others). shared_rows: as Adapter.fork_logits_batch.
-        Returns [len(token_ids)] fp32 each."""
+        """fork_logits for each item (ids, pos, kv, gdn, token_ids): the items at one pos over one
+        pool in one forward where a mixed batch of their buckets keeps their bits
+        (Runners.mixed_batch), else those whose ids pad to one bucket (Runners.rows_of) in
+        one forward a group of up to the largest Runners.BATCH_SIZES
+        (Runners.question_batch; a group short of its batch's size padded with copies of its
+        last fork, which write the same rows), each with the bits fork_logits gives it alone
+        (`_checked`; a shape not known to keep them, `_batchable`, or forks sharing too few
+        rows for its FA4 call, BatchRunner.shares, runs one at a time, as do the others).
+        shared_rows: as Adapter.fork_logits_batch. Returns [len(token_ids)] fp32 each."""
         items = [(list(ids), *rest) for ids, *rest in items]
         places: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):
