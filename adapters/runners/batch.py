@@ -267,13 +267,14 @@ class BatchRunner:
     CPU): the table attention is not batched.
 
     Static buffers (the model's device): per fork its ChunkMeta (ids, pos, pools' places, page
-    table) and, with FA4, its split and tail tables per split count and the batch's copy of
+    table) and, with FA4, its split and tail tables per split count and each group's copy of
     the tails (fa4_graph.BatchTables: up to 4.3 MB a fork at 64 rows on a grid of 512 over
     every split count on an H100), the hidden rows [B * t, hidden] and per full-attention
-    layer its attention output [B * t, H * D] (12 MiB in all at 4 x 128 rows on the 0.8B);
-    its graphs' memory pool holds one forward's working set, and with slots that return
-    states each graph keeps its forks' output states (19.8 MB a fork on the 0.8B: about
-    160 MB a graph at B = 8, a graph per split count and pool)."""
+    layer its attention output [B * t, H * D] (a mixed batch: the sum of its forks' rows for
+    B * t; 12 MiB in all at 4 x 128 rows on the 0.8B); its graphs' memory pool holds one
+    forward's working set, and with slots that return states each graph keeps its forks'
+    output states (19.8 MB a fork on the 0.8B: about 160 MB a graph at B = 8, a graph per
+    split count, or tuple of a mixed batch's groups' split counts, and pool)."""
 
     def __init__(self, runner, slots: list, calls: OneCall = ALL_IN_ONE,
                  one_position: bool = True):
