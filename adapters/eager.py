@@ -91,7 +91,8 @@ class EagerAdapter(Adapter):
         return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
 
     def batches(self, lengths: Sequence[int] | None = None,
-                positions: Sequence[int] | None = None) -> bool:
+                positions: Sequence[int] | None = None,
+                shared_rows: int | None = None) -> bool:
         """Whether a batch runs in one forward here: on the CPU, where the facts batching
         rests on were measured (model.batch), when Qwen35.rows_invariant holds at the grid's
         rows with the threads torch uses now (checked once per thread count); on CUDA only
@@ -99,8 +100,8 @@ class EagerAdapter(Adapter):
         and the norms' (model.batch.norm_rows_invariant) check out on the device, once. With
         lengths (two or more items' ids), also whether that batch's row counts keep their
         bits (`_keeps_bits`): the one answer read_chunks and fork_logits_batch act on. Items at
-        several positions run in one forward here (Qwen35.forward_batch): `positions` changes
-        nothing."""
+        several positions run in one forward here (Qwen35.forward_batch), each through its own
+        rows: `positions` and `shared_rows` change nothing."""
         cpu = self.model.device.type == "cpu"
         if not (cpu or self.invariant):
             return False

@@ -332,12 +332,14 @@ class GraphAdapter(Adapter):
             self.runners.mixed_batch(t)
 
     def batches(self, lengths: Sequence[int] | None = None,
-                positions: Sequence[int] | None = None) -> bool:
+                positions: Sequence[int] | None = None,
+                shared_rows: int | None = None) -> bool:
         """Whether questions' last forwards run in one forward here: with lengths, when there
         are 2 or more and all pad to one question bucket of at most Runners.BUCKET rows whose
         batches keep each fork's bits (`_batchable`), or to buckets that a mixed batch of
         theirs takes (Runners.mixed_batch: on CUDA the warmed ones, mixed_batch_shapes) and
-        that keeps their bits; with positions, all at one. Other questions of two buckets go
+        that keeps their bits; with positions, all at one; with shared_rows too, sharing
+        enough rows for its FA4 call (BatchRunner.shares). Other questions of two buckets go
         a bucket's batch a step (fork.last_group), those of a shape whose batches gave other
         bits one a step, those at several positions a position's a step, so a step stays one
         forward (but for a shape's first batch off CUDA, checked against its forks alone, and
@@ -352,9 +354,18 @@ class GraphAdapter(Adapter):
             return False
         buckets = {runners.rows_of(n) for n in lengths}
         if len(buckets) > 1:                 # several buckets: a mixed batch (Runners)
-            return self._mixed(lengths) is not None
-        t, size = buckets.pop(), runners.batch_size(len(lengths))
-        return size is not None and t <= runners.BUCKET and self._batchable((size, t))
+            rows = runners.mixed_rows(lengths)
+            if rows is None or not self._batchable((len(rows), rows)):
+                return False
+            made = lambda: runners.mixed_batch(lengths)     # noqa: E731
+        else:
+            t, size = buckets.pop(), runners.batch_size(len(lengths))
+            if size is None or t > runners.BUCKET or not self._batchable((size, t)):
+                return False
+            made = lambda: runners.question_batch(t, size)  # noqa: E731
+        # the batch itself (made now, for the step that asked) only to ask whether its forks
+        # share the rows its FA4 call reads once
+        return shared_rows is None or not positions or made().shares(positions[0], shared_rows)
 
     def _mixed(self, lengths: Sequence[int]):
         """The mixed batch of questions of these lengths (Runners.mixed_batch) where it runs

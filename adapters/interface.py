@@ -185,13 +185,16 @@ class Adapter(ABC):
         or pos off ROW_ALIGN (check_rows)."""
 
     def batches(self, lengths: Sequence[int] | None = None,
-                positions: Sequence[int] | None = None) -> bool:
+                positions: Sequence[int] | None = None,
+                shared_rows: int | None = None) -> bool:
         """Whether read_chunks and fork_logits_batch run a batch in one forward (False: one at
         a time, this default; a caller that must bound how long it holds the device then
         hands them one item at a time). lengths: the ids of each item of the batch to be run
         (None: whether this adapter batches at all); positions: the questions' positions, for
         an adapter whose one forward holds one position's questions (the graph adapter's:
-        False for several), or None."""
+        False for several), or None; shared_rows: the KV rows [0, n) the questions hold the
+        same (fork.shared_rows), for an adapter whose one forward reads them once for all
+        (the graph adapter's FA4: False where its splits would read past them), or None."""
         return False
 
     def read_chunks(self, items: Sequence[tuple[Sequence[int], int, PagedKv, GdnState]]

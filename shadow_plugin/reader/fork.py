@@ -394,11 +394,17 @@ def last_logits_many(adapter: Adapter, store: PageStore, fws: list[Forward],
     the bits last_logits gives it alone."""
     if not fws:
         return []
-    one_base = all(fw.origin is fws[0].origin and fw.base_rows == fws[0].base_rows
-                   for fw in fws) and fws[0].origin is not None
     return adapter.fork_logits_batch([(fw.rest, fw.pos, kv(store, fw, fw.rows), fw.gdn, lt)
                                       for fw, lt in zip(fws, letters)],
-                                     shared_rows=fws[0].base_rows if one_base else 0)
+                                     shared_rows=shared_rows(fws))
+
+
+def shared_rows(fws: list[Forward]) -> int:
+    """The KV rows [0, n) that every fork holds the same: their base's rows (base_rows) when
+    all come from one start_many (one origin), as the forks of one ask do; else 0."""
+    one_base = all(fw.origin is fws[0].origin and fw.base_rows == fws[0].base_rows
+                   for fw in fws) and fws[0].origin is not None
+    return fws[0].base_rows if one_base else 0
 
 
 def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
@@ -415,14 +421,16 @@ def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
         by_pos.setdefault(p.fw.pos, []).append(p)
     for group in by_pos.values():     # every bucket at one position (a mixed batch) in one
         if len(group) > 1 and adapter.batches([len(p.fw.rest) for p in group],
-                                              [p.fw.pos for p in group]):
+                                              [p.fw.pos for p in group],
+                                              shared_rows([p.fw for p in group])):
             return group
     groups: dict[tuple[int, int], list[Pending]] = {}
     for p in todo:
         groups.setdefault((p.fw.pos, adapter.fork_rows(len(p.fw.rest))), []).append(p)
     for group in groups.values():
-        lengths = [len(p.fw.rest) for p in group]
-        size = next((k for k in range(len(group), 1, -1) if adapter.batches(lengths[:k])), 0)
+        lengths, rows = [len(p.fw.rest) for p in group], shared_rows([p.fw for p in group])
+        size = next((k for k in range(len(group), 1, -1)
+                     if adapter.batches(lengths[:k], [group[0].fw.pos] * k, rows)), 0)
         if size:
             return group[:size]
     return todo[:1]

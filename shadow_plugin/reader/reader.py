@@ -616,7 +616,8 @@ class Reader:
             else:
                 moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
         elif len(pendings) > 1 and not self.adapter.batches([len(fw.rest) for fw in fws],
-                                                            [fw.pos for fw in fws]):
+                                                            [fw.pos for fw in fws],
+                                                            fork.shared_rows(fws)):
             group = fork.last_group(self.adapter, [p for p in pendings if p.logits is None])
             if group:
                 got = fork.last_logits_many(self.adapter, self.store, [p.fw for p in group],

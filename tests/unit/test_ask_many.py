@@ -209,12 +209,12 @@ def test_questions_of_two_buckets_run_in_one_mixed_forward(tiny, monkeypatch):
 
 def test_questions_of_two_buckets_without_a_mixed_batch_batch_those_of_one(tiny, monkeypatch):
     """Where no mixed batch takes them (more forks than the largest batch, a composition the
-    warm-up did not prepare on CUDA: Runners.mixed_batch None), the short ones in one
+    warm-up did not prepare on CUDA: Runners.mixed_rows None), the short ones in one
     forward, the long one alone, one forward a step; each answer its question's alone."""
     r, items = _two_buckets(tiny, 8)
     a = r.adapter
     alone = [r.ask("s", q, c).probs for q, c in items]
-    monkeypatch.setattr(a.runners, "mixed_batch", lambda num_rows: None)
+    monkeypatch.setattr(a.runners, "mixed_rows", lambda num_rows: None)
     pendings = r.begin_ask_many("s", items)
     lengths = [len(p.fw.rest) for p in pendings]
     r.cancel_many(pendings)
@@ -399,4 +399,35 @@ def test_a_mixed_batch_whose_warm_up_fails_leaves_its_questions_a_buckets_batch_
     assert a.batch_bits[(4, (128, 64, 64, 64))] is False
     got, calls = _ask_steps(r, items, monkeypatch)
     assert calls == [[64, 64, 64], [128]] and [x.probs for x in got] == alone
+    check_refs(r)
+
+
+def test_questions_that_share_too_few_rows_for_one_fa4_call_run_one_a_step(tiny, monkeypatch):
+    """Where a batch's FA4 call would read rows the questions do not share (BatchRunner.shares
+    False: forks that read pieces past their base's rows, at a position whose splits reach
+    past them), `batches` says so with the shared rows given, so no step runs more than one
+    forward: the last forwards go one a step (not all at once in finish_ask_many); each
+    answer its question's alone."""
+    from adapters.runners.batch import BatchRunner
+    r, items = _two_buckets(tiny, 8)
+    a = r.adapter
+    alone = [r.ask("s", q, c).probs for q, c in items]
+    monkeypatch.setattr(BatchRunner, "shares", lambda self, pos, shared_rows: False)
+    pendings = r.begin_ask_many("s", items)
+    lengths = [len(p.fw.rest) for p in pendings]
+    assert a.batches(lengths) and a.batches(lengths, [p.fw.pos for p in pendings])
+    assert not a.batches(lengths, [p.fw.pos for p in pendings], pendings[0].fw.base_rows)
+    forwards = []
+    real_one, real_run = a.fork_logits, BatchRunner.run
+    monkeypatch.setattr(a, "fork_logits", lambda *x: forwards.append(1) or real_one(*x))
+    monkeypatch.setattr(BatchRunner, "run", lambda self, *x: forwards.append(self.num_seqs)
+                        or real_run(self, *x))
+    per_step = []
+    while r.advance_many(pendings):
+        per_step.append(len(forwards))
+        forwards.clear()
+    got = r.finish_ask_many(pendings)
+    per_step.append(len(forwards))
+    assert max(per_step) == 1 and sum(per_step) == 4, per_step
+    assert [x.probs for x in got] == alone
     check_refs(r)
