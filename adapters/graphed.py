@@ -28,7 +28,7 @@ import torch
 from adapters.interface import Adapter, check_rows
 from adapters.model import autotune
 from adapters.model.qwen35 import Qwen35
-from adapters.runners.batch import CHUNK_WAYS, PER_FORK
+from adapters.runners.batch import CHUNK_WAYS, PER_FORK, shape_name
 from adapters.runners.runners import Runners
 from block_store import PagedKv
 from block_store.memory.layout import GdnState
@@ -307,9 +307,9 @@ class GraphAdapter(Adapter):
                         key=lambda kv: kv[0]) + \
             sorted((kv for kv in self.batch_bits.items() if not isinstance(kv[0][1], int)),
                    key=lambda kv: kv[0][1])
-        out["question_batch_bits"] = {self._shape_name(key): ok for key, ok in shapes}
+        out["question_batch_bits"] = {shape_name(key): ok for key, ok in shapes}
         out["question_batch_one_call"] = {          # which parts run one call for all forks
-            self._shape_name(key): dataclasses.asdict(self._batch_of(key).calls) if ok
+            shape_name(key): dataclasses.asdict(self._batch_of(key).calls) if ok
             else None for key, ok in shapes}
         out["num_question_batches"] = self.num_question_batches
         out["chunk_batch_bits"] = {str(b): ok for b, ok in sorted(self.chunk_bits.items())}
@@ -317,13 +317,6 @@ class GraphAdapter(Adapter):
             str(b): dataclasses.asdict(self.runners.chunk_batch(b).calls) if ok else None
             for b, ok in sorted(self.chunk_bits.items())}
         return out
-
-    @staticmethod
-    def _shape_name(key: tuple) -> str:
-        """A batch_bits key as graph_stats names it: "BxT", or a mixed batch's rows joined
-        by "+" ("256+64+64")."""
-        b, t = key
-        return f"{b}x{t}" if isinstance(t, int) else "+".join(map(str, t))
 
     def _batch_of(self, key: tuple):
         """The question batch (Runners.question_batch or mixed_batch) of a batch_bits key."""
@@ -354,8 +347,7 @@ class GraphAdapter(Adapter):
             return False
         buckets = {runners.rows_of(n) for n in lengths}
         if len(buckets) > 1:                 # several buckets: a mixed batch (Runners)
-            rows = runners.mixed_rows(lengths)
-            if rows is None or not self._batchable((len(rows), rows)):
+            if self._mixed_rows(lengths) is None:
                 return False
             made = lambda: runners.mixed_batch(lengths)     # noqa: E731
         else:
@@ -367,14 +359,17 @@ class GraphAdapter(Adapter):
         # share the rows its FA4 call reads once
         return shared_rows is None or not positions or made().shares(positions[0], shared_rows)
 
+    def _mixed_rows(self, lengths: Sequence[int]) -> tuple[int, ...] | None:
+        """Runners.mixed_rows of questions of these lengths where their mixed batch runs in
+        one forward here (`_batchable`), else None."""
+        rows = self.runners.mixed_rows(lengths)
+        return rows if rows is not None and self._batchable((len(rows), rows)) else None
+
     def _mixed(self, lengths: Sequence[int]):
         """The mixed batch of questions of these lengths (Runners.mixed_batch) where it runs
-        in one forward here (`_batchable`), else None; a shape not warmed up on CUDA is not
+        in one forward here (`_mixed_rows`), else None; a shape not warmed up on CUDA is not
         even made (its buffers would never serve)."""
-        rows = self.runners.mixed_rows(lengths)
-        if rows is None or not self._batchable((len(rows), rows)):
-            return None
-        return self.runners.mixed_batch(lengths)
+        return self.runners.mixed_batch(lengths) if self._mixed_rows(lengths) else None
 
     def _batchable(self, key: tuple) -> bool:
         """Whether a batch of the shape `key` (BatchRunner.key: (B, t) or (B, each fork's

@@ -185,6 +185,13 @@ WAYS = (ALL_IN_ONE,
         PER_FORK)
 
 
+def shape_name(key: tuple) -> str:
+    """A batch's shape (BatchRunner.key) as status names it: "BxT" for B forks of T rows, or a
+    mixed batch's rows joined by "+" ("256+64+64")."""
+    b, t = key
+    return f"{b}x{t}" if isinstance(t, int) else "+".join(map(str, t))
+
+
 @dataclass(frozen=True)
 class RowGroup:
     """A batch's forks of one row count, next to each other: forks first .. first + num - 1,

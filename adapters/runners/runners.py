@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from adapters.attention.fa4_plan import SUB_PAGE
 from adapters.model import ops, rowwise
 from adapters.runners import capture
+from adapters.runners.batch import shape_name
 from adapters.runners.graphs import ChunkGraphs
 
 
@@ -332,8 +333,7 @@ class Runners:
                 out[name] += value
             out["num_runners"] += 1
             if isinstance(key, tuple) and key[0] == "batch":
-                out["question_batches"].append("+".join(map(str, key[2])) if key[1] == "mixed"
-                                               else f"{key[2]}x{key[1]}")
+                out["question_batches"].append(shape_name(runner.key))
             elif isinstance(key, tuple):
                 out["kept_rows"].append(key[1])
             elif isinstance(key, int) and key > 1:
