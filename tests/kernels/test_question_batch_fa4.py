@@ -305,8 +305,9 @@ def test_a_chunk_batch_on_fa4_gives_each_session_its_chunk_runners_bits(tiny, fa
 def test_forks_of_two_asks_share_nothing_across_a_rewrite(tiny, fake_fa4, monkeypatch):
     """Forks begun by two begin_ask_many calls at one `at` of one session, a rewrite of the
     tail's ids between them, finished together: they stand on other rows below the cut, so
-    the batch is told they share none (Forward.origin) and each answer equals `ask`'s; forks
-    of one call share the rows up to the cut. (A review found the first case read fork 1's
+    they share none (Forward.origin), no batch with one FA4 call takes both
+    (Adapter.batches), each runs alone, a step each, with its own ask's rows, and each
+    answer equals `ask`'s; forks of one call share the rows up to the cut. (A review found the first case read fork 1's
     tail rows through fork 0's copy when forks were matched by session and place.)"""
     import random
 
@@ -342,7 +343,7 @@ def test_forks_of_two_asks_share_nothing_across_a_rewrite(tiny, fake_fa4, monkey
         pass
     got = r.finish_ask_many(both)
     monkeypatch.setattr(a, "fork_logits_batch", real)
-    assert shared[1:] == [0] and got[0].probs == want1
+    assert shared[1:] == [1152, 1152] and got[0].probs == want1   # one fork a forward
     assert got[1].probs == r.ask("s", *q, at=at).probs != want1
 
 
