@@ -6,7 +6,9 @@
   same questions asked one at a time (Reader.ask) and against one question alone; every
   batched answer is checked equal to its question asked alone, bit for bit ("exact"); the
   question batches one ask ran (`question_batches_an_ask`, the graph adapter's); with
-  --profile the host's time in ask_many by function (cProfile).
+  --profile the host's time in ask_many by function (cProfile); with --trace one question's
+  ask and ask_many under torch.profiler (evals.timing.device_timeline: the device's busy and
+  idle time a call, its top kernels, its idle time by our function and by op).
 - `read`: one grid chunk of each of B sessions read in one forward (Reader.read_batch)
   against the same chunks read one at a time (Reader.read), at a context; the committed states
   are checked against a fresh prefill afterwards.
@@ -14,7 +16,7 @@
     python -m evals.batch_bench [--model random:tiny] [--device cpu] [--grid 512]
         [--contexts 16384,32768] [--read-contexts ...] [--questions 4] [--tail 330]
         [--batches 1,2,4,8] [--repeats 5]
-        [--threads 1] [--parts ask,read] [--profile]
+        [--threads 1] [--parts ask,read] [--profile] [--trace]
 
 Figures are medians over `repeats` rounds, the arms taken in turns within a round. The last
 line printed is one JSON object (with the machine, versions, commit and date). Its figures go
@@ -34,7 +36,7 @@ import sys
 import torch
 
 from evals.run_info import git_commit
-from evals.timing import wall_ms
+from evals.timing import device_timeline, wall_ms
 from shadow_plugin.chat.router import ROUTER
 from shadow_plugin.reader.reader import Reader
 
@@ -104,6 +106,12 @@ def ask_part(model, args) -> dict:
         if args.profile:
             out[str(context)]["profile"] = _host_profile(lambda: reader.ask_many("s", items),
                                                          args.repeats)
+        if args.trace:                  # the device's busy and idle time, idle by function
+            out[str(context)]["trace"] = {
+                "one": device_timeline(lambda: reader.ask("s", *items[0]), args.repeats),
+                "many": device_timeline(lambda: reader.ask_many("s", items), args.repeats)}
+            print(f"trace {json.dumps(out[str(context)]['trace'])}", file=sys.stderr,
+                  flush=True)
         print(f"ask {context}: {out[str(context)]}", file=sys.stderr, flush=True)
     return out
 
@@ -203,6 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="ask,read")
     ap.add_argument("--profile", action="store_true",
                     help="`ask`: ask_many under cProfile too (the top functions by host time)")
+    ap.add_argument("--trace", action="store_true",
+                    help="`ask`: one question's ask and ask_many under torch.profiler too "
+                    "(device busy and idle ms, top kernels, idle time by function)")
     args = ap.parse_args(argv)
     args.parts = args.parts.split(",")
     print(json.dumps(run(args)))

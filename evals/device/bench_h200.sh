@@ -28,8 +28,9 @@
 #       "--chunk-ways recurrences+conv,recurrences": the check's later ways beside the first)
 #   bash evals/device/bench_h200.sh ask     `python -m evals.batch_bench --parts ask`: the router
 #       question and three classifications at 100k through Reader.ask_many (warmed up as a
-#       server is) against one at a time, bit for bit, with ask_many's host profile
-#       (issue 36, item 3 end to end; about 170 s)
+#       server is) against one at a time, bit for bit, with ask_many's host profile and
+#       both arms' device timelines (--trace: device busy and idle ms, idle by function;
+#       issue 36, item 3 end to end; about 200 s)
 #   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
 #       replayed alone with the router question after every turn under the default cap,
 #       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
@@ -69,8 +70,8 @@ chunks)
     tail -n 1 "$out/bi-bench-chunks.log" | cut -c1-3000 ;;
 ask)
     timeout 400 python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
-        --contexts 100352 --parts ask --profile 2>&1 | quiet | tee "$out/batch-bench-ask.log" \
-        | tail -n 2 | cut -c1-4000 ;;
+        --contexts 100352 --parts ask --profile --trace 2>&1 | quiet \
+        | tee "$out/batch-bench-ask.log" | tail -n 2 | cut -c1-6000 ;;
 reread)
     timeout $((560 - SECONDS)) python3 -m evals.reread ${SESSIONS:-.devdata/sessions/*.json} \
         --device cuda --check-exact 2>&1 | quiet | tee "$out/reread.log" | cut -c1-600 ;;
