@@ -98,20 +98,22 @@ class GraphAdapter(Adapter):
         checked (`check_batches`) and, where they kept the bits, captured over `pool`, one at
         a time. One whose warm-up, check or capture raises is recorded as giving other bits
         (batch_bits False: its questions go a bucket's batch a step) with a RuntimeWarning
-        naming the error, and the warm-up goes on: a mixed batch only speeds an ask up."""
+        naming the error, its runner and graphs dropped (`Runners.drop_mixed`), and the
+        warm-up goes on: a mixed batch only speeds an ask up."""
         for rows in shapes:
-            key = (len(rows), tuple(rows))
+            made = self.runners.mixed_rows(rows)     # the key's order: largest bucket first
+            if made is None:
+                continue
             try:
-                batch = self.runners.mixed_batch(rows)
-                if batch is None:
-                    continue
+                batch = self.runners.mixed_batch(made)
                 batch.prepare()
-                self.check_batches((), [rows])
+                self.check_batches((), [made])
                 if pool is not None and self.batch_bits.get(batch.key):
                     batch.capture_over(pool)
             except Exception as e:           # noqa: BLE001 (a bucket's batch a step stays)
-                self.batch_bits[key] = False
-                warnings.warn(f"the mixed question batch of {'+'.join(map(str, rows))} rows "
+                self.batch_bits[(len(made), made)] = False
+                self.runners.drop_mixed(made)
+                warnings.warn(f"the mixed question batch of {'+'.join(map(str, made))} rows "
                               f"failed its warm-up ({type(e).__name__}: {e}); such questions "
                               f"run a bucket's batch a step", RuntimeWarning, stacklevel=2)
 

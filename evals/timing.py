@@ -98,15 +98,18 @@ def _split(events, min_gap_us: float):
     """(the calls' windows [(start_us, end_us)], the device's busy intervals merged, kernel
     name -> (calls, us), gaps [(us, innermost function of ours or Python frame, innermost
     op)]) of one profile's events."""
+    on_device = lambda e: str(e.device_type).endswith("CUDA")     # noqa: E731
     windows = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.name == "device_timeline.call")
-    device = [e for e in events if str(e.device_type).endswith("CUDA")]
+                     if e.name == "device_timeline.call" and not on_device(e))
+    # kernels and copies; not the device's copies of record_function ranges (ours, or
+    # torch.compile's "Torch-Compiled Region"), which span their first to last kernel
+    device = [e for e in events if on_device(e) and not getattr(e, "is_user_annotation", False)]
     kernels: dict[str, tuple[int, float]] = {}
     for e in device:
         n, us = kernels.get(e.name[:120], (0, 0.0))
         kernels[e.name[:120]] = (n + 1, us + e.time_range.end - e.time_range.start)
     busy = _merged([(e.time_range.start, e.time_range.end) for e in device])
-    host = sorted((e for e in events if not str(e.device_type).endswith("CUDA")
+    host = sorted((e for e in events if not on_device(e)
                    and e.name != "device_timeline.call"),    # outer first at one start
                   key=lambda e: (e.time_range.start, -e.time_range.end))
     starts = [e.time_range.start for e in host]

@@ -210,6 +210,14 @@ class RowGroup:
         return range(self.first, self.first + self.num)
 
 
+def _same(a, b) -> bool:
+    """Whether two runners' parts are one: the same object, or equal plain values (ints,
+    strings, flags); objects holding tensors (fused projections) only by identity, since
+    `==` on them raises."""
+    plain = (bool, int, float, str, type(None))
+    return a is b or (isinstance(a, plain) and isinstance(b, plain) and a == b)
+
+
 def _same_op(a, b) -> bool:
     """Whether two ops of an op set compute alike: the same function, or partials of one
     function with the same arguments (ops.row_invariant_ops makes its `down` anew a call)."""
@@ -237,8 +245,7 @@ def row_groups(runners: list) -> tuple[RowGroup, ...]:
                              f"next to each other; fork {b}'s is {why}")
         first = runners[0]
         unlike = [name for name in ("model", "attention", "use_graphs", "page_rows", "proj")
-                  if getattr(runner, name) is not getattr(first, name)
-                  and getattr(runner, name) != getattr(first, name)]
+                  if not _same(getattr(runner, name), getattr(first, name))]
         unlike += [f"ops.{f.name}" for f in fields(first.ops)
                    if not _same_op(getattr(runner.ops, f.name), getattr(first.ops, f.name))]
         if unlike:
@@ -651,14 +658,16 @@ class BatchRunner:
         """Whether forks at pos that hold the same KV rows [0, shared_rows) can run as one
         batch the way it runs now: always, unless FA4 in one call (calls.attention) would read
         rows [0, S Ls) past shared_rows through a group's first fork's pages
-        (fa4_graph.attend_many)."""
+        (fa4_graph.attend_many; a group of one fork reads its own, fa4_graph.attend)."""
         if self._fa4 is None or not self.calls.attention:
             return True
         return self._split_keys(pos) <= shared_rows
 
     def _split_keys(self, pos: int) -> int:
-        """The most keys any group's splits read at pos (rows [0, S Ls))."""
-        return max(self._fa4.split_keys(pos, g.t, self.model.device) for g in self.row_groups)
+        """The most keys any group of several forks has its splits read at pos through its
+        first fork's pages (rows [0, S Ls)); 0 for none."""
+        return max((self._fa4.split_keys(pos, g.t, self.model.device)
+                    for g in self.row_groups if g.num > 1), default=0)
 
     def splits(self, pos: int):
         """FA4's split count S of a fork at pos (its graph's key: a batch's forks share one);

@@ -87,6 +87,8 @@ class Runners:
         self._loop = None
         self._batches: dict = {}          # (t, B) or ("mixed", rows) -> batch.BatchRunner
         self._chunk_batches: dict = {}    # B -> the BatchRunner of B grid chunks
+        # the captures of batches dropped after a failed warm-up (drop_mixed), for `captures`
+        self._dropped = {"num_captures": 0, "num_failed_captures": 0, "capture_s": 0.0}
         self._chunk_slots: list = []      # the chunk batches' state slots (chunk_slots)
         self._slots: list = []            # the question batches' state slots (batch_slots)
 
@@ -203,6 +205,15 @@ class Runners:
             if batch.split_graphs is not None and self._pool is not None:
                 batch.split_graphs.pin(self._pool)
         return self._batches[key]
+
+    def drop_mixed(self, num_rows) -> None:
+        """Forget the mixed batch of forks of num_rows ids (its buffers and graphs freed once
+        nothing else holds it): one whose warm-up failed never runs."""
+        rows = self.mixed_rows(num_rows)
+        gone = self._batches.pop(("mixed", rows), None) if rows is not None else None
+        if gone is not None:                  # its captures still counted (`captures`)
+            for name in self._dropped:
+                self._dropped[name] += gone.captures()[name]
 
     def mixed_rows(self, num_rows) -> tuple[int, ...] | None:
         """The rows of each fork of `mixed_batch(num_rows)`, largest first (its key, without
@@ -322,7 +333,7 @@ class Runners:
         out = {"num_runners": 0, "num_graphs": 0, "num_captures": 0,
                "num_failed_captures": 0, "capture_s": 0.0, "question_rows": [],
                "kept_rows": [], "question_batches": [],
-               "chunk_batches": sorted(self._chunk_batches)}
+               "chunk_batches": sorted(self._chunk_batches), **self._dropped}
         plain = sorted((key, b) for key, b in self._batches.items() if key[0] != "mixed")
         mixed = sorted(((key, b) for key, b in self._batches.items() if key[0] == "mixed"),
                        key=lambda kb: kb[0][1])

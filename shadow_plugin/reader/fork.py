@@ -428,9 +428,10 @@ def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
     for p in todo:
         groups.setdefault((p.fw.pos, adapter.fork_rows(len(p.fw.rest))), []).append(p)
     for group in groups.values():
-        lengths, rows = [len(p.fw.rest) for p in group], shared_rows([p.fw for p in group])
-        size = next((k for k in range(len(group), 1, -1)
-                     if adapter.batches(lengths[:k], [group[0].fw.pos] * k, rows)), 0)
+        lengths = [len(p.fw.rest) for p in group]
+        size = next((k for k in range(len(group), 1, -1)     # the rows its first k share
+                     if adapter.batches(lengths[:k], [group[0].fw.pos] * k,
+                                        shared_rows([p.fw for p in group[:k]]))), 0)
         if size:
             return group[:size]
     return todo[:1]

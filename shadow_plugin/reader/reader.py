@@ -601,8 +601,9 @@ class Reader:
 
     def advance_many(self, pendings: list[fork.Pending]) -> bool:
         """One step of begun questions (begin_ask_many), one forward: the next whole chunk of
-        each that has one, in one batch where the adapter batches them (Adapter.batches),
-        else the next piece of one question; once no piece is left, where the adapter does
+        each that has one, in one batch where the adapter batches them (Adapter.batches: the
+        eager adapter; the graph adapter reads them one a step), else the next piece of one
+        question; once no piece is left, where the adapter does
         not batch all their last forwards in one (the graph adapter: at one position, in one
         bucket or a mixed batch of theirs), the last forwards of one batch of questions at one
         position, or of one question, a step (fork.last_group; where it batches them all,

@@ -181,6 +181,37 @@ def test_a_mixed_fa4_batch_gives_each_fork_its_own_buckets_bits(tiny, fake_fa4, 
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
+def test_a_mixed_batch_of_lone_forks_needs_no_shared_rows(tiny, fake_fa4):
+    """A mixed batch whose buckets hold one fork each runs FA4 a fork through its own pages
+    (fa4_graph.attend), so forks that share no rows at all (other pages, other keys below
+    their position, where FA4 splits them) run in it, each with its own bucket's runner's
+    bits (BatchRunner.shares); a bucket of two forks reads through its first fork's pages,
+    so that batch asks for the shared rows its splits read."""
+    from adapters import spec_for
+    from adapters.runners.runners import Runners
+    page = 4 * T
+    runners = Runners(tiny, page, attention="fa4", fused=False)
+    lone, pair = runners.mixed_batch([100, 30]), runners.mixed_batch([100, 30, 40])
+    pos = next(p for p in range(page, 64 * page, page) if min(lone.splits(p)) > 1)
+    assert lone.shares(pos, 0) and not pair.shares(pos, 0) and pair.shares(pos, pos)
+    spec = spec_for(tiny.cfg, "cpu", torch.float32)
+    num = pos // page
+    base = paged_kv(spec, page, (2 * num + 2) * page, seed=9)
+    g = torch.Generator().manual_seed(9)
+    forks = []
+    for b, t in enumerate(lone.ts):              # fork b: pages of its own, other keys
+        kv = PagedKv(base.pool, base.pages[b * num:(b + 1) * num] + [base.pages[2 * num + b]])
+        gdn = [(torch.randn(spec.conv_dim, spec.conv_width, generator=g),
+                torch.randn(*spec.recurrent_shape, generator=g) * 0.1)
+               for _ in range(spec.num_gdn)]
+        forks.append((torch.randint(0, 248000, (t,), generator=g).tolist(), pos, kv, gdn))
+    got = lone.run(forks, 0)
+    for b, (ids, p, kv, gdn) in enumerate(forks):
+        want, _ = runners.for_rows(len(ids)).run(ids, p, kv, gdn)
+        assert torch.equal(got[b], want), b
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the tiny model on the CPU, Triton interpreted")
 def test_a_reader_on_fa4_checks_its_shapes_and_batches_its_asks(tiny, fake_fa4):
     import random
 
@@ -307,8 +338,9 @@ def test_forks_of_two_asks_share_nothing_across_a_rewrite(tiny, fake_fa4, monkey
     tail's ids between them, finished together: they stand on other rows below the cut, so
     they share none (Forward.origin), no batch with one FA4 call takes both
     (Adapter.batches), each runs alone, a step each, with its own ask's rows, and each
-    answer equals `ask`'s; forks of one call share the rows up to the cut. (A review found the first case read fork 1's
-    tail rows through fork 0's copy when forks were matched by session and place.)"""
+    answer equals `ask`'s; forks of one call share the rows up to the cut. (A review found
+    the first case read fork 1's tail rows through fork 0's copy when forks were matched by
+    session and place.)"""
     import random
 
     from helpers import vocab_ids

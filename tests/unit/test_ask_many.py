@@ -381,8 +381,8 @@ def test_a_mixed_batch_whose_warm_up_fails_leaves_its_questions_a_buckets_batch_
         tiny, monkeypatch):
     """GraphAdapter._prepare_mixed (the warm-up's mixed batches): one checks and keeps its
     bits as the others; one whose warm-up raises is recorded as not batching, with a warning
-    naming the error, and the warm-up goes on; that ask's answers are still each
-    question's alone."""
+    naming the error (under its key however its shape was ordered), its runner dropped,
+    and the warm-up goes on; that ask's answers are still each question's alone."""
     r, items = _two_buckets(tiny, 8)
     a = r.adapter
     alone = [r.ask("s", q, c).probs for q, c in items]
@@ -395,8 +395,10 @@ def test_a_mixed_batch_whose_warm_up_fails_leaves_its_questions_a_buckets_batch_
     monkeypatch.setattr(batch, "prepare", broken)
     with pytest.warns(RuntimeWarning, match=r"128\+64\+64\+64 rows failed its warm-up "
                                             r"\(RuntimeError: no such kernel\)"):
-        a._prepare_mixed([(128, 64, 64, 64)], None)
-    assert a.batch_bits[(4, (128, 64, 64, 64))] is False
+        a._prepare_mixed([(64, 128, 64, 64)], None)
+    assert a.batch_bits[(4, (128, 64, 64, 64))] is False and len(a.batch_bits) == 2
+    assert "128+64+64+64" not in a.runners.captures()["question_batches"]
+    assert "128+64" in a.runners.captures()["question_batches"]
     got, calls = _ask_steps(r, items, monkeypatch)
     assert calls == [[64, 64, 64], [128]] and [x.probs for x in got] == alone
     check_refs(r)
@@ -429,5 +431,30 @@ def test_questions_that_share_too_few_rows_for_one_fa4_call_run_one_a_step(tiny,
     got = r.finish_ask_many(pendings)
     per_step.append(len(forwards))
     assert max(per_step) == 1 and sum(per_step) == 4, per_step
+    assert [x.probs for x in got] == alone
+    check_refs(r)
+
+
+def test_the_first_forks_of_one_ask_batch_beside_another_asks(tiny, monkeypatch):
+    """Questions of two asks begun apart, advanced together, one bucket: the two asks' forks
+    share no rows, so where the batch's FA4 call needs shared rows (BatchRunner.shares) no
+    batch takes all three, but the first ask's two, which share its base's rows, run in one
+    forward (fork.last_group asks about the rows its first k share), then the other; each
+    answer its question's alone. (A review found the group's rows, 0, asked for every k.)"""
+    from adapters.runners.batch import BatchRunner
+    r, items = _two_buckets(tiny, 9)
+    short = items[1:]
+    alone = [r.ask("s", q, c).probs for q, c in short]
+    monkeypatch.setattr(BatchRunner, "shares", lambda self, pos, shared_rows: shared_rows > 0)
+    a, calls = r.adapter, []
+    real = a.fork_logits_batch
+    monkeypatch.setattr(a, "fork_logits_batch", lambda items, **kw: calls.append(
+        (len(items), kw["shared_rows"])) or real(items, **kw))
+    pendings = r.begin_ask_many("s", short[:2]) + r.begin_ask_many("s", short[2:])
+    assert pendings[0].fw.base_rows > 0
+    while r.advance_many(pendings):
+        pass
+    got = r.finish_ask_many(pendings)
+    assert calls == [(2, pendings[0].fw.base_rows), (1, pendings[2].fw.base_rows)]
     assert [x.probs for x in got] == alone
     check_refs(r)

@@ -90,20 +90,26 @@ def test_tail_bench_smoke(capsys):
         assert flag in capsys.readouterr().err
 
 
-def _event(name, start, end, device="CPU"):
+def _event(name, start, end, device="CPU", annotation=False):
     from types import SimpleNamespace
     return SimpleNamespace(name=name, device_type=f"DeviceType.{device}",
-                           time_range=SimpleNamespace(start=start, end=end))
+                           time_range=SimpleNamespace(start=start, end=end),
+                           is_user_annotation=annotation)
 
 
 def test_device_timeline_charges_idle_device_time_to_what_the_host_ran():
     """evals.timing's split of a profile: two calls (windows 0-100 and 200-260 us), kernels
     over 10-40 and 30-50 (merged) and 220-260; the idle pieces of each window charged to the
     innermost function of ours running over them, else the innermost frame, and to the
-    innermost op; gaps shorter than min_gap_us left out."""
+    innermost op; gaps shorter than min_gap_us left out. The device's copies of the calls'
+    ranges (CUDA annotations spanning their first to last kernel) are neither calls nor
+    kernels (a review found them hiding the idle time between kernels)."""
     from evals import timing
     events = [
         _event("device_timeline.call", 0, 100), _event("device_timeline.call", 200, 260),
+        _event("device_timeline.call", 10, 50, "CUDA", annotation=True),
+        _event("device_timeline.call", 220, 260, "CUDA", annotation=True),
+        _event("Torch-Compiled Region", 10, 260, "CUDA", annotation=True),
         _event("k1", 10, 40, "CUDA"), _event("k2", 30, 50, "CUDA"), _event("k1", 220, 260, "CUDA"),
         _event("/x/site-packages/torch/nn/module.py(10): __call__", 0, 100),
         _event("/work/main/shadow_plugin/reader/fork.py(5): start_many", 0, 60),

@@ -368,6 +368,22 @@ def test_mixed_batches_are_refused_where_their_forks_do_not_group(tiny):
         batch.run(forks)                                      # 64 ids where 128 are due
 
 
+def test_runners_of_other_fused_projections_are_refused_with_a_clear_error(tiny_tensors):
+    """Two Runners fuse the projections each into a FusedProjections of its own: their
+    runners cannot share a batch, and saying so compares them by identity (a review found
+    `!=` on their tensors raising RuntimeError instead)."""
+    from adapters.model.config import PRESETS
+    from adapters.model.qwen35 import ModelInfo
+    from adapters.model.weights import build_model, fingerprint
+    model = build_model(PRESETS["tiny"], tiny_tensors,
+                        ModelInfo("random:tiny", fingerprint(tiny_tensors), True))
+    a, b = Runners(model, 2 * G, fused=True), Runners(model, 2 * G, fused=True)
+    assert a.chunk.proj is not None and a.chunk.proj is not b.chunk.proj
+    with pytest.raises(ValueError, match="fork 1's runner \\(64 rows\\) differs in proj"):
+        BatchRunner([a.for_rows(2 * G), b.for_rows(G)], a.batch_slots(2))
+    assert BatchRunner([a.for_rows(2 * G), a.for_rows(G)], a.batch_slots(2)).ts == (2 * G, G)
+
+
 def test_no_mixed_batch_joins_a_grid_sized_bucket_of_other_ops(tiny, monkeypatch):
     """At a grid of BUCKET rows the router question's bucket is the grid's chunk runner; on
     CUDA its op set is not the question runners' (their row-invariant ops, question_ops), so
