@@ -14,6 +14,7 @@
   are checked against a fresh prefill afterwards.
 
     python -m evals.batch_bench [--model random:tiny] [--device cpu] [--grid 512]
+    python -m evals.batch_bench --contexts 128 --grid 64 --repeats 2 --batches 1,2   # seconds
         [--contexts 16384,32768] [--read-contexts ...] [--questions 4] [--tail 330]
         [--batches 1,2,4,8] [--repeats 5]
         [--threads 1] [--parts ask,read] [--profile] [--trace]
@@ -90,6 +91,7 @@ def ask_part(model, args) -> dict:
         num_batches = stats().get("num_question_batches", 0) - before
         med = {k: statistics.median(v) for k, v in (("one", one), ("seq", seq), ("many", many))}
         out[str(context)] = {
+            # the context, and the session's ids read (the context and its --tail)
             "num_ids": context, "committed": reader.committed("s"),
             "num_question_ids": [a.num_forwarded_tokens for a in batched],
             "one_ms": round(med["one"], 2),
@@ -196,19 +198,29 @@ def _ints(text: str) -> list[int]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="random:tiny")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--grid", type=int, default=512)
-    ap.add_argument("--contexts", type=_ints, default=[16384, 32768])
+    ap.add_argument("--model", default="random:tiny", help="default: %(default)s")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="default: %(default)s")
+    ap.add_argument("--grid", type=int, default=512,
+                    help="page and chunk size in ids, a multiple of 64 (default: %(default)s)")
+    ap.add_argument("--contexts", type=_ints, default=[16384, 32768],
+                    help="ids a session holds read before the arms, comma-separated; the ask's "
+                    "session also holds --tail more (default: 16384,32768)")
     ap.add_argument("--read-contexts", type=_ints, default=None,
                     help="the read part's contexts (default: --contexts)")
-    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--questions", type=int, default=4,
+                    help="questions an ask_many asks, the router question first (default: "
+                    "%(default)s)")
     ap.add_argument("--tail", type=int, default=330, help="ids past the context's grid line "
-                    "(the ask's tail, forwarded with each question)")
-    ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--parts", default="ask,read")
+                    "(the ask's tail, forwarded with each question; default: %(default)s)")
+    ap.add_argument("--batches", type=_ints, default=[1, 2, 4, 8],
+                    help="`read`: sessions B read in one forward (default: 1,2,4,8)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds, medians taken (default: "
+                    "%(default)s)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    ap.add_argument("--parts", default="ask,read",
+                    help="comma-separated: ask (questions in one forward), read (sessions' "
+                    "chunks in one forward); default: %(default)s")
     ap.add_argument("--profile", action="store_true",
                     help="`ask`: ask_many under cProfile too (the top functions by host time)")
     ap.add_argument("--trace", action="store_true",
