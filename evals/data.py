@@ -1,8 +1,9 @@
 """Where the shared data set lives: recorded agent sessions (`sessions/`), request timelines
 (`timelines/`) and agent prefixes (`prefixes/`); and which model the commands use by default
-(`default_model`: a real 0.8B in the Hugging Face cache, else a random one). It is not part of the repository (never commit
-it); tests and benchmarks that use it look in $SHADOW_DATA_DIR, by default `../shared/data` (a
-`shared` folder next to the checkout's folder), and skip (tests) or ask for files (benchmarks) when it is absent."""
+(`default_model`: a real 0.8B in the Hugging Face cache, else a random one). It is not part of
+the repository (never commit it); tests and benchmarks that use it look in $SHADOW_DATA_DIR,
+by default `../shared/data` (a `shared` folder next to the checkout's folder), and skip
+(tests) or ask for files (benchmarks) when it is absent."""
 from __future__ import annotations
 
 import os
