@@ -56,7 +56,8 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
     - `wall_ms`, `device_busy_ms` (the union of the device's kernels and copies, graph
       replays' kernels included) and `device_idle_ms` (the rest: the host's own time that
       the device did not hide), per call, from a profile without Python stacks;
-    - `kernels`: the `top` kernels by device time, each {calls, us} per call;
+    - `num_kernels` (kernels and copies a call) and `kernels`: the `top` kernels by device
+      time, each {calls, us} per call;
     - `idle_by_function`: from a second profile with Python stacks (which slow the host, so
       its gaps run longer than the first's; compare them with each other, not with
       `device_idle_ms`), each idle gap of at least min_gap_us cut where host events start
@@ -85,6 +86,8 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
     out = {"wall_ms": round(wall_us / iters / 1e3, 3),
            "device_busy_ms": round(busy_us / iters / 1e3, 3),
            "device_idle_ms": round((wall_us - busy_us) / iters / 1e3, 3),
+           # kernels and copies a call (0 on CUDA: the profiler saw no graph's kernels)
+           "num_kernels": round(sum(n for n, _ in kernels.values()) / iters, 2),
            "kernels": _top(kernels, iters, top)}
     for key, at in (("idle_by_function", 0), ("idle_by_op", 1)):
         per: dict[str, list[float]] = {}

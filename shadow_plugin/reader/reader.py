@@ -603,12 +603,11 @@ class Reader:
         """One step of begun questions (begin_ask_many), one forward: the next whole chunk of
         each that has one, in one batch where the adapter batches them (Adapter.batches: the
         eager adapter; the graph adapter reads them one a step), else the next piece of one
-        question; once no piece is left, where the adapter does
-        not batch all their last forwards in one (the graph adapter: at one position, in one
-        bucket or a mixed batch of theirs), the last forwards of one batch of questions at one
-        position, or of one question, a step (fork.last_group; where it batches them all,
-        they run in `finish_ask_many`). Returns whether steps remain before
-        `finish_ask_many`."""
+        question; once no piece is left, where the adapter does not batch all their last
+        forwards in one (the graph adapter: at one position, in one bucket or a mixed batch
+        of theirs), the last forwards of one batch of questions at one position, or of one
+        question, a step (fork.last_group; where it batches them all, they run in
+        `finish_ask_many`). Returns whether steps remain before `finish_ask_many`."""
         fws, g = [p.fw for p in pendings], self.config.grid
         due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
         if due:

@@ -144,6 +144,7 @@ def test_batch_bench_trace_smoke(capsys):
     for arm in ("one", "many"):
         t = trace[arm]
         assert t["wall_ms"] > 0 and t["device_busy_ms"] == 0 and t["kernels"] == {}
+        assert t["num_kernels"] == 0
         assert t["device_idle_ms"] == t["wall_ms"]
         assert any(name.startswith(("shadow_plugin/", "adapters/", "block_store/"))
                    for name in t["idle_by_function"])
