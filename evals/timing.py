@@ -63,8 +63,9 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
       `device_idle_ms`), each idle gap of at least min_gap_us cut where host events start
       or end, each piece charged to the innermost function of ours (OUR_PACKAGES) running
       over it, else to the innermost Python frame: the `top` as {pieces, us} per call;
-      `idle_by_op`: the same pieces by the innermost op or runtime call (`aten::copy_`,
-      `cudaGraphLaunch`).
+    - `idle_by_op`: the first profile's idle gaps so cut, charged to the innermost op or
+      runtime call (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python), which
+      add up to `device_idle_ms` but for gaps under min_gap_us.
     Off CUDA (a smoke run) the device is never busy: every call's time is idle."""
     from torch.profiler import ProfilerActivity, profile, record_function
     cuda = torch.cuda.is_available()
@@ -80,7 +81,7 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
                     fn()
                     sync()
         runs.append(_split(prof.events(), min_gap_us))
-    (windows, busy, kernels, _), (_, _, _, gaps) = runs
+    (windows, busy, kernels, plain_gaps), (_, _, _, stack_gaps) = runs
     wall_us = sum(b - a for a, b in windows)
     busy_us = sum(_overlap(busy, w) for w in windows)
     out = {"wall_ms": round(wall_us / iters / 1e3, 3),
@@ -89,7 +90,7 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
            # kernels and copies a call (0 on CUDA: the profiler saw no graph's kernels)
            "num_kernels": round(sum(n for n, _ in kernels.values()) / iters, 2),
            "kernels": _top(kernels, iters, top)}
-    for key, at in (("idle_by_function", 0), ("idle_by_op", 1)):
+    for key, at, gaps in (("idle_by_function", 0, stack_gaps), ("idle_by_op", 1, plain_gaps)):
         per: dict[str, list[float]] = {}
         for gap in gaps:
             per.setdefault(gap[at + 1], []).append(gap[0])
