@@ -98,12 +98,12 @@ class GraphAdapter(Adapter):
         checked (`check_batches`) and, where they kept the bits, captured over `pool`, one at
         a time. One whose warm-up, check or capture raises is recorded as giving other bits
         (batch_bits False: its questions go a bucket's batch a step) with a RuntimeWarning
-        naming the error, its runner and graphs dropped (`Runners.drop_mixed`), and the
-        warm-up goes on: a mixed batch only speeds an ask up."""
+        naming the error, its runner and graphs dropped (`Runners.drop_mixed`; a later
+        warm-up skips it), and the warm-up goes on: a mixed batch only speeds an ask up."""
         for rows in shapes:
             made = self.runners.mixed_rows(rows)     # the key's order: largest bucket first
-            if made is None:
-                continue
+            if made is None or self.batch_bits.get((len(made), made)) is False:
+                continue                             # (one that failed is not made again)
             try:
                 batch = self.runners.mixed_batch(made)
                 batch.prepare()

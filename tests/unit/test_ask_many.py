@@ -2,6 +2,7 @@
 same question asked alone, bit for bit; the forks share the session's pages and state and give
 back what they took; bad lists refused with nothing held."""
 import random
+import warnings
 
 import pytest
 import torch
@@ -399,6 +400,10 @@ def test_a_mixed_batch_whose_warm_up_fails_leaves_its_questions_a_buckets_batch_
     assert a.batch_bits[(4, (128, 64, 64, 64))] is False and len(a.batch_bits) == 2
     assert "128+64+64+64" not in a.runners.captures()["question_batches"]
     assert "128+64" in a.runners.captures()["question_batches"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # a warm-up again: not made again
+        a._prepare_mixed([(128, 64, 64, 64)], None)
+    assert "128+64+64+64" not in a.runners.captures()["question_batches"]
     got, calls = _ask_steps(r, items, monkeypatch)
     assert calls == [[64, 64, 64], [128]] and [x.probs for x in got] == alone
     check_refs(r)
