@@ -407,6 +407,31 @@ def shared_rows(fws: list[Forward]) -> int:
     return fws[0].base_rows if one_base else 0
 
 
+def step_many(adapter: Adapter, store: PageStore, grid: int, pendings: list[Pending]) -> bool:
+    """One step of begun questions, one forward (Reader.advance_many, which syncs after it):
+    the next whole chunk of each that has one, in one batch where the adapter batches them
+    (forward_pieces), else the next piece of one question (forward_piece); once no piece is
+    left and the adapter does not batch all their last forwards in one (Adapter.batches with
+    their positions and shared rows), the last forwards of `last_group`, their logits into
+    the pendings. Returns whether a step ran that leaves steps before finish_answers."""
+    fws = [p.fw for p in pendings]
+    due = [n for fw in fws if (n := piece_len(fw.pos, len(fw.rest), grid))]
+    if due:
+        if all(n == grid for n in due) and adapter.batches(due):
+            return forward_pieces(adapter, store, fws)
+        return any(forward_piece(adapter, store, fw) for fw in fws)
+    if len(pendings) < 2 or adapter.batches([len(fw.rest) for fw in fws],
+                                            [fw.pos for fw in fws], shared_rows(fws)):
+        return False                          # all in one forward: finish_answers runs it
+    group = last_group(adapter, [p for p in pendings if p.logits is None])
+    if group:
+        got = last_logits_many(adapter, store, [p.fw for p in group],
+                               [p.letters for p in group])
+        for p, logits in zip(group, got):
+            p.logits = logits
+    return any(p.logits is None for p in pendings)
+
+
 def last_group(adapter: Adapter, todo: list[Pending]) -> list[Pending]:
     """The begun questions (their pieces read, no logits yet) whose last forwards the next
     step runs, in one forward: the first position's, in `todo`'s order, where the adapter

@@ -606,27 +606,9 @@ class Reader:
         question; once no piece is left, where the adapter does not batch all their last
         forwards in one (the graph adapter: at one position, in one bucket or a mixed batch
         of theirs), the last forwards of one batch of questions at one position, or of one
-        question, a step (fork.last_group; where it batches them all, they run in
-        `finish_ask_many`). Returns whether steps remain before `finish_ask_many`."""
-        fws, g = [p.fw for p in pendings], self.config.grid
-        due = [n for fw in fws if (n := fork.piece_len(fw.pos, len(fw.rest), g))]
-        if due:
-            if all(n == g for n in due) and self.adapter.batches(due):
-                moved = fork.forward_pieces(self.adapter, self.store, fws)
-            else:
-                moved = any(fork.forward_piece(self.adapter, self.store, fw) for fw in fws)
-        elif len(pendings) > 1 and not self.adapter.batches([len(fw.rest) for fw in fws],
-                                                            [fw.pos for fw in fws],
-                                                            fork.shared_rows(fws)):
-            group = fork.last_group(self.adapter, [p for p in pendings if p.logits is None])
-            if group:
-                got = fork.last_logits_many(self.adapter, self.store, [p.fw for p in group],
-                                            [p.letters for p in group])
-                for p, logits in zip(group, got):
-                    p.logits = logits
-            moved = any(p.logits is None for p in pendings)
-        else:
-            moved = False
+        question, a step (fork.step_many, fork.last_group; where it batches them all, they
+        run in `finish_ask_many`). Returns whether steps remain before `finish_ask_many`."""
+        moved = fork.step_many(self.adapter, self.store, self.config.grid, pendings)
         if moved:
             self.adapter.sync()
         return moved
