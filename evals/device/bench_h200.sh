@@ -30,7 +30,7 @@
 #       question and three classifications at 100k through Reader.ask_many (warmed up as a
 #       server is) against one at a time, bit for bit, with ask_many's host profile and
 #       both arms' device timelines (--trace: device busy and idle ms, idle by function;
-#       issue 36, item 3 end to end; about 200 s)
+#       issue 36, item 3 end to end; about 200 s with warm FA4 caches; BENCH_S bounds it, 400)
 #   bash evals/device/bench_h200.sh reread  `python -m evals.reread`: every shared session
 #       replayed alone with the router question after every turn under the default cap,
 #       exact against a fresh prefill at every turn (issue 33's re-read table; the sessions
@@ -69,7 +69,7 @@ chunks)
         | tee "$out/bi-bench-chunks.log" | grep -v "^{" | cut -c1-400
     tail -n 1 "$out/bi-bench-chunks.log" | cut -c1-3000 ;;
 ask)
-    timeout 400 python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
+    timeout "${BENCH_S:-400}" python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
         --contexts 100352 --parts ask --profile --trace 2>&1 | quiet \
         | tee "$out/batch-bench-ask.log" | tail -n 2 | cut -c1-6000 ;;
 reread)
