@@ -76,10 +76,14 @@ def ask_part(model, args) -> dict:
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
         one, seq, many, exact = [], [], [], True
+        each: list[list[float]] = [[] for _ in items]   # each question alone, its own clock
         cuda = args.device == "cuda"
         for _ in range(args.repeats):
-            alone, ms = wall_ms(lambda: [reader.ask("s", q, c) for q, c in items], cuda)
-            seq.append(ms)
+            timed = [wall_ms(lambda q=q, c=c: reader.ask("s", q, c), cuda) for q, c in items]
+            alone = [a for a, _ in timed]
+            for times, (_, ms) in zip(each, timed):
+                times.append(ms)
+            seq.append(sum(ms for _, ms in timed))
             _, ms = wall_ms(lambda: reader.ask("s", *items[0]), cuda)
             one.append(ms)
             batched, ms = wall_ms(lambda: reader.ask_many("s", items), cuda)
@@ -95,6 +99,10 @@ def ask_part(model, args) -> dict:
             "num_ids": context, "committed": reader.committed("s"),
             "num_question_ids": [a.num_forwarded_tokens for a in batched],
             "one_ms": round(med["one"], 2),
+            # each question asked alone (the first is `one`'s): what "in one forward over
+            # one" reads against, question by question (their rows differ: the router
+            # question pads to more rows than the classifications)
+            "each_ms": [round(statistics.median(t), 2) for t in each],
             f"{len(items)}_one_at_a_time_ms": round(med["seq"], 2),
             f"{len(items)}_in_one_forward_ms": round(med["many"], 2),
             "batched_over_one": round(med["many"] / med["one"], 3),

@@ -69,8 +69,8 @@ chunks)
         | tee "$out/bi-bench-chunks.log" | grep -v "^{" | cut -c1-400
     tail -n 1 "$out/bi-bench-chunks.log" | cut -c1-3000 ;;
 ask)
-    timeout "${BENCH_S:-400}" python3 -m evals.batch_bench --model random:qwen3.5-0.8b --device cuda \
-        --contexts 100352 --parts ask --profile --trace 2>&1 | quiet \
+    timeout "${BENCH_S:-400}" python3 -m evals.batch_bench --model random:qwen3.5-0.8b \
+        --device cuda --contexts 100352 --parts ask --profile --trace 2>&1 | quiet \
         | tee "$out/batch-bench-ask.log" | tail -n 2 | cut -c1-6000 ;;
 reread)
     timeout $((560 - SECONDS)) python3 -m evals.reread ${SESSIONS:-.devdata/sessions/*.json} \

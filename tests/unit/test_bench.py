@@ -59,6 +59,7 @@ def test_batch_bench_smoke(capsys):
     ask = res["ask"]["128"]
     assert ask["exact"] is True and ask["batched"] is True and ask["committed"] == 128
     assert ask["2_in_one_forward_ms"] > 0 and ask["2_one_at_a_time_ms"] > 0
+    assert len(ask["each_ms"]) == 2 and all(ms > 0 for ms in ask["each_ms"])
     assert ask["question_batches_an_ask"] == 0 and ask["warm_up_s"] >= 0   # the eager adapter
     assert "profile" not in ask                                              # (no graphs)
     assert batch_bench.main(["--grid", "64", "--contexts", "128", "--repeats", "1",
