@@ -390,15 +390,16 @@ class Reader:
         """One grid chunk of each of several sessions in one forward (step.read_chunks,
         adapter.read_chunks): each committed exactly as `read(session, max_chunks=1)` commits
         it alone, whatever else was in the batch. Sessions with less than a chunk of
-        backlog, given twice, or parked again by restoring a later one (a tight cap) are left
-        out (the last one restored always stays, so each call reads at least one chunk when one
-        is due); a chunk whose content another session of the batch reads now is left for the
-        next call (its page is held then). Only the sessions due whose chunks one forward
-        takes with the first's are read (Adapter.chunk_group: on the CUDA-graph adapter up to
-        8 at positions of one FA4 split count; with an adapter that reads one at a time, the
-        first), so a call holds the device for one forward. On CUDA the graph adapter batches
-        only sizes its warm-up checked: call `warm_up(batch_sessions=N)` first. Returns
-        ReadResult with the sessions that advanced.
+        backlog (counted again once restored: a parked session may come back with more
+        committed than its file told), given twice, or parked again by restoring a later one
+        (a tight cap) are left out (the last one restored always stays, so each call reads at
+        least one chunk when one is due); a chunk whose content another session of the batch
+        reads now is left for the next call (its page is held then). Only the sessions due
+        whose chunks one forward takes with the first's are read (Adapter.chunk_group: on the
+        CUDA-graph adapter up to 8 at positions of one FA4 split count; with an adapter that
+        reads one at a time, the first), so a call holds the device for one forward. On CUDA
+        the graph adapter batches only sizes its warm-up checked: call
+        `warm_up(batch_sessions=N)` first. Returns ReadResult with the sessions that advanced.
         Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
         t0, g = time.perf_counter(), self.config.grid
@@ -407,7 +408,10 @@ class Reader:
             due = [due[i] for i in self.adapter.chunk_group([self.table.position(n)[1]
                                                              for n in due])]
         pairs = [(name, self._get(name)) for name in due]      # restored when parked
-        pairs = [(n, st) for n, st in pairs if self.table.resident.get(n) is st]
+        # still resident, and still a chunk due: a parked session's C (position: what its
+        # file holds, 0 with none) may come back higher, its cached pages taken again
+        pairs = [(n, st) for n, st in pairs
+                 if self.table.resident.get(n) is st and st.backlog >= g]
         batched = (self.adapter.num_batched_forwards, self.adapter.num_batched_chunks)
         done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
         advanced = tuple(n for n, st in pairs if any(st is d for d in done))

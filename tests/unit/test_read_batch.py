@@ -94,6 +94,24 @@ def test_sessions_parked_by_a_tight_cap_are_left_out_and_stay_exact(tiny, tmp_pa
         assert r.committed(s) == 3 * G and r.check_exact(s)
 
 
+def test_a_parked_session_restored_with_less_than_a_chunk_left_reads_nothing(tiny):
+    """A session parked with no disk folder tells C = 0 (Reader.position: no C on disk) but
+    comes back with its pages still cached (C = 512 here), its backlog under a chunk: the
+    batch leaves it out rather than failing, and it stays exact."""
+    rng = random.Random(5)
+    r = Reader(tiny, grid=G, resident_bytes=3_000_000)
+    r.feed("a", vocab_ids(rng, 8 * G + 58), "prompt")
+    r.read("a")
+    r.feed("b", vocab_ids(rng, 40 * G + 40), "prompt")
+    r.read("b")                                   # parks a
+    assert r.position("a") == (8 * G + 58, 0)
+    res = r.read_batch(["a"])
+    assert res.num_chunks == 0 and res.sessions == ()
+    assert r.position("a") == (8 * G + 58, 8 * G) and r.check_exact("a")
+    assert r.check_exact("b")
+    check_refs(r)
+
+
 def test_the_idle_window_reads_in_batches_and_every_state_is_exact(tiny):
     rng = random.Random(5)
     r = Reader(tiny, grid=G)
