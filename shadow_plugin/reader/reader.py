@@ -400,7 +400,11 @@ class Reader:
         reads one at a time, the first), so a call holds the device for one forward. On CUDA
         the graph adapter batches only sizes its warm-up checked: call
         `warm_up(batch_sessions=N)` first. Returns ReadResult with the sessions that advanced.
-        Raises ValueError for a bad session id, KeyError for an unknown one (nothing read)."""
+        Raises ValueError for a bad session id or `sessions` not a list of them (a string is
+        not), KeyError for an unknown one (nothing read)."""
+        if isinstance(sessions, (str, bytes, dict)) or not hasattr(sessions, "__iter__"):
+            raise ValueError(f"sessions must be a list of session ids, got "
+                             f"{type(sessions).__name__}")
         names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
         t0, g = time.perf_counter(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
@@ -536,21 +540,58 @@ class Reader:
         meanwhile) and `finish_ask` answers; `cancel` gives it up. Raises as `ask`."""
         st = self._get(session)
         at = validate.position(at, len(st.ids))
-        q_ids, letters, choices = self._question(st, question, choices, at)
+        q_ids, letters, choices = self._question(st.ids, question, choices, at)
         fw = fork.start(self.adapter, self.config, self.store, st, session, q_ids, at,
                         fork.question_padding(self.adapter, at, len(q_ids)),
                         self._take_scratch(session, st, at), self.tails)
         return fork.Pending(fw, len(q_ids), letters=letters, choices=choices)
 
-    def _question(self, st: SessionState, question, choices, at: int):
-        """A question as ids after ids[:at] (text rendered as a user turn, or ids checked),
-        the letters' ids and the choices: (q_ids, letters, choices). Raises ValueError as
+    def render_question(self, session: str, question, choices,
+                        at: int | None = None) -> list[int]:
+        """The question's ids as `begin_ask` renders them over the session's ids now (text as
+        a user turn after ids[at - 1], ids checked), reading and restoring nothing: what a
+        caller checks (the question, its length) before it reads toward `at`. Raises as
         `ask`."""
+        held = self.table.held_ids(validate.session_id(session))
+        return self._question(held, question, choices, validate.position(at, len(held)))[0]
+
+    def render_questions(self, session: str, items, at: int | None = None) -> list[list[int]]:
+        """render_question for each (question, choices) of items, as `begin_ask_many` renders
+        them. Raises as `ask_many`."""
+        held = self.table.held_ids(validate.session_id(session))
+        at = validate.position(at, len(held))
+        return [q_ids for q_ids, _, _ in self._questions(held, items, at)]
+
+    def _questions(self, ids, items, at: int) -> list[tuple[list[int], list[int], list[str]]]:
+        """`_question` for each of items (a non-empty sequence of (question, choices), not a
+        string or a mapping). Raises ValueError naming the item."""
+        if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+            raise ValueError(f"questions must be a non-empty list of (question, choices), "
+                             f"got {type(items).__name__}")
+        items = list(items)
+        if not items:
+            raise ValueError("questions must be a non-empty list of (question, choices)")
+        rendered = []
+        for i, item in enumerate(items):
+            try:
+                if isinstance(item, (dict, str, bytes)):     # a dict unpacks to its keys
+                    raise ValueError(f"a (question, choices) pair expected, got a "
+                                     f"{type(item).__name__}")
+                question, choices = item
+                rendered.append(self._question(ids, question, choices, at))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"questions[{i}]: {e}") from None
+        return rendered
+
+    def _question(self, ids, question, choices, at: int):
+        """A question as ids after ids[:at] (ids: the session's, a list or an int64 array;
+        text rendered as a user turn, or ids checked), the letters' ids and the choices:
+        (q_ids, letters, choices). Raises ValueError as `ask`."""
         choices = validate.choices(choices)
         if isinstance(question, str):
             if not question.strip():
                 raise ValueError("question must not be empty")
-            prev = st.ids[at - 1] if at else None
+            prev = int(ids[at - 1]) if at else None
             q_ids = questions.question_ids(self._tok(), question, choices, prev)
         else:
             q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
@@ -582,19 +623,7 @@ class Reader:
         as `ask_many`."""
         st = self._get(session)
         at = validate.position(at, len(st.ids))
-        items = list(items) if not isinstance(items, (str, bytes)) else None
-        if not items:
-            raise ValueError("questions must be a non-empty list of (question, choices)")
-        rendered = []
-        for i, item in enumerate(items):
-            try:
-                if isinstance(item, (dict, str, bytes)):     # a dict unpacks to its keys
-                    raise ValueError(f"a (question, choices) pair expected, got a "
-                                     f"{type(item).__name__}")
-                question, choices = item
-                rendered.append(self._question(st, question, choices, at))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"questions[{i}]: {e}") from None
+        rendered = self._questions(st.ids, items, at)
         fws = fork.start_many(self.adapter, self.config, self.store, st, session,
                               [r[0] for r in rendered], at,
                               [fork.question_padding(self.adapter, at, len(r[0]))
@@ -772,18 +801,32 @@ class Reader:
         at = validate.position(at, len(st.ids))
         if validate.count(max_new_tokens, "max_new_tokens") == 0:
             raise ValueError("max_new_tokens must be >= 1")
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("prompt must not be empty")
-            p_ids = questions.instruction_ids(self._tok(), prompt, st.ids[at - 1] if at else None)
-        else:
-            p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
-            if not p_ids:
-                raise ValueError("prompt ids must not be empty")
+        p_ids = self._prompt(st.ids, prompt, at)
         fw = fork.start(self.adapter, self.config, self.store, st, session, p_ids, at,
                         max_new_tokens, self._take_scratch(session, st, at), self.tails)
         return fork.Pending(fw, len(p_ids), max_new_tokens=max_new_tokens,
                             stop_ids=frozenset(stop_ids))
+
+    def render_prompt(self, session: str, prompt, at: int | None = None) -> list[int]:
+        """The prompt's ids as `begin_generate` renders them over the session's ids now (text
+        as a user turn after ids[at - 1] with the generation prompt, ids checked), reading
+        and restoring nothing: what a caller checks before it reads toward `at`. Raises as
+        `generate`."""
+        held = self.table.held_ids(validate.session_id(session))
+        return self._prompt(held, prompt, validate.position(at, len(held)))
+
+    def _prompt(self, ids, prompt, at: int) -> list[int]:
+        """A decoding's prompt as ids after ids[:at] (ids: the session's, a list or an int64
+        array). Raises ValueError for an empty or bad prompt."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt must not be empty")
+            return questions.instruction_ids(self._tok(), prompt,
+                                             int(ids[at - 1]) if at else None)
+        p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
+        if not p_ids:
+            raise ValueError("prompt ids must not be empty")
+        return p_ids
 
     def finish_generate(self, pending: fork.Pending) -> fork.Generation:
         """The Generation of a begun decoding (its remaining steps run here); its pages given

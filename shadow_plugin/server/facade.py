@@ -458,14 +458,17 @@ class Shadow:
         """Reader.ask, a step per hold of the gate: after catch_up read toward `fork_at`
         (fork_position's answer; None: fork_position's answer now, with its errors, so a
         remote door need not ask for it in a call of its own) chunk by chunk, the question is
-        begun (rendered; past
-        max_question_tokens QuestionTooLong, nothing held), its ids read in grid pieces and
+        begun (rendered), its ids read in grid pieces and
         answered (Reader.begin_ask, advance, finish_ask), so a host's call waits at most one
-        chunk; the answer is kept for status and the latency histogram. Raises as catch_up,
-        and ClientGone between two steps once `cancelled` is set (the fork's pages given
-        back)."""
+        chunk; the answer is kept for status and the latency histogram. The question is
+        rendered and checked before anything is read: ValueError (400) as Reader.ask, and
+        QuestionTooLong past max_question_tokens, read nothing and hold nothing. Raises as
+        catch_up, and ClientGone between two steps once `cancelled` is set (the fork's pages
+        given back)."""
         if fork_at is None:
             fork_at = self.fork_position(session, at)
+        with self._held():                 # a refused question reads nothing: checked first
+            self._fits(session, [self.reader.render_question(session, question, choices, at)])
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         pending = self._begin(session, lambda: self.reader.begin_ask(session, question,
@@ -479,6 +482,13 @@ class Shadow:
         finally:
             with self.gate():
                 self.reader.cancel(pending)
+
+    def _fits(self, session: str, rendered: list[list[int]]) -> None:
+        """QuestionTooLong for a rendered question (or a summary's instruction) past
+        max_question_tokens."""
+        longest = max(len(q) for q in rendered)
+        if longest > self.max_question_tokens:
+            raise QuestionTooLong(session, longest, self.max_question_tokens)
 
     def _record(self, session: str, ans) -> None:
         """An answer kept for status and the latency histogram (under the gate)."""
@@ -496,9 +506,9 @@ class Shadow:
         one (one bucket, or a mixed batch of several), or one bucket's batch or one question a
         hold where no batch takes them all), so a
         host's call waits at most one batched piece. Each answer equals the same question asked
-        alone, bit for bit. Raises ValueError (400) for no question or more than max_questions
-        (nothing read), QuestionTooLong for a question past max_question_tokens (nothing held),
-        as `ask` otherwise."""
+        alone, bit for bit. Raises ValueError (400) for no question, more than max_questions
+        or a bad item (as Reader.ask_many), QuestionTooLong for a question past
+        max_question_tokens, all before anything is read; as `ask` otherwise."""
         if fork_at is None:                      # as in `ask` (its 404 before the 400s below)
             fork_at = self.fork_position(session, at)
         items = list(items)
@@ -507,6 +517,8 @@ class Shadow:
         if len(items) > self.max_questions:
             raise ValueError(f"{len(items)} questions in one ask, over the limit of "
                              f"{self.max_questions} (SHADOW_MAX_QUESTIONS)")
+        with self._held():                 # a refused question reads nothing: checked first
+            self._fits(session, self.reader.render_questions(session, items, at))
         self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         with self.gate():
@@ -568,13 +580,16 @@ class Shadow:
         """Reader.summarize, a step per hold of the gate (after catch_up): the instruction's
         ids in grid pieces, then the decode in bursts of decode_burst_tokens, so a host's call
         waits at most about one chunk (a burst is sized to one chunk's time). Raises
-        ValueError (400) for max_tokens past max_summary_tokens, QuestionTooLong for an
-        instruction past max_question_tokens (nothing held), as catch_up, and ClientGone
-        between two steps once `cancelled` is set."""
+        ValueError (400) for max_tokens past max_summary_tokens or a bad instruction,
+        QuestionTooLong for an instruction past max_question_tokens (these before anything is
+        read), as catch_up, and ClientGone between two steps once `cancelled` is set."""
         if max_tokens > self.max_summary_tokens:
             raise ValueError(f"max_tokens = {max_tokens} is over the summary limit of "
                              f"{self.max_summary_tokens} tokens (SHADOW_MAX_SUMMARY_TOKENS)")
-        self.catch_up(session, self.fork_position(session, at), cancelled)
+        fork_at = self.fork_position(session, at)
+        with self._held():                 # a refused instruction reads nothing
+            self._fits(session, [self.reader.render_prompt(session, instruction, at)])
+        self.catch_up(session, fork_at, cancelled)
         _check_cancel(cancelled)
         pending = self._begin(session, lambda: self.reader.begin_generate(
             session, instruction, max_tokens, at))

@@ -165,7 +165,7 @@ class Questions:
         if body.questions is not None:
             answers = await self.ask_many(request, body.session,
                                           [[q.question, q.choices] for q in body.questions],
-                                          body.at)
+                                          body.at, body.wait, body.timeout_s)
             choices = [letter_choice(i, ans) for i, ans in enumerate(answers)]
             out["shadow"] = schemas.AskManyOut(answers=[ask_out(a) for a in answers]).model_dump()
             usage = {"prompt_tokens": sum(a.num_forwarded_tokens for a in answers),
@@ -173,7 +173,8 @@ class Questions:
             if response is not None:
                 response.headers["Server-Timing"] = server_timing(t0, answers)
         elif body.choices:
-            ans = await self.ask(request, body.session, body.question(), body.choices, body.at)
+            ans = await self.ask(request, body.session, body.question(), body.choices, body.at,
+                                 body.wait, body.timeout_s)
             choices = [letter_choice(i, ans) for i in range(body.n or 1)]
             usage = {"prompt_tokens": ans.num_forwarded_tokens, "completion_tokens": 1}
             out["shadow"] = ask_out(ans).model_dump()

@@ -192,7 +192,8 @@ class ChatIn(BaseModel):
     copies: it is computed once). `questions` (an extension, as `session`, `at` and `choices`
     are): several letter-choice questions about the session, answered in one forward, choice i
     answering questions[i] (`messages` may then be left out; `n`, if given, is their count).
-    Other OpenAI fields (model, temperature, ...) are accepted and ignored."""
+    `wait` and `timeout_s` (extensions) as /v1/shadow/ask takes them, for letter-choice
+    questions. Other OpenAI fields (model, temperature, ...) are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow")
     messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
@@ -207,9 +208,17 @@ class ChatIn(BaseModel):
     questions: list[QuestionIn] | None = Field(default=None, min_length=1,
                                                max_length=MAX_QUESTIONS,
                                                description=QUESTIONS_WHAT)
+    wait: StrictBool = Field(default=False, description="as /v1/shadow/ask's: answer once the "
+                             "reader has read to the grid line at or below `at` (a letter-"
+                             "choice question or `questions`; a summary does not wait)")
+    timeout_s: float = Field(default=10.0, gt=0, le=600, description="the wait's limit (504 "
+                             "past it)")
 
     @model_validator(mode="after")
     def a_question(self):
+        if self.wait and self.questions is None and not self.choices:
+            raise ValueError("wait is for letter-choice questions (choices or questions); a "
+                             "summary does not wait")
         if self.questions is not None:
             if self.choices is not None:
                 raise ValueError("with questions each question has its own choices: leave "

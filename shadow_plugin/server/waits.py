@@ -49,7 +49,8 @@ class Waits:
         """Return once the session's C reaches the grid line at or below `at` (looked at once
         more at the end of timeout_s). Raises WaitTimeout after timeout_s (with the backlog
         and C held then and why the reader has not read them), KeyError when the session goes
-        away, ClientGone when `disconnected()` says so."""
+        away, ValueError when it no longer holds `at` ids (rewritten shorter), ClientGone
+        when `disconnected()` says so."""
         loop = asyncio.get_running_loop()
         w = Waiter(session, at, loop.create_future())
         self._waiters.add(w)
@@ -88,6 +89,8 @@ class Waits:
             return KeyError(f"unknown session {w.session!r}")
         w.seen = list(pos)
         n, c = pos
+        if (outside := _outside(w, n)) is not None:
+            return outside
         if c >= (n if w.at is None else w.at) // grid * grid:
             return None
         why = await self._not_reading_why(w.session)
@@ -137,9 +140,20 @@ class Waits:
                     continue
                 w.seen = list(pos)
                 n, c = pos
-                if c >= (n if w.at is None else w.at) // grid * grid:
+                if (outside := _outside(w, n)) is not None:     # the session was cut
+                    w.done.set_exception(outside)
+                elif c >= (n if w.at is None else w.at) // grid * grid:
                     w.done.set_result(None)
             await asyncio.sleep(self.poll_s)
+
+
+def _outside(w: Waiter, num_ids: int) -> ValueError | None:
+    """The 400 of an ask whose `at` is past the session's ids now (a turn rewrote it shorter
+    while the ask waited): what the ask itself would raise (Shadow.fork_position), at once
+    rather than a 504 at the wait's end; None otherwise."""
+    if w.at is not None and w.at > num_ids:
+        return ValueError(f"at = {w.at} is outside the session's ids [0, {num_ids}]")
+    return None
 
 
 def _look(shadow, sessions: list[str]) -> tuple[dict, int]:

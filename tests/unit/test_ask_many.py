@@ -121,9 +121,39 @@ def test_bad_lists_are_refused_with_nothing_held(tiny):
         r.ask_many("s", ["not a pair"])
     with pytest.raises(ValueError, match=r"questions\[1\]: .* got a dict"):   # the HTTP shape
         r.ask_many("s", [ROUTER, {"question": "q", "choices": ["a", "b"]}])
+    for bad in (None, 5, "ab", {"question": "q"}):
+        with pytest.raises(ValueError, match="non-empty list"):
+            r.ask_many("s", bad)
     with pytest.raises(KeyError):
         r.ask_many("nobody", [ROUTER])
+    with pytest.raises(ValueError, match=r"questions\[1\]"):      # checked, nothing read
+        r.render_questions("s", [ROUTER, ("q", ["a", "a"])])
     assert r.committed("s") == c                        # nothing read on the way
+    check_refs(r)
+
+
+def test_questions_render_as_the_ask_renders_them(tiny):
+    """Reader.render_questions (what the service checks before reading toward `at`): the ids
+    begin_ask_many forwards for each question, at the end and at an earlier `at`."""
+    r, rng = _reader(tiny, seed=8)
+    items = [ROUTER, ("Is the user asking for code?", ["yes", "no"]), ([5, 6, 7], ["x", "y"])]
+    for at in (None, 100):
+        rendered = r.render_questions("s", items, at)
+        pendings = r.begin_ask_many("s", items, at)
+        try:
+            assert [len(q) for q in rendered] == [p.num_extra_ids for p in pendings]
+            assert rendered[2] == [5, 6, 7]
+            assert r.render_question("s", *items[1], at) == rendered[1]
+        finally:
+            r.cancel_many(pendings)
+        pending = r.begin_generate("s", "Summarize.", 4, at)
+        try:
+            assert len(r.render_prompt("s", "Summarize.", at)) == pending.num_extra_ids
+        finally:
+            r.cancel(pending)
+    with pytest.raises(ValueError, match="prompt must not be empty"):
+        r.render_prompt("s", "  ")
+    check_refs(r)
     check_refs(r)
 
 

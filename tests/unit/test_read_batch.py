@@ -81,6 +81,9 @@ def test_bad_batches_read_nothing(tiny):
     assert r.committed("s0") == 0
     assert r.read_batch([]).num_chunks == 0
     assert r.read_batch(["s0", "s0"]).sessions == ("s0",)      # once each
+    for bad in ("s0", None, 3):                                  # not a list of ids
+        with pytest.raises(ValueError, match="a list of session ids"):
+            r.read_batch(bad)
 
 
 def test_sessions_parked_by_a_tight_cap_are_left_out_and_stay_exact(tiny, tmp_path):

@@ -181,10 +181,25 @@ def test_wait_times_out_with_the_backlog(client):
     stalled = status["reading_stalled"]                       # a turn open, no round yet
     assert stalled["why"] == "turn_open" and stalled["turns"][0]["session"] == "w"
     assert stalled["turns"][0]["since_last_round_s"] is None
+    # the OpenAI shape waits as ask does (it answered at once, reading what it needed,
+    # ignoring wait), for one question and for a list; a summary does not wait
+    chat = {"session": "w", "messages": [{"role": "user", "content": "q"}], "wait": True,
+            "timeout_s": 0.3}
+    for body in ({"choices": ["a", "b"]},
+                 {"questions": [{"question": "q", "choices": ["a", "b"]}] * 2}):
+        r = client.post("/v1/shadow/chat/completions", headers=KEY, json={**chat, **body})
+        assert r.status_code == 504 and r.json()["backlog"] == 4 * G, r.text
+    for body, match in (({}, "a summary does not wait"),
+                        ({"choices": ["a", "b"], "timeout_s": -5}, "timeout_s")):
+        r = client.post("/v1/shadow/chat/completions", headers=KEY, json={**chat, **body})
+        assert r.status_code == 422 and match in r.text, r.text
     client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
     client.post("/v1/shadow/sessions/w/end", headers=KEY)
     status = client.get("/v1/shadow/status", headers=KEY).json()
     assert status["host_busy_since"] is None and status["reading_stalled"] is None
+    r = client.post("/v1/shadow/chat/completions", headers=KEY,
+                    json={**chat, "choices": ["a", "b"], "timeout_s": 30})
+    assert r.status_code == 200 and r.json()["shadow"]["backlog"] < G, r.text
 
 
 def test_service_refuses_an_empty_model():
@@ -332,9 +347,9 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     finally:
         svc.host.lock = lock
     assert r.status_code == 200, r.text
-    # C at each hold: the ids check, the catch-up's size (within its bound), then one chunk a
-    # hold, then the ask with nothing to read
-    assert holds[:6] == [0, 0, 0, G, 2 * G, 3 * G] and set(holds[6:]) == {3 * G}
+    # C at each hold: the ids check, the question's check, the catch-up's size (within its
+    # bound), then one chunk a hold, then the ask with nothing to read
+    assert holds[:7] == [0, 0, 0, 0, G, 2 * G, 3 * G] and set(holds[7:]) == {3 * G}
     assert r.json()["num_forwarded_tokens"] < 2 * G                      # the tail + question
     assert svc.reader.committed("cu") == 3 * G
     # below C: the scratch re-read from 0 to the line, one chunk a hold, then the ask
@@ -355,7 +370,7 @@ def test_an_ask_catches_up_one_chunk_per_lock_hold(client):
     finally:
         svc.host.lock = lock
     assert r.status_code == 200, r.text
-    assert holds[:6] == [None, None, None, G, 2 * G, 2 * G], holds
+    assert holds[:7] == [None, None, None, None, G, 2 * G, 2 * G], holds
     with lock:
         want = svc.reader.ask("cu", "q", ["a", "b"], at=2 * G + 5)      # all under one hold
     assert r.json()["probs"] == list(want.probs) and "cu" not in svc.reader._scratch
@@ -567,6 +582,13 @@ def test_a_list_of_questions_is_answered_in_order_as_each_alone(client):
     ({"question": "q"}, 422, "both question and choices"),
     ({}, 422, "neither was given"),
     ({"questions": [{"question": "q", "choices": ["a", "b"], "extra": 1}]}, 422, "extra"),
+    # refused by the reader's own checks, before the session's backlog is read
+    ({"questions": [{"question": "ok", "choices": ["a", "b"]},
+                    {"question": "x", "choices": ["a", "a"]}]}, 400,
+     "questions[1]: choices[1] = 'a' repeats an earlier choice"),
+    ({"questions": [{"question": "   ", "choices": ["a", "b"]}]}, 400,
+     "questions[0]: question must not be empty"),
+    ({"question": "   ", "choices": ["a", "b"]}, 400, "question must not be empty"),
 ])
 def test_bad_question_lists_get_a_4xx_naming_what_is_wrong(client, body, code, match):
     client.post("/v1/shadow/sessions/ql/turn", json={"prompt_ids": rand_ids(2 * G, 32)},
@@ -576,6 +598,25 @@ def test_bad_question_lists_get_a_4xx_naming_what_is_wrong(client, body, code, m
     r = client.post("/v1/shadow/ask", json={"session": "ql", **body}, headers=KEY)
     assert r.status_code == code and match in r.text, r.text
     assert reader.committed("ql") == before
+
+
+@pytest.mark.parametrize("kind", ["one", "many", "summary"])
+def test_a_question_past_the_limit_reads_nothing(client, monkeypatch, kind):
+    """413 for a question (or a summary's instruction) rendering past max_question_tokens,
+    before the backlog is read."""
+    service = client.app.state.service
+    monkeypatch.setattr(service.shadow, "max_question_tokens", 40)
+    session = f"qt-{kind}"
+    client.post(f"/v1/shadow/sessions/{session}/turn", json={"prompt_ids": rand_ids(3 * G, 33)},
+                headers=KEY)
+    long_q = {"question": "word " * 60, "choices": ["a", "b"]}
+    route, body = {
+        "one": ("ask", long_q),
+        "many": ("ask", {"questions": [{"question": "q", "choices": ["a", "b"]}, long_q]}),
+        "summary": ("summarize", {"instruction": "word " * 60, "max_tokens": 4})}[kind]
+    r = client.post(f"/v1/shadow/{route}", json={"session": session, **body}, headers=KEY)
+    assert r.status_code == 413 and r.json()["limit"] == 40 and r.json()["num_ids"] > 60, r.text
+    assert service.reader.committed(session) == 0
 
 
 @pytest.mark.parametrize("extra,match", [

@@ -5,6 +5,9 @@ gives the session's backlog and C as held and the reason that holds for it: its 
 other sessions' open turns, the host's busy signal, or the idle window reading other sessions
 first. In process (TestClient, random:tiny, seeded), the idle loop held still (a poll an hour
 apart, none at a turn's end) so the positions are what the test made them."""
+import threading
+import time
+
 import pytest
 from helpers import rand_ids  # noqa: E402
 
@@ -69,6 +72,35 @@ def test_a_504_reports_this_sessions_position_and_the_reason_that_holds_for_it(t
         assert r.status_code == 504 and r.json()["committed"] == 0
         assert "the idle window reads 1 other sessions first (b: 2 chunks), then its 3 " \
                "chunks (about " in r.json()["detail"], r.text
+
+
+def test_a_wait_whose_session_is_cut_below_at_gets_a_400_at_once(tmp_path):
+    """A turn that rewrites the session shorter than a waiting ask's `at` ends the wait with
+    the 400 the ask would get (it was a 504 at the wait's end)."""
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path,
+                        scheduler=SchedulerConfig(grid=G, poll_s=3600, idle_at_finish=False))
+    with TestClient(create_app(cfg), base_url="http://127.0.0.1") as c:
+        while c.get("/healthz").json()["state"] != "ready":
+            pass
+        ids = rand_ids(800, 4)
+        c.post("/v1/shadow/sessions/w/turn", json={"prompt_ids": ids})   # open: not read
+        got = {}
+
+        def ask():
+            t0 = time.monotonic()
+            got["r"] = c.post("/v1/shadow/ask", json={
+                "session": "w", "question": "q", "choices": ["a", "b"], "at": 700,
+                "wait": True, "timeout_s": 20})
+            got["s"] = time.monotonic() - t0
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.5)                               # the ask waits
+        c.post("/v1/shadow/sessions/w/turn", json={"prompt_ids": ids[:300]})
+        t.join(30)
+        r = got["r"]
+        assert r.status_code == 400, r.text
+        assert "at = 700 is outside the session's ids [0, 300]" in r.text
+        assert got["s"] < 10
 
 
 def test_the_reasons_text():
