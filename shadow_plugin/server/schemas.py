@@ -216,6 +216,9 @@ class ChatIn(BaseModel):
 
     @model_validator(mode="after")
     def a_question(self):
+        for i, m in enumerate(self.messages or []):     # the messages first: what they hold
+            check_message(i, m)                         # is named whatever else is wrong
+            check_parts(i, m.get("content"))
         if self.wait and self.questions is None and not self.choices:
             raise ValueError("wait is for letter-choice questions (choices or questions); a "
                              "summary does not wait")
@@ -229,9 +232,6 @@ class ChatIn(BaseModel):
         elif self.messages is None:
             raise ValueError("give messages (the last user message is the question), or "
                              "questions")
-        for i, m in enumerate(self.messages or []):
-            check_message(i, m)
-            check_parts(i, m.get("content"))
         check_choices(self.choices)
         if self.questions is None:
             text = self.question()
