@@ -57,6 +57,15 @@ def token_ids(ids, vocab_size: int, name: str = "ids") -> list[int]:
     return out
 
 
+def items(values, what: str) -> list:
+    """The items of a list, tuple or other iterable that is not a str, bytes or mapping (whose
+    iteration gives characters or keys), as a list. Raises ValueError "{what}, got {type}"
+    otherwise."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{what}, got {type(values).__name__}")
+    return list(values)
+
+
 def choices(values, max_choices: int = 26) -> list[str]:
     """2 to 26 choices, each a non-empty str."""
     if not isinstance(values, (list, tuple)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shadow_plugin import validate
 from shadow_plugin.chat.tokenizer import CHAT_TOKENS
 
 IM_END = CHAT_TOKENS.im_end
@@ -79,3 +80,55 @@ def letter_ids(tokenizer, num_choices: int) -> list[int]:
             raise ValueError(f"letter {letter!r} is {len(ids)} tokens in this tokenizer, need 1")
         out.append(ids[0])
     return out
+
+
+def render(tokenizer, vocab_size: int, ids, question, choices,
+           at: int) -> tuple[list[int], list[int], list[str]]:
+    """A question over ids[:at] (ids: the session's, a list or an int64 array): text rendered
+    as a user turn after ids[at - 1] (question_ids), or a list of ids checked against
+    vocab_size; with the letters' ids and the choices checked: (q_ids, letters, choices).
+    Raises ValueError for bad choices, an empty question or bad ids."""
+    choices = validate.choices(choices)
+    if isinstance(question, str):
+        if not question.strip():
+            raise ValueError("question must not be empty")
+        q_ids = question_ids(tokenizer, question, choices, int(ids[at - 1]) if at else None)
+    else:
+        q_ids = validate.token_ids(question, vocab_size, "question")
+        if not q_ids:
+            raise ValueError("question ids must not be empty")
+    return q_ids, letter_ids(tokenizer, len(choices)), choices
+
+
+def render_many(tokenizer, vocab_size: int, ids, items,
+                at: int) -> list[tuple[list[int], list[int], list[str]]]:
+    """`render` for each (question, choices) of items (a non-empty list of pairs, not a
+    string or a mapping). Raises ValueError naming the item ("questions[i]: ...")."""
+    items = validate.items(items, "questions must be a non-empty list of (question, choices)")
+    if not items:
+        raise ValueError("questions must be a non-empty list of (question, choices)")
+    out = []
+    for i, item in enumerate(items):
+        try:
+            if isinstance(item, (dict, str, bytes)):     # a dict unpacks to its keys
+                raise ValueError(f"a (question, choices) pair expected, got a "
+                                 f"{type(item).__name__}")
+            question, choices = item
+            out.append(render(tokenizer, vocab_size, ids, question, choices, at))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"questions[{i}]: {e}") from None
+    return out
+
+
+def render_prompt(tokenizer, vocab_size: int, ids, prompt, at: int) -> list[int]:
+    """A decoding's prompt over ids[:at]: text as a user turn with the generation prompt
+    (instruction_ids), or a list of ids checked against vocab_size. Raises ValueError for an
+    empty or bad prompt."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("prompt must not be empty")
+        return instruction_ids(tokenizer, prompt, int(ids[at - 1]) if at else None)
+    p_ids = validate.token_ids(prompt, vocab_size, "prompt")
+    if not p_ids:
+        raise ValueError("prompt ids must not be empty")
+    return p_ids

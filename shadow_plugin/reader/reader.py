@@ -402,10 +402,8 @@ class Reader:
         `warm_up(batch_sessions=N)` first. Returns ReadResult with the sessions that advanced.
         Raises ValueError for a bad session id or `sessions` not a list of them (a string is
         not), KeyError for an unknown one (nothing read)."""
-        if isinstance(sessions, (str, bytes, dict)) or not hasattr(sessions, "__iter__"):
-            raise ValueError(f"sessions must be a list of session ids, got "
-                             f"{type(sessions).__name__}")
-        names = list(dict.fromkeys(validate.session_id(s) for s in sessions))
+        names = list(dict.fromkeys(validate.session_id(s) for s in validate.items(
+            sessions, "sessions must be a list of session ids")))
         t0, g = time.perf_counter(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
         if len(due) > 1:          # what one forward takes (one at a time: one chunk a call)
@@ -560,44 +558,13 @@ class Reader:
         them. Raises as `ask_many`."""
         held = self.table.held_ids(validate.session_id(session))
         at = validate.position(at, len(held))
-        return [q_ids for q_ids, _, _ in self._questions(held, items, at)]
-
-    def _questions(self, ids, items, at: int) -> list[tuple[list[int], list[int], list[str]]]:
-        """`_question` for each of items (a non-empty sequence of (question, choices), not a
-        string or a mapping). Raises ValueError naming the item."""
-        if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
-            raise ValueError(f"questions must be a non-empty list of (question, choices), "
-                             f"got {type(items).__name__}")
-        items = list(items)
-        if not items:
-            raise ValueError("questions must be a non-empty list of (question, choices)")
-        rendered = []
-        for i, item in enumerate(items):
-            try:
-                if isinstance(item, (dict, str, bytes)):     # a dict unpacks to its keys
-                    raise ValueError(f"a (question, choices) pair expected, got a "
-                                     f"{type(item).__name__}")
-                question, choices = item
-                rendered.append(self._question(ids, question, choices, at))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"questions[{i}]: {e}") from None
-        return rendered
+        return [q_ids for q_ids, _, _ in questions.render_many(
+            self._tok(), self.adapter.vocab_size, held, items, at)]
 
     def _question(self, ids, question, choices, at: int):
-        """A question as ids after ids[:at] (ids: the session's, a list or an int64 array;
-        text rendered as a user turn, or ids checked), the letters' ids and the choices:
-        (q_ids, letters, choices). Raises ValueError as `ask`."""
-        choices = validate.choices(choices)
-        if isinstance(question, str):
-            if not question.strip():
-                raise ValueError("question must not be empty")
-            prev = int(ids[at - 1]) if at else None
-            q_ids = questions.question_ids(self._tok(), question, choices, prev)
-        else:
-            q_ids = validate.token_ids(question, self.adapter.vocab_size, "question")
-            if not q_ids:
-                raise ValueError("question ids must not be empty")
-        return q_ids, questions.letter_ids(self._tok(), len(choices)), choices
+        """questions.render with this reader's tokenizer and vocabulary."""
+        return questions.render(self._tok(), self.adapter.vocab_size, ids, question, choices,
+                                at)
 
     def ask_many(self, session: str, items, at: int | None = None) -> list[questions.Answer]:
         """Several letter-choice questions about ids[:at] of one session in one forward
@@ -623,7 +590,8 @@ class Reader:
         as `ask_many`."""
         st = self._get(session)
         at = validate.position(at, len(st.ids))
-        rendered = self._questions(st.ids, items, at)
+        rendered = questions.render_many(self._tok(), self.adapter.vocab_size, st.ids, items,
+                                         at)
         fws = fork.start_many(self.adapter, self.config, self.store, st, session,
                               [r[0] for r in rendered], at,
                               [fork.question_padding(self.adapter, at, len(r[0]))
@@ -816,17 +784,8 @@ class Reader:
         return self._prompt(held, prompt, validate.position(at, len(held)))
 
     def _prompt(self, ids, prompt, at: int) -> list[int]:
-        """A decoding's prompt as ids after ids[:at] (ids: the session's, a list or an int64
-        array). Raises ValueError for an empty or bad prompt."""
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("prompt must not be empty")
-            return questions.instruction_ids(self._tok(), prompt,
-                                             int(ids[at - 1]) if at else None)
-        p_ids = validate.token_ids(prompt, self.adapter.vocab_size, "prompt")
-        if not p_ids:
-            raise ValueError("prompt ids must not be empty")
-        return p_ids
+        """questions.render_prompt with this reader's tokenizer and vocabulary."""
+        return questions.render_prompt(self._tok(), self.adapter.vocab_size, ids, prompt, at)
 
     def finish_generate(self, pending: fork.Pending) -> fork.Generation:
         """The Generation of a begun decoding (its remaining steps run here); its pages given
