@@ -71,7 +71,10 @@ def ask_part(model, args) -> dict:
         reader = Reader(model, grid=args.grid)
         # as a server does: the question batches' shapes are checked in the warm-up (a new
         # reader per context: on an H100 about 94 s each)
+        before = device_memory_mib(args.device, reader)
         warm_up_s = reader.warm_up()
+        warm_up_mib = {k: round(v - before[k], 1) for k, v in
+                       device_memory_mib(args.device, reader).items()}
         reader.feed("s", session_ids(context + args.tail, context), "prompt")
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
@@ -109,6 +112,10 @@ def ask_part(model, args) -> dict:
             "one_at_a_time_over_one": round(med["seq"] / med["one"], 3),
             "batched": bool(getattr(reader.adapter, "batches", lambda: False)()),
             "question_batches_an_ask": num_batches, "warm_up_s": round(warm_up_s, 1),
+            # what the warm-up took on the device (its graphs' pools, FA4's and cuBLAS's
+            # workspaces, the KV pool's pages it allocated): MiB, {} on the CPU
+            "warm_up_mib": warm_up_mib,
+            "graphs": {k: v for k, v in stats().items() if k.startswith("num_")},
             # the mixed batches' checks (several buckets in one forward), as the warm-up left
             "mixed_batch_bits": {k: v for k, v in stats().get("question_batch_bits", {}).items()
                                  if "+" in k},
@@ -124,6 +131,19 @@ def ask_part(model, args) -> dict:
                   flush=True)
         print(f"ask {context}: {out[str(context)]}", file=sys.stderr, flush=True)
     return out
+
+
+def device_memory_mib(device: str, reader: Reader) -> dict:
+    """On CUDA, after a sync: {"reserved": torch's caching allocator's reserved MiB,
+    "device_used": the device's used MiB (cudaMemGetInfo: every process and context),
+    "kv_pool": the reader's KV pool (KvPool.nbytes) in MiB}; {} elsewhere."""
+    if device != "cuda":
+        return {}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {"reserved": torch.cuda.memory_reserved() / 2**20,
+            "device_used": (total - free) / 2**20,
+            "kv_pool": reader.store.pool.nbytes / 2**20}
 
 
 def _host_profile(fn, repeats: int, top: int = 25) -> list[list]:

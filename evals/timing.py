@@ -67,6 +67,7 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
       runtime call (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python), which
       add up to `device_idle_ms` but for gaps under min_gap_us.
     Off CUDA (a smoke run) the device is never busy: every call's time is idle."""
+    from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile, record_function
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -75,7 +76,12 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
     sync()
     runs = []
     for with_stack in (False, True):
-        with profile(activities=acts, with_stack=with_stack) as prof:
+        # verbose: without it some torch builds (2.11+cu130 on the H100, 2026-12-07) leave
+        # the Python frames out of prof.events(), and every idle piece read "-"
+        # (pytorch/pytorch#100253)
+        config = _ExperimentalConfig(verbose=True) if with_stack else None
+        with profile(activities=acts, with_stack=with_stack,
+                     experimental_config=config) as prof:
             for _ in range(iters):
                 with record_function("device_timeline.call"):
                     fn()

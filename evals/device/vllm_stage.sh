@@ -112,6 +112,9 @@ open('/tmp/models/done', 'w').write('ok')" > /tmp/models/export.log 2>&1 < /dev/
         [ -f $stage/part-aa ] || { echo "no part-aa: run 'vllm_stage.sh 1' first"; exit 1; }
         mkdir -p /tmp/site
         cat $stage/part-aa .vstage2/part-ab | xz -d | tar xf - -C /tmp/site
+        # vLLM's apache-tvm-ffi 0.1.10 now lies over any FA4 an earlier call on this warm
+        # machine put here (fa4_site.sh): `fa4b` must install FA4's again
+        rm -f /tmp/site/.fa4-installed
         touch /tmp/site/.vllm-staged
     fi
     python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \

@@ -313,10 +313,14 @@ class EmbeddedShadow:
         holds that asked before the step: event batches, questions' steps; the idle loop's
         chunk in flight), and gate_wait_max_ms the longest one step's start waited there:
         the host's longest stall on the shadow between its steps (with SHADOW_BATCH_SESSIONS
-        > 1 at most one batched forward, docs/service.md). status's engine_share also has
+        > 1 at most one batched forward, docs/service.md); beside it gate_hold_max_ms, the
+        longest one hold through the turnstile (an event batch's apply, a question's step:
+        Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (the idle
+        loop's longest chunk or batched forward). status's engine_share also has
         slot_max_ms, the slot's longest one slice (StepBudget)."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
-                 "gate_wait_max_ms": self.gate_wait_max_ms}
+                 "gate_wait_max_ms": self.gate_wait_max_ms,
+                 "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

@@ -46,6 +46,7 @@ class Turnstile:
         self._asked = 0               # holds asked for since the start (a hold's ticket)
         self._settled = 0             # of them, those that got in (or gave up asking)
         self._inside = threading.local()  # depth: this thread's holds, nested
+        self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
 
     def step_begins(self) -> None:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
@@ -85,17 +86,22 @@ class Turnstile:
         """Hold the lock between two steps (waiting for the step in progress to end). A hold
         nested in the same thread's hold re-enters the lock at once, with no ticket: the step
         that starts meanwhile waits for the outer hold, and would wait for good for an inner
-        one that waited for the step."""
+        one that waited for the step. The longest outer hold is kept (hold_max_ms: what a
+        step's start may wait for one thread's hold)."""
         inside = self._inside
-        if getattr(inside, "depth", 0):
-            self.lock.acquire()
-        else:
+        outer = not getattr(inside, "depth", 0)
+        if outer:
             self._get_in()
+        else:
+            self.lock.acquire()
         inside.depth = getattr(inside, "depth", 0) + 1
+        t0 = time.perf_counter()
         try:
             yield
         finally:
             inside.depth -= 1
+            if outer:
+                self.hold_max_ms = max(self.hold_max_ms, (time.perf_counter() - t0) * 1e3)
             self.lock.release()
 
     def _get_in(self) -> None:

@@ -127,10 +127,14 @@ class Reader:
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
                                         gdn_bytes, disk_shared, disk_grace_s, prefetch_bytes)
         self._tokenizer = tokenizer
-        # since start; num_batched_forwards / num_batched_chunks: forwards that read chunks of
-        # two or more sessions at once (read_batch) and the chunks they read
+        # since start; read_max_ms: the longest one read or read_batch call (a service's
+        # idle loop reads one chunk or one batched forward a call, under the lock: a host
+        # step's start waits for at most one); num_batched_forwards / num_batched_chunks:
+        # forwards that read chunks of two or more sessions at once (read_batch) and the
+        # chunks they read
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
-                       "num_batched_forwards": 0, "num_batched_chunks": 0}
+                       "read_max_ms": 0.0, "num_batched_forwards": 0,
+                       "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
         self.tails = Tails(max_tails)
@@ -381,9 +385,7 @@ class Reader:
             self._settle(name)
         self.adapter.sync()
         result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
-        self.totals["num_read_tokens"] += result.num_read_tokens
-        self.totals["num_chunks"] += n
-        self.totals["read_ms"] += result.ms
+        self._count(result)
         return result
 
     def read_batch(self, sessions) -> ReadResult:
@@ -424,14 +426,20 @@ class Reader:
         self.adapter.sync()
         n = len(advanced)
         result = ReadResult(n * g, n, (time.perf_counter() - t0) * 1e3, advanced)
-        self.totals["num_read_tokens"] += result.num_read_tokens
-        self.totals["num_chunks"] += n
-        self.totals["read_ms"] += result.ms
+        self._count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
         self.totals["num_batched_forwards"] += self.adapter.num_batched_forwards - batched[0]
         self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
         return result
+
+    def _count(self, result: ReadResult) -> None:
+        """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
+        t = self.totals
+        t["num_read_tokens"] += result.num_read_tokens
+        t["num_chunks"] += result.num_chunks
+        t["read_ms"] += result.ms
+        t["read_max_ms"] = max(t["read_max_ms"], result.ms)
 
     def _backlog_held(self, session: str) -> int:
         """len(ids) - C without restoring the session (Reader.position). KeyError when

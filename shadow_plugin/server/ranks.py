@@ -55,15 +55,16 @@ def holder(found: Sequence[dict | None]) -> int | None:
     return max(known, key=rank_key)[0]
 
 
-def _add(a, b):
-    """a + b for numbers, key by key (recursively) for dicts of numbers; a when b is missing
+def _add(a, b, key: str = ""):
+    """a + b for numbers, key by key (recursively) for dicts of numbers; the larger for a
+    key ending in `_max_ms` (a longest one, e.g. totals' read_max_ms); a when b is missing
     or of another kind."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return {k: _add(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k))
+        return {k: _add(a[k], b[k], k) if k in a and k in b else a.get(k, b.get(k))
                 for k in {**a, **b}}
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
             not isinstance(a, bool) and not isinstance(b, bool):
-        return a + b
+        return max(a, b) if key.endswith("_max_ms") else a + b
     return a
 
 

@@ -219,3 +219,16 @@ def test_a_step_start_with_no_end_before_it_still_lets_a_waiting_hold_in():
     assert entered.is_set() and time.monotonic() - t0 < 0.5
     ts.step_ends()
     t.join(5)
+
+
+def test_the_longest_hold_is_kept():
+    """hold_max_ms: the longest outer hold, from in to out (a nested hold is inside it)."""
+    ts = Turnstile(threading.RLock())
+    assert ts.hold_max_ms == 0.0
+    with ts():
+        time.sleep(0.03)
+        with ts():
+            time.sleep(0.01)
+    with ts():
+        pass
+    assert 40 <= ts.hold_max_ms < 1000
