@@ -504,3 +504,40 @@ def test_an_engines_metrics_call_hands_out_the_samplers_take_without_the_lock(em
     assert done and done[0] == ("ok", took) and done[0][1] is took
     emb.service._metrics_taken = (time.monotonic() - 3.0, took)     # older than 2 x 1 s
     assert emb.call("metrics", {})[1] is not took
+
+
+def test_a_step_start_waits_for_at_most_one_batched_forward(tmp_path):
+    """SHADOW_BATCH_SESSIONS=4 (issue 36: the host's wait at most one batched chunk): four
+    sessions' prompts are read by the idle window in batched forwards while the host starts
+    steps at random moments; no step's start waits longer than the longest read (one
+    batched forward) plus the longest hold let in before it (an event batch's apply), and a
+    margin for this loaded 2-core machine's scheduling."""
+    import random
+    cfg = ServiceConfig(model="random:tiny", device="cpu", grid=G, state_dir=tmp_path / "state",
+                        disk_dir=tmp_path / "disk",
+                        scheduler=SchedulerConfig(grid=G, poll_s=0.01, share=0.0,
+                                                  batch_sessions=4))
+    emb = EmbeddedShadow(cfg)
+    emb.start()
+    try:
+        assert emb.service.wait_loaded(60) == "ready"
+        t = RequestTracker()
+        for k in range(4):                             # four turns of 24 chunks, all ended
+            t.start(f"r{k}", rand_ids(24 * G, 10 + k), f"s{k}")
+            _step(emb, t.take(), (f"r{k}",), True, host_s=0.0)
+            t.finish(f"r{k}", [5])
+            _step(emb, t.take(), (), k < 3, host_s=0.0)
+        shadow, rng = emb.service.shadow, random.Random(0)
+        deadline = time.monotonic() + 60
+        while shadow.reader.totals["num_batched_forwards"] < 12 and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.0, 0.03))         # the idle window reads meanwhile
+            _step(emb, (), (), False, host_s=0.002)    # a step in the middle of a read
+        totals, share = shadow.reader.totals, emb.call("status", {})[1]["engine_share"]
+        assert totals["num_batched_forwards"] >= 12
+        assert share["gate_wait_max_ms"] > 0.0
+        assert share["gate_wait_max_ms"] <= \
+            totals["read_max_ms"] + share["gate_hold_max_ms"] + 25.0, (share, totals)
+        for k in range(4):
+            assert shadow.check_exact(f"s{k}")
+    finally:
+        emb.close()
