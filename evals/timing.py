@@ -76,9 +76,9 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
     sync()
     runs = []
     for with_stack in (False, True):
-        # verbose: without it some torch builds (2.11+cu130 on the H100, 2026-12-07) leave
-        # the Python frames out of prof.events(), and every idle piece read "-"
-        # (pytorch/pytorch#100253)
+        # verbose: some torch builds leave the Python frames out of prof.events() without
+        # it (pytorch/pytorch#100253); on the H100 with 2.11+cu130 (2026-12-07) every idle
+        # piece read "-" without it (with it: not yet run there)
         config = _ExperimentalConfig(verbose=True) if with_stack else None
         with profile(activities=acts, with_stack=with_stack,
                      experimental_config=config) as prof:
