@@ -75,6 +75,9 @@ def ask_part(model, args) -> dict:
         warm_up_s = reader.warm_up()
         warm_up_mib = {k: round(v - before[k], 1) for k, v in
                        device_memory_mib(args.device, reader).items()}
+        warm_up_graphs = {k: v for k, v in getattr(reader.adapter, "graph_stats", dict)().items()
+                          if k in ("num_runners", "num_graphs", "num_captures",
+                                   "num_failed_captures")}
         reader.feed("s", session_ids(context + args.tail, context), "prompt")
         reader.read("s")
         reader.ask("s", *items[0])                       # warm-up (tokenizer, first shapes)
@@ -114,8 +117,7 @@ def ask_part(model, args) -> dict:
             "question_batches_an_ask": num_batches, "warm_up_s": round(warm_up_s, 1),
             # what the warm-up took on the device (its graphs' pools, FA4's and cuBLAS's
             # workspaces, the KV pool's pages it allocated): MiB, {} on the CPU
-            "warm_up_mib": warm_up_mib,
-            "graphs": {k: v for k, v in stats().items() if k.startswith("num_")},
+            "warm_up_mib": warm_up_mib, "warm_up_graphs": warm_up_graphs,
             # the mixed batches' checks (several buckets in one forward), as the warm-up left
             "mixed_batch_bits": {k: v for k, v in stats().get("question_batch_bits", {}).items()
                                  if "+" in k},

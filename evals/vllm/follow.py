@@ -85,7 +85,7 @@ def follow(args) -> None:
         print(f"check {c}", flush=True)
     share = status.get("engine_share") or {}
     print(f"the host's longest wait: {share.get('gate_wait_max_ms', 0.0):.2f} ms at a step's "
-          f"start (the longest hold through the turnstile "
+          f"start (rank 0's; the longest hold through the turnstile "
           f"{share.get('gate_hold_max_ms', 0.0):.2f} ms, the longest read "
           f"{status['totals'].get('read_max_ms', 0.0):.2f} ms), "
           f"{share.get('slot_max_ms', 0.0):.2f} ms in one slice; batched forwards "

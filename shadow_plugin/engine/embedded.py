@@ -315,8 +315,9 @@ class EmbeddedShadow:
         the host's longest stall on the shadow between its steps (with SHADOW_BATCH_SESSIONS
         > 1 at most one batched forward, docs/service.md); beside it gate_hold_max_ms, the
         longest one hold through the turnstile (an event batch's apply, a question's step:
-        Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (the idle
-        loop's longest chunk or batched forward). status's engine_share also has
+        Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (its
+        longest one read call: idle, slot or catch-up, one chunk or one batched forward,
+        with any restore it needed). status's engine_share also has
         slot_max_ms, the slot's longest one slice (StepBudget)."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,

@@ -97,7 +97,7 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
     for stats in per_rank[1:]:
         for key in SUMMED:
             if key in out and key in stats:
-                out[key] = _add(out[key], stats[key])
+                out[key] = _add(out[key], stats[key], key)
         for key in LISTS:
             if isinstance(out.get(key), list) and isinstance(stats.get(key), list):
                 out[key] = out[key] + stats[key]

@@ -521,6 +521,8 @@ def test_a_step_start_waits_for_at_most_one_batched_forward(tmp_path):
     emb.start()
     try:
         assert emb.service.wait_loaded(60) == "ready"
+        if not emb.service.shadow.reader.adapter.batches([G] * 4):
+            pytest.skip("this CPU's GEMMs give a chunk other bits in a batch of four")
         t = RequestTracker()
         for k in range(4):                             # four turns of 24 chunks, all ended
             t.start(f"r{k}", rand_ids(24 * G, 10 + k), f"s{k}")
