@@ -4,8 +4,10 @@ session ids; one re-renders its history to force a rollback), the shadow reads i
 both in the per-step slot and in the idle window, the questions answer on vLLM's own server
 (also in the OpenAI shape), the committed states equal fresh prefills of exactly the ids vLLM
 served and produced, /metrics carries the shadow's counters, and a SIGTERM writes the sessions
-that a restarted server continues with nothing read again. With --data-parallel-size 2, one shadow
-in each DP engine follows an agent whose turns move between the engines.
+that a restarted server continues with nothing read again. With SHADOW_BATCH_SESSIONS=4 the
+idle window reads four agents' chunks in batched forwards, each session still exact. With
+--data-parallel-size 2, one shadow in each DP engine follows an agent whose turns move between
+the engines.
 
 With CI=true a missing vLLM is a failure, not a skip."""
 import os
@@ -211,6 +213,43 @@ def test_vllm_follows_two_agents_answers_and_continues_after_a_restart(tmp_path,
         assert status["totals"]["num_read_tokens"] == new      # nothing read again
         check = httpx.get(f"{server.url}/v1/shadow/sessions/agent-a/check", timeout=120).json()
         assert check["exact"] and check["ids_xxh3"] == ids_digest(held["agent-a"])
+    finally:
+        server.stop(signal.SIGTERM)
+
+
+def test_vllm_reads_four_agents_in_batched_forwards_each_exact(tmp_path, host_dir, tiny):
+    """SHADOW_BATCH_SESSIONS=4 in vLLM's worker (issue 36): four concurrent agents (one
+    re-rendering its history) read by the idle window, one chunk of each of several sessions
+    a forward; every session equals a fresh prefill of exactly the ids vLLM served and
+    produced; and a step's start waited at most about one batched forward (the longest
+    read) plus the longest hold let in before it."""
+    from shadow_plugin.reader.reader import Reader
+    if not Reader(tiny, grid=G).adapter.batches([G] * 4):
+        pytest.skip("this CPU's GEMMs give a chunk other bits in a batch of four")
+    env = {**_env(tmp_path), "SHADOW_BATCH_SESSIONS": "4", "SHADOW_SHARE": "0"}
+    held: dict[str, list[int]] = {}
+    names = [f"agent-{k}" for k in range(4)]
+    server = vllm_server(host_dir, env, tmp_path / "vllm-batch.log")
+    try:
+        agents = [threading.Thread(target=_agent, args=(server.url, name, 20 + k,
+                                                        2 if k == 1 else None, held))
+                  for k, name in enumerate(names)]
+        for a in agents:
+            a.start()
+        for a in agents:
+            a.join(timeout=600)
+        assert held.get("errors") is None and all(n in held for n in names), held.get("errors")
+        status = _wait_read(server, held, names)
+        for name in names:
+            check = httpx.get(f"{server.url}/v1/shadow/sessions/{name}/check", timeout=120).json()
+            assert check["num_ids"] == len(held[name]) and check["exact"] is True, check
+            assert check["ids_xxh3"] == ids_digest(held[name])
+        totals, share = status["totals"], status["engine_share"]
+        assert totals["num_batched_forwards"] > 0, totals
+        assert totals["num_batched_chunks"] >= 2 * totals["num_batched_forwards"], totals
+        assert 0.0 < totals["read_max_ms"] <= totals["read_ms"]
+        assert share["gate_wait_max_ms"] <= \
+            totals["read_max_ms"] + share["gate_hold_max_ms"] + 50.0, (share, totals)
     finally:
         server.stop(signal.SIGTERM)
 
