@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
 
+from shadow_plugin import validate
 from shadow_plugin.server.errors import ClientGone, WaitTimeout
 
 POLL_S = 0.05               # how often the poller looks at the waited sessions' C
@@ -151,8 +152,11 @@ def _outside(w: Waiter, num_ids: int) -> ValueError | None:
     """The 400 of an ask whose `at` is past the session's ids now (a turn rewrote it shorter
     while the ask waited): what the ask itself would raise (Shadow.fork_position), at once
     rather than a 504 at the wait's end; None otherwise."""
-    if w.at is not None and w.at > num_ids:
-        return ValueError(f"at = {w.at} is outside the session's ids [0, {num_ids}]")
+    if w.at is not None:
+        try:
+            validate.position(w.at, num_ids)
+        except ValueError as e:
+            return e
     return None
 
 
