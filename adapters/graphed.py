@@ -428,13 +428,16 @@ class GraphAdapter(Adapter):
     def _logits_of(self, batch, items, idx: list[int], shared_rows: int, out: list) -> None:
         """The forks items[i] for i in idx (in the batch's order; a fork repeated fills a
         batch) in one forward of `batch` (`_checked`): each one's letters' logits into
-        out[i]."""
+        out[i]. The letters' ids go to the device before the forward: a blocking copy after
+        it held the host until the forward ended, then until each question's logits before
+        the next one's were launched (7.2 of ask_many's 11.1 ms in cProfile on an H100,
+        docs/batch-bench-ask-h100-2026-12-07-b.log)."""
+        letters = {i: self._ids(items[i][4]) for i in idx}
         hidden = self._checked(batch, [items[i] for i in idx], shared_rows)
         self.num_question_batches += self.batch_bits[batch.key]
         for i, h in zip(idx, hidden):
-            ids, token_ids = items[i][0], items[i][4]
-            out[i] = self.model.logits(h[len(ids) - 1:len(ids)],
-                                       self._ids(token_ids))[0].float()
+            n = len(items[i][0])
+            out[i] = self.model.logits(h[n - 1:n], letters[i])[0].float()
 
     def _checked(self, batch, items, shared_rows: int) -> list[torch.Tensor]:
         """The forks' hidden rows [t, hidden] (each fork its batch.ts' rows) from one forward
@@ -525,14 +528,15 @@ class GraphAdapter(Adapter):
         scratch rows above them, which change none of the real rows' values); eagerly past
         the largest bucket."""
         ids = list(ids)
-        runner = self.runners.for_rows(len(ids))
+        letters = self._ids(token_ids)      # before the forward: a blocking copy after it
+        runner = self.runners.for_rows(len(ids))   # would hold the host until it ends
         if runner is not None:
             padded = torch.tensor(ids + [ids[-1]] * (runner.t - len(ids)), dtype=torch.long)
             hidden, _ = runner.run(padded, pos, kv, gdn)
             hidden = hidden[len(ids) - 1:len(ids)]
         else:
             hidden, _ = self.model(self._ids(ids), pos, kv, gdn)
-        return self.model.logits(hidden[-1:], self._ids(token_ids))[0].float()
+        return self.model.logits(hidden[-1:], letters)[0].float()
 
     def decode_burst(self, token: int, pos: int, kv: PagedKv, gdn: GdnState, max_steps: int,
                      stop_ids: set[int]) -> tuple[list[int], int, GdnState]:

@@ -8,7 +8,6 @@ Both take the clock (time.perf_counter) where there is no CUDA: a smoke run on t
 from __future__ import annotations
 
 import bisect
-import re
 import time
 
 import torch
@@ -46,68 +45,53 @@ def wall_ms(fn, cuda: bool | None = None) -> tuple[object, float]:
     return out, (time.perf_counter() - t0) * 1e3
 
 
-OUR_PACKAGES = ("shadow_plugin/", "adapters/", "block_store/")
-_FRAME = re.compile(r"\(\d+\): ")           # a Python frame's event: "path(line): function"
-
-
 def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) -> dict:
     """`--trace`: where a call's wall time goes on a GPU, from torch.profiler, after one
     warm-up; iters calls, each from an idle device to an idle device again (synchronized):
     - `wall_ms`, `device_busy_ms` (the union of the device's kernels and copies, graph
       replays' kernels included) and `device_idle_ms` (the rest: the host's own time that
-      the device did not hide), per call, from a profile without Python stacks;
+      the device did not hide), per call;
     - `num_kernels` (kernels and copies a call) and `kernels`: the `top` kernels by device
       time, each {calls, us} per call;
-    - `idle_by_function`: from a second profile with Python stacks (which slow the host, so
-      its gaps run longer than the first's; compare them with each other, not with
-      `device_idle_ms`), each idle gap of at least min_gap_us cut where host events start
-      or end, each piece charged to the innermost function of ours (OUR_PACKAGES) running
-      over it, else to the innermost Python frame: the `top` as {pieces, us} per call;
-    - `idle_by_op`: the first profile's idle gaps so cut, charged to the innermost op or
-      runtime call (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python), which
-      add up to `device_idle_ms` but for gaps under min_gap_us.
-    Off CUDA (a smoke run) the device is never busy: every call's time is idle."""
-    from torch._C._profiler import _ExperimentalConfig
+    - `idle_by_op`: the idle gaps of at least min_gap_us cut where host events start or
+      end, each piece charged to the innermost op or runtime call running over it
+      (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python), which add up to
+      `device_idle_ms` but for gaps under min_gap_us: the `top` as {pieces, us} per call.
+    Which Python functions the host's time goes to is cProfile's job (batch_bench's
+    `profile`): the profiler's Python frames (with_stack) never reached prof.events() on an
+    H100 with torch 2.11+cu130, verbose or not (every piece "-", 2026-12-07: docs/
+    batch-bench-ask-profile-h100-2026-12-07.log). Off CUDA (a smoke run) the device is
+    never busy: every call's time is idle."""
     from torch.profiler import ProfilerActivity, profile, record_function
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     fn()
     sync()
-    runs = []
-    for with_stack in (False, True):
-        # verbose: some torch builds leave the Python frames out of prof.events() without
-        # it (pytorch/pytorch#100253); on the H100 with 2.11+cu130 (2026-12-07) every idle
-        # piece read "-" without it (with it: not yet run there)
-        config = _ExperimentalConfig(verbose=True) if with_stack else None
-        with profile(activities=acts, with_stack=with_stack,
-                     experimental_config=config) as prof:
-            for _ in range(iters):
-                with record_function("device_timeline.call"):
-                    fn()
-                    sync()
-        runs.append(_split(prof.events(), min_gap_us))
-    (windows, busy, kernels, plain_gaps), (_, _, _, stack_gaps) = runs
+    with profile(activities=acts) as prof:
+        for _ in range(iters):
+            with record_function("device_timeline.call"):
+                fn()
+                sync()
+    windows, busy, kernels, gaps = _split(prof.events(), min_gap_us)
     wall_us = sum(b - a for a, b in windows)
     busy_us = sum(_overlap(busy, w) for w in windows)
-    out = {"wall_ms": round(wall_us / iters / 1e3, 3),
-           "device_busy_ms": round(busy_us / iters / 1e3, 3),
-           "device_idle_ms": round((wall_us - busy_us) / iters / 1e3, 3),
-           # kernels and copies a call (0 on CUDA: the profiler saw no graph's kernels)
-           "num_kernels": round(sum(n for n, _ in kernels.values()) / iters, 2),
-           "kernels": _top(kernels, iters, top)}
-    for key, at, gaps in (("idle_by_function", 0, stack_gaps), ("idle_by_op", 1, plain_gaps)):
-        per: dict[str, list[float]] = {}
-        for gap in gaps:
-            per.setdefault(gap[at + 1], []).append(gap[0])
-        out[key] = _top({k: (len(v), sum(v)) for k, v in per.items()}, iters, top, "pieces")
-    return out
+    per: dict[str, list[float]] = {}
+    for us, op in gaps:
+        per.setdefault(op, []).append(us)
+    return {"wall_ms": round(wall_us / iters / 1e3, 3),
+            "device_busy_ms": round(busy_us / iters / 1e3, 3),
+            "device_idle_ms": round((wall_us - busy_us) / iters / 1e3, 3),
+            # kernels and copies a call (0 on CUDA: the profiler saw no graph's kernels)
+            "num_kernels": round(sum(n for n, _ in kernels.values()) / iters, 2),
+            "kernels": _top(kernels, iters, top),
+            "idle_by_op": _top({k: (len(v), sum(v)) for k, v in per.items()}, iters, top,
+                               "pieces")}
 
 
 def _split(events, min_gap_us: float):
     """(the calls' windows [(start_us, end_us)], the device's busy intervals merged, kernel
-    name -> (calls, us), gaps [(us, innermost function of ours or Python frame, innermost
-    op)]) of one profile's events."""
+    name -> (calls, us), gaps [(us, innermost op)]) of one profile's events."""
     on_device = lambda e: str(e.device_type).endswith("CUDA")     # noqa: E731
     windows = sorted((e.time_range.start, e.time_range.end) for e in events
                      if e.name == "device_timeline.call" and not on_device(e))
@@ -130,11 +114,10 @@ def _split(events, min_gap_us: float):
     return windows, busy, kernels, gaps
 
 
-def _pieces(over, a: float, b: float) -> list[tuple[float, str, str]]:
+def _pieces(over, a: float, b: float) -> list[tuple[float, str]]:
     """The gap [a, b) cut where the host events over it (sorted by start) start or end: each
-    piece (us, the innermost function of ours running over it, else the innermost Python
-    frame; the innermost op or runtime call), "-" for none; a sweep, the events running
-    kept in order of start (innermost last)."""
+    piece (us, the innermost op or runtime call running over it, "-" for none); a sweep, the
+    events running kept in order of start (innermost last)."""
     cuts = sorted({a, b} | {t for e in over for t in (e.time_range.start, e.time_range.end)
                             if a < t < b})
     out, running, k = [], [], 0
@@ -143,21 +126,8 @@ def _pieces(over, a: float, b: float) -> list[tuple[float, str, str]]:
             running.append(over[k])
             k += 1
         running = [e for e in running if e.time_range.end > p]
-        frames = [e for e in running if _FRAME.search(e.name)]
-        ours = [e for e in frames if any(x in e.name for x in OUR_PACKAGES)]
-        ops = [e for e in running if not _FRAME.search(e.name)]
-        out.append((q - p, _short((ours or frames)[-1].name) if frames else "-",
-                    ops[-1].name[:80] if ops else "-"))
+        out.append((q - p, running[-1].name[:80] if running else "-"))
     return out
-
-
-def _short(frame: str) -> str:
-    """A Python frame's name from its package on ('.../adapters/graphed.py(381): f' ->
-    'adapters/graphed.py(381): f')."""
-    for p in OUR_PACKAGES:
-        if p in frame:
-            return frame[frame.index(p):]
-    return frame.rsplit("/", 1)[-1]
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -98,13 +98,13 @@ def _event(name, start, end, device="CPU", annotation=False):
                            is_user_annotation=annotation)
 
 
-def test_device_timeline_charges_idle_device_time_to_what_the_host_ran():
+def test_device_timeline_charges_idle_device_time_to_the_ops_the_host_ran():
     """evals.timing's split of a profile: two calls (windows 0-100 and 200-260 us), kernels
     over 10-40 and 30-50 (merged) and 220-260; the idle pieces of each window charged to the
-    innermost function of ours running over them, else the innermost frame, and to the
-    innermost op; gaps shorter than min_gap_us left out. The device's copies of the calls'
-    ranges (CUDA annotations spanning their first to last kernel) are neither calls nor
-    kernels (a review found them hiding the idle time between kernels)."""
+    innermost op or runtime call running over them ("-": none, Python); gaps shorter than
+    min_gap_us left out. The device's copies of the calls' ranges (CUDA annotations spanning
+    their first to last kernel) are neither calls nor kernels (a review found them hiding the
+    idle time between kernels)."""
     from evals import timing
     events = [
         _event("device_timeline.call", 0, 100), _event("device_timeline.call", 200, 260),
@@ -112,31 +112,25 @@ def test_device_timeline_charges_idle_device_time_to_what_the_host_ran():
         _event("device_timeline.call", 220, 260, "CUDA", annotation=True),
         _event("Torch-Compiled Region", 10, 260, "CUDA", annotation=True),
         _event("k1", 10, 40, "CUDA"), _event("k2", 30, 50, "CUDA"), _event("k1", 220, 260, "CUDA"),
-        _event("/x/site-packages/torch/nn/module.py(10): __call__", 0, 100),
-        _event("/work/main/shadow_plugin/reader/fork.py(5): start_many", 0, 60),
-        _event("aten::copy_", 55, 70),
-        _event("/work/main/adapters/graphed.py(3): fork_logits", 200, 230),
+        _event("aten::empty", 0, 5),
+        _event("aten::to", 55, 75), _event("aten::copy_", 55, 70),     # nested: copy_ inside
         _event("cudaGraphLaunch", 203, 210),
     ]
     windows, busy, kernels, gaps = timing._split(events, min_gap_us=5)
     assert windows == [(0, 100), (200, 260)] and busy == [(10, 50), (220, 260)]
     assert kernels == {"k1": (2, 70), "k2": (1, 20)}
-    assert gaps == [(10, "shadow_plugin/reader/fork.py(5): start_many", "-"),
-                    (5, "shadow_plugin/reader/fork.py(5): start_many", "-"),
-                    (5, "shadow_plugin/reader/fork.py(5): start_many", "aten::copy_"),
-                    (10, "module.py(10): __call__", "aten::copy_"),
-                    (30, "module.py(10): __call__", "-"),
-                    (3, "adapters/graphed.py(3): fork_logits", "-"),
-                    (7, "adapters/graphed.py(3): fork_logits", "cudaGraphLaunch"),
-                    (10, "adapters/graphed.py(3): fork_logits", "-")]
+    assert gaps == [(5, "aten::empty"), (5, "-"),
+                    (5, "-"), (15, "aten::copy_"), (5, "aten::to"), (25, "-"),
+                    (3, "-"), (7, "cudaGraphLaunch"), (10, "-")]
     assert timing._overlap(busy, (0, 100)) == 40 and list(timing._idle((0, 15), busy)) == [
         (0, 10)]
-    assert timing._split(events, min_gap_us=21)[3] == gaps[1:5]      # (50, 100) only
+    assert timing._split(events, min_gap_us=21)[3] == gaps[2:6]      # (50, 100) only
 
 
 def test_batch_bench_trace_smoke(capsys):
     """evals.batch_bench --trace on the CPU: one question's ask and ask_many under
-    torch.profiler; with no device every millisecond is idle and charged to our functions."""
+    torch.profiler; with no device every millisecond is idle, charged to the ops running
+    (or "-": Python between them)."""
     from evals import batch_bench
     assert batch_bench.main(["--grid", "64", "--contexts", "128", "--repeats", "1",
                              "--questions", "2", "--tail", "10", "--parts", "ask",
@@ -147,6 +141,7 @@ def test_batch_bench_trace_smoke(capsys):
         assert t["wall_ms"] > 0 and t["device_busy_ms"] == 0 and t["kernels"] == {}
         assert t["num_kernels"] == 0
         assert t["device_idle_ms"] == t["wall_ms"]
-        assert any(name.startswith(("shadow_plugin/", "adapters/", "block_store/"))
-                   for name in t["idle_by_function"])
-        assert t["idle_by_op"]
+        assert "idle_by_function" not in t
+        assert any(name.startswith("aten::") for name in t["idle_by_op"])
+        # the top pieces: at most the call's idle time
+        assert sum(p["us"] for p in t["idle_by_op"].values()) <= t["device_idle_ms"] * 1e3 + 1
