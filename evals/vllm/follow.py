@@ -77,20 +77,27 @@ def follow(args) -> None:
               for i, s in enumerate(scripts)]
     if args.max_turns is not None:
         limits = [min(args.max_turns, n or args.max_turns) for n in limits]
+    graphs_before = shadow_status(server).get("graphs") or {}
     held, agents_s = run_agents(server, scripts, args.tokens, limits)
     names = [s.name for s in scripts]
     status = wait_fresh(server, {n: held[n] for n in names}, args.fresh_timeout_s)
+    # CUDA graphs captured while the agents ran (at first use: each syncs the device, a
+    # read or a question holding the lock through it)
+    graphs = {k: round(status.get("graphs", {}).get(k, 0) - graphs_before.get(k, 0), 3)
+              for k in ("num_captures", "num_failed_captures", "capture_s")}
     checks = [check(server, n, held[n]) for n in names]
     for c in checks:
         print(f"check {c}", flush=True)
     share = status.get("engine_share") or {}
     print(f"the host's longest wait: {share.get('gate_wait_max_ms', 0.0):.2f} ms at a step's "
-          f"start (rank 0's; the longest hold through the turnstile "
+          f"start ({share.get('gate_wait_max_let_in_ms', 0.0):.2f} ms of it until the holds "
+          f"asked before it got in; rank 0's; the longest hold through the turnstile "
           f"{share.get('gate_hold_max_ms', 0.0):.2f} ms, the longest read "
           f"{status['totals'].get('read_max_ms', 0.0):.2f} ms), "
           f"{share.get('slot_max_ms', 0.0):.2f} ms in one slice; batched forwards "
           f"{status['totals'].get('num_batched_forwards', 0)} of "
-          f"{status['totals'].get('num_batched_chunks', 0)} chunks", flush=True)
+          f"{status['totals'].get('num_batched_chunks', 0)} chunks; graphs captured "
+          f"meanwhile {graphs}", flush=True)
     # the questions through vLLM's server: ask, and the same in the OpenAI shape
     from shadow_plugin.chat.router import ROUTER
     q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
@@ -118,6 +125,7 @@ def follow(args) -> None:
               "engine_share": status.get("engine_share"),
               "batched": {k: totals.get(k, 0) for k in ("num_batched_forwards",
                                                         "num_batched_chunks")},
+              "graphs_captured_meanwhile": graphs,
               "committed": sum(before.values()),
               "host_status": status.get("host"), "host_log": log}
     write_result("follow", result)           # kept should the restart not finish

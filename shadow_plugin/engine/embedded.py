@@ -91,6 +91,7 @@ class EmbeddedShadow:
         self.start_wait_ms = 0.0               # steps' starts waiting for prompts (summed)
         self.gate_wait_ms = 0.0                # ... for the shadow's holds (summed)
         self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
+        self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -177,10 +178,11 @@ class EmbeddedShadow:
         if self.turnstile is not None:
             self._hand_off_prompts()
             t0 = time.perf_counter()
-            self.turnstile.step_begins()      # waits for the work in flight
+            let_in_ms = self.turnstile.step_begins()      # waits for the work in flight
             waited_ms = (time.perf_counter() - t0) * 1e3
             self.gate_wait_ms += waited_ms
-            self.gate_wait_max_ms = max(self.gate_wait_max_ms, waited_ms)
+            if waited_ms > self.gate_wait_max_ms:
+                self.gate_wait_max_ms, self.gate_wait_max_let_in_ms = waited_ms, let_in_ms
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
@@ -312,8 +314,12 @@ class EmbeddedShadow:
         turn's prompt to be applied (_hand_off_prompts); gate_wait_ms, the turnstile (the
         holds that asked before the step: event batches, questions' steps; the idle loop's
         chunk in flight), and gate_wait_max_ms the longest one step's start waited there:
-        the host's longest stall on the shadow between its steps (with SHADOW_BATCH_SESSIONS
-        > 1 at most one batched forward, docs/service.md); beside it gate_hold_max_ms, the
+        the host's longest stall on the shadow between its steps (the work in flight, one
+        chunk or with SHADOW_BATCH_SESSIONS > 1 one batched forward, then one hold of each
+        thread that asked before the step: docs/vllm.md), and gate_wait_max_let_in_ms its
+        part until the last hold that asked before that step got in (Turnstile.step_begins:
+        the work in flight ahead of them; the rest, that hold, or with none asked the work
+        in flight); beside it gate_hold_max_ms, the
         longest one hold through the turnstile (an event batch's apply, a question's step:
         Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (its
         longest one read call: idle, slot or catch-up, one chunk or one batched forward,
@@ -321,6 +327,7 @@ class EmbeddedShadow:
         slot_max_ms, the slot's longest one slice (StepBudget)."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
+                 "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:

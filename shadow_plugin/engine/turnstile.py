@@ -48,11 +48,15 @@ class Turnstile:
         self._inside = threading.local()  # depth: this thread's holds, nested
         self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
 
-    def step_begins(self) -> None:
+    def step_begins(self) -> float:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
         wait for the next step's start), close, then wait for the work in flight (a hold, the
         idle loop's chunk) to end. A start with no end of the step before it (an engine that
-        skipped one) opens the gate first: its thread is between steps."""
+        skipped one) opens the gate first: its thread is between steps. Returns the ms until
+        the last thread let in had the lock (the work in flight ahead of them, their holds
+        but the last one's; 0 when none had asked): the rest of the step's wait is the last
+        one's hold, or with none the work in flight."""
+        t0 = time.perf_counter()
         with self._cond:
             if self._stepping:
                 self._stepping = False
@@ -64,8 +68,10 @@ class Turnstile:
                     break
                 self._cond.wait(left)
             self._stepping = True
+            let_in_ms = (time.perf_counter() - t0) * 1e3
         with self.lock:
             pass
+        return let_in_ms
 
     def step_ends(self) -> None:
         """Open: the holds waiting for the step go in (those it let in first are done)."""

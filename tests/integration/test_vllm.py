@@ -250,6 +250,7 @@ def test_vllm_reads_four_agents_in_batched_forwards_each_exact(tmp_path, host_di
         assert 0.0 < totals["read_max_ms"] <= totals["read_ms"]
         assert share["gate_wait_max_ms"] <= \
             totals["read_max_ms"] + share["gate_hold_max_ms"] + 50.0, (share, totals)
+        assert 0.0 <= share["gate_wait_max_let_in_ms"] <= share["gate_wait_max_ms"]
     finally:
         server.stop(signal.SIGTERM)
 

@@ -232,3 +232,50 @@ def test_the_longest_hold_is_kept():
     with ts():
         pass
     assert 40 <= ts.hold_max_ms < 1000
+
+
+def test_a_step_start_tells_the_wait_for_the_holds_let_in_apart():
+    """step_begins returns the ms until the last hold that asked before the step got in: with
+    a chunk in flight (the idle loop's: the lock taken directly) and an event batch asked
+    behind it, the chunk's rest; the batch's hold comes after, in the step's wait but not in
+    that part. With none asked, the part is about 0 and the wait is the chunk's."""
+    lock = threading.RLock()
+    ts = Turnstile(lock)
+    chunk_in, batch_in = threading.Event(), threading.Event()
+
+    def chunk(ms: float) -> None:                # the idle loop's forward in flight
+        with lock:
+            chunk_in.set()
+            time.sleep(ms / 1e3)
+
+    def batch() -> None:                         # an event batch through the turnstile
+        with ts():
+            batch_in.set()
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=chunk, args=(80,), daemon=True)
+    reader.start()
+    assert chunk_in.wait(5)
+    events = threading.Thread(target=batch, daemon=True)
+    events.start()
+    time.sleep(0.02)                             # it asked, behind the chunk
+    t0 = time.perf_counter()
+    let_in_ms = ts.step_begins()
+    waited_ms = (time.perf_counter() - t0) * 1e3
+    ts.step_ends()
+    reader.join(5)
+    events.join(5)
+    assert batch_in.is_set()
+    assert 35 <= let_in_ms < waited_ms           # the chunk's last 60 ms
+    assert waited_ms - let_in_ms >= 45           # then the batch's 50-ms hold
+
+    chunk_in.clear()
+    reader = threading.Thread(target=chunk, args=(60,), daemon=True)
+    reader.start()
+    assert chunk_in.wait(5)
+    t0 = time.perf_counter()
+    let_in_ms = ts.step_begins()
+    waited_ms = (time.perf_counter() - t0) * 1e3
+    ts.step_ends()
+    reader.join(5)
+    assert let_in_ms < 10 and waited_ms >= 40    # none asked: the wait is the chunk's
