@@ -54,12 +54,15 @@ class FeedResult:
 @dataclass(frozen=True)
 class ReadResult:
     """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync;
-    sessions: (read_batch) the sessions that advanced a chunk, in order."""
+    sessions: (read_batch) the sessions that advanced a chunk, in order; sync_ms: of ms, the
+    final wait for the device (Adapter.sync; about 0 on the CPU), the rest being the host's
+    own part (launches, staging, restores, any blocking copy within)."""
 
     num_read_tokens: int
     num_chunks: int
     ms: float
     sessions: tuple[str, ...] = ()
+    sync_ms: float = 0.0
 
 
 @dataclass
@@ -131,10 +134,12 @@ class Reader:
         # idle loop reads one chunk or one batched forward a call, under the lock: a host
         # step's start waits for at most one); num_batched_forwards / num_batched_chunks:
         # forwards that read chunks of two or more sessions at once (read_batch) and the
-        # chunks they read
+        # chunks they read; read_host_max_ms / read_sync_max_ms: the longest host part of a
+        # read call and the longest final wait for the device (ReadResult.sync_ms), to tell
+        # a slow read's cause (the host's thread held up, or the device's work)
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
-                       "read_max_ms": 0.0, "num_batched_forwards": 0,
-                       "num_batched_chunks": 0}
+                       "read_max_ms": 0.0, "read_host_max_ms": 0.0, "read_sync_max_ms": 0.0,
+                       "num_batched_forwards": 0, "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
         self.tails = Tails(max_tails)
@@ -383,8 +388,7 @@ class Reader:
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
             self._settle(name)
-        self.adapter.sync()
-        result = ReadResult(n * self.config.grid, n, (time.perf_counter() - t0) * 1e3)
+        result = self._synced(n * self.config.grid, n, t0)
         self._count(result)
         return result
 
@@ -423,15 +427,23 @@ class Reader:
             if st.backlog < g and self.store_config.disk_shared and name in advanced:
                 self.table.save(name)            # read up: its pages for another server
         self._settle(advanced[0] if advanced else None)
-        self.adapter.sync()
         n = len(advanced)
-        result = ReadResult(n * g, n, (time.perf_counter() - t0) * 1e3, advanced)
+        result = self._synced(n * g, n, t0, advanced)
         self._count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
         self.totals["num_batched_forwards"] += self.adapter.num_batched_forwards - batched[0]
         self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
         return result
+
+    def _synced(self, num_read_tokens: int, num_chunks: int, t0: float,
+                sessions: tuple[str, ...] = ()) -> ReadResult:
+        """The read call begun at t0 (time.perf_counter, s) once the device is synced."""
+        t_sync = time.perf_counter()
+        self.adapter.sync()
+        t1 = time.perf_counter()
+        return ReadResult(num_read_tokens, num_chunks, (t1 - t0) * 1e3, sessions,
+                          (t1 - t_sync) * 1e3)
 
     def _count(self, result: ReadResult) -> None:
         """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
@@ -440,6 +452,8 @@ class Reader:
         t["num_chunks"] += result.num_chunks
         t["read_ms"] += result.ms
         t["read_max_ms"] = max(t["read_max_ms"], result.ms)
+        t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
+        t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)
 
     def _backlog_held(self, session: str) -> int:
         """len(ids) - C without restoring the session (Reader.position). KeyError when

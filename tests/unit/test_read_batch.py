@@ -54,6 +54,25 @@ def test_a_batch_commits_each_session_as_read_alone(tiny, monkeypatch):
     assert alone.totals["num_batched_forwards"] == alone.totals["num_batched_chunks"] == 0
 
 
+def test_a_read_tells_its_final_wait_for_the_device_from_the_host_part(tiny, monkeypatch):
+    """ReadResult.sync_ms: the read call's final Adapter.sync (here a device that takes 40 ms
+    more); the totals keep the longest host part and the longest such wait, each within the
+    longest read, for read and read_batch alike."""
+    import time
+    r, ids = _fed(tiny, [2 * G, 2 * G], seed=3)
+    sync = r.adapter.sync
+    monkeypatch.setattr(r.adapter, "sync", lambda: (time.sleep(0.04), sync()))
+    one = r.read("s0", max_chunks=1)
+    assert one.num_chunks == 1 and 40 <= one.sync_ms < one.ms
+    both = r.read_batch(["s0", "s1"])
+    assert both.num_chunks == 2 and 40 <= both.sync_ms < both.ms
+    t = r.totals
+    assert t["read_sync_max_ms"] == max(one.sync_ms, both.sync_ms)
+    assert t["read_host_max_ms"] == max(one.ms - one.sync_ms, both.ms - both.sync_ms) > 0
+    assert t["read_max_ms"] == max(one.ms, both.ms) <= \
+        t["read_host_max_ms"] + t["read_sync_max_ms"]
+
+
 def test_a_shared_chunk_is_read_once_and_taken_by_the_other(tiny):
     rng = random.Random(2)
     prefix = vocab_ids(rng, 2 * G)
