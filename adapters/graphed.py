@@ -389,8 +389,16 @@ class GraphAdapter(Adapter):
         last fork, which write the same rows), each with the bits fork_logits gives it alone
         (`_checked`; a shape not known to keep them, `_batchable`, or forks sharing too few
         rows for its FA4 call, BatchRunner.shares, runs one at a time, as do the others).
-        shared_rows: as Adapter.fork_logits_batch. Returns [len(token_ids)] fp32 each."""
-        items = [(list(ids), *rest) for ids, *rest in items]
+        shared_rows: as Adapter.fork_logits_batch. Returns [len(token_ids)] fp32 each.
+        Every item's letters go to the device in one copy before any forward: a blocking
+        copy after one would hold the host until it ended (7.2 of ask_many's 11.1 ms in
+        cProfile on an H100, four letters' copies after the forward:
+        docs/batch-bench-ask-profile-h100-2026-12-07.log)."""
+        items = list(items)
+        flat = self._ids([t for *_, token_ids in items for t in token_ids])
+        letters = torch.split(flat, [len(token_ids) for *_, token_ids in items])
+        items = [(list(ids), pos, kv, gdn, held)
+                 for (ids, pos, kv, gdn, _), held in zip(items, letters)]
         places: dict = {}
         for i, (ids, pos, kv, *_) in enumerate(items):
             places.setdefault((pos, id(kv.pool)), []).append(i)
@@ -428,16 +436,12 @@ class GraphAdapter(Adapter):
     def _logits_of(self, batch, items, idx: list[int], shared_rows: int, out: list) -> None:
         """The forks items[i] for i in idx (in the batch's order; a fork repeated fills a
         batch) in one forward of `batch` (`_checked`): each one's letters' logits into
-        out[i]. The letters' ids go to the device before the forward: a blocking copy after
-        it held the host until the forward ended, then until each question's logits before
-        the next one's were launched (7.2 of ask_many's 11.1 ms in cProfile on an H100,
-        docs/batch-bench-ask-h100-2026-12-07-b.log)."""
-        letters = {i: self._ids(items[i][4]) for i in idx}
+        out[i] (each item's letters on the device already: fork_logits_batch)."""
         hidden = self._checked(batch, [items[i] for i in idx], shared_rows)
         self.num_question_batches += self.batch_bits[batch.key]
         for i, h in zip(idx, hidden):
             n = len(items[i][0])
-            out[i] = self.model.logits(h[n - 1:n], letters[i])[0].float()
+            out[i] = self.model.logits(h[n - 1:n], items[i][4])[0].float()
 
     def _checked(self, batch, items, shared_rows: int) -> list[torch.Tensor]:
         """The forks' hidden rows [t, hidden] (each fork its batch.ts' rows) from one forward
@@ -526,9 +530,11 @@ class GraphAdapter(Adapter):
                     token_ids: Sequence[int]) -> torch.Tensor:
         """Through the runner of the ids' length bucket, padded after the real rows (into
         scratch rows above them, which change none of the real rows' values); eagerly past
-        the largest bucket."""
+        the largest bucket. token_ids: a sequence of ints, or [L] int64 on the device
+        (fork_logits_batch's)."""
         ids = list(ids)
-        letters = self._ids(token_ids)      # before the forward: a blocking copy after it
+        letters = token_ids if isinstance(token_ids, torch.Tensor) else \
+            self._ids(token_ids)            # before the forward: a blocking copy after it
         runner = self.runners.for_rows(len(ids))   # would hold the host until it ends
         if runner is not None:
             padded = torch.tensor(ids + [ids[-1]] * (runner.t - len(ids)), dtype=torch.long)

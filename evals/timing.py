@@ -55,13 +55,15 @@ def device_timeline(fn, iters: int = 3, top: int = 12, min_gap_us: float = 5.0) 
       time, each {calls, us} per call;
     - `idle_by_op`: the idle gaps of at least min_gap_us cut where host events start or
       end, each piece charged to the innermost op or runtime call running over it
-      (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python), which add up to
-      `device_idle_ms` but for gaps under min_gap_us: the `top` as {pieces, us} per call.
+      (`aten::copy_`, `cudaGraphLaunch`; "-" where none ran: Python): the `top` as
+      {pieces, us} per call (all of them add up to `device_idle_ms` but for gaps under
+      min_gap_us).
     Which Python functions the host's time goes to is cProfile's job (batch_bench's
     `profile`): the profiler's Python frames (with_stack) never reached prof.events() on an
-    H100 with torch 2.11+cu130, verbose or not (every piece "-", 2026-12-07: docs/
-    batch-bench-ask-profile-h100-2026-12-07.log). Off CUDA (a smoke run) the device is
-    never busy: every call's time is idle."""
+    H100 with torch 2.11+cu130, every piece "-" without the verbose setting
+    (docs/batch-bench-ask-trace-h100-2026-12-07.log) and with it
+    (docs/batch-bench-ask-profile-h100-2026-12-07.log). Off CUDA (a smoke run) the device
+    is never busy: every call's time is idle."""
     from torch.profiler import ProfilerActivity, profile, record_function
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -81,25 +81,16 @@ def follow(args) -> None:
     held, agents_s = run_agents(server, scripts, args.tokens, limits)
     names = [s.name for s in scripts]
     status = wait_fresh(server, {n: held[n] for n in names}, args.fresh_timeout_s)
-    # CUDA graphs captured while the agents ran (at first use: each syncs the device, a
-    # read or a question holding the lock through it)
-    graphs = {k: round(status.get("graphs", {}).get(k, 0) - graphs_before.get(k, 0), 3)
-              for k in ("num_captures", "num_failed_captures", "capture_s")}
+    # CUDA graphs captured while the agents ran and were read up (at first use: each syncs
+    # the device, a read or a question holding the lock through it); {} without graphs
+    graphs_after = status.get("graphs") or {}
+    graphs = {k: round(graphs_after[k] - graphs_before.get(k, 0), 3)
+              for k in ("num_captures", "num_failed_captures", "capture_s")
+              if k in graphs_after}
     checks = [check(server, n, held[n]) for n in names]
     for c in checks:
         print(f"check {c}", flush=True)
-    share = status.get("engine_share") or {}
-    print(f"the host's longest wait: {share.get('gate_wait_max_ms', 0.0):.2f} ms at a step's "
-          f"start ({share.get('gate_wait_max_let_in_ms', 0.0):.2f} ms of it until the holds "
-          f"asked before it got in; rank 0's; the longest hold through the turnstile "
-          f"{share.get('gate_hold_max_ms', 0.0):.2f} ms, the longest read "
-          f"{status['totals'].get('read_max_ms', 0.0):.2f} ms: a read's host part at most "
-          f"{status['totals'].get('read_host_max_ms', 0.0):.2f} ms, its final wait for the "
-          f"device at most {status['totals'].get('read_sync_max_ms', 0.0):.2f} ms), "
-          f"{share.get('slot_max_ms', 0.0):.2f} ms in one slice; batched forwards "
-          f"{status['totals'].get('num_batched_forwards', 0)} of "
-          f"{status['totals'].get('num_batched_chunks', 0)} chunks; graphs captured "
-          f"meanwhile {graphs}", flush=True)
+    print(wait_line(status, graphs), flush=True)
     # the questions through vLLM's server: ask, and the same in the OpenAI shape
     from shadow_plugin.chat.router import ROUTER
     q = {"session": names[0], "question": ROUTER.question, "choices": list(ROUTER.choices)}
@@ -133,6 +124,29 @@ def follow(args) -> None:
     write_result("follow", result)           # kept should the restart not finish
     result["restart"] = restart(args, server, scripts, held, before, totals["num_read_tokens"])
     write_result("follow", result)
+
+
+def wait_line(status: dict, graphs: dict) -> str:
+    """The host's longest wait on the shadow at a step's start, what it may have waited for
+    (the longest hold, the longest read and its parts) and the batched forwards, from a
+    status (/v1/shadow/status; "n/a" for what a server does not report)."""
+    share, totals = status.get("engine_share") or {}, status.get("totals") or {}
+
+    def ms(d: dict, key: str) -> str:
+        return f"{d[key]:.2f} ms" if isinstance(d.get(key), (int, float)) else "n/a"
+    behind = share.get("gate_wait_max_behind_hold")
+    rest = "n/a" if behind is None else "a hold" if behind else "the idle loop's read"
+    return (f"the host's longest wait: {ms(share, 'gate_wait_max_ms')} at a step's start "
+            f"(rank 0's; {ms(share, 'gate_wait_max_let_in_ms')} of it until the holds asked "
+            f"before it got in, the rest behind {rest}); the longest hold through the "
+            f"turnstile {ms(share, 'gate_hold_max_ms')}; the longest read "
+            f"{ms(totals, 'read_max_ms')} (a read's host part at most "
+            f"{ms(totals, 'read_host_max_ms')}, its final wait for the device at most "
+            f"{ms(totals, 'read_sync_max_ms')}); the slot's longest slice "
+            f"{ms(share, 'slot_max_ms')}; batched forwards "
+            f"{totals.get('num_batched_forwards', 'n/a')} of "
+            f"{totals.get('num_batched_chunks', 'n/a')} chunks; CUDA graphs captured "
+            f"meanwhile {graphs or 'n/a'}")
 
 
 def restart(args, server: VllmServer, scripts, held: dict, before: dict,

@@ -92,6 +92,7 @@ class EmbeddedShadow:
         self.gate_wait_ms = 0.0                # ... for the shadow's holds (summed)
         self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
         self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
+        self.gate_wait_max_behind_hold = False  # ... its rest a hold (else the idle chunk)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -178,11 +179,12 @@ class EmbeddedShadow:
         if self.turnstile is not None:
             self._hand_off_prompts()
             t0 = time.perf_counter()
-            let_in_ms = self.turnstile.step_begins()      # waits for the work in flight
+            let_in_ms, behind_hold = self.turnstile.step_begins()   # the work in flight
             waited_ms = (time.perf_counter() - t0) * 1e3
             self.gate_wait_ms += waited_ms
             if waited_ms > self.gate_wait_max_ms:
                 self.gate_wait_max_ms, self.gate_wait_max_let_in_ms = waited_ms, let_in_ms
+                self.gate_wait_max_behind_hold = behind_hold
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
@@ -318,8 +320,9 @@ class EmbeddedShadow:
         chunk or with SHADOW_BATCH_SESSIONS > 1 one batched forward, then one hold of each
         thread that asked before the step: docs/vllm.md), and gate_wait_max_let_in_ms its
         part until the last hold that asked before that step got in (Turnstile.step_begins:
-        the work in flight ahead of them; the rest, that hold, or with none asked the work
-        in flight); beside it gate_hold_max_ms, the
+        the work in flight ahead of them), and gate_wait_max_behind_hold whether a hold
+        through the turnstile was inside then (the rest of the wait that hold, else the idle
+        loop's chunk); beside it gate_hold_max_ms, the
         longest one hold through the turnstile (an event batch's apply, a question's step:
         Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (its
         longest one read call: idle, slot or catch-up, one chunk or one batched forward,
@@ -328,6 +331,7 @@ class EmbeddedShadow:
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
+                 "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
                  "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:

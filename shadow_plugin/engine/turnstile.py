@@ -46,16 +46,19 @@ class Turnstile:
         self._asked = 0               # holds asked for since the start (a hold's ticket)
         self._settled = 0             # of them, those that got in (or gave up asking)
         self._inside = threading.local()  # depth: this thread's holds, nested
+        self._holding = 0             # outer holds inside now (in from their ticket to out)
         self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
 
-    def step_begins(self) -> float:
+    def step_begins(self) -> tuple[float, bool]:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
         wait for the next step's start), close, then wait for the work in flight (a hold, the
         idle loop's chunk) to end. A start with no end of the step before it (an engine that
-        skipped one) opens the gate first: its thread is between steps. Returns the ms until
-        the last thread let in had the lock (the work in flight ahead of them, their holds
-        but the last one's; 0 when none had asked): the rest of the step's wait is the last
-        one's hold, or with none the work in flight."""
+        skipped one) opens the gate first: its thread is between steps. Returns (let_in_ms,
+        behind_hold): the ms until the last thread let in had the lock (the work in flight
+        ahead of them, their holds but the last one's; about 0 when none had asked; at most
+        max_wait_s), and whether a hold through the turnstile was inside then (the last one
+        let in, or one already in when the step began): the rest of the step's wait is that
+        hold, else the work that took the lock itself (the idle loop's chunk), or nothing."""
         t0 = time.perf_counter()
         with self._cond:
             if self._stepping:
@@ -68,10 +71,10 @@ class Turnstile:
                     break
                 self._cond.wait(left)
             self._stepping = True
-            let_in_ms = (time.perf_counter() - t0) * 1e3
+            let_in_ms, behind_hold = (time.perf_counter() - t0) * 1e3, self._holding > 0
         with self.lock:
             pass
-        return let_in_ms
+        return let_in_ms, behind_hold
 
     def step_ends(self) -> None:
         """Open: the holds waiting for the step go in (those it let in first are done)."""
@@ -108,6 +111,8 @@ class Turnstile:
             inside.depth -= 1
             if outer:
                 self.hold_max_ms = max(self.hold_max_ms, (time.perf_counter() - t0) * 1e3)
+                with self._cond:
+                    self._holding -= 1
             self.lock.release()
 
     def _get_in(self) -> None:
@@ -126,6 +131,7 @@ class Turnstile:
                 with self._cond:
                     if not self._shut(ticket):  # in: counted while the lock is held, so the
                         self._settled += 1      # step that waited for it waits for the hold
+                        self._holding += 1
                         self._cond.notify_all()
                         return
                 self.lock.release()             # a step began meanwhile: let it run

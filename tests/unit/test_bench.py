@@ -144,4 +144,4 @@ def test_batch_bench_trace_smoke(capsys):
         assert "idle_by_function" not in t
         assert any(name.startswith("aten::") for name in t["idle_by_op"])
         # the top pieces: at most the call's idle time
-        assert sum(p["us"] for p in t["idle_by_op"].values()) <= t["device_idle_ms"] * 1e3 + 1
+        assert sum(p["us"] for p in t["idle_by_op"].values()) <= t["device_idle_ms"] * 1e3 + 2

@@ -234,48 +234,72 @@ def test_the_longest_hold_is_kept():
     assert 40 <= ts.hold_max_ms < 1000
 
 
+def _until(cond, timeout_s: float = 5.0) -> None:
+    """Wait (polling) until cond() holds."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
 def test_a_step_start_tells_the_wait_for_the_holds_let_in_apart():
-    """step_begins returns the ms until the last hold that asked before the step got in: with
-    a chunk in flight (the idle loop's: the lock taken directly) and an event batch asked
-    behind it, the chunk's rest; the batch's hold comes after, in the step's wait but not in
-    that part. With none asked, the part is about 0 and the wait is the chunk's."""
+    """step_begins returns (let_in_ms, behind_hold). A chunk in flight (the idle loop's: the
+    lock taken directly) with an event batch asked behind it: let_in_ms is the chunk's rest,
+    and the batch's hold comes after, inside the step's wait (behind_hold). The chunk alone:
+    let_in_ms about 0, the wait the chunk's, not behind a hold. A hold already in when the
+    step begins: let_in_ms about 0, the wait that hold's, behind it."""
     lock = threading.RLock()
     ts = Turnstile(lock)
-    chunk_in, batch_in = threading.Event(), threading.Event()
 
-    def chunk(ms: float) -> None:                # the idle loop's forward in flight
+    def chunk(ms: float, started: threading.Event, ended: list) -> None:
         with lock:
-            chunk_in.set()
+            started.set()
+            time.sleep(ms / 1e3)
+            ended.append(time.perf_counter())
+
+    def batch(ms: float, started: threading.Event) -> None:    # through the turnstile
+        with ts():
+            started.set()
             time.sleep(ms / 1e3)
 
-    def batch() -> None:                         # an event batch through the turnstile
-        with ts():
-            batch_in.set()
-            time.sleep(0.05)
-
-    reader = threading.Thread(target=chunk, args=(80,), daemon=True)
+    # a chunk in flight, a batch asked behind it
+    chunk_in, batch_in, ended = threading.Event(), threading.Event(), []
+    reader = threading.Thread(target=chunk, args=(80, chunk_in, ended), daemon=True)
     reader.start()
     assert chunk_in.wait(5)
-    events = threading.Thread(target=batch, daemon=True)
+    events = threading.Thread(target=batch, args=(50, batch_in), daemon=True)
     events.start()
-    time.sleep(0.02)                             # it asked, behind the chunk
+    _until(lambda: ts._asked == 1)               # it asked, behind the chunk
     t0 = time.perf_counter()
-    let_in_ms = ts.step_begins()
-    waited_ms = (time.perf_counter() - t0) * 1e3
+    let_in_ms, behind_hold = ts.step_begins()
+    t1 = time.perf_counter()
     ts.step_ends()
     reader.join(5)
     events.join(5)
-    assert batch_in.is_set()
-    assert 35 <= let_in_ms < waited_ms           # the chunk's last 60 ms
-    assert waited_ms - let_in_ms >= 45           # then the batch's 50-ms hold
+    assert batch_in.is_set() and behind_hold
+    assert let_in_ms >= (ended[0] - t0) * 1e3 - 1   # until the chunk ended, the batch in
+    assert (t1 - ended[0]) * 1e3 >= 45             # then the batch's 50-ms hold
 
-    chunk_in.clear()
-    reader = threading.Thread(target=chunk, args=(60,), daemon=True)
+    # the chunk alone
+    chunk_in, ended = threading.Event(), []
+    reader = threading.Thread(target=chunk, args=(60, chunk_in, ended), daemon=True)
     reader.start()
     assert chunk_in.wait(5)
-    t0 = time.perf_counter()
-    let_in_ms = ts.step_begins()
-    waited_ms = (time.perf_counter() - t0) * 1e3
+    let_in_ms, behind_hold = ts.step_begins()
+    t1 = time.perf_counter()
     ts.step_ends()
     reader.join(5)
-    assert let_in_ms < 10 and waited_ms >= 40    # none asked: the wait is the chunk's
+    assert let_in_ms < 10 and not behind_hold and t1 >= ended[0]
+
+    # a hold already in
+    batch_in = threading.Event()
+    events = threading.Thread(target=batch, args=(50, batch_in), daemon=True)
+    events.start()
+    assert batch_in.wait(5)
+    t0 = time.perf_counter()
+    let_in_ms, behind_hold = ts.step_begins()
+    waited_ms = (time.perf_counter() - t0) * 1e3
+    ts.step_ends()
+    events.join(5)
+    assert let_in_ms < 10 and behind_hold and waited_ms > let_in_ms
+    assert ts._holding == 0
