@@ -341,15 +341,14 @@ class Shadow:
 
     def fork_position(self, session: str, at: int | None) -> int:
         """The position a question or summary forks at: `at`, or all the session's ids. KeyError
-        (404) for an unknown session, ValueError (400) for an `at` past its ids. With a shared
+        (404) for an unknown session, ValueError (400) for an `at` that is not an integer in
+        [0, its ids] (validate.position), before anything is read for it. With a shared
         folder a copy older than the folder's manifest (another server took the session's
         last turn) is given up first, so the question reads the newest ids (Reader.sync)."""
         with self._held():
             self.reader.sync(session)
             n = self._position(session)[0]
-        if at is not None and at > n:
-            raise ValueError(f"at = {at} is outside the session's ids [0, {n}]")
-        return n if at is None else at
+        return validate.position(at, n)
 
     def position(self, session: str) -> tuple[int, int]:
         """(ids held, C) under the lock, restoring nothing; KeyError for an unknown session."""

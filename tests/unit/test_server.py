@@ -629,3 +629,25 @@ def test_bad_openai_batches_are_refused(client, extra, match):
     assert r.status_code == 422 and match in r.text, r.text
     r = client.post("/v1/shadow/chat/completions", headers=KEY, json={"session": "qs"})
     assert r.status_code == 422 and "give messages" in r.text
+
+
+@pytest.mark.parametrize("at", [-1, 2 * G + 1, "3", 2.0, True])
+def test_a_fork_position_outside_the_ids_or_not_an_integer_is_refused_first(client, at):
+    """Shadow.fork_position (where a question or summary forks, before its catch-up reads
+    anything): an `at` below 0, past the ids, or not an integer is a ValueError naming it, and
+    the session's state is as it was."""
+    svc = client.app.state.service
+    client.post("/v1/shadow/host", json={"busy": True}, headers=KEY)   # no idle reading
+    client.post("/v1/shadow/sessions/fp/turn", json={"prompt_ids": rand_ids(2 * G, 9)},
+                headers=KEY)
+    try:
+        before = svc.shadow.position("fp")
+        assert svc.shadow.fork_position("fp", None) == 2 * G
+        assert svc.shadow.fork_position("fp", G + 3) == G + 3
+        with pytest.raises(ValueError, match=r"at = .*(outside the session's ids \[0, 128\]|"
+                                             r"must be an integer position)"):
+            svc.shadow.fork_position("fp", at)
+        assert svc.shadow.position("fp") == before
+    finally:
+        client.post("/v1/shadow/host", json={"busy": False}, headers=KEY)
+        client.post("/v1/shadow/sessions/fp/end", headers=KEY)
