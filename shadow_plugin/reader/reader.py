@@ -134,12 +134,14 @@ class Reader:
         # idle loop reads one chunk or one batched forward a call, under the lock: a host
         # step's start waits for at most one); num_batched_forwards / num_batched_chunks:
         # forwards that read chunks of two or more sessions at once (read_batch) and the
-        # chunks they read; read_host_max_ms / read_sync_max_ms: the longest host part of a
-        # read call and the longest final wait for the device (ReadResult.sync_ms), to tell
-        # a slow read's cause (the host's thread held up, or the device's work)
+        # chunks they read; read_sync_ms: of read_ms, the final waits for the device
+        # (ReadResult.sync_ms: the rest is the host's own part); read_host_max_ms /
+        # read_sync_max_ms: the longest host part of a read call and the longest final wait,
+        # to tell a slow read's cause (the host's thread held up, or the device's work)
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
-                       "read_max_ms": 0.0, "read_host_max_ms": 0.0, "read_sync_max_ms": 0.0,
-                       "num_batched_forwards": 0, "num_batched_chunks": 0}
+                       "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
+                       "read_sync_max_ms": 0.0, "num_batched_forwards": 0,
+                       "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
         self.tails = Tails(max_tails)
@@ -451,6 +453,7 @@ class Reader:
         t["num_read_tokens"] += result.num_read_tokens
         t["num_chunks"] += result.num_chunks
         t["read_ms"] += result.ms
+        t["read_sync_ms"] += result.sync_ms
         t["read_max_ms"] = max(t["read_max_ms"], result.ms)
         t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
         t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)

@@ -68,6 +68,8 @@ def test_a_read_tells_its_final_wait_for_the_device_from_the_host_part(tiny, mon
     assert both.num_chunks == 2 and 40 <= both.sync_ms < both.ms
     t = r.totals
     assert t["read_sync_max_ms"] == max(one.sync_ms, both.sync_ms)
+    assert t["read_sync_ms"] == pytest.approx(one.sync_ms + both.sync_ms)
+    assert t["read_ms"] == pytest.approx(one.ms + both.ms)
     assert t["read_host_max_ms"] == max(one.ms - one.sync_ms, both.ms - both.sync_ms) > 0
     assert t["read_max_ms"] == max(one.ms, both.ms) <= \
         t["read_host_max_ms"] + t["read_sync_max_ms"]
