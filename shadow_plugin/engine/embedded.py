@@ -139,7 +139,7 @@ class EmbeddedShadow:
         later step's start would wait START_WAIT_S for a prompt (_hand_off_prompts)."""
         self._prefetch(batch)
         try:
-            with self.turnstile():
+            with self.turnstile("events"):
                 self._follower.apply(batch)
         except ValueError as e:                # bad events (Follower.apply): the others ran
             log.warning("shadow: request events skipped: %s", e)
@@ -324,7 +324,8 @@ class EmbeddedShadow:
         through the turnstile was inside then (the rest of the wait that hold, else the idle
         loop's chunk); beside it gate_hold_max_ms, the
         longest one hold through the turnstile (an event batch's apply, a question's step:
-        Turnstile.hold_max_ms), to read against the reader's totals' read_max_ms (its
+        Turnstile.hold_max_ms) and gate_hold_max_kind its kind ("events" or "route"), to
+        read against the reader's totals' read_max_ms (its
         longest one read call: idle, slot or catch-up, one chunk or one batched forward,
         with any restore it needed). status's engine_share also has
         slot_max_ms, the slot's longest one slice (StepBudget)."""
@@ -332,7 +333,8 @@ class EmbeddedShadow:
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
-                 "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0}
+                 "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0,
+                 "gate_hold_max_kind": self.turnstile.hold_max_kind if self.turnstile else ""}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

@@ -48,6 +48,7 @@ class Turnstile:
         self._inside = threading.local()  # depth: this thread's holds, nested
         self._holding = 0             # outer holds inside now (in from their ticket to out)
         self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
+        self.hold_max_kind = ""       # ... its kind (__call__'s: "events", "route")
 
     def step_begins(self) -> tuple[float, bool]:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
@@ -91,12 +92,14 @@ class Turnstile:
         return self._stepping or (self._due is not None and ticket >= self._due)
 
     @contextmanager
-    def __call__(self):
+    def __call__(self, kind: str = "route"):
         """Hold the lock between two steps (waiting for the step in progress to end). A hold
         nested in the same thread's hold re-enters the lock at once, with no ticket: the step
         that starts meanwhile waits for the outer hold, and would wait for good for an inner
         one that waited for the step. The longest outer hold is kept (hold_max_ms: what a
-        step's start may wait for one thread's hold)."""
+        step's start may wait for one thread's hold) with its kind (hold_max_kind: "events",
+        an event batch's apply; "route", the default, a question's, check's or summary's
+        step through the service's gate)."""
         inside = self._inside
         outer = not getattr(inside, "depth", 0)
         if outer:
@@ -110,7 +113,9 @@ class Turnstile:
         finally:
             inside.depth -= 1
             if outer:
-                self.hold_max_ms = max(self.hold_max_ms, (time.perf_counter() - t0) * 1e3)
+                held_ms = (time.perf_counter() - t0) * 1e3
+                if held_ms > self.hold_max_ms:
+                    self.hold_max_ms, self.hold_max_kind = held_ms, kind
                 with self._cond:
                     self._holding -= 1
             self.lock.release()

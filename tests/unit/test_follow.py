@@ -179,6 +179,7 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     # ... of it, the part until the holds asked before that step got in
     assert 0.0 <= share["gate_wait_max_let_in_ms"] <= share["gate_wait_max_ms"]
     assert isinstance(share["gate_wait_max_behind_hold"], bool)
+    assert share["gate_hold_max_kind"] in ("events", "route")
     # ... beside the longest hold through the turnstile and the longest read
     assert share["gate_hold_max_ms"] > 0.0              # the event batches' applies
     assert 0.0 < shadow.stats()["totals"]["read_max_ms"] <= shadow.stats()["totals"]["read_ms"]

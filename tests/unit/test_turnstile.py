@@ -231,7 +231,13 @@ def test_the_longest_hold_is_kept():
             time.sleep(0.01)
     with ts():
         pass
-    assert 40 <= ts.hold_max_ms < 1000
+    assert 40 <= ts.hold_max_ms < 1000 and ts.hold_max_kind == "route"
+    with ts("events"):
+        time.sleep(0.06)
+    assert 60 <= ts.hold_max_ms < 1000 and ts.hold_max_kind == "events"
+    with ts("route"):                                # shorter: the longest stays
+        pass
+    assert ts.hold_max_kind == "events"
 
 
 def _until(cond, timeout_s: float = 5.0) -> None:
