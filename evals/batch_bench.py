@@ -75,7 +75,7 @@ def ask_part(model, args) -> dict:
         warm_up_s = reader.warm_up()
         warm_up_mib = {k: round(v - before[k], 1) for k, v in
                        device_memory_mib(args.device, reader).items()}
-        warm_up_graphs = {k: v for k, v in getattr(reader.adapter, "graph_stats", dict)().items()
+        warm_up_graphs = {k: v for k, v in reader.adapter.graph_stats().items()
                           if k in ("num_runners", "num_graphs", "num_captures",
                                    "num_failed_captures")}
         reader.feed("s", session_ids(context + args.tail, context), "prompt")
