@@ -148,7 +148,10 @@ def wait_line(status: dict, graphs: dict) -> str:
             f"{ms(share, 'slot_max_ms')}; batched forwards "
             f"{totals.get('num_batched_forwards', 'n/a')} of "
             f"{totals.get('num_batched_chunks', 'n/a')} chunks; CUDA graphs captured "
-            f"meanwhile {graphs or 'n/a'}")
+            f"meanwhile {graphs or 'n/a'}; the longest garbage collection "
+            f"{ms(share, 'gc_pause_max_ms')} (generation "
+            f"{share.get('gc_pause_max_generation', 'n/a')}; {share.get('num_gc_pauses', 'n/a')}"
+            f" in {ms(share, 'gc_pauses_ms')})")
 
 
 def restart(args, server: VllmServer, scripts, held: dict, before: dict,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from shadow_plugin.engine.follow import START, Follower, RequestEvent
+from shadow_plugin.engine.gc_pauses import GcPauses
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
 from shadow_plugin.server.config import ServiceConfig
 from shadow_plugin.server.remote import TICKETED, serve_call
@@ -93,6 +94,7 @@ class EmbeddedShadow:
         self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
         self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
         self.gate_wait_max_behind_hold = False  # ... its rest a hold (else the idle chunk)
+        self.gc_pauses = GcPauses().install()  # the process's collections (a stall's cause?)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -328,13 +330,16 @@ class EmbeddedShadow:
         read against the reader's totals' read_max_ms (its
         longest one read call: idle, slot or catch-up, one chunk or one batched forward,
         with any restore it needed). status's engine_share also has
-        slot_max_ms, the slot's longest one slice (StepBudget)."""
+        slot_max_ms, the slot's longest one slice (StepBudget). And the process's garbage
+        collections (GcPauses.stats: num_gc_pauses, gc_pauses_ms, gc_pause_max_ms and its
+        gc_pause_max_generation): each stops every thread, the host's step and a read alike."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
                  "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0,
-                 "gate_hold_max_kind": self.turnstile.hold_max_kind if self.turnstile else ""}
+                 "gate_hold_max_kind": self.turnstile.hold_max_kind if self.turnstile else "",
+                 **self.gc_pauses.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
@@ -390,6 +395,7 @@ class EmbeddedShadow:
         with self._wake:
             self._closed = True
             self._wake.notify_all()
+        self.gc_pauses.remove()
         if self.turnstile is not None:
             self.turnstile.step_ends()        # a question waiting for a step's end goes on
         self._questions.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,36 @@
+"""GcPauses: the process's garbage collections timed through gc.callbacks."""
+import gc
+
+from shadow_plugin.engine.gc_pauses import GcPauses
+
+
+def test_times_a_full_collection_and_stops_when_removed():
+    pauses = GcPauses().install().install()          # idempotent: one callback
+    try:
+        assert gc.callbacks.count(pauses._on_gc) == 1
+        junk = [[i] for i in range(200_000)]          # something for the collection to walk
+        gc.collect()
+        del junk
+        stats = pauses.stats()
+        assert stats["num_gc_pauses"] >= 1
+        assert stats["gc_pause_max_generation"] in (0, 1, 2)
+        assert 0 < stats["gc_pause_max_ms"] <= stats["gc_pauses_ms"]
+    finally:
+        pauses.remove()
+    assert pauses._on_gc not in gc.callbacks
+    before = pauses.stats()
+    gc.collect()
+    assert pauses.stats() == before                   # removed: nothing more timed
+    pauses.remove()                                   # idempotent
+
+
+def test_a_full_collection_is_the_longest_when_it_is_the_only_one():
+    gc.disable()                                      # no automatic collection meanwhile
+    pauses = GcPauses().install()
+    try:
+        gc.collect(2)
+        assert pauses.stats()["num_gc_pauses"] == 1
+        assert pauses.stats()["gc_pause_max_generation"] == 2
+    finally:
+        pauses.remove()
+        gc.enable()
