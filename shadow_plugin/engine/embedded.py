@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -117,6 +118,11 @@ class EmbeddedShadow:
                 self._wake.notify_all()
             return
         shadow = self.service.shadow
+        # the shadow's startup heap (model, compiled kernels, CUDA graphs) frozen, as vLLM froze
+        # its own before the shadow loaded: full collections then skip it (gc_pauses.py)
+        self.gc_pauses.freeze_heap()
+        log.info("shadow: %d objects frozen after the warm-up (a full collection of them: "
+                 "%.1f ms)", self.gc_pauses.frozen_objects, self.gc_pauses.freeze_collect_ms)
         shadow.reader.adapter.bind_thread()
         self._questions.submit(shadow.reader.adapter.bind_thread)
         self.turnstile = Turnstile(shadow.lock)
@@ -332,7 +338,10 @@ class EmbeddedShadow:
         with any restore it needed). status's engine_share also has
         slot_max_ms, the slot's longest one slice (StepBudget). And the process's garbage
         collections (GcPauses.stats: num_gc_pauses, gc_pauses_ms, gc_pause_max_ms and its
-        gc_pause_max_generation): each stops every thread, the host's step and a read alike."""
+        gc_pause_max_generation): each stops every thread, the host's step and a read alike;
+        and the startup heap frozen once the shadow was up (gc_frozen_objects, and
+        gc_freeze_collect_ms, the full collection before it: what each one would walk
+        without the freeze)."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
@@ -396,6 +405,8 @@ class EmbeddedShadow:
             self._closed = True
             self._wake.notify_all()
         self.gc_pauses.remove()
+        if self.gc_pauses.frozen_objects:
+            gc.unfreeze()                     # the heap back to the collector, as vLLM's stop
         if self.turnstile is not None:
             self.turnstile.step_ends()        # a question waiting for a step's end goes on
         self._questions.shutdown(wait=False, cancel_futures=True)

@@ -1,8 +1,14 @@
-"""Python's garbage collections inside the serving engine's process, timed (docs/vllm.md).
+"""Python's garbage collections inside the serving engine's process, timed, and the shadow's
+startup heap frozen (docs/vllm.md).
 
 A collection stops whichever thread set it off, and, holding the GIL, every other thread of
 the process: the host's step and the shadow's read alike. So a long read or a long wait at a
-step's start may be a collection; status shows the longest beside them.
+step's start may be a collection; status shows the longest beside them. A full collection
+walks every object tracked and not frozen: vLLM's EngineCore freezes its startup heap
+(vllm/v1/engine/core.py, `freeze_gc_heap`: collect, then `gc.freeze`, "to reduce GC overhead
+from static objects during serving time") before the shadow loads, so the shadow's own
+(its model, compiled kernels, CUDA graphs) would be walked by every full collection after;
+`GcPauses.freeze_heap` freezes them the same way once the shadow is up.
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ class GcPauses:
         self.pauses_ms = 0.0
         self.max_ms = 0.0
         self.max_generation = -1
+        self.frozen_objects = 0           # freeze_heap's: objects frozen (gc.get_freeze_count)
+        self.freeze_collect_ms = 0.0      # ... its full collection (ms), not among the pauses
         self._began: float | None = None
         self._guard = threading.Lock()
 
@@ -35,6 +43,23 @@ class GcPauses:
         """Stop timing (idempotent); the fields keep what was timed."""
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+    def freeze_heap(self) -> None:
+        """Collect every generation, then freeze every object still tracked (gc.freeze: later
+        collections skip them), as vLLM's EngineCore does with its startup heap. The
+        collection stops every thread once (its ms kept in freeze_collect_ms, apart from the
+        pauses: it is what each full collection would have walked without the freeze); an
+        object frozen is still freed when its last reference goes, only a cycle of frozen
+        objects is never collected (vLLM's trade too)."""
+        timing = self._on_gc in gc.callbacks
+        self.remove()
+        t0 = time.perf_counter()
+        gc.collect()
+        self.freeze_collect_ms = (time.perf_counter() - t0) * 1e3
+        gc.freeze()
+        self.frozen_objects = gc.get_freeze_count()
+        if timing:
+            self.install()
 
     def _on_gc(self, phase: str, info: dict) -> None:
         # runs in the thread that set the collection off, with the GIL held: no other thread
@@ -53,8 +78,11 @@ class GcPauses:
                 self.max_ms, self.max_generation = ms, int(info.get("generation", -1))
 
     def stats(self) -> dict:
-        """{"num_gc_pauses", "gc_pauses_ms", "gc_pause_max_ms", "gc_pause_max_generation"}."""
+        """{"num_gc_pauses", "gc_pauses_ms", "gc_pause_max_ms", "gc_pause_max_generation",
+        "gc_frozen_objects", "gc_freeze_collect_ms"} (freeze_heap's; 0 before it)."""
         with self._guard:
             return {"num_gc_pauses": self.num_pauses, "gc_pauses_ms": self.pauses_ms,
                     "gc_pause_max_ms": self.max_ms,
-                    "gc_pause_max_generation": self.max_generation}
+                    "gc_pause_max_generation": self.max_generation,
+                    "gc_frozen_objects": self.frozen_objects,
+                    "gc_freeze_collect_ms": self.freeze_collect_ms}

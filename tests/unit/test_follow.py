@@ -183,6 +183,8 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     # the process's garbage collections, timed (a step's or a read's stall may be one)
     assert share["num_gc_pauses"] >= 0 and share["gc_pauses_ms"] >= share["gc_pause_max_ms"]
     assert share["gc_pause_max_generation"] in (-1, 0, 1, 2)
+    # ... and the shadow's startup heap frozen once it was up (as vLLM freezes its own)
+    assert share["gc_frozen_objects"] > 0 and share["gc_freeze_collect_ms"] > 0
     # ... beside the longest hold through the turnstile and the longest read
     assert share["gate_hold_max_ms"] > 0.0              # the event batches' applies
     assert 0.0 < shadow.stats()["totals"]["read_max_ms"] <= shadow.stats()["totals"]["read_ms"]

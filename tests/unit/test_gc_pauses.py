@@ -34,3 +34,24 @@ def test_a_full_collection_is_the_longest_when_it_is_the_only_one():
     finally:
         pauses.remove()
         gc.enable()
+
+
+def test_freeze_heap_freezes_what_lives_and_keeps_its_collection_apart():
+    pauses = GcPauses().install()
+    try:
+        kept = [[i] for i in range(50_000)]           # alive: frozen with the rest
+        before = pauses.stats()["num_gc_pauses"]      # young collections while they were made
+        pauses.freeze_heap()
+        assert pauses.frozen_objects == gc.get_freeze_count() > len(kept)
+        assert pauses.freeze_collect_ms > 0
+        assert pauses.stats()["num_gc_pauses"] == before  # the freeze's collection is apart
+        assert pauses._on_gc in gc.callbacks          # still timing after it
+        gc.collect()
+        assert pauses.stats()["num_gc_pauses"] == before + 1
+        stats = pauses.stats()
+        assert stats["gc_frozen_objects"] == pauses.frozen_objects
+        assert stats["gc_freeze_collect_ms"] == pauses.freeze_collect_ms
+    finally:
+        pauses.remove()
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
