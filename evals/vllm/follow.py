@@ -152,8 +152,7 @@ def wait_line(status: dict, graphs: dict) -> str:
             f"{ms(share, 'gc_pause_max_ms')} (generation "
             f"{share.get('gc_pause_max_generation', 'n/a')}; {share.get('num_gc_pauses', 'n/a')}"
             f" in {ms(share, 'gc_pauses_ms')}); the shadow's startup heap frozen: "
-            f"{share.get('gc_frozen_objects', 'n/a')} objects (a full collection of them "
-            f"{ms(share, 'gc_freeze_collect_ms')})")
+            f"{share.get('gc_frozen_objects', 'n/a')} objects")
 
 
 def restart(args, server: VllmServer, scripts, held: dict, before: dict,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import gc
 import itertools
 import logging
 import os
@@ -95,7 +94,7 @@ class EmbeddedShadow:
         self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
         self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
         self.gate_wait_max_behind_hold = False  # ... its rest a hold (else the idle chunk)
-        self.gc_pauses = GcPauses().install()  # the process's collections (a stall's cause?)
+        self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")
@@ -105,7 +104,8 @@ class EmbeddedShadow:
 
     def start(self) -> None:
         """Load the model in a thread (once), then apply what queued meanwhile."""
-        if self._events_thread.ident is None:
+        if self._events_thread.ident is None and not self._closed:
+            self.gc_pauses.install()           # timed from here until close
             self.service.start()
             self._events_thread.start()
 
@@ -120,11 +120,12 @@ class EmbeddedShadow:
         shadow = self.service.shadow
         # the shadow's startup heap (model, compiled kernels, CUDA graphs) frozen, as vLLM froze
         # its own before the shadow loaded: full collections then skip it (gc_pauses.py)
-        self.gc_pauses.freeze_heap()
-        log.info("shadow: %d objects frozen after the warm-up (a full collection of them: "
-                 "%.1f ms)", self.gc_pauses.frozen_objects, self.gc_pauses.freeze_collect_ms)
+        log.info("shadow: %d objects frozen after the warm-up", self.gc_pauses.freeze_heap())
         shadow.reader.adapter.bind_thread()
-        self._questions.submit(shadow.reader.adapter.bind_thread)
+        try:
+            self._questions.submit(shadow.reader.adapter.bind_thread)
+        except RuntimeError:                   # closed meanwhile: no question will run; the
+            pass                               # events queued before the stop still apply
         self.turnstile = Turnstile(shadow.lock)
         shadow.gate = self.turnstile           # questions read between steps only
         self._follower = Follower(shadow, self.cfg.grid)
@@ -339,9 +340,8 @@ class EmbeddedShadow:
         slot_max_ms, the slot's longest one slice (StepBudget). And the process's garbage
         collections (GcPauses.stats: num_gc_pauses, gc_pauses_ms, gc_pause_max_ms and its
         gc_pause_max_generation): each stops every thread, the host's step and a read alike;
-        and the startup heap frozen once the shadow was up (gc_frozen_objects, and
-        gc_freeze_collect_ms, the full collection before it: what each one would walk
-        without the freeze)."""
+        and gc_frozen_objects, the shadow's startup heap frozen once it was up
+        (GcPauses.freeze_heap)."""
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
@@ -405,8 +405,6 @@ class EmbeddedShadow:
             self._closed = True
             self._wake.notify_all()
         self.gc_pauses.remove()
-        if self.gc_pauses.frozen_objects:
-            gc.unfreeze()                     # the heap back to the collector, as vLLM's stop
         if self.turnstile is not None:
             self.turnstile.step_ends()        # a question waiting for a step's end goes on
         self._questions.shutdown(wait=False, cancel_futures=True)

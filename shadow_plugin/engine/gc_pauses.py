@@ -8,12 +8,11 @@ walks every object tracked and not frozen: vLLM's EngineCore freezes its startup
 (vllm/v1/engine/core.py, `freeze_gc_heap`: collect, then `gc.freeze`, "to reduce GC overhead
 from static objects during serving time") before the shadow loads, so the shadow's own
 (its model, compiled kernels, CUDA graphs) would be walked by every full collection after;
-`GcPauses.freeze_heap` freezes them the same way once the shadow is up.
+`GcPauses.freeze_heap` freezes them once the shadow is up.
 """
 from __future__ import annotations
 
 import gc
-import threading
 import time
 
 
@@ -21,17 +20,19 @@ class GcPauses:
     """Times every collection through `gc.callbacks` (Python's hook: "start" and "stop" with
     the generation collected) while installed. Fields (summed since install): num_pauses;
     pauses_ms (ms); max_ms, the longest one (ms), and max_generation, its generation (0-2;
-    -1 before any)."""
+    -1 before any); frozen_objects, what freeze_heap froze. A pause's ms is an upper bound on
+    the stall it caused: finalizers and weakref callbacks run inside it, and may let other
+    threads run. Collections never nest (CPython's), and the fields are written with the GIL
+    held, so no lock: a lock taken here could deadlock a `stats` call that a collection
+    interrupts in its own thread."""
 
     def __init__(self):
         self.num_pauses = 0
         self.pauses_ms = 0.0
         self.max_ms = 0.0
         self.max_generation = -1
-        self.frozen_objects = 0           # freeze_heap's: objects frozen (gc.get_freeze_count)
-        self.freeze_collect_ms = 0.0      # ... its full collection (ms), not among the pauses
+        self.frozen_objects = 0
         self._began: float | None = None
-        self._guard = threading.Lock()
 
     def install(self) -> "GcPauses":
         """Start timing (idempotent). Returns self."""
@@ -44,26 +45,23 @@ class GcPauses:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
 
-    def freeze_heap(self) -> None:
-        """Collect every generation, then freeze every object still tracked (gc.freeze: later
-        collections skip them), as vLLM's EngineCore does with its startup heap. The
-        collection stops every thread once (its ms kept in freeze_collect_ms, apart from the
-        pauses: it is what each full collection would have walked without the freeze); an
-        object frozen is still freed when its last reference goes, only a cycle of frozen
-        objects is never collected (vLLM's trade too)."""
-        timing = self._on_gc in gc.callbacks
-        self.remove()
-        t0 = time.perf_counter()
-        gc.collect()
-        self.freeze_collect_ms = (time.perf_counter() - t0) * 1e3
+    def freeze_heap(self) -> int:
+        """Collect the young generations (0 and 1: what was made since the last collections;
+        a pause like any other, timed), then freeze every object still tracked (gc.freeze:
+        later collections skip them), as vLLM's EngineCore does with its startup heap.
+        Without a full collection first, which would stop a host already serving for a walk
+        of the whole heap: the older objects that were garbage then are kept (once; an
+        object frozen is still freed when its last reference goes, only cycles stay).
+        Returns the objects frozen now (also added to frozen_objects)."""
+        gc.collect(1)
+        before = gc.get_freeze_count()
         gc.freeze()
-        self.frozen_objects = gc.get_freeze_count()
-        if timing:
-            self.install()
+        frozen = gc.get_freeze_count() - before
+        self.frozen_objects += frozen
+        return frozen
 
     def _on_gc(self, phase: str, info: dict) -> None:
-        # runs in the thread that set the collection off, with the GIL held: no other thread
-        # runs Python until "stop"; the guard only orders field updates with `stats`
+        # runs in the thread that set the collection off
         if phase == "start":
             self._began = time.perf_counter()
             return
@@ -71,18 +69,14 @@ class GcPauses:
             return
         ms = (time.perf_counter() - self._began) * 1e3
         self._began = None
-        with self._guard:
-            self.num_pauses += 1
-            self.pauses_ms += ms
-            if ms > self.max_ms:
-                self.max_ms, self.max_generation = ms, int(info.get("generation", -1))
+        self.num_pauses += 1
+        self.pauses_ms += ms
+        if ms > self.max_ms:
+            self.max_ms, self.max_generation = ms, int(info.get("generation", -1))
 
     def stats(self) -> dict:
         """{"num_gc_pauses", "gc_pauses_ms", "gc_pause_max_ms", "gc_pause_max_generation",
-        "gc_frozen_objects", "gc_freeze_collect_ms"} (freeze_heap's; 0 before it)."""
-        with self._guard:
-            return {"num_gc_pauses": self.num_pauses, "gc_pauses_ms": self.pauses_ms,
-                    "gc_pause_max_ms": self.max_ms,
-                    "gc_pause_max_generation": self.max_generation,
-                    "gc_frozen_objects": self.frozen_objects,
-                    "gc_freeze_collect_ms": self.freeze_collect_ms}
+        "gc_frozen_objects"}."""
+        return {"num_gc_pauses": self.num_pauses, "gc_pauses_ms": self.pauses_ms,
+                "gc_pause_max_ms": self.max_ms, "gc_pause_max_generation": self.max_generation,
+                "gc_frozen_objects": self.frozen_objects}

@@ -183,7 +183,7 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
                                "slot_max_ms": 0.08, "num_gc_pauses": 12,
                                "gc_pauses_ms": 30.5, "gc_pause_max_ms": 20.25,
                                "gc_pause_max_generation": 2,
-                               "gc_frozen_objects": 812345, "gc_freeze_collect_ms": 41.5},
+                               "gc_frozen_objects": 812345},
               "totals": {"read_ms": 442.18, "read_sync_ms": 300.0,
                          "read_max_ms": 31.59, "read_host_max_ms": 4.0,
                          "read_sync_max_ms": 28.5, "num_batched_forwards": 30,
@@ -196,9 +196,9 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     assert "device at most 28.50 ms" in line and "30 of 90 chunks" in line
     assert "{'num_captures': 0}" in line
     assert "garbage collection 20.25 ms (generation 2; 12 in 30.50 ms)" in line
-    assert "frozen: 812345 objects (a full collection of them 41.50 ms)" in line
+    assert "frozen: 812345 objects" in line
     status["engine_share"]["gate_wait_max_behind_hold"] = False
     assert "behind the idle loop's read" in wait_line(status, {})
     old = wait_line({"engine_share": {"gate_wait_max_ms": 9.7}, "totals": {}}, {})
     assert "longest wait: 9.70 ms" in old and "0.00" not in old
-    assert old.count("n/a") == 19
+    assert old.count("n/a") == 18
