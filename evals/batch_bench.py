@@ -217,7 +217,9 @@ def run(args) -> dict:
         res["ask"] = ask_part(model, args)
     if "read" in args.parts:
         res["read"] = read_part(model, args)
-    return {**res, "commit": git_commit(), "cpu": platform.processor() or platform.machine(),
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none"
+    return {**res, "gpu": gpu, "dtype": str(model.dtype).removeprefix("torch."),
+            "commit": git_commit(), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "date": str(datetime.date.today())}
 

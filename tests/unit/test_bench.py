@@ -69,6 +69,7 @@ def test_batch_bench_smoke(capsys):
     assert any("ask_many" in name and calls == 1 and ms > 0 for name, calls, ms in prof)
     assert [res["read"][f"128x{b}"]["exact"] for b in (1, 2)] == [True, True]
     assert res["read"]["128x2"]["ids_per_s_one_forward"] > 0 and res["date"]
+    assert res["gpu"] == "none" and res["dtype"] in ("float32", "bfloat16")
 
 
 def test_tail_bench_smoke(capsys):
