@@ -26,8 +26,25 @@ TIP_LINES = 4
 MAX_LOOKUPS = 8   # lookups with the disk before one without (files refused one after another)
 
 
+COMPARE_BLOCK = 4096   # ids a slice comparison of first_difference takes at a time
+
+
 def first_difference(held: list[int], new: list[int]) -> int:
-    """First position where the two differ; min(len) when one is a prefix of the other."""
+    """First position where the two differ; min(len) when one is a prefix of the other.
+    Compares slices of COMPARE_BLOCK ids (C's list comparison) and walks only the block that
+    differs: a 100k prompt in about 0.35 ms instead of 2.3 for the loop of
+    `first_difference_ref`, its twin (a turn's prompt is compared under the events thread's
+    hold inside vLLM, which a host step may wait for)."""
+    n = min(len(held), len(new))
+    for lo in range(0, n, COMPARE_BLOCK):
+        hi = min(lo + COMPARE_BLOCK, n)
+        if held[lo:hi] != new[lo:hi]:
+            return first_difference_ref(held[lo:hi], new[lo:hi]) + lo
+    return n
+
+
+def first_difference_ref(held: list[int], new: list[int]) -> int:
+    """first_difference one id at a time (its twin in tests)."""
     n = min(len(held), len(new))
     for i in range(n):
         if held[i] != new[i]:

@@ -28,9 +28,37 @@ def prompt_line(prompt: list[int], grid: int) -> int:
     return end // grid * grid
 
 
+SCAN_BLOCK = 4096      # ids a backward search of last_index takes at a time
+
+
+def last_index(prompt: list[int], value: int, end: int) -> int:
+    """The last position below `end` that holds `value`, or -1. Searches slices of SCAN_BLOCK
+    ids from the end with C's `in` and `index` (a long last message, a tool's output of
+    50k ids, is crossed at C's speed, not one id at a time in Python)."""
+    while end > 0:
+        lo = max(0, end - SCAN_BLOCK)
+        block = prompt[lo:end]
+        if value in block:
+            return end - 1 - block[::-1].index(value)
+        end = lo
+    return -1
+
+
 def is_episode_start(prompt: list[int]) -> bool:
     """True when the prompt's last message is a real user message, not tool responses: its last
-    `<|im_start|>user\\n` (before the generation prompt) is not followed by `<tool_response>`."""
+    `<|im_start|>user\\n` (before the generation prompt) is not followed by `<tool_response>`.
+    is_episode_start_ref is its twin, one id at a time."""
+    last = last_index(prompt, IM_START, len(prompt))
+    if last < 0:
+        return False
+    if prompt[last + 1:last + 2] != [ASSISTANT]:     # not the generation prompt: this one
+        return _ends_episode(prompt, [last])
+    before = last_index(prompt, IM_START, last)
+    return _ends_episode(prompt, [last] if before < 0 else [last, before])
+
+
+def is_episode_start_ref(prompt: list[int]) -> bool:
+    """is_episode_start, scanning back one id at a time (its twin in tests)."""
     found = []
     for i in range(len(prompt) - 1, -1, -1):
         if prompt[i] == IM_START:
@@ -39,6 +67,11 @@ def is_episode_start(prompt: list[int]) -> bool:
                 break
     if not found:
         return False
+    return _ends_episode(prompt, found)
+
+
+def _ends_episode(prompt: list[int], found: list[int]) -> bool:
+    """found: the last one or two `<|im_start|>` positions, the last first."""
     i = found[0]
     if prompt[i + 1:i + 2] == [ASSISTANT]:          # the generation prompt: look one further back
         if len(found) < 2:
