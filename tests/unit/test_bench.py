@@ -146,3 +146,13 @@ def test_batch_bench_trace_smoke(capsys):
         assert any(name.startswith("aten::") for name in t["idle_by_op"])
         # the top pieces: at most the call's idle time
         assert sum(p["us"] for p in t["idle_by_op"].values()) <= t["device_idle_ms"] * 1e3 + 2
+
+
+def test_apply_bench_smoke(capsys):
+    """evals.apply_bench on the CPU: a first prompt's and a next turn's apply timed for each
+    length asked (its times are figures for BENCHMARKS.md; only their presence is checked)."""
+    from evals import apply_bench
+    assert apply_bench.main(["--lengths", "600,2000", "--repeats", "1", "--grid", "64"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(res["apply"]) == {"600", "2000"} and res["grid"] == 64
+    assert all(r["first_prompt_ms"] > 0 and r["next_turn_ms"] > 0 for r in res["apply"].values())
