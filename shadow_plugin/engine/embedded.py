@@ -333,7 +333,8 @@ class EmbeddedShadow:
         through the turnstile was inside then (the rest of the wait that hold, else the idle
         loop's chunk); beside it gate_hold_max_ms, the
         longest one hold through the turnstile (an event batch's apply, a question's step:
-        Turnstile.hold_max_ms) and gate_hold_max_kind its kind ("events" or "route"), to
+        Turnstile.hold_max_ms) and gate_hold_max_kind its kind ("events" or "route") and
+        gate_hold_max_cpu_ms its thread's CPU time (the rest it waited: the GIL...), to
         read against the reader's totals' read_max_ms (its
         longest one read call: idle, slot or catch-up, one chunk or one batched forward,
         with any restore it needed). status's engine_share also has
@@ -348,6 +349,8 @@ class EmbeddedShadow:
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
                  "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0,
                  "gate_hold_max_kind": self.turnstile.hold_max_kind if self.turnstile else "",
+                 "gate_hold_max_cpu_ms":
+                     self.turnstile.hold_max_cpu_ms if self.turnstile else 0.0,
                  **self.gc_pauses.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:

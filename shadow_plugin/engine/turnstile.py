@@ -49,6 +49,8 @@ class Turnstile:
         self._holding = 0             # outer holds inside now (in from their ticket to out)
         self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
         self.hold_max_kind = ""       # ... its kind (__call__'s: "events", "route")
+        self.hold_max_cpu_ms = 0.0    # ... its thread's CPU time (thread_time): well below
+        #                               hold_max_ms, the hold waited (the GIL, a sync, disk)
 
     def step_begins(self) -> tuple[float, bool]:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
@@ -99,7 +101,9 @@ class Turnstile:
         one that waited for the step. The longest outer hold is kept (hold_max_ms: what a
         step's start may wait for one thread's hold) with its kind (hold_max_kind: "events",
         an event batch's apply; "route", the default, a question's, check's or summary's
-        step through the service's gate)."""
+        step through the service's gate) and its thread's CPU time (hold_max_cpu_ms, from
+        time.thread_time: what the hold computed; the rest of it waited, for the GIL other
+        threads held, the device or the disk)."""
         inside = self._inside
         outer = not getattr(inside, "depth", 0)
         if outer:
@@ -107,7 +111,7 @@ class Turnstile:
         else:
             self.lock.acquire()
         inside.depth = getattr(inside, "depth", 0) + 1
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
@@ -116,6 +120,7 @@ class Turnstile:
                 held_ms = (time.perf_counter() - t0) * 1e3
                 if held_ms > self.hold_max_ms:
                     self.hold_max_ms, self.hold_max_kind = held_ms, kind
+                    self.hold_max_cpu_ms = (time.thread_time() - cpu0) * 1e3
                 with self._cond:
                     self._holding -= 1
             self.lock.release()

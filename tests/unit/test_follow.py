@@ -180,6 +180,7 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert 0.0 <= share["gate_wait_max_let_in_ms"] <= share["gate_wait_max_ms"]
     assert isinstance(share["gate_wait_max_behind_hold"], bool)
     assert share["gate_hold_max_kind"] in ("events", "route")
+    assert 0.0 <= share["gate_hold_max_cpu_ms"] <= share["gate_hold_max_ms"] + 1.0
     # the process's garbage collections, timed (a step's or a read's stall may be one)
     assert share["num_gc_pauses"] >= 0 and share["gc_pauses_ms"] >= share["gc_pause_max_ms"]
     assert share["gc_pause_max_generation"] in (-1, 0, 1, 2)

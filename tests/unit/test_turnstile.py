@@ -235,6 +235,13 @@ def test_the_longest_hold_is_kept():
     with ts("events"):
         time.sleep(0.06)
     assert 60 <= ts.hold_max_ms < 1000 and ts.hold_max_kind == "events"
+    assert 0 <= ts.hold_max_cpu_ms < 30              # it slept: waited, computed little
+    with ts("events"):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.08:         # computes 80 ms of CPU
+            pass
+    assert ts.hold_max_ms >= 80 and ts.hold_max_cpu_ms >= 75
+    assert ts.hold_max_cpu_ms <= ts.hold_max_ms + 1
     with ts("route"):                                # shorter: the longest stays
         pass
     assert ts.hold_max_kind == "events"
