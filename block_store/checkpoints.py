@@ -38,8 +38,10 @@ def first_difference(held: list[int], new: list[int]) -> int:
     n = min(len(held), len(new))
     for lo in range(0, n, COMPARE_BLOCK):
         hi = min(lo + COMPARE_BLOCK, n)
-        if held[lo:hi] != new[lo:hi]:
-            return first_difference_ref(held[lo:hi], new[lo:hi]) + lo
+        if held[lo:hi] != new[lo:hi]:     # or only their types differ (a list, a tuple)
+            d = first_difference_ref(held[lo:hi], new[lo:hi])
+            if d < hi - lo:
+                return lo + d
     return n
 
 

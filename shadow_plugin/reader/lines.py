@@ -35,6 +35,7 @@ def last_index(prompt: list[int], value: int, end: int) -> int:
     """The last position below `end` that holds `value`, or -1. Searches slices of SCAN_BLOCK
     ids from the end with C's `in` and `index` (a long last message, a tool's output of
     50k ids, is crossed at C's speed, not one id at a time in Python)."""
+    end = min(end, len(prompt))
     while end > 0:
         lo = max(0, end - SCAN_BLOCK)
         block = prompt[lo:end]

@@ -96,3 +96,15 @@ def test_token_ids_fast_path_equals_the_loop(ids, as_tuple):
         got = str(e)
     assert got == want
     assert not isinstance(got, list) or all(type(x) is int for x in got)
+
+
+def test_scans_over_other_sequence_types_and_ends():
+    """A list against a tuple or a range (equal ids, other types) and an end past the prompt:
+    the same answers as the twins."""
+    held = list(range(10_000))
+    for new in (tuple(held), range(10_000), tuple(held[:5000]) + (7,) + tuple(held[5001:])):
+        assert first_difference(held, new) == first_difference_ref(held, new)
+    assert first_difference(held, tuple(held)) == 10_000
+    p = [lines.IM_START, 5, 5]
+    assert lines.last_index(p, lines.IM_START, 10) == 0
+    assert lines.last_index(p, lines.IM_START, 0) == -1
