@@ -32,9 +32,8 @@ COMPARE_BLOCK = 4096   # ids a slice comparison of first_difference takes at a t
 def first_difference(held: list[int], new: list[int]) -> int:
     """First position where the two differ; min(len) when one is a prefix of the other.
     Compares slices of COMPARE_BLOCK ids (C's list comparison) and walks only the block that
-    differs: a 100k prompt in about 0.35 ms instead of 2.3 for the loop of
-    `first_difference_ref`, its twin (a turn's prompt is compared under the events thread's
-    hold inside vLLM, which a host step may wait for)."""
+    differs, where `first_difference_ref`, its twin, walks every id (a turn's prompt is
+    compared under the events thread's hold inside vLLM, which a host step may wait for)."""
     n = min(len(held), len(new))
     for lo in range(0, n, COMPARE_BLOCK):
         hi = min(lo + COMPARE_BLOCK, n)

@@ -343,15 +343,15 @@ class EmbeddedShadow:
         gc_pause_max_generation): each stops every thread, the host's step and a read alike;
         and gc_frozen_objects, the shadow's startup heap frozen once it was up
         (GcPauses.freeze_heap)."""
+        ts = self.turnstile
+        hold_ms, kind, cpu_ms = ((ts.hold_max_ms, ts.hold_max_kind, ts.hold_max_cpu_ms)
+                                 if ts else (0.0, "", 0.0))
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
-                 "gate_hold_max_ms": self.turnstile.hold_max_ms if self.turnstile else 0.0,
-                 "gate_hold_max_kind": self.turnstile.hold_max_kind if self.turnstile else "",
-                 "gate_hold_max_cpu_ms":
-                     self.turnstile.hold_max_cpu_ms if self.turnstile else 0.0,
-                 **self.gc_pauses.stats()}
+                 "gate_hold_max_ms": hold_ms, "gate_hold_max_kind": kind,
+                 "gate_hold_max_cpu_ms": cpu_ms, **self.gc_pauses.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,
