@@ -94,6 +94,7 @@ class EmbeddedShadow:
         self.gate_wait_max_ms = 0.0            # ... the longest one step's start waited
         self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
         self.gate_wait_max_behind_hold = False  # ... its rest a hold (else the idle chunk)
+        self.gate_wait_max_gc_ms = 0.0         # ... the process's collections meanwhile
         self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
@@ -126,7 +127,7 @@ class EmbeddedShadow:
             self._questions.submit(shadow.reader.adapter.bind_thread)
         except RuntimeError:                   # closed meanwhile: no question will run; the
             pass                               # events queued before the stop still apply
-        self.turnstile = Turnstile(shadow.lock)
+        self.turnstile = Turnstile(shadow.lock, gc_ms=lambda: self.gc_pauses.total_ms)
         shadow.gate = self.turnstile           # questions read between steps only
         self._follower = Follower(shadow, self.cfg.grid)
         while True:
@@ -187,13 +188,14 @@ class EmbeddedShadow:
         self.budget.step_begins()
         if self.turnstile is not None:
             self._hand_off_prompts()
-            t0 = time.perf_counter()
+            t0, gc0 = time.perf_counter(), self.gc_pauses.total_ms
             let_in_ms, behind_hold = self.turnstile.step_begins()   # the work in flight
             waited_ms = (time.perf_counter() - t0) * 1e3
             self.gate_wait_ms += waited_ms
             if waited_ms > self.gate_wait_max_ms:
                 self.gate_wait_max_ms, self.gate_wait_max_let_in_ms = waited_ms, let_in_ms
                 self.gate_wait_max_behind_hold = behind_hold
+                self.gate_wait_max_gc_ms = self.gc_pauses.total_ms - gc0
         if info.events and self.service.state != "failed":
             with self._wake:
                 self._events.extend(info.events)
@@ -315,43 +317,27 @@ class EmbeddedShadow:
                 "followed_requests": dict(follower.sessions) if follower else {}}
 
     def _slot_parts(self) -> dict:
-        """Where the slot's time went (ms, summed since start): lock_wait_ms, waiting for the
-        shadow's lock (held by the events thread or a question's step); sync_wait_ms, the
-        slices that read waiting for the host's queued device work (their first sync); the
-        rest of slot_ms is the chunks and their bookkeeping; and slice_overhead_ms, what the
-        scheduler now expects a slice to cost beyond its chunks (Scheduler.slice_overhead_ms;
-        read on the engine's thread, the one that charges it). 0 before the model is up.
-        Beside them, outside the slot, what the steps' starts waited for: start_wait_ms, a
-        turn's prompt to be applied (_hand_off_prompts); gate_wait_ms, the turnstile (the
-        holds that asked before the step: event batches, questions' steps; the idle loop's
-        chunk in flight), and gate_wait_max_ms the longest one step's start waited there:
-        the host's longest stall on the shadow between its steps (the work in flight, one
-        chunk or with SHADOW_BATCH_SESSIONS > 1 one batched forward, then one hold of each
-        thread that asked before the step: docs/vllm.md), and gate_wait_max_let_in_ms its
-        part until the last hold that asked before that step got in (Turnstile.step_begins:
-        the work in flight ahead of them), and gate_wait_max_behind_hold whether a hold
-        through the turnstile was inside then (the rest of the wait that hold, else the idle
-        loop's chunk); beside it gate_hold_max_ms, the
-        longest one hold through the turnstile (an event batch's apply, a question's step:
-        Turnstile.hold_max_ms) and gate_hold_max_kind its kind ("events" or "route") and
-        gate_hold_max_cpu_ms its thread's CPU time (the rest it waited: the GIL...), to
-        read against the reader's totals' read_max_ms (its
-        longest one read call: idle, slot or catch-up, one chunk or one batched forward,
-        with any restore it needed). status's engine_share also has
-        slot_max_ms, the slot's longest one slice (StepBudget). And the process's garbage
-        collections (GcPauses.stats: num_gc_pauses, gc_pauses_ms, gc_pause_max_ms and its
-        gc_pause_max_generation): each stops every thread, the host's step and a read alike;
-        and gc_frozen_objects, the shadow's startup heap frozen once it was up
-        (GcPauses.freeze_heap)."""
+        """Where the slot's time and the steps' waits went (ms, summed since start unless the
+        name says max; each field in docs/vllm.md, "Where the host's time went"):
+        - the slot's: lock_wait_ms, sync_wait_ms, slice_overhead_ms (0 before the model is
+          up; slice_overhead_ms read on the engine's thread, the one that charges it);
+        - the steps' starts: start_wait_ms (the prompt hand-off), gate_wait_ms (the
+          turnstile), gate_wait_max_ms (the longest one: the host's longest stall on the
+          shadow between its steps) with its gate_wait_max_let_in_ms,
+          gate_wait_max_behind_hold and gate_wait_max_gc_ms (the collections during it);
+        - the longest hold through the turnstile (Turnstile): gate_hold_max_ms, _kind,
+          _cpu_ms, _gc_ms;
+        - the process's garbage collections (GcPauses.stats), serving and the start's."""
         ts = self.turnstile
-        hold_ms, kind, cpu_ms = ((ts.hold_max_ms, ts.hold_max_kind, ts.hold_max_cpu_ms)
-                                 if ts else (0.0, "", 0.0))
+        hold = ((ts.hold_max_ms, ts.hold_max_kind, ts.hold_max_cpu_ms, ts.hold_max_gc_ms)
+                if ts else (0.0, "", 0.0, 0.0))
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
-                 "gate_hold_max_ms": hold_ms, "gate_hold_max_kind": kind,
-                 "gate_hold_max_cpu_ms": cpu_ms, **self.gc_pauses.stats()}
+                 "gate_wait_max_gc_ms": self.gate_wait_max_gc_ms,
+                 **dict(zip(("gate_hold_max_ms", "gate_hold_max_kind", "gate_hold_max_cpu_ms",
+                             "gate_hold_max_gc_ms"), hold)), **self.gc_pauses.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

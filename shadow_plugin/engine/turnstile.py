@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 class Turnstile:
@@ -35,11 +35,14 @@ class Turnstile:
 
     Args: lock (the one lock: the host interface's, re-entrant); max_wait_s (how long a step's
     start waits for the threads that asked before it: a bound against a thread that asked and
-    stalls elsewhere; they come in at a later step's start)."""
+    stalls elsewhere; they come in at a later step's start); gc_ms (a clock of the process's
+    garbage collections, ms: GcPauses.total_ms's reader; the collections during the longest
+    hold are its difference)."""
 
-    def __init__(self, lock, max_wait_s: float = 1.0):
+    def __init__(self, lock, max_wait_s: float = 1.0, gc_ms: Callable[[], float] = lambda: 0.0):
         self.lock = lock
         self.max_wait_s = max_wait_s
+        self.gc_ms = gc_ms
         self._cond = threading.Condition(threading.Lock())   # the fields below
         self._stepping = False
         self._due: int | None = None  # while a step starts or runs: the holds it lets in first
@@ -50,7 +53,9 @@ class Turnstile:
         self.hold_max_ms = 0.0        # the longest one hold (outer), from in to out
         self.hold_max_kind = ""       # ... its kind (__call__'s: "events", "route")
         self.hold_max_cpu_ms = 0.0    # ... its thread's CPU time (thread_time): well below
-        #                               hold_max_ms, the hold waited (the GIL, a sync, disk)
+        #                               hold_max_ms, the hold was blocked (the GIL, the disk;
+        #                               not a device sync: CUDA's spins, counted as CPU)
+        self.hold_max_gc_ms = 0.0     # ... the process's collections meanwhile (ms)
 
     def step_begins(self) -> tuple[float, bool]:
         """Let in the shadow threads that asked before this step (holds asked for meanwhile
@@ -101,9 +106,11 @@ class Turnstile:
         one that waited for the step. The longest outer hold is kept (hold_max_ms: what a
         step's start may wait for one thread's hold) with its kind (hold_max_kind: "events",
         an event batch's apply; "route", the default, a question's, check's or summary's
-        step through the service's gate) and its thread's CPU time (hold_max_cpu_ms, from
-        time.thread_time: what the hold computed; the rest of it waited, for the GIL other
-        threads held, the device or the disk)."""
+        step through the service's gate), its thread's CPU time (hold_max_cpu_ms, from
+        time.thread_time: what the hold computed, and its waits for the device, since CUDA's
+        default sync spins while the process has a core to spare; the rest of it was blocked,
+        on the GIL other threads held or the disk) and the process's garbage collections
+        during it (hold_max_gc_ms, from gc_ms)."""
         inside = self._inside
         outer = not getattr(inside, "depth", 0)
         if outer:
@@ -111,7 +118,7 @@ class Turnstile:
         else:
             self.lock.acquire()
         inside.depth = getattr(inside, "depth", 0) + 1
-        t0, cpu0 = time.perf_counter(), time.thread_time()
+        t0, cpu0, gc0 = time.perf_counter(), time.thread_time(), self.gc_ms()
         try:
             yield
         finally:
@@ -121,6 +128,7 @@ class Turnstile:
                 if held_ms > self.hold_max_ms:
                     self.hold_max_ms, self.hold_max_kind = held_ms, kind
                     self.hold_max_cpu_ms = (time.thread_time() - cpu0) * 1e3
+                    self.hold_max_gc_ms = self.gc_ms() - gc0
                 with self._cond:
                     self._holding -= 1
             self.lock.release()

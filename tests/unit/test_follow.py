@@ -184,6 +184,12 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     # the process's garbage collections, timed (a step's or a read's stall may be one)
     assert share["num_gc_pauses"] >= 0 and share["gc_pauses_ms"] >= share["gc_pause_max_ms"]
     assert share["gc_pause_max_generation"] in (-1, 0, 1, 2)
+    assert isinstance(share["gc_pause_max_thread"], str)
+    # ... the start's apart (at least the young collection before the freeze), and those
+    # during the longest wait and the longest hold
+    assert share["num_gc_startup_pauses"] >= 1
+    assert share["gc_startup_pauses_ms"] >= share["gc_startup_pause_max_ms"] > 0.0
+    assert 0.0 <= share["gate_wait_max_gc_ms"] and 0.0 <= share["gate_hold_max_gc_ms"]
     # ... and the shadow's startup heap frozen once it was up (as vLLM freezes its own)
     assert share["gc_frozen_objects"] > 0
     # ... beside the longest hold through the turnstile and the longest read

@@ -1,5 +1,8 @@
 """GcPauses: the process's garbage collections timed through gc.callbacks."""
 import gc
+import threading
+
+import pytest
 
 from shadow_plugin.engine.gc_pauses import GcPauses
 
@@ -45,12 +48,36 @@ def test_freeze_heap_freezes_what_lives_and_times_its_young_collection():
         frozen = pauses.freeze_heap()
         assert frozen == gc.get_freeze_count() - before > len(kept)
         assert pauses.frozen_objects == frozen == pauses.stats()["gc_frozen_objects"]
-        stats = pauses.stats()                        # its young collection: one pause
-        assert stats["num_gc_pauses"] == 1 and stats["gc_pause_max_generation"] == 1
+        stats = pauses.stats()                        # its young collection: the start's
+        assert stats["num_gc_startup_pauses"] == 1 and stats["gc_startup_pause_max_ms"] > 0
+        assert stats["gc_startup_pauses_ms"] == stats["gc_startup_pause_max_ms"]
+        assert stats["num_gc_pauses"] == 0 and stats["gc_pauses_ms"] == 0.0   # serving: none
+        assert stats["gc_pause_max_generation"] == -1 and stats["gc_pause_max_thread"] == ""
+        total = pauses.total_ms
+        assert total == stats["gc_startup_pauses_ms"]
         gc.collect()
-        assert pauses.stats()["num_gc_pauses"] == 2
+        stats = pauses.stats()                        # serving's first
+        assert stats["num_gc_pauses"] == 1 and stats["gc_pause_max_generation"] == 2
+        assert stats["gc_pause_max_thread"] == threading.current_thread().name
+        assert stats["num_gc_startup_pauses"] == 1    # the start's stay
+        assert pauses.total_ms == pytest.approx(total + stats["gc_pauses_ms"])
     finally:
         pauses.remove()
         gc.unfreeze()
         gc.enable()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_collection_set_off_in_another_thread_is_named_and_counted_in_the_total():
+    gc.disable()                                      # no automatic collection meanwhile
+    pauses = GcPauses().install()
+    try:
+        t = threading.Thread(target=gc.collect, name="shadow-idle")
+        t.start()
+        t.join()
+        stats = pauses.stats()
+        assert stats["num_gc_pauses"] == 1 and stats["gc_pause_max_thread"] == "shadow-idle"
+        assert pauses.total_ms == stats["gc_pauses_ms"] == stats["gc_pause_max_ms"] > 0
+    finally:
+        pauses.remove()
+        gc.enable()

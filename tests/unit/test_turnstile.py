@@ -247,6 +247,21 @@ def test_the_longest_hold_is_kept():
     assert ts.hold_max_kind == "events"
 
 
+def test_the_longest_holds_garbage_collections_are_read_from_the_clock_given():
+    """hold_max_gc_ms: the gc_ms clock's advance over the longest hold (GcPauses.total_ms),
+    not over a shorter one after it; 0 with no clock."""
+    assert Turnstile(threading.RLock()).hold_max_gc_ms == 0.0
+    clock = [100.0]
+    ts = Turnstile(threading.RLock(), gc_ms=lambda: clock[0])
+    with ts("events"):
+        time.sleep(0.02)
+        clock[0] += 7.5                              # a collection of 7.5 ms inside
+    assert ts.hold_max_gc_ms == 7.5
+    with ts():
+        clock[0] += 50.0                             # a shorter hold: not the longest
+    assert ts.hold_max_gc_ms == 7.5 and ts.hold_max_kind == "events"
+
+
 def _until(cond, timeout_s: float = 5.0) -> None:
     """Wait (polling) until cond() holds."""
     deadline = time.monotonic() + timeout_s

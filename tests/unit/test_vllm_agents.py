@@ -180,10 +180,14 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     status = {"engine_share": {"gate_wait_max_ms": 21.9, "gate_wait_max_let_in_ms": 12.5,
                                "gate_wait_max_behind_hold": True, "gate_hold_max_ms": 18.07,
                                "gate_hold_max_kind": "events",
-                               "gate_hold_max_cpu_ms": 4.5,
+                               "gate_hold_max_cpu_ms": 4.5, "gate_hold_max_gc_ms": 3.25,
+                               "gate_wait_max_gc_ms": 1.5,
                                "slot_max_ms": 0.08, "num_gc_pauses": 12,
                                "gc_pauses_ms": 30.5, "gc_pause_max_ms": 20.25,
                                "gc_pause_max_generation": 2,
+                               "gc_pause_max_thread": "shadow-idle",
+                               "num_gc_startup_pauses": 400, "gc_startup_pauses_ms": 410.0,
+                               "gc_startup_pause_max_ms": 90.16,
                                "gc_frozen_objects": 812345},
               "totals": {"read_ms": 442.18, "read_sync_ms": 300.0,
                          "read_max_ms": 31.59, "read_host_max_ms": 4.0,
@@ -191,16 +195,19 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
                          "num_batched_chunks": 90}}
     line = wait_line(status, {"num_captures": 0})
     assert "longest wait: 21.90 ms" in line and "12.50 ms of it" in line
-    assert "behind a hold" in line
-    assert "turnstile 18.07 ms (events, its CPU time 4.50 ms)" in line
+    assert "behind a hold; garbage collections during it 1.50 ms" in line
+    assert "turnstile 18.07 ms (events, its CPU time 4.50 ms, garbage collections during " \
+        "it 3.25 ms)" in line
     assert "read 31.59 ms (of all reads' 442.18 ms, 300.00 ms their final waits" in line
     assert "a read's host part at most 4.00 ms" in line
     assert "device at most 28.50 ms" in line and "30 of 90 chunks" in line
     assert "{'num_captures': 0}" in line
-    assert "garbage collection 20.25 ms (generation 2; 12 in 30.50 ms)" in line
+    assert "since the shadow was up: 12 in 30.50 ms, the longest 20.25 ms (generation 2, " \
+        "set off by thread shadow-idle)" in line
+    assert "in its start 400 in 410.00 ms, the longest 90.16 ms" in line
     assert "frozen: 812345 objects" in line
     status["engine_share"]["gate_wait_max_behind_hold"] = False
     assert "behind the idle loop's read" in wait_line(status, {})
     old = wait_line({"engine_share": {"gate_wait_max_ms": 9.7}, "totals": {}}, {})
     assert "longest wait: 9.70 ms" in old and "0.00" not in old
-    assert old.count("n/a") == 19
+    assert old.count("n/a") == 25
