@@ -505,3 +505,87 @@ def test_batch_sessions_from_the_environment(value, match):
     assert SchedulerConfig.from_env({}).batch_sessions == 1
     with pytest.raises(ValueError, match=match):
         SchedulerConfig.from_env({"SHADOW_BATCH_SESSIONS": value})
+
+
+class CountingLock:
+    """A re-entrant lock that numbers its outer holds (`holds`): what a host step's start
+    would wait for is one of them."""
+
+    def __init__(self):
+        import threading
+        self._lock, self.holds, self._depth = threading.RLock(), 0, 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1:
+            self.holds += 1
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        self._lock.release()
+
+
+@pytest.mark.parametrize("batch_sessions", [1, 4])
+def test_the_idle_window_answers_a_question_in_a_hold_of_its_own_before_reading_on(
+        batch_sessions):
+    """A question whose line a chunk (or a batched forward) reached in the idle window is
+    answered at the burst's next step, a lock hold without a chunk, so a host step's start
+    waits for a chunk or a question, never both; and before its session is read past the
+    line (C at the answer is the line)."""
+    sched, reader, clock = make_batch(batch_sessions=batch_sessions, idle_burst_s=10.0)
+    sched.lock = lock = CountingLock()
+    seen = []                                         # (op, the hold it ran in)
+    read_chunk, read_chunks, answer = reader.read_chunk, reader.read_chunks, reader.answer
+    reader.read_chunk = lambda s: (seen.append(("read", lock.holds)), read_chunk(s))[1]
+    reader.read_chunks = lambda ss: (seen.append(("read", lock.holds)), read_chunks(ss))[1]
+    reader.answer = lambda s, at: (seen.append(("answer", lock.holds)), answer(s, at))[1]
+    for s in ("a", "b"):
+        reader.add(s, 3 * G)
+        sched.turn_started(s)
+        sched.turn_finished(s)
+    sched.add_question("a", G + 5)                   # due once a's C reaches G
+    sched.add_question("b", 2 * G)                   # due once b's C reaches 2G
+    burst = sched.idle_burst()
+    assert burst.stop == "fresh" and dict(burst.chunks) == {"a": 3, "b": 3}
+    assert sorted(reader.answers) == [("a", G + 5, G), ("b", 2 * G, 2 * G)]
+    holds = [h for op, h in seen]
+    assert len(holds) == len(set(holds))             # each op in a hold of its own
+    assert sched.due == [] and sched.questions == []
+
+
+def test_a_question_the_idle_window_queued_is_answered_before_its_ration_reads_on():
+    sched, reader, clock = make(share=0.5)
+    reader.add("s", 2 * G)
+    sched.turn_started("s")
+    sched.turn_finished("s")
+    sched.add_question("s", G)
+    busy = [False]
+    sched.host_busy = lambda: busy[0]
+    reader.read_chunk_orig = reader.read_chunk
+
+    def read_then_busy(s):                            # the host takes a request meanwhile
+        ms = reader.read_chunk_orig(s)
+        busy[0] = True
+        return ms
+    reader.read_chunk = read_then_busy
+    assert sched.idle_burst().stop == "host"         # read to G; the answer's step never came
+    assert sched.due == [("s", G)] and reader.answers == []
+    reader.read_chunk = reader.read_chunk_orig
+    reader.add("s", 2 * G)                           # a turn: the ration reads on
+    sched.turn_started("s")
+    clock.t += 1.0
+    sched.output("s")
+    clock.t += 10.0
+    sl = sched.between_rounds("s")
+    assert sl.chunks == (("s", 3),)
+    assert reader.answers == [("s", G, G)] and sched.due == []   # at its line, not past it
+    reader.add("t", 2 * G)                           # queued, then the session is deleted
+    sched.turn_started("t")
+    sched.turn_finished("t")
+    sched.turn_finished("s")
+    sched.add_question("t", G)
+    busy[0], reader.read_chunk = False, read_then_busy
+    assert sched.idle_burst().stop == "host" and sched.due == [("t", G)]
+    sched.forget("t")
+    assert sched.due == [] and reader.answers == [("s", G, G)]
