@@ -21,10 +21,8 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
   session of the most recent turn, then the others by recency. A question asked at position p is
   answered when its session's C reaches the grid line at or below p, before C moves past it:
   in a ration slice right after the chunk that reached it; in the idle window at the next step,
-  a lock hold of its own; one whose line C had reached when it was asked (a short turn's) at
-  its session's next ration slice or the idle window's next step, not in the caller's hold (a
-  turn's start). So a host step's start inside vLLM waits for a chunk, a turn's apply or a
-  question, never two of them in one hold (docs/vllm.md). `due` holds those waiting.
+  a lock hold of its own (`due`), so that a host step's start waits for a chunk or a question,
+  never both (docs/vllm.md).
 - Batches (`batch_sessions` > 1, SHADOW_BATCH_SESSIONS): the idle window reads one chunk of
   each of up to that many sessions with whole chunks waiting, in that order, in one forward
   (the port's read_chunks, Reader.read_batch: each session committed as if read alone), so a
@@ -168,12 +166,9 @@ class Scheduler:
         return None
 
     def add_question(self, session: str, at: int) -> None:
-        """A question at position `at`, answered when C reaches the grid line at or below it;
-        one C has reached already is queued (`due`), not answered in the caller's hold (a
-        turn's start, under the events thread's): the next ration slice of its session or
-        the idle window's next step answers it."""
+        """A question at position `at`, answered when C reaches the grid line at or below it."""
         self.questions.append((session, at))
-        self._queue_due(session)
+        self._answer_due(session)
 
     def _know(self, session: str) -> None:
         if session not in self.recency:
@@ -188,16 +183,13 @@ class Scheduler:
     def _line(self, at: int) -> int:
         return at // self.cfg.grid * self.cfg.grid
 
-    def _answer_due(self, session: str) -> float:
+    def _answer_due(self, session: str) -> None:
         """Answer now the session's questions whose grid line C reached (those queued in
-        `due` first). Returns the ms they took (the scheduler's clock)."""
+        `due` first)."""
         self._queue_due(session)
-        picked = [q for q in self.due if q[0] == session]
-        t0 = self.clock()
-        for q in picked:
+        for q in [q for q in self.due if q[0] == session]:
             self.due.remove(q)
             self.port.answer(*q)
-        return (self.clock() - t0) * 1e3 if picked else 0.0
 
     def _queue_due(self, session: str) -> None:
         """Move the session's questions whose grid line C reached to `due`."""
@@ -274,7 +266,7 @@ class Scheduler:
         spent[0] += ms
         done[session] = done.get(session, 0) + 1
         if answer:
-            spent[0] += self._answer_due(session)
+            self._answer_due(session)
         else:
             self._queue_due(session)
 
@@ -310,9 +302,7 @@ class Scheduler:
         if self.turns or self.host_busy():
             return "host"
         if self.due:                  # before any session reads on past its question's line
-            t0 = self.clock()
             self.port.answer(*self.due.pop(0))
-            spent[0] += (self.clock() - t0) * 1e3
             return None
         if self.cfg.batch_sessions > 1:
             return self._idle_batch(start, spent, done)
@@ -399,12 +389,9 @@ class Scheduler:
         return leave
 
     def slice_stop(self, session: str) -> str | None:
-        """None when between_rounds would answer a due question of the session or read a
-        chunk now, else why not: "fresh" (less than a chunk of backlog), "idle" (left to the
-        idle window) or "ration" (the next chunk does not fit). The host skips the call's
-        device syncs when it is not None."""
-        if any(q[0] == session for q in self.due):
-            return None
+        """None when between_rounds would read a chunk now, else why not: "fresh" (less than
+        a chunk of backlog), "idle" (left to the idle window) or "ration" (the next chunk does
+        not fit). The host skips the call's device syncs when it is not None."""
         if not self._readable(session):
             return "fresh"
         if self.leave_to_idle(session):
@@ -431,7 +418,7 @@ class Scheduler:
         return sum(seen) / len(seen) if seen else 0.0
 
     def slice_due(self, session: str) -> bool:
-        """Whether between_rounds would answer or read now (slice_stop is None)."""
+        """Whether between_rounds would read a chunk now (slice_stop is None)."""
         return self.slice_stop(session) is None
 
     def charge(self, session: str, ms: float) -> None:
@@ -450,18 +437,19 @@ class Scheduler:
     def between_rounds(self, session: str) -> Slice:
         """One ration slice for the session of an open turn: whole chunks whose estimated cost
         fits in the ration less the slice's expected overhead (slice_overhead_ms, at most the
-        first chunk's estimate), and in slice_ms; first the session's due questions (queued
-        by the idle window or at the turn's start: before C moves past their line), whatever
-        the ration, their time counted in the slice's."""
+        first chunk's estimate), and in slice_ms."""
         if session in self.turns:
             self.turns[session].last_round_s = self.clock()
         budget = self._slice_budget_ms(session, self.cost.estimate(self.port.committed(session)))
-        spent, done = [self._answer_due(session)], {}
-        stop = "idle" if self.leave_to_idle(session) else "fresh"
-        while stop != "idle" and self._readable(session):
+        spent, done = [0.0], {}
+        stop = "fresh"
+        if self.leave_to_idle(session):
+            return Slice("ration", (), 0.0, "idle")
+        while self._readable(session):
             if self.cost.estimate(self.port.committed(session)) > budget - spent[0] + EPS_MS:
                 stop = "ration"
                 break
+            self._answer_due(session)    # one the idle window queued: before C moves past it
             self._read(session, spent, done)
         if session in self.turns:
             self.turns[session].used_ms += spent[0]

@@ -274,10 +274,8 @@ def test_question_with_an_insertion_point_is_answered_at_its_grid_line():
     burst = sched.idle_burst()
     assert reader.answers == [("a", 3 * G + 100, 3 * G)]   # answered at line 3G, not past it
     assert burst.chunks == (("a", 10), ("b", 10)) and burst.stop == "fresh"   # a 3, b 10, a 7
-    sched.add_question("b", 5)                       # below C now: queued, not answered in
-    assert sched.due == [("b", 5)] and len(reader.answers) == 1   # the caller's hold...
-    assert sched.idle_burst().stop == "fresh"        # ... but at the idle window's next step
-    assert reader.answers[-1] == ("b", 5, 10 * G) and sched.due == []
+    sched.add_question("b", 5)                       # below C now: answered at once
+    assert reader.answers[-1] == ("b", 5, 10 * G)
 
 
 def test_cost_model_uses_recent_chunks_of_similar_context():
@@ -591,30 +589,3 @@ def test_a_question_the_idle_window_queued_is_answered_before_its_ration_reads_o
     assert sched.idle_burst().stop == "host" and sched.due == [("t", G)]
     sched.forget("t")
     assert sched.due == [] and reader.answers == [("s", G, G)]
-
-
-def test_a_question_due_at_a_turns_start_is_answered_by_its_next_ration_slice():
-    """A question registered at a turn's start whose line C has reached already (a short new
-    turn) is not answered in the caller's hold: the session's next ration slice answers it
-    first, whatever the ration (slice_stop says None though no chunk is due), its time
-    counted in the slice's and the turn's ration."""
-    sched, reader, clock = make(share=0.02, idle_trust=0.0)
-    reader.add("s", 4 * G)
-    sched.turn_started("s")
-    sched.turn_finished("s")
-    assert sched.idle_burst().chunks == (("s", 4),)
-    reader.add("s", 100)                            # a short turn: less than a chunk new
-    sched.turn_started("s")
-    sched.add_question("s", 4 * G + 50)
-    assert reader.answers == [] and sched.due == [("s", 4 * G + 50)]
-    assert sched.slice_stop("s") is None             # no chunk due, no ration: the question
-
-    def answer(s, at):                               # a question of 8 ms
-        reader.answers.append((s, at, reader.c[s]))
-        clock.t += 0.008
-    reader.answer = answer
-    sl = sched.between_rounds("s")
-    assert reader.answers == [("s", 4 * G + 50, 4 * G)] and sched.due == []
-    assert sl.chunks == () and sl.ms == pytest.approx(8.0) and sl.stop == "fresh"
-    assert sched.turns["s"].used_ms == pytest.approx(8.0)
-    assert sched.slice_stop("s") == "fresh"          # nothing more
