@@ -19,10 +19,7 @@ bandwidth rule"; the seed's "When it reads"). Integers and clocks only: no tenso
   question there forwards its own ids and fewer of the session's (fork.tail_cut).
 - Which session: one with a pending question whose grid line it has not reached, then the
   session of the most recent turn, then the others by recency. A question asked at position p is
-  answered when its session's C reaches the grid line at or below p, before C moves past it:
-  in a ration slice right after the chunk that reached it; in the idle window at the next step,
-  a lock hold of its own (`due`), so that a host step's start waits for a chunk or a question,
-  never both (docs/vllm.md).
+  answered when its session's C reaches the grid line at or below p, before C moves past it.
 - Batches (`batch_sessions` > 1, SHADOW_BATCH_SESSIONS): the idle window reads one chunk of
   each of up to that many sessions with whole chunks waiting, in that order, in one forward
   (the port's read_chunks, Reader.read_batch: each session committed as if read alone), so a
@@ -66,9 +63,6 @@ class Scheduler:
     turns: dict[str, Turn] = field(default_factory=dict)
     recency: list[str] = field(default_factory=list)
     questions: list[tuple[str, int]] = field(default_factory=list)
-    # questions whose grid line C reached in the idle window: answered at its next step (a
-    # lock hold of their own) or before their session's next ration chunk, oldest first
-    due: list[tuple[str, int]] = field(default_factory=list)
     # Held around each idle-burst step (a decision and one chunk), so host events wait at most
     # one chunk for a burst; the in-process Host passes its reader lock.
     lock: Any = field(default_factory=threading.RLock)
@@ -120,7 +114,6 @@ class Scheduler:
         self.idle_memo = None
         self.recency = [s for s in self.recency if s != session]
         self.questions = [q for q in self.questions if q[0] != session]
-        self.due = [q for q in self.due if q[0] != session]
 
     def _gap_ends(self, now: float) -> None:
         """The host's idle gap ends now (recorded for idle trust, once)."""
@@ -184,19 +177,10 @@ class Scheduler:
         return at // self.cfg.grid * self.cfg.grid
 
     def _answer_due(self, session: str) -> None:
-        """Answer now the session's questions whose grid line C reached (those queued in
-        `due` first)."""
-        self._queue_due(session)
-        for q in [q for q in self.due if q[0] == session]:
-            self.due.remove(q)
-            self.port.answer(*q)
-
-    def _queue_due(self, session: str) -> None:
-        """Move the session's questions whose grid line C reached to `due`."""
         c = self.port.committed(session)
         for q in [q for q in self.questions if q[0] == session and self._line(q[1]) <= c]:
             self.questions.remove(q)
-            self.due.append(q)
+            self.port.answer(*q)
 
     def _readable(self, session: str) -> bool:
         return self.port.backlog(session) >= self.cfg.grid
@@ -254,21 +238,16 @@ class Scheduler:
         for session in read:
             done[session] = done.get(session, 0) + 1
         for session in sessions:
-            self._queue_due(session)             # answered at the next idle step
+            self._answer_due(session)
 
-    def _read(self, session: str, spent: list, done: dict, answer: bool = True) -> None:
-        """One chunk of the session; its questions whose line C reached then are answered
-        now (answer: a ration slice) or queued for the next step (the idle window's)."""
+    def _read(self, session: str, spent: list, done: dict) -> None:
         context = self.port.committed(session)
         ms = self.port.read_chunk(session)
         self.idle_memo = None
         self.cost.observe(context, ms)
         spent[0] += ms
         done[session] = done.get(session, 0) + 1
-        if answer:
-            self._answer_due(session)
-        else:
-            self._queue_due(session)
+        self._answer_due(session)
 
     # -- the two windows ------------------------------------------------------------------------
     def idle_burst(self, stop: Callable[[], bool] = lambda: False) -> Slice | None:
@@ -295,15 +274,11 @@ class Scheduler:
                 return Slice("idle", tuple(done.items()), spent[0], why)
 
     def _idle_step(self, start: float, spent: list, done: dict) -> str | None:
-        """Answer one due question, else read one chunk (or one batched forward) of the
-        burst, or say why the burst stops. A burst's first chunk is read whatever its
-        estimate: one estimated past the whole burst (a loaded CPU, a long context) would
-        otherwise never be read, and its estimate never corrected."""
+        """Read one chunk of the burst, or say why the burst stops. A burst's first chunk is
+        read whatever its estimate: one estimated past the whole burst (a loaded CPU, a long
+        context) would otherwise never be read, and its estimate never corrected."""
         if self.turns or self.host_busy():
             return "host"
-        if self.due:                  # before any session reads on past its question's line
-            self.port.answer(*self.due.pop(0))
-            return None
         if self.cfg.batch_sessions > 1:
             return self._idle_batch(start, spent, done)
         session = self.pick()
@@ -312,7 +287,7 @@ class Scheduler:
         left_ms = (start + self.cfg.idle_burst_s - self.clock()) * 1e3
         if done and self.cost.estimate(self.port.committed(session)) > left_ms + EPS_MS:
             return "budget"
-        self._read(session, spent, done, answer=False)
+        self._read(session, spent, done)
         return None
 
     def _idle_tail(self, spent: list) -> str | None:
@@ -341,7 +316,7 @@ class Scheduler:
         if len(sessions) == 1:
             if self.cost.estimate(self.port.committed(sessions[0])) > left_ms + EPS_MS:
                 return "budget"
-            self._read(sessions[0], spent, done, answer=False)
+            self._read(sessions[0], spent, done)
         else:
             self._read_many(sessions, spent, done)
         return None
@@ -372,7 +347,7 @@ class Scheduler:
         against 22 us asked afresh, evals/host_calls.py at cadb457 on a CPU); a turn's start or
         finish, a forget or a chunk read drops it (output growth within the 0.1 s does not: a stale
         answer delays the ration, which keeps accruing, or reads 0.1 s longer)."""
-        if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions + self.due):
+        if self.cfg.idle_trust <= 0 or any(q[0] == session for q in self.questions):
             return False
         now = self.clock()
         if self.idle_memo is not None and now - self.idle_memo[0] < IDLE_MEMO_S - 1e-9:
@@ -449,7 +424,6 @@ class Scheduler:
             if self.cost.estimate(self.port.committed(session)) > budget - spent[0] + EPS_MS:
                 stop = "ration"
                 break
-            self._answer_due(session)    # one the idle window queued: before C moves past it
             self._read(session, spent, done)
         if session in self.turns:
             self.turns[session].used_ms += spent[0]
