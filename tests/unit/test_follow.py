@@ -2,6 +2,7 @@
 (RequestTracker), their sessions (Follower's match rule), the shadow embedded in the engine's
 process (EmbeddedShadow: steps, the ration slot, the idle window), and the question routes
 reaching it through a remote door as vLLM's server does."""
+import gc
 import logging
 import threading
 import time
@@ -237,6 +238,40 @@ def test_a_turn_is_followed_while_the_host_steps_back_to_back_holding_the_gil(em
             break
     assert seen_at is not None and seen_at <= 2, seen_at
     assert emb.service.shadow.stats()["chunks_by_window"]["ration"] >= 1   # in the turn
+
+
+def test_the_collections_during_the_longest_wait_and_hold_are_read_from_the_gc_clock(embedded):
+    """Status's gate_wait_max_gc_ms and gate_hold_max_gc_ms: the process's collections
+    (GcPauses.total_ms, the clock the turnstile and the step's start read) during the longest
+    wait at a step's start and the longest hold; a collection of 7 ms timed inside a hold
+    that a step's start waits for counts in both."""
+    emb = embedded
+    _events_thread_up(emb)
+    inside, gc_was_on = threading.Event(), gc.isenabled()
+
+    def hold():
+        with emb.turnstile("route"):
+            inside.set()
+            time.sleep(0.05)
+            emb.gc_pauses.total_ms += 7.0             # a collection, as _on_gc times one
+            time.sleep(0.1)
+    gc.disable()                                      # no other collection meanwhile
+    try:
+        t = threading.Thread(target=hold)
+        t.start()
+        assert inside.wait(10)
+        info = StepInfo((), (), True)
+        emb.begin_step(info)                          # waits for the hold in flight
+        emb.end_step(info)
+        t.join(10)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    share = emb.call("status", {})[1]["engine_share"]
+    assert share["gate_wait_max_ms"] >= 90 and share["gate_wait_max_behind_hold"] is True
+    assert share["gate_wait_max_gc_ms"] == pytest.approx(7.0)
+    assert share["gate_hold_max_ms"] >= 140 and share["gate_hold_max_kind"] == "route"
+    assert share["gate_hold_max_gc_ms"] == pytest.approx(7.0)
 
 
 def test_an_events_batch_that_fails_unexpectedly_costs_the_steps_no_wait(embedded, caplog):
