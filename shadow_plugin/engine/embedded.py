@@ -80,7 +80,8 @@ class EmbeddedShadow:
     def __init__(self, cfg: ServiceConfig, host: dict | None = None):
         self.cfg = cfg
         self.host = dict(host or {})
-        self.service = Service(cfg)
+        self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
+        self.service = Service(cfg, gc_ms=lambda: self.gc_pauses.total_ms)
         self.budget = StepBudget(cfg.scheduler.share, burst_ms=cfg.scheduler.slice_ms)
         self.turnstile: Turnstile | None = None
         self._follower: Follower | None = None
@@ -95,7 +96,6 @@ class EmbeddedShadow:
         self.gate_wait_max_let_in_ms = 0.0     # ... of it, until the holds asked before it
         self.gate_wait_max_behind_hold = False  # ... its rest a hold (else the idle chunk)
         self.gate_wait_max_gc_ms = 0.0         # ... the process's collections meanwhile
-        self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._tickets = itertools.count(1)
         self._questions = concurrent.futures.ThreadPoolExecutor(1, "shadow-questions")

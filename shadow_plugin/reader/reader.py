@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -51,18 +52,25 @@ class FeedResult:
     durable: bool | None = None
 
 
+def _no_collections() -> float:
+    """The gc_ms clock of a reader given none: no collections counted (ms)."""
+    return 0.0
+
+
 @dataclass(frozen=True)
 class ReadResult:
     """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync;
     sessions: (read_batch) the sessions that advanced a chunk, in order; sync_ms: of ms, the
     final wait for the device (Adapter.sync; about 0 on the CPU), the rest being the host's
-    own part (launches, staging, restores, any blocking copy within)."""
+    own part (launches, staging, restores, any blocking copy within); gc_ms: the process's
+    garbage collections during it (the reader's gc_ms clock; 0 without one)."""
 
     num_read_tokens: int
     num_chunks: int
     ms: float
     sessions: tuple[str, ...] = ()
     sync_ms: float = 0.0
+    gc_ms: float = 0.0
 
 
 @dataclass
@@ -98,7 +106,10 @@ class Reader:
     hold this much host memory; None: half of resident_bytes, at most 2 GiB); cuda_graphs,
     fused_ops, attn_split, attention, row_invariant: how the forwards run
     (adapters.make_adapter; refused with an adapter already built); max_tails: questions'
-    tails kept (shadow_plugin.reader.tails: a page and a GDN state's bytes each; 0: none).
+    tails kept (shadow_plugin.reader.tails: a page and a GDN state's bytes each; 0: none);
+    gc_ms (a clock of the process's garbage collections, ms, as
+    shadow_plugin.engine.gc_pauses.GcPauses.total_ms: the collections during a read are its
+    difference, ReadResult.gc_ms; None: none counted).
     Questions, decoding and summaries: ask, generate, summarize.
     On CUDA with fla's kernels, construction runs the chunk runner's warm-up (its compiles
     and autotuning; `warm_up` does the rest): the page keys' identity covers the kernel picks
@@ -115,7 +126,8 @@ class Reader:
                  disk_grace_s: float | None = None, prefetch_bytes: int | None = None,
                  cuda_graphs: bool | None = None, fused_ops: bool | None = None,
                  attn_split=None, attention: str | None = None, max_tails: int = 8,
-                 row_invariant: bool | None = None):
+                 row_invariant: bool | None = None,
+                 gc_ms: Callable[[], float] | None = None):
         options = (cuda_graphs, fused_ops, attn_split, attention, row_invariant)
         if isinstance(model, Adapter):
             if options != (None,) * 5 or grid not in (None, model.grid):
@@ -130,6 +142,7 @@ class Reader:
         self.store_config = StoreConfig(resident_bytes, disk_dir, disk_bytes, disk_ttl_s,
                                         gdn_bytes, disk_shared, disk_grace_s, prefetch_bytes)
         self._tokenizer = tokenizer
+        self._gc_ms = gc_ms or _no_collections
         # since start; read_max_ms: the longest one read or read_batch call (a service's
         # idle loop reads one chunk or one batched forward a call, under the lock: a host
         # step's start waits for at most one); num_batched_forwards / num_batched_chunks:
@@ -137,10 +150,13 @@ class Reader:
         # chunks they read; read_sync_ms: of read_ms, the final waits for the device
         # (ReadResult.sync_ms: the rest is the host's own part); read_host_max_ms /
         # read_sync_max_ms: the longest host part of a read call and the longest final wait,
-        # to tell a slow read's cause (the host's thread held up, or the device's work)
+        # to tell a slow read's cause (the host's thread held up, or the device's work),
+        # each the longest of its own; read_max_host_part_ms / read_max_gc_ms: the longest
+        # read's own host part and the garbage collections during it
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
                        "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
-                       "read_sync_max_ms": 0.0, "num_batched_forwards": 0,
+                       "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
+                       "read_max_gc_ms": 0.0, "num_batched_forwards": 0,
                        "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
@@ -380,7 +396,7 @@ class Reader:
         max_chunks = validate.count(max_chunks, "max_chunks")
         names = [session] if session is not None else [
             s for s in self.sessions() if s in self.table.resident]
-        t0, n = time.perf_counter(), 0
+        t0, gc0, n = time.perf_counter(), self._gc_ms(), 0
         for name in names:
             st = self._get(name)
             before = n
@@ -390,7 +406,7 @@ class Reader:
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
             self._settle(name)
-        result = self._synced(n * self.config.grid, n, t0)
+        result = self._synced(n * self.config.grid, n, t0, gc0)
         self._count(result)
         return result
 
@@ -412,7 +428,7 @@ class Reader:
         not), KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in validate.items(
             sessions, "sessions must be a list of session ids")))
-        t0, g = time.perf_counter(), self.config.grid
+        t0, gc0, g = time.perf_counter(), self._gc_ms(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
         if len(due) > 1:          # what one forward takes (one at a time: one chunk a call)
             due = [due[i] for i in self.adapter.chunk_group([self.table.position(n)[1]
@@ -430,7 +446,7 @@ class Reader:
                 self.table.save(name)            # read up: its pages for another server
         self._settle(advanced[0] if advanced else None)
         n = len(advanced)
-        result = self._synced(n * g, n, t0, advanced)
+        result = self._synced(n * g, n, t0, gc0, advanced)
         self._count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
@@ -438,14 +454,15 @@ class Reader:
         self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
         return result
 
-    def _synced(self, num_read_tokens: int, num_chunks: int, t0: float,
+    def _synced(self, num_read_tokens: int, num_chunks: int, t0: float, gc0: float,
                 sessions: tuple[str, ...] = ()) -> ReadResult:
-        """The read call begun at t0 (time.perf_counter, s) once the device is synced."""
+        """The read call begun at t0 (time.perf_counter, s; gc0: the gc_ms clock then, ms)
+        once the device is synced."""
         t_sync = time.perf_counter()
         self.adapter.sync()
         t1 = time.perf_counter()
         return ReadResult(num_read_tokens, num_chunks, (t1 - t0) * 1e3, sessions,
-                          (t1 - t_sync) * 1e3)
+                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0)
 
     def _count(self, result: ReadResult) -> None:
         """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
@@ -454,7 +471,9 @@ class Reader:
         t["num_chunks"] += result.num_chunks
         t["read_ms"] += result.ms
         t["read_sync_ms"] += result.sync_ms
-        t["read_max_ms"] = max(t["read_max_ms"], result.ms)
+        if result.ms > t["read_max_ms"]:
+            t["read_max_ms"], t["read_max_gc_ms"] = result.ms, result.gc_ms
+            t["read_max_host_part_ms"] = result.ms - result.sync_ms
         t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
         t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)
 

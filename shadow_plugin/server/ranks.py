@@ -57,14 +57,14 @@ def holder(found: Sequence[dict | None]) -> int | None:
 
 def _add(a, b, key: str = ""):
     """a + b for numbers, key by key (recursively) for dicts of numbers; the larger for a
-    key ending in `_max_ms` (a longest one, e.g. totals' read_max_ms); a when b is missing
-    or of another kind."""
+    key with `_max_` in it (a longest one, e.g. totals' read_max_ms, or a part of one,
+    read_max_gc_ms); a when b is missing or of another kind."""
     if isinstance(a, dict) and isinstance(b, dict):
         return {k: _add(a[k], b[k], k) if k in a and k in b else a.get(k, b.get(k))
                 for k in {**a, **b}}
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
             not isinstance(a, bool) and not isinstance(b, bool):
-        return max(a, b) if key.endswith("_max_ms") else a + b
+        return max(a, b) if "_max_" in key else a + b
     return a
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -108,11 +109,14 @@ def check_limits(cfg: ServiceConfig) -> None:
 
 class Service:
     """Holds the reader once loaded; `state` is "loading", "ready" or "failed". Routes reach
-    the reader only through `require()`, the facade."""
+    the reader only through `require()`, the facade. gc_ms: the process's garbage
+    collections' clock (ms) the reader counts its reads' collections by (Reader's gc_ms;
+    an engine's GcPauses.total_ms), None for none."""
 
-    def __init__(self, cfg: ServiceConfig):
+    def __init__(self, cfg: ServiceConfig, gc_ms: Callable[[], float] | None = None):
         check_config(cfg)
         self.cfg = cfg
+        self.gc_ms = gc_ms                    # the process's collections, for the reader
         self.profiles = load_profiles(cfg.profiles_path)      # ValueError naming the file
         self.journal = RouterJournal(cfg.state_dir / "shadow.jsonl")
         self.narrator = Narrator()
@@ -179,7 +183,8 @@ class Service:
                                  disk_shared=cfg.disk_shared, disk_grace_s=cfg.disk_grace_s,
                                  prefetch_bytes=None if cfg.prefetch_gb is None else
                                  int(cfg.prefetch_gb * 2**30),
-                                 attention=cfg.attention, max_tails=cfg.max_tails)
+                                 attention=cfg.attention, max_tails=cfg.max_tails,
+                                 gc_ms=self.gc_ms)
             self.reader.adapter.bind_thread()
             self.reader.warm_up(batch_sessions=cfg.scheduler.batch_sessions)
             self.warm_up_s = time.perf_counter() - t_warm

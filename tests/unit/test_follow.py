@@ -272,6 +272,21 @@ def test_the_collections_during_the_longest_wait_and_hold_are_read_from_the_gc_c
     assert share["gate_wait_max_gc_ms"] == pytest.approx(7.0)
     assert share["gate_hold_max_ms"] >= 140 and share["gate_hold_max_kind"] == "route"
     assert share["gate_hold_max_gc_ms"] == pytest.approx(7.0)
+    # the reader counts its reads' collections by the same clock
+    reader = emb.service.reader
+    read_chunk = reader.adapter.read_chunk
+
+    def collecting_chunk(*a):
+        emb.gc_pauses.total_ms += 3.0
+        return read_chunk(*a)
+    with emb.service.shadow.lock:                     # the idle loop reads nothing meanwhile
+        reader.feed("gc-read", rand_ids(G, 9), "prompt")
+        reader.adapter.read_chunk = collecting_chunk
+        try:
+            res = reader.read("gc-read")
+        finally:
+            del reader.adapter.read_chunk             # the class's again
+    assert res.num_chunks == 1 and res.gc_ms == pytest.approx(3.0)
 
 
 def test_an_events_batch_that_fails_unexpectedly_costs_the_steps_no_wait(embedded, caplog):

@@ -75,6 +75,36 @@ def test_a_read_tells_its_final_wait_for_the_device_from_the_host_part(tiny, mon
         t["read_host_max_ms"] + t["read_sync_max_ms"]
 
 
+def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest_reads(
+        tiny, monkeypatch):
+    """ReadResult.gc_ms: the reader's gc_ms clock (GcPauses.total_ms inside vLLM) across the
+    read call, for read and read_batch; the totals keep the longest read's own host part and
+    collections (read_max_host_part_ms, read_max_gc_ms), not those of a shorter read after
+    it; a reader given no clock counts none."""
+    import time
+    clock = [1000.0]
+    r, ids = _fed(tiny, [3 * G, 2 * G], seed=4, gc_ms=lambda: clock[0])
+    read_chunk, read_chunks = r.adapter.read_chunk, r.adapter.read_chunks
+
+    def slow_chunk(*a):                               # a chunk: 2.5 ms of collections, 30 ms
+        clock[0] += 2.5
+        time.sleep(0.03)
+        return read_chunk(*a)
+    monkeypatch.setattr(r.adapter, "read_chunk", slow_chunk)
+    long = r.read("s0", max_chunks=2)
+    assert long.num_chunks == 2 and long.gc_ms == pytest.approx(5.0)
+    monkeypatch.setattr(r.adapter, "read_chunk", read_chunk)
+    monkeypatch.setattr(r.adapter, "read_chunks",
+                        lambda items: (clock.__setitem__(0, clock[0] + 1.0), read_chunks(items))[1])
+    both = r.read_batch(["s0", "s1"])
+    assert both.num_chunks == 2 and both.gc_ms == pytest.approx(1.0) and both.ms < long.ms
+    t = r.totals
+    assert t["read_max_ms"] == long.ms and t["read_max_gc_ms"] == pytest.approx(5.0)
+    assert t["read_max_host_part_ms"] == pytest.approx(long.ms - long.sync_ms)
+    plain, _ = _fed(tiny, [G], seed=5)
+    assert plain.read("s0").gc_ms == 0.0 and plain.totals["read_max_gc_ms"] == 0.0
+
+
 def test_a_shared_chunk_is_read_once_and_taken_by_the_other(tiny):
     rng = random.Random(2)
     prefix = vocab_ids(rng, 2 * G)

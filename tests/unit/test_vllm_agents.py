@@ -191,6 +191,7 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
                                "gc_frozen_objects": 812345},
               "totals": {"read_ms": 442.18, "read_sync_ms": 300.0,
                          "read_max_ms": 31.59, "read_host_max_ms": 4.0,
+                         "read_max_host_part_ms": 3.75, "read_max_gc_ms": 0.5,
                          "read_sync_max_ms": 28.5, "num_batched_forwards": 30,
                          "num_batched_chunks": 90}}
     line = wait_line(status, {"num_captures": 0})
@@ -198,7 +199,9 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     assert "behind a hold; garbage collections during it 1.50 ms" in line
     assert "turnstile 18.07 ms (events, its CPU time 4.50 ms, garbage collections during " \
         "it 3.25 ms)" in line
-    assert "read 31.59 ms (of all reads' 442.18 ms, 300.00 ms their final waits" in line
+    assert "read 31.59 ms (3.75 ms of it before its final wait for the device, garbage " \
+        "collections during it 0.50 ms; of all reads' 442.18 ms, 300.00 ms their final " \
+        "waits" in line
     assert "a read's host part at most 4.00 ms" in line
     assert "device at most 28.50 ms" in line and "30 of 90 chunks" in line
     assert "{'num_captures': 0}" in line
@@ -210,4 +213,4 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     assert "behind the idle loop's read" in wait_line(status, {})
     old = wait_line({"engine_share": {"gate_wait_max_ms": 9.7}, "totals": {}}, {})
     assert "longest wait: 9.70 ms" in old and "0.00" not in old
-    assert old.count("n/a") == 25
+    assert old.count("n/a") == 27
