@@ -7,6 +7,8 @@
 #       the checks, SIGTERM and a restart that continues an agent (on a fresh machine: about
 #       300 s to start S, vLLM's compile and the shadow's kernels, 85 s to start it again;
 #       with FA4 staged up to 7 minutes, its compiles too: `launch S P` in a call of its own)
+#   FOLLOW_ARGS=--no-restart bash evals/device/vllm_trial.sh follow   the agents, their checks
+#       and the waits' line only: no SIGTERM and restart (85-190 s less)
 #   BATCH_SESSIONS=4 bash evals/device/vllm_trial.sh follow   the same with S's idle window
 #       reading one chunk of each of up to 4 sessions a forward (SHADOW_BATCH_SESSIONS; S's
 #       warm-up then also captures the batches' graphs, up to about 135 s more): the phase
@@ -96,7 +98,10 @@ step() {
 # S on a fresh machine: vLLM's compile (about 150 s) and the shadow's kernels (about 150 s)
 follow() {
     step 330 up S --host-util "$HOST_UTIL" || return 1
-    step 150 follow                      # the agents 30 s, the checks, the restart 85 s
+    # the agents 30 s, the checks, the restart 85-190 s (FOLLOW_ARGS=--no-restart: none)
+    local need=150
+    case " ${FOLLOW_ARGS:-} " in *" --no-restart "*) need=60 ;; esac
+    step "$need" follow ${FOLLOW_ARGS:-}
 }
 
 cost() {

@@ -73,8 +73,8 @@ def follow(args) -> None:
     scripts = [dataclasses.replace(s, name=f"{s.name}-{tag}")
                for s in agents.load(args.agents) if s.name in args.names]
     # the first agent keeps its last turns for after the restart (restart: nothing read again)
-    limits = [max(1, s.num_turns - args.hold_turns) if i == 0 else None
-              for i, s in enumerate(scripts)]
+    limits = [max(1, s.num_turns - args.hold_turns) if i == 0 and not args.no_restart
+              else None for i, s in enumerate(scripts)]
     if args.max_turns is not None:
         limits = [min(args.max_turns, n or args.max_turns) for n in limits]
     graphs_before = shadow_status(server).get("graphs") or {}
@@ -122,6 +122,8 @@ def follow(args) -> None:
               "committed": sum(before.values()),
               "host_status": status.get("host"), "host_log": log}
     write_result("follow", result)           # kept should the restart not finish
+    if args.no_restart:
+        return
     result["restart"] = restart(args, server, scripts, held, before, totals["num_read_tokens"])
     write_result("follow", result)
 

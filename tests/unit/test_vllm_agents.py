@@ -106,6 +106,8 @@ def test_the_trials_phases_are_wired_to_their_modules():
     from evals.vllm import cost, follow, peer, trial
     parser = trial.build_parser()
     assert parser.parse_args(["follow"]).func is follow.follow
+    assert parser.parse_args(["follow"]).no_restart is False
+    assert parser.parse_args(["follow", "--no-restart"]).no_restart is True
     assert parser.parse_args(["cost", "--runs", "2"]).runs == 2
     assert parser.parse_args(["cost"]).func is cost.cost
     assert parser.parse_args(["peer"]).question_at == [32768, 100000]
@@ -214,3 +216,37 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     old = wait_line({"engine_share": {"gate_wait_max_ms": 9.7}, "totals": {}}, {})
     assert "longest wait: 9.70 ms" in old and "0.00" not in old
     assert old.count("n/a") == 27
+
+
+def test_follow_without_a_restart_sends_every_turn_and_stops_after_the_checks(monkeypatch):
+    """`follow --no-restart`: no agent keeps turns back for a restart, and the phase ends
+    after the checks, the waits' line and the questions (its result written once)."""
+    import types
+
+    from evals.vllm import follow, trial
+    args = trial.build_parser().parse_args(["follow", "--no-restart", "--names", "a", "b"])
+    scripts = [types.SimpleNamespace(name=n, num_turns=9, rerender_turn=None) for n in "ab"]
+    seen, written = {}, []
+    post = types.SimpleNamespace(json=lambda: {"label": "x", "choices": [
+        {"message": {"content": "x"}}]})
+    server = types.SimpleNamespace(url="http://s", log=types.SimpleNamespace(
+        read_text=lambda **k: ""), http=types.SimpleNamespace(post=lambda *a, **k: post))
+    monkeypatch.setattr(follow, "load_servers", lambda: {"S": server})
+    monkeypatch.setattr(follow.agents, "load", lambda path: scripts)
+    monkeypatch.setattr(follow.dataclasses, "replace", lambda s, name: types.SimpleNamespace(
+        name=name, num_turns=s.num_turns, rerender_turn=None))
+    monkeypatch.setattr(follow, "shadow_status", lambda srv: {})
+
+    def run_agents(srv, scr, tokens, limits):
+        seen["limits"] = limits
+        return {s.name: [1, 2, 3] for s in scr}, 1.0
+    monkeypatch.setattr(follow, "run_agents", run_agents)
+    monkeypatch.setattr(follow, "wait_fresh", lambda srv, held, t: {
+        "totals": {"num_read_tokens": 0}, "chunks_by_window": {},
+        "sessions": {n: {"committed": 0} for n in held}})
+    monkeypatch.setattr(follow, "check", lambda srv, n, ids: {"ok": True, "session": n})
+    monkeypatch.setattr(follow, "log_facts", lambda text: {})
+    monkeypatch.setattr(follow, "write_result", lambda phase, r: written.append(phase))
+    monkeypatch.setattr(follow, "restart", lambda *a: pytest.fail("restarted"))
+    follow.follow(args)
+    assert seen["limits"] == [None, None] and written == ["follow"]
