@@ -57,14 +57,14 @@ def holder(found: Sequence[dict | None]) -> int | None:
 
 def _add(a, b, key: str = ""):
     """a + b for numbers, key by key (recursively) for dicts of numbers; the larger for a
-    key with `_max_` in it (a longest one, e.g. totals' read_max_ms, or a part of one,
-    read_max_gc_ms); a when b is missing or of another kind."""
+    key ending in `_max_ms` (a longest one, e.g. totals' read_max_ms); a when b is missing
+    or of another kind."""
     if isinstance(a, dict) and isinstance(b, dict):
         return {k: _add(a[k], b[k], k) if k in a and k in b else a.get(k, b.get(k))
                 for k in {**a, **b}}
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
             not isinstance(a, bool) and not isinstance(b, bool):
-        return max(a, b) if "_max_" in key else a + b
+        return max(a, b) if key.endswith("_max_ms") else a + b
     return a
 
 
@@ -106,6 +106,7 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
             out["question_ms"] = {"buckets": [[x[0], x[1] + y[1]] for x, y in
                                               zip(a["buckets"], b["buckets"])],
                                   "sum": a["sum"] + b["sum"]}
+    _longest_read_whole(out, per_rank)
     for path in FOLDER:
         values = [_get(stats, path) for stats in per_rank]
         values = [v for v in values if isinstance(v, (int, float))]
@@ -116,6 +117,20 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
     if isinstance(out.get("refused_sessions"), list):
         _one_refusal_a_file(out)
     return out
+
+
+# the longest read's own parts (reader.Reader.totals): taken with it from one rank, never
+# merged key by key, which would pair one rank's longest read with another's parts
+LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms")
+
+
+def _longest_read_whole(out: dict, per_rank: Sequence[dict]) -> None:
+    """out's totals get LONGEST_READ from the rank whose read_max_ms is the largest."""
+    totals = [s["totals"] for s in per_rank if isinstance(s.get("totals"), dict)]
+    if not isinstance(out.get("totals"), dict) or not totals:
+        return
+    top = max(totals, key=lambda t: t.get("read_max_ms", 0.0))
+    out["totals"] = {**out["totals"], **{k: top[k] for k in LONGEST_READ if k in top}}
 
 
 def _one_refusal_a_file(out: dict) -> None:

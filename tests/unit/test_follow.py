@@ -279,13 +279,18 @@ def test_the_collections_during_the_longest_wait_and_hold_are_read_from_the_gc_c
     def collecting_chunk(*a):
         emb.gc_pauses.total_ms += 3.0
         return read_chunk(*a)
-    with emb.service.shadow.lock:                     # the idle loop reads nothing meanwhile
-        reader.feed("gc-read", rand_ids(G, 9), "prompt")
-        reader.adapter.read_chunk = collecting_chunk
-        try:
-            res = reader.read("gc-read")
-        finally:
-            del reader.adapter.read_chunk             # the class's again
+    gc.disable()                                      # no real collection in the read
+    try:
+        with emb.service.shadow.lock:                 # the idle loop reads nothing meanwhile
+            reader.feed("gc-read", rand_ids(G, 9), "prompt")
+            reader.adapter.read_chunk = collecting_chunk
+            try:
+                res = reader.read("gc-read")
+            finally:
+                del reader.adapter.read_chunk         # the class's again
+    finally:
+        if gc_was_on:
+            gc.enable()
     assert res.num_chunks == 1 and res.gc_ms == pytest.approx(3.0)
 
 

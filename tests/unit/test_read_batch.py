@@ -95,9 +95,9 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     assert long.num_chunks == 2 and long.gc_ms == pytest.approx(5.0)
     monkeypatch.setattr(r.adapter, "read_chunk", read_chunk)
     monkeypatch.setattr(r.adapter, "read_chunks",
-                        lambda items: (clock.__setitem__(0, clock[0] + 1.0), read_chunks(items))[1])
-    both = r.read_batch(["s0", "s1"])
-    assert both.num_chunks == 2 and both.gc_ms == pytest.approx(1.0) and both.ms < long.ms
+                        lambda items: (clock.__setitem__(0, clock[0] + 8.0), read_chunks(items))[1])
+    both = r.read_batch(["s0", "s1"])        # shorter, with more collections: not the longest's
+    assert both.num_chunks == 2 and both.gc_ms == pytest.approx(8.0) and both.ms < long.ms
     t = r.totals
     assert t["read_max_ms"] == long.ms and t["read_max_gc_ms"] == pytest.approx(5.0)
     assert t["read_max_host_part_ms"] == pytest.approx(long.ms - long.sync_ms)
