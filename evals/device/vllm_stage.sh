@@ -19,9 +19,11 @@
 # FlashAttention-4 for the shadow (optional; evals/device/prepare.sh builds .fa4a .fa4b .fa4w):
 # call 1 also keeps .fa4w's wheels when carried, then two calls more, back to back:
 #   bash evals/device/vllm_stage.sh fa4a     (carry .fa4a) the CuTe DSL library's first half
-#   bash evals/device/vllm_stage.sh fa4b     (carry .fa4b) FA4 into /tmp/site beside vLLM
-#       (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces vLLM's 0.1.10, which
-#       only vLLM's own CuTe kernels import, none of them on a Hopper host of Qwen3.5)
+#   bash evals/device/vllm_stage.sh fa4b     (carry .fa4b, and .devcache when it holds a
+#       trial's fa4cache.tgz: FA4's kernels restored, not compiled again as S starts) FA4 into
+#       /tmp/site beside vLLM (evals/device/fa4_env.sh: its apache-tvm-ffi 0.1.15 replaces
+#       vLLM's 0.1.10, which only vLLM's own CuTe kernels import, none of them on a Hopper
+#       host of Qwen3.5)
 #   bash evals/device/vllm_stage.sh tests [PATHS...]   the GPU tests named (default:
 #       tests/gpu/test_long_question_cuda.py, test_tails_cuda.py, test_batch_cuda.py,
 #       test_question_batch_cuda.py) on the staged site, FA4 included when staged; the log in

@@ -25,9 +25,11 @@
 #   bash evals/device/vllm_trial.sh launch S P   start servers, one after another, and return
 #       once the last has been started (see launch below)
 # $OUT gets trial.log (what the phases printed), report.json (every phase's JSON, written as
-# the phases go), the servers' logs (logs.tgz) and, with CACHES=1 and when they fit, the
-# compile caches (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh
-# machine): at most 6 files. SHARE (default 0.02, the seed's) is S's SHADOW_SHARE, the in-turn
+# the phases go), the servers' logs (logs.tgz), FA4's compiled kernels when it is staged
+# (fa4cache.tgz: carry it back in .devcache/ and name .devcache in `vllm_stage.sh fa4b`'s
+# call, which restores it) and, with CACHES=1 and when they fit, the compile caches
+# (caches.tgz.part-*: carry them back as .devcache/ to start faster on a fresh machine): at
+# most 7 files. SHARE (default 0.02, the seed's) is S's SHADOW_SHARE, the in-turn
 # ration's share (read when S starts: a running S keeps its own; `python -m evals.vllm.trial
 # down S` first). BUDGET_S (default 570) bounds the call: a step that would start
 # too late is skipped and said so; a server still starting when a call ends is found and
@@ -63,6 +65,12 @@ pack() {
     python3 -m evals.vllm.trial report > "$out/report.json" 2>> "$out/trial.log"
     tar czf "$out/logs.tgz" -C "$TRIAL_DIR" logs 2>/dev/null
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    # FA4's kernels the servers compiled (carried back as .devcache/fa4cache.tgz, `fa4b`
+    # restores them on a fresh machine: S starts without compiling them again)
+    if [ -d /tmp/fa4cache ]; then
+        tar czf "$out/fa4cache.tgz" -C / tmp/fa4cache 2>/dev/null
+        [ "$(stat -c %s "$out/fa4cache.tgz")" -lt 15000000 ] || rm -f "$out/fa4cache.tgz"
+    fi
     [ "${CACHES:-0}" = 1 ] || return 0
     # the compile caches, in 15 MB parts, when they fit in what the tool brings back
     local caches=(/root/.cache/vllm/torch_compile_cache /root/.triton/cache)
