@@ -35,6 +35,9 @@ SUMMED = ("read_tokens", "totals", "chunks_by_window", "prefix_cache_queried_tok
           "refusals", "refusal_reasons", "deleted_files", "superseded", "write_errors",
           "gdn_entries_evicted", "pages_reused", "evicted_written", "gdn_entries_not_written",
           "evicted_already_on_disk", "ration_ms", "host_decode_ms", "restarts")
+# The longest read's own parts (reader.Reader.totals): taken with it from one rank, never
+# merged key by key, which would pair one rank's longest read with another's parts.
+LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms")
 # What every rank counts of the one shared folder: taken once (the largest), not summed.
 FOLDER = (("disk_bytes",), ("pages", "disk"), ("gdn_entries", "disk"))
 LISTS = ("open_turns", "refused_sessions", "last_answers")      # concatenated over the ranks
@@ -117,11 +120,6 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
     if isinstance(out.get("refused_sessions"), list):
         _one_refusal_a_file(out)
     return out
-
-
-# the longest read's own parts (reader.Reader.totals): taken with it from one rank, never
-# merged key by key, which would pair one rank's longest read with another's parts
-LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms")
 
 
 def _longest_read_whole(out: dict, per_rank: Sequence[dict]) -> None:
