@@ -328,16 +328,15 @@ class EmbeddedShadow:
         - the longest hold through the turnstile (Turnstile): gate_hold_max_ms, _kind,
           _cpu_ms, _gc_ms;
         - the process's garbage collections (GcPauses.stats), serving and the start's."""
-        ts = self.turnstile
-        hold = ((ts.hold_max_ms, ts.hold_max_kind, ts.hold_max_cpu_ms, ts.hold_max_gc_ms)
-                if ts else (0.0, "", 0.0, 0.0))
+        ts = self.turnstile or Turnstile(threading.RLock())   # none yet: no hold, zeros
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
                  "gate_wait_max_let_in_ms": self.gate_wait_max_let_in_ms,
                  "gate_wait_max_behind_hold": self.gate_wait_max_behind_hold,
                  "gate_wait_max_gc_ms": self.gate_wait_max_gc_ms,
-                 **dict(zip(("gate_hold_max_ms", "gate_hold_max_kind", "gate_hold_max_cpu_ms",
-                             "gate_hold_max_gc_ms"), hold)), **self.gc_pauses.stats()}
+                 "gate_hold_max_ms": ts.hold_max_ms, "gate_hold_max_kind": ts.hold_max_kind,
+                 "gate_hold_max_cpu_ms": ts.hold_max_cpu_ms,
+                 "gate_hold_max_gc_ms": ts.hold_max_gc_ms, **self.gc_pauses.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

@@ -63,7 +63,7 @@ class ReadResult:
     sessions: (read_batch) the sessions that advanced a chunk, in order; sync_ms: of ms, the
     final wait for the device (Adapter.sync; about 0 on the CPU), the rest being the host's
     own part (launches, staging, restores, any blocking copy within); gc_ms: the process's
-    garbage collections during it (the reader's gc_ms clock; 0 without one)."""
+    garbage collections during it, ms (the reader's gc_ms clock; 0 without one)."""
 
     num_read_tokens: int
     num_chunks: int
