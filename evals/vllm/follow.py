@@ -146,9 +146,11 @@ def wait_line(status: dict, graphs: dict) -> str:
             f"({share.get('gate_hold_max_kind') or 'n/a'}, its CPU time "
             f"{ms(share, 'gate_hold_max_cpu_ms')}, garbage collections during it "
             f"{ms(share, 'gate_hold_max_gc_ms')}); the longest read "
-            f"{ms(totals, 'read_max_ms')} ({ms(totals, 'read_max_host_part_ms')} of it before "
-            f"its final wait for the device, garbage collections during it "
-            f"{ms(totals, 'read_max_gc_ms')}; of all reads' {ms(totals, 'read_ms')}, "
+            f"{ms(totals, 'read_max_ms')} ({totals.get('read_max_num_chunks', 'n/a')} chunks; "
+            f"{ms(totals, 'read_max_host_part_ms')} of it before its final wait for the device, "
+            f"{ms(totals, 'read_max_forward_ms')} in the adapter's forward calls, garbage "
+            f"collections during it {ms(totals, 'read_max_gc_ms')}; of all reads' "
+            f"{ms(totals, 'read_ms')}, "
             f"{ms(totals, 'read_sync_ms')} their final waits for the device; a read's host "
             f"part at most {ms(totals, 'read_host_max_ms')}, its final wait for the device "
             f"at most {ms(totals, 'read_sync_max_ms')}); the slot's longest slice "
@@ -163,7 +165,11 @@ def wait_line(status: dict, graphs: dict) -> str:
             f"{share.get('num_gc_startup_pauses', 'n/a')} in "
             f"{ms(share, 'gc_startup_pauses_ms')}, the longest "
             f"{ms(share, 'gc_startup_pause_max_ms')}; the shadow's startup heap frozen: "
-            f"{share.get('gc_frozen_objects', 'n/a')} objects")
+            f"{share.get('gc_frozen_objects', 'n/a')} objects; the CUDA allocator since: "
+            f"{share.get('cuda_num_device_alloc', 'n/a')} cudaMalloc, "
+            f"{share.get('cuda_num_device_free', 'n/a')} cudaFree, "
+            f"{share.get('cuda_num_alloc_retries', 'n/a')} retries after freeing its cache, "
+            f"{share.get('cuda_num_sync_all_streams', 'n/a')} syncs of all streams")
 
 
 def restart(args, server: VllmServer, scripts, held: dict, before: dict,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shadow_plugin.engine.allocator import AllocatorCalls
 from shadow_plugin.engine.follow import START, Follower, RequestEvent
 from shadow_plugin.engine.gc_pauses import GcPauses
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
@@ -81,6 +82,7 @@ class EmbeddedShadow:
         self.cfg = cfg
         self.host = dict(host or {})
         self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
+        self.allocator = AllocatorCalls()      # ... and the CUDA allocator's device calls
         self.service = Service(cfg, gc_ms=lambda: self.gc_pauses.total_ms)
         self.budget = StepBudget(cfg.scheduler.share, burst_ms=cfg.scheduler.slice_ms)
         self.turnstile: Turnstile | None = None
@@ -122,6 +124,7 @@ class EmbeddedShadow:
         # the shadow's startup heap (model, compiled kernels, CUDA graphs) frozen, as vLLM froze
         # its own before the shadow loaded: full collections then skip it (gc_pauses.py)
         log.info("shadow: %d objects frozen after the warm-up", self.gc_pauses.freeze_heap())
+        self.allocator.mark(shadow.reader.adapter.model.device)    # serving from here
         shadow.reader.adapter.bind_thread()
         try:
             self._questions.submit(shadow.reader.adapter.bind_thread)
@@ -327,7 +330,8 @@ class EmbeddedShadow:
           gate_wait_max_behind_hold and gate_wait_max_gc_ms (the collections during it);
         - the longest hold through the turnstile (Turnstile): gate_hold_max_ms, _kind,
           _cpu_ms, _gc_ms;
-        - the process's garbage collections (GcPauses.stats), serving and the start's."""
+        - the process's garbage collections (GcPauses.stats), serving and the start's;
+        - the CUDA allocator's device calls during serving (AllocatorCalls.stats)."""
         ts = self.turnstile or Turnstile(threading.RLock())   # none yet: no hold, zeros
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
@@ -336,7 +340,8 @@ class EmbeddedShadow:
                  "gate_wait_max_gc_ms": self.gate_wait_max_gc_ms,
                  "gate_hold_max_ms": ts.hold_max_ms, "gate_hold_max_kind": ts.hold_max_kind,
                  "gate_hold_max_cpu_ms": ts.hold_max_cpu_ms,
-                 "gate_hold_max_gc_ms": ts.hold_max_gc_ms, **self.gc_pauses.stats()}
+                 "gate_hold_max_gc_ms": ts.hold_max_gc_ms, **self.gc_pauses.stats(),
+                 **self.allocator.stats()}
         shadow = self.service.shadow if self.service.state == "ready" else None
         if shadow is None:
             return {"lock_wait_ms": 0.0, "sync_wait_ms": 0.0, "slice_overhead_ms": 0.0,

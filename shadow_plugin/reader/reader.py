@@ -63,7 +63,10 @@ class ReadResult:
     sessions: (read_batch) the sessions that advanced a chunk, in order; sync_ms: of ms, the
     final wait for the device (Adapter.sync; about 0 on the CPU), the rest being the host's
     own part (launches, staging, restores, any blocking copy within); gc_ms: the process's
-    garbage collections during it, ms (the reader's gc_ms clock; 0 without one)."""
+    garbage collections during it, ms (the reader's gc_ms clock; 0 without one); forward_ms:
+    of ms, the host's time inside the adapter's forward calls (launches, staging, any wait
+    for the device inside them; the rest of the host part is the reader's own bookkeeping:
+    lookups, restores, commits, checkpoints)."""
 
     num_read_tokens: int
     num_chunks: int
@@ -71,6 +74,7 @@ class ReadResult:
     sessions: tuple[str, ...] = ()
     sync_ms: float = 0.0
     gc_ms: float = 0.0
+    forward_ms: float = 0.0
 
 
 @dataclass
@@ -151,12 +155,15 @@ class Reader:
         # (ReadResult.sync_ms: the rest is the host's own part); read_host_max_ms /
         # read_sync_max_ms: the longest host part of a read call and the longest final wait,
         # to tell a slow read's cause (the host's thread held up, or the device's work),
-        # each the longest of its own; read_max_host_part_ms / read_max_gc_ms: the longest
-        # read's own host part and the garbage collections during it
+        # each the longest of its own; read_max_host_part_ms / read_max_gc_ms /
+        # read_max_forward_ms / read_max_num_chunks: the longest read's own host part, the
+        # garbage collections during it, its time in the adapter's forward calls and its
+        # chunks
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
                        "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
                        "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
-                       "read_max_gc_ms": 0.0, "num_batched_forwards": 0,
+                       "read_max_gc_ms": 0.0, "read_max_forward_ms": 0.0,
+                       "read_max_num_chunks": 0, "num_batched_forwards": 0,
                        "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
@@ -396,17 +403,17 @@ class Reader:
         max_chunks = validate.count(max_chunks, "max_chunks")
         names = [session] if session is not None else [
             s for s in self.sessions() if s in self.table.resident]
-        t0, gc0, n = time.perf_counter(), self._gc_ms(), 0
+        t0, gc0, n, forward_ms = time.perf_counter(), self._gc_ms(), 0, 0.0
         for name in names:
             st = self._get(name)
             before = n
             while st.backlog >= self.config.grid and (max_chunks is None or n < max_chunks):
-                read_chunk(self.adapter, self.config, self.store, st)
+                forward_ms += read_chunk(self.adapter, self.config, self.store, st)
                 n += 1
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
             self._settle(name)
-        result = self._synced(n * self.config.grid, n, t0, gc0)
+        result = self._synced(n * self.config.grid, n, t0, gc0, forward_ms=forward_ms)
         self._count(result)
         return result
 
@@ -439,14 +446,15 @@ class Reader:
         pairs = [(n, st) for n, st in pairs
                  if self.table.resident.get(n) is st and st.backlog >= g]
         batched = (self.adapter.num_batched_forwards, self.adapter.num_batched_chunks)
-        done = read_chunks(self.adapter, self.config, self.store, [st for _, st in pairs])
+        done, forward_ms = read_chunks(self.adapter, self.config, self.store,
+                                       [st for _, st in pairs])
         advanced = tuple(n for n, st in pairs if any(st is d for d in done))
         for name, st in pairs:
             if st.backlog < g and self.store_config.disk_shared and name in advanced:
                 self.table.save(name)            # read up: its pages for another server
         self._settle(advanced[0] if advanced else None)
         n = len(advanced)
-        result = self._synced(n * g, n, t0, gc0, advanced)
+        result = self._synced(n * g, n, t0, gc0, advanced, forward_ms)
         self._count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
@@ -455,14 +463,14 @@ class Reader:
         return result
 
     def _synced(self, num_read_tokens: int, num_chunks: int, t0: float, gc0: float,
-                sessions: tuple[str, ...] = ()) -> ReadResult:
-        """The read call begun at t0 (time.perf_counter, s; gc0: the gc_ms clock then, ms)
-        once the device is synced."""
+                sessions: tuple[str, ...] = (), forward_ms: float = 0.0) -> ReadResult:
+        """The read call begun at t0 (time.perf_counter, s; gc0: the gc_ms clock then, ms;
+        forward_ms: its time in the adapter's forward calls) once the device is synced."""
         t_sync = time.perf_counter()
         self.adapter.sync()
         t1 = time.perf_counter()
         return ReadResult(num_read_tokens, num_chunks, (t1 - t0) * 1e3, sessions,
-                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0)
+                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0, forward_ms)
 
     def _count(self, result: ReadResult) -> None:
         """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
@@ -474,6 +482,8 @@ class Reader:
         if result.ms > t["read_max_ms"]:
             t["read_max_ms"], t["read_max_gc_ms"] = result.ms, result.gc_ms
             t["read_max_host_part_ms"] = result.ms - result.sync_ms
+            t["read_max_forward_ms"] = result.forward_ms
+            t["read_max_num_chunks"] = result.num_chunks
         t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
         t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)
 

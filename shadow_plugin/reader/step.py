@@ -5,6 +5,7 @@ share them.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from adapters import Adapter
@@ -29,38 +30,43 @@ class ReaderConfig:
             raise ValueError(f"max_checkpoints must be >= 1, got {self.max_checkpoints}")
 
 
-def read_chunk(adapter: Adapter, rcfg: ReaderConfig, store: PageStore, st: SessionState) -> None:
+def read_chunk(adapter: Adapter, rcfg: ReaderConfig, store: PageStore,
+               st: SessionState) -> float:
     """Advance C by one grid chunk: when the pool holds the chunk's page and the GDN table the
     states at its end (another session, or this one before a rewrite, read it), take them
     without a forward; else forward ids[C:C+G] at C into a new page, commit the GDN states,
     name the page (or take the one already holding its content). Take the checkpoints due at
     the new C. Requires a backlog of at least G. C, the pages and the GDN
     states change only after the forward returned; a forward that raises gives its page
-    back."""
+    back. Returns the host's time in the forward's call (ms, time.perf_counter: its launches
+    and any wait for the device inside it; 0.0 without a forward)."""
     c, g = st.committed, rcfg.grid
     assert st.backlog >= g, "read_chunk needs a whole chunk of backlog"
     key, held, entry = held_chunk(store, st)
     if held is not None:                  # its page and end states are held: no forward
         commit_held(store, st, key, held, entry, rcfg.max_checkpoints)
-        return
+        return 0.0
     page = store.allocate()
     try:
+        t0 = time.perf_counter()
         gdn = adapter.read_chunk(st.ids[c:c + g], c, store.view(st.pages, [page]), st.gdn)
+        forward_ms = (time.perf_counter() - t0) * 1e3
     except BaseException:
         store.manager.release(page)
         raise
     commit_chunk(store, st, page, gdn, rcfg.max_checkpoints, key)
+    return forward_ms
 
 
 def read_chunks(adapter: Adapter, rcfg: ReaderConfig, store: PageStore,
-                states: list[SessionState]) -> list[SessionState]:
+                states: list[SessionState]) -> tuple[list[SessionState], float]:
     """Advance C by one grid chunk in each of several sessions (each a backlog of at least G)
     with one forward for those that need one (adapter.read_chunks), each committed exactly as
     read_chunk commits it alone: a chunk whose page and end states are held is taken without a
     forward; a chunk with the same key as another's in this call is left for the next call
     (it is held then); the rest go into new pages, forwarded together, committed in order.
-    Returns the states that advanced. Nothing changes when the forward raises (the new pages
-    are given back)."""
+    Returns the states that advanced and the host's time in the forward's call (ms, as
+    read_chunk's). Nothing changes when the forward raises (the new pages are given back)."""
     g, todo, keys, done = rcfg.grid, [], set(), []
     for st in states:
         assert st.backlog >= g, "read_chunks needs a whole chunk of backlog in each"
@@ -77,7 +83,9 @@ def read_chunks(adapter: Adapter, rcfg: ReaderConfig, store: PageStore,
             pages.append(store.allocate())
         items = [(st.ids[st.committed:st.committed + g], st.committed,
                   store.view(st.pages, [page]), st.gdn) for (st, _), page in zip(todo, pages)]
+        t0 = time.perf_counter()
         states_after = adapter.read_chunks(items) if items else []
+        forward_ms = (time.perf_counter() - t0) * 1e3 if items else 0.0
     except BaseException:
         for page in pages:
             store.manager.release(page)
@@ -85,4 +93,4 @@ def read_chunks(adapter: Adapter, rcfg: ReaderConfig, store: PageStore,
     for (st, key), page, gdn in zip(todo, pages, states_after):
         commit_chunk(store, st, page, gdn, rcfg.max_checkpoints, key)
         done.append(st)
-    return done
+    return done, forward_ms

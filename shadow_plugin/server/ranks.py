@@ -37,7 +37,8 @@ SUMMED = ("read_tokens", "totals", "chunks_by_window", "prefix_cache_queried_tok
           "evicted_already_on_disk", "ration_ms", "host_decode_ms", "restarts")
 # The longest read's own parts (reader.Reader.totals): taken with it from one rank, never
 # merged key by key, which would pair one rank's longest read with another's parts.
-LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms")
+LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms", "read_max_forward_ms",
+                "read_max_num_chunks")
 # What every rank counts of the one shared folder: taken once (the largest), not summed.
 FOLDER = (("disk_bytes",), ("pages", "disk"), ("gdn_entries", "disk"))
 LISTS = ("open_turns", "refused_sessions", "last_answers")      # concatenated over the ranks

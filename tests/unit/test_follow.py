@@ -193,9 +193,14 @@ def test_steps_apply_events_read_in_the_slot_and_in_the_idle_window(embedded):
     assert 0.0 <= share["gate_wait_max_gc_ms"] and 0.0 <= share["gate_hold_max_gc_ms"]
     # ... and the shadow's startup heap frozen once it was up (as vLLM freezes its own)
     assert share["gc_frozen_objects"] > 0
+    # ... the CUDA allocator's device calls since (none on the CPU)
+    assert share["cuda_num_device_free"] == share["cuda_num_alloc_retries"] == 0
     # ... beside the longest hold through the turnstile and the longest read
     assert share["gate_hold_max_ms"] > 0.0              # the event batches' applies
-    assert 0.0 < shadow.stats()["totals"]["read_max_ms"] <= shadow.stats()["totals"]["read_ms"]
+    totals = shadow.stats()["totals"]
+    assert 0.0 < totals["read_max_ms"] <= totals["read_ms"]
+    assert 0.0 < totals["read_max_forward_ms"] <= totals["read_max_host_part_ms"]
+    assert totals["read_max_num_chunks"] >= 1
     assert 0.0 < share["slot_max_ms"] <= share["slot_ms"]
 
 

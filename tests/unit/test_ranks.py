@@ -47,7 +47,9 @@ def _status(rank_sessions, read_tokens, disk_bytes=1000, writer="w0"):
             "totals": {"num_chunks": read_tokens // G, "read_ms": 1.5,
                        "read_max_ms": 1.0 + read_tokens / 64,
                        "read_max_host_part_ms": 0.5 + read_tokens / 256,
-                       "read_max_gc_ms": 2.0 - read_tokens / 128},
+                       "read_max_gc_ms": 2.0 - read_tokens / 128,
+                       "read_max_forward_ms": read_tokens / 512,
+                       "read_max_num_chunks": read_tokens // 64},
             "pages": {"pinned": 2, "cached": 1, "free": 5, "disk": 7},
             "disk_bytes": disk_bytes, "open_turns": ["x"] if read_tokens else [],
             "sessions": rank_sessions,
@@ -67,10 +69,11 @@ def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessi
     assert [r["server"]["writer"] for r in out["ranks"]] == ["w0", "w1"]   # each rank named
     assert out["state"] == "ready" and out["error"] is None and out["num_ranks"] == 2
     assert out["read_tokens"] == 192      # a longest one is the ranks' longest, not a sum
-    # the longest read's parts come with it, from its rank (a: 3.0 ms, its 1.0 ms host part
-    # and 1.0 ms of collections; b's 0.75 / 1.5 belong to a shorter read)
+    # the longest read's parts come with it, from its rank (a: 3.0 ms, its 1.0 ms host part,
+    # 1.0 ms of collections, 0.25 ms in forwards, 2 chunks; b's belong to a shorter read)
     assert out["totals"] == {"num_chunks": 3, "read_ms": 3.0, "read_max_ms": 3.0,
-                             "read_max_host_part_ms": 1.0, "read_max_gc_ms": 1.0}
+                             "read_max_host_part_ms": 1.0, "read_max_gc_ms": 1.0,
+                             "read_max_forward_ms": 0.25, "read_max_num_chunks": 2}
     assert out["pages"] == {"pinned": 4, "cached": 2, "free": 10, "disk": 7}   # disk: once
     assert out["disk_bytes"] == 1200 and out["open_turns"] == ["x", "x"]
     assert out["sessions"]["s"]["rank"] == 1 and out["sessions"]["s"]["num_ids"] == 260

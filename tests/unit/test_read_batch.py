@@ -79,8 +79,9 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
         tiny, monkeypatch):
     """ReadResult.gc_ms: the reader's gc_ms clock (GcPauses.total_ms inside vLLM) across the
     read call, for read and read_batch; the totals keep the longest read's own host part and
-    collections (read_max_host_part_ms, read_max_gc_ms), not those of a shorter read after
-    it; a reader given no clock counts none."""
+    collections, its time in the adapter's forward calls and its chunks
+    (read_max_host_part_ms, read_max_gc_ms, read_max_forward_ms, read_max_num_chunks), not
+    those of a shorter read after it; a reader given no clock counts none."""
     import time
     clock = [1000.0]
     r, ids = _fed(tiny, [3 * G, 2 * G], seed=4, gc_ms=lambda: clock[0])
@@ -93,14 +94,18 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     monkeypatch.setattr(r.adapter, "read_chunk", slow_chunk)
     long = r.read("s0", max_chunks=2)
     assert long.num_chunks == 2 and long.gc_ms == pytest.approx(5.0)
+    # the forward calls: both sleeps, inside the read's host part
+    assert 60.0 <= long.forward_ms <= long.ms - long.sync_ms
     monkeypatch.setattr(r.adapter, "read_chunk", read_chunk)
     monkeypatch.setattr(r.adapter, "read_chunks",
                         lambda items: (clock.__setitem__(0, clock[0] + 8.0), read_chunks(items))[1])
     both = r.read_batch(["s0", "s1"])        # shorter, with more collections: not the longest's
     assert both.num_chunks == 2 and both.gc_ms == pytest.approx(8.0) and both.ms < long.ms
+    assert 0.0 < both.forward_ms <= both.ms - both.sync_ms
     t = r.totals
     assert t["read_max_ms"] == long.ms and t["read_max_gc_ms"] == pytest.approx(5.0)
     assert t["read_max_host_part_ms"] == pytest.approx(long.ms - long.sync_ms)
+    assert (t["read_max_forward_ms"], t["read_max_num_chunks"]) == (long.forward_ms, 2)
     plain, _ = _fed(tiny, [G], seed=5)
     assert plain.read("s0").gc_ms == 0.0 and plain.totals["read_max_gc_ms"] == 0.0
 

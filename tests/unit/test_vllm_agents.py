@@ -190,10 +190,13 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
                                "gc_pause_max_thread": "shadow-idle",
                                "num_gc_startup_pauses": 400, "gc_startup_pauses_ms": 410.0,
                                "gc_startup_pause_max_ms": 90.16,
-                               "gc_frozen_objects": 812345},
+                               "gc_frozen_objects": 812345, "cuda_num_device_alloc": 3,
+                               "cuda_num_device_free": 1, "cuda_num_alloc_retries": 0,
+                               "cuda_num_sync_all_streams": 2},
               "totals": {"read_ms": 442.18, "read_sync_ms": 300.0,
                          "read_max_ms": 31.59, "read_host_max_ms": 4.0,
                          "read_max_host_part_ms": 3.75, "read_max_gc_ms": 0.5,
+                         "read_max_forward_ms": 2.25, "read_max_num_chunks": 4,
                          "read_sync_max_ms": 28.5, "num_batched_forwards": 30,
                          "num_batched_chunks": 90}}
     line = wait_line(status, {"num_captures": 0})
@@ -201,21 +204,23 @@ def test_the_follow_line_reads_the_waits_and_says_n_a_for_what_a_server_lacks():
     assert "behind a hold; garbage collections during it 1.50 ms" in line
     assert "turnstile 18.07 ms (events, its CPU time 4.50 ms, garbage collections during " \
         "it 3.25 ms)" in line
-    assert "read 31.59 ms (3.75 ms of it before its final wait for the device, garbage " \
-        "collections during it 0.50 ms; of all reads' 442.18 ms, 300.00 ms their final " \
-        "waits" in line
+    assert "read 31.59 ms (4 chunks; 3.75 ms of it before its final wait for the device, " \
+        "2.25 ms in the adapter's forward calls, garbage collections during it 0.50 ms; of " \
+        "all reads' 442.18 ms, 300.00 ms their final waits" in line
     assert "a read's host part at most 4.00 ms" in line
     assert "device at most 28.50 ms" in line and "30 of 90 chunks" in line
     assert "{'num_captures': 0}" in line
     assert "since the shadow was up: 12 in 30.50 ms, the longest 20.25 ms (generation 2, " \
         "set off by thread shadow-idle)" in line
     assert "in its start 400 in 410.00 ms, the longest 90.16 ms" in line
-    assert "frozen: 812345 objects" in line
+    assert "frozen: 812345 objects; the CUDA allocator since: 3 cudaMalloc, 1 cudaFree, 0 " \
+        "retries after freeing its cache, 2 syncs of all streams" in line
     status["engine_share"]["gate_wait_max_behind_hold"] = False
     assert "behind the idle loop's read" in wait_line(status, {})
     old = wait_line({"engine_share": {"gate_wait_max_ms": 9.7}, "totals": {}}, {})
     assert "longest wait: 9.70 ms" in old and "0.00" not in old
-    assert old.count("n/a") == 27
+    assert "n/a chunks" in old and "n/a cudaMalloc" in old
+    assert old.count("n/a") == 33
 
 
 def test_follow_without_a_restart_sends_every_turn_and_stops_after_the_checks(monkeypatch):
