@@ -1,0 +1,173 @@
+"""Where a read's host time goes, and which of its calls wait for the device (issue 36).
+
+Inside vLLM the longest read of a live follow spent most of its host part outside the
+adapter's forward calls (docs/vllm.md, `read_max_forward_ms`). This follows recorded agents
+(evals/vllm/agents.py's .npz) with one Reader on a device and no host, as the serving idle
+loop reads them: each round feeds every agent's next prompt (its outputs before it: random
+ids, `--output-ids` a turn, seeded), then `read_batch` over the sessions due until none has a
+chunk due, up to `--batch` sessions' chunks a forward; with a disk folder (as SHADOW_DISK in
+the trial: checkpoints past the cap are written) unless `--no-disk`. Each read's parts: its
+ms, its forward calls (ReadResult.forward_ms), its final wait for the device (sync_ms) and the
+rest, the reader's own bookkeeping. `--sync-audit` turns on torch's sync debug mode
+(torch.cuda.set_sync_debug_mode("warn")) over the reads: every call that waits for the device
+is counted by its call site (the innermost frames inside this repository).
+
+    python -m evals.read_syncs --model random:qwen3.5-0.8b --device cuda --sync-audit
+
+The last line printed is one JSON object (machine, versions, date); figures go in
+BENCHMARKS.md, nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import tempfile
+import threading
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adapters.model import load_model
+from evals.run_info import git_commit
+from evals.vllm import agents as agent_scripts
+from shadow_plugin.reader.reader import Reader
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def sync_site(stack: list[traceback.FrameSummary], depth: int = 3) -> str:
+    """The innermost `depth` frames of `stack` inside this repository (evals/read_syncs.py
+    left out), innermost first, as 'path:line function' joined by ' < '."""
+    own = [f for f in reversed(stack) if f.filename.startswith(REPO)
+           and os.path.abspath(f.filename) != os.path.abspath(__file__)]
+    return " < ".join(f"{os.path.relpath(f.filename, REPO)}:{f.lineno} {f.name}"
+                      for f in own[:depth]) or "(outside the repository)"
+
+
+def follow(reader: Reader, scripts, args, audit: bool) -> tuple[list, collections.Counter]:
+    """The agents followed round by round; returns every read's ReadResult and, with audit,
+    the syncs by site."""
+    rng = np.random.default_rng(args.seed)
+    vocab = reader.adapter.vocab_size
+    prompt = {s.name: list(s.first_prompt) for s in scripts}
+    out_of: dict[str, list[int]] = {}          # each agent's last output
+    results, syncs = [], collections.Counter()
+    for turn in range(max(s.num_turns for s in scripts)):
+        for s in scripts:
+            if turn >= s.num_turns:
+                continue
+            if turn:                   # agents.prompts' rule, one turn at a time
+                prompt[s.name] = list(s.rerender_prompt) if turn == s.rerender_turn else \
+                    agent_scripts.next_prompt(prompt[s.name], out_of[s.name],
+                                              s.suffixes[turn - 1])
+            reader.feed(s.name, prompt[s.name], "prompt")
+            out_of[s.name] = rng.integers(0, vocab, args.output_ids).tolist()
+            reader.feed(s.name, out_of[s.name], "output")
+        while True:
+            due = [s.name for s in scripts
+                   if reader.backlog(s.name) >= reader.config.grid]
+            if not due:
+                break
+            if audit:
+                result = audited(reader, due[:args.batch], syncs)
+            else:
+                result = reader.read_batch(due[:args.batch])
+            results.append(result)
+    return results, syncs
+
+
+def audited(reader: Reader, sessions: list[str], syncs: collections.Counter):
+    """reader.read_batch(sessions) with torch's sync debug mode on: each call that waits for
+    the device warns, and the warning's hook (run in the warning thread, at the call) counts
+    its site in syncs, keyed by the thread's name (a spill's writer thread may warn too)."""
+    def hook(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            where = sync_site(traceback.extract_stack())
+            syncs[f"{threading.current_thread().name}: {where}"] += 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            return reader.read_batch(sessions)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def parts(results: list) -> dict:
+    """The reads' totals, and the longest read's and the longest bookkeeping's parts (ms)."""
+    def split(r) -> dict:
+        return {"ms": round(r.ms, 3), "num_chunks": r.num_chunks,
+                "forward_ms": round(r.forward_ms, 3), "sync_ms": round(r.sync_ms, 3),
+                "bookkeeping_ms": round(r.ms - r.sync_ms - r.forward_ms, 3)}
+    read = [r for r in results if r.num_chunks]
+    books = sorted(r.ms - r.sync_ms - r.forward_ms for r in read)
+    return {"num_reads": len(read), "num_chunks": sum(r.num_chunks for r in read),
+            "read_ms": round(sum(r.ms for r in read), 1),
+            "bookkeeping_ms": round(sum(books), 1),
+            "bookkeeping_p50_ms": round(books[len(books) // 2], 3) if books else None,
+            "bookkeeping_max_ms": round(books[-1], 3) if books else None,
+            "longest": split(max(read, key=lambda r: r.ms)) if read else None,
+            "longest_bookkeeping": split(max(read, key=lambda r: r.ms - r.sync_ms -
+                                             r.forward_ms)) if read else None}
+
+
+def run(args) -> dict:
+    by_name = {s.name: s for s in agent_scripts.load(Path(args.agents))}
+    scripts = [by_name[n] for n in args.names.split(",")]
+    model = load_model(args.model, device=args.device)
+    out = {"bench": "read_syncs", "model": args.model, "batch": args.batch,
+           "agents": [s.name for s in scripts]}
+    cases = [("disk", True), ("no_disk", False)] if args.both else \
+        [("no_disk" if args.no_disk else "disk", not args.no_disk)]
+    for name, disk in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            reader = Reader(model, grid=args.grid, disk_dir=tmp if disk else None)
+            reader.warm_up(batch_sessions=args.batch)
+            audit = args.sync_audit and args.device == "cuda"
+            results, syncs = follow(reader, scripts, args, audit)
+            counters = reader.stats()
+            out[name] = {**parts(results),
+                         "gdn_entries_evicted": counters.get("gdn_entries_evicted"),
+                         "evicted_written": counters.get("evicted_written"),
+                         "gdn_entries_not_written": counters.get("gdn_entries_not_written"),
+                         "syncs_by_site": dict(syncs.most_common(12)) if audit else None,
+                         "num_syncs": sum(syncs.values()) if audit else None}
+            reader.close()
+        print(name, json.dumps(out[name])[:3000], flush=True)
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none"
+    return {**out, "gpu": gpu, "dtype": str(model.dtype).removeprefix("torch."),
+            "commit": git_commit(), "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": str(datetime.date.today())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="random:tiny")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--agents", default=".devdata/agents.npz")
+    ap.add_argument("--names", default="f67,aider,e80,swe",
+                    help="the agents of the file followed (default: the live trial's four)")
+    ap.add_argument("--batch", type=int, default=4, help="sessions' chunks a forward, at most")
+    ap.add_argument("--output-ids", type=int, default=64, help="the host's output a turn")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-disk", action="store_true", help="no disk folder (nothing written)")
+    ap.add_argument("--both", action="store_true", help="with a disk folder, then without")
+    ap.add_argument("--sync-audit", action="store_true",
+                    help="count the calls that wait for the device, by call site (CUDA)")
+    args = ap.parse_args(argv)
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""evals.read_syncs: agents followed as the idle loop reads them, each read's parts split."""
+import argparse
+import random
+import traceback
+
+from helpers import vocab_ids
+
+from evals import read_syncs
+from evals.vllm.agents import AgentScript
+from shadow_plugin.reader.reader import Reader, ReadResult
+
+G = 64
+
+
+def test_the_parts_name_the_longest_read_and_the_longest_bookkeeping():
+    reads = [ReadResult(128, 2, 30.0, sync_ms=2.0, forward_ms=8.0),     # bookkeeping 20
+             ReadResult(64, 1, 35.0, sync_ms=30.0, forward_ms=4.0),     # bookkeeping 1
+             ReadResult(0, 0, 50.0)]                                    # read nothing: left out
+    out = read_syncs.parts(reads)
+    assert (out["num_reads"], out["num_chunks"], out["read_ms"]) == (2, 3, 65.0)
+    assert out["bookkeeping_ms"] == 21.0 and out["bookkeeping_max_ms"] == 20.0
+    assert out["longest"] == {"ms": 35.0, "num_chunks": 1, "forward_ms": 4.0, "sync_ms": 30.0,
+                              "bookkeeping_ms": 1.0}
+    assert out["longest_bookkeeping"]["ms"] == 30.0
+    assert read_syncs.parts([])["longest"] is None
+
+
+def test_a_sync_site_is_the_innermost_frames_of_this_repository():
+    here = traceback.extract_stack()
+    site = read_syncs.sync_site(here, depth=1)
+    assert site.startswith("tests/unit/test_read_syncs.py:") and site.endswith(
+        "test_a_sync_site_is_the_innermost_frames_of_this_repository")
+    outside = [traceback.FrameSummary("/usr/lib/python3/x.py", 3, "f")]
+    assert read_syncs.sync_site(outside) == "(outside the repository)"
+
+
+def test_the_agents_are_followed_to_their_last_whole_chunk(tiny, tmp_path):
+    """Two agents, turn by turn with outputs: every chunk due read in read_batch calls, each
+    session left with less than a chunk, and the disk folder given the entries past the cap."""
+    rng = random.Random(3)
+    scripts = [AgentScript(f"a{i}", tuple(vocab_ids(rng, 150 + 40 * i)),
+                           tuple(tuple(vocab_ids(rng, 90)) for _ in range(4)))
+               for i in range(2)]
+    reader = Reader(tiny, grid=G, max_checkpoints=1, disk_dir=tmp_path)
+    args = argparse.Namespace(seed=0, output_ids=20, batch=4)
+    results, syncs = read_syncs.follow(reader, scripts, args, audit=False)
+    assert not syncs and all(r.num_chunks >= 1 for r in results)
+    for s in scripts:
+        assert 0 <= reader.backlog(s.name) < G
+        assert reader.committed(s.name) == G * sum(s.name in r.sessions for r in results)
+    assert len(reader.ids("a0")) == 150 + 4 * 90 + 5 * 20 + 4      # prompts, outputs, ends
+    assert read_syncs.parts(results)["num_chunks"] == sum(r.num_chunks for r in results)
+    reader.close()
