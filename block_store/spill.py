@@ -7,11 +7,18 @@ GdnTable.give_up), are written by key
 prompt with that prefix, in any session or any process on the folder, resumes from disk
 through the one lookup (pages.find_resume).
 
-What must happen before the memory is reused happens in the caller's thread: a page's rows are
-copied off the device (`page_rows`: kv [num_attention, 2, G, Hkv, D] in the pool's dtype; 6 MiB
-a page on the 0.8B), an entry's states (per GDN layer conv [conv_dim, W] and
-recurrent [HV, K, V] fp32, never changed once stored; the evicted entry is referenced by
-nothing else) are copied to the CPU (no copy when they are there already). The file is written
+What must happen before the memory is reused happens in the caller's thread: a page's rows
+(`page_rows`: kv [num_attention, 2, G, Hkv, D] in the pool's dtype; 6 MiB a page on the 0.8B)
+and an entry's states (per GDN layer conv [conv_dim, W] and recurrent [HV, K, V] fp32, never
+changed once stored; the evicted entry is referenced by nothing else) are queued for copying to
+the CPU on the caller's CUDA stream (`copy_off`: into page-locked memory, asynchronously, so the
+caller does not wait for its forward in flight; a later forward that writes the page's rows
+again is queued after the copy on the same stream; no copy when they are on the CPU already),
+and the writer waits for those copies before it reads them. That order holds on one stream:
+the shadow's threads share the legacy default stream, and the ration's slice, which runs on
+the host's stream, synchronises the whole device before its chunks
+(scheduling.host.Host.between_rounds), so a copy queued by another thread is done before the
+slice writes that page again. The file is written
 by WRITERS background threads; at most `max_pending` writes are queued (a caller past it waits
 for the oldest), so the host memory held is bounded and evictions back to back go at the disk's
 pace (evals/spill_probe.py at cadb457, 0.8B pages on the H200 host: 1.4-1.5 ms median a page on the
@@ -42,12 +49,48 @@ MAX_PENDING = 16      # writes queued at most (about 100 MB of pages on the 0.8B
 WRITERS = min(4, os.cpu_count() or 1)      # threads writing files (safetensors frees the GIL)
 
 
-def page_rows(pool: KvPool, index: int) -> torch.Tensor:
-    """A copy of page `index`'s rows on the CPU, kv [num_attention, 2, G, Hkv, D] (what a page
+def page_rows(pool: KvPool, index: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Page `index`'s rows copied to the CPU, kv [num_attention, 2, G, Hkv, D] (what a page
     file holds), in one copy (kv_pool.pages_to_cpu gathers then copies: twice the time for one
-    page on the CPU)."""
-    view = pool.block[:, :, index]
-    return torch.empty(view.shape, dtype=view.dtype).copy_(view)
+    page on the CPU), begun as `copy_off` begins it: (rows, the event to wait for first)."""
+    # the pool's block is never freed while serving (only when it grows): no record_stream,
+    # which would tie the whole block's reuse to this stream's work
+    (rows,), ready = copy_off([pool.block[:, :, index]], always_copy=True, freed=False)
+    return rows, ready
+
+
+def copy_off(tensors, always_copy: bool = False, freed: bool = True
+             ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """CPU copies of `tensors`, begun now without waiting for the device: each CUDA tensor into
+    page-locked memory, asynchronously on the current stream after the work queued on it, with
+    one event recorded after the last copy. `freed`: the tensors' device memory may be freed
+    once this returns (an evicted entry's), so it is kept from another stream's reuse until the
+    copies are done (record_stream). Returns the copies and that event (None when no tensor was
+    on CUDA, or when page-locked memory could not be had: then the copies were made the old
+    way, `.to("cpu")`, waiting for the device); whoever reads a copy waits for the event first
+    (Event.synchronize: a blocking event, so the waiting thread sleeps, without the GIL). A
+    CPU tensor is returned as it is (`always_copy`: copied). The first copies of a size
+    allocate the page-locked memory (cudaHostAlloc, which may wait for the device); later ones
+    reuse it from torch's caching host allocator (at most about max_pending writes' worth)."""
+    if not any(t.is_cuda for t in tensors):
+        return [torch.empty(t.shape, dtype=t.dtype).copy_(t) if always_copy else t
+                for t in tensors], None
+    try:
+        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in tensors]
+    except RuntimeError:                   # no page-locked memory: copy and wait, as before
+        return [t.to("cpu", copy=always_copy) for t in tensors], None
+    stream = None
+    for t, host in zip(tensors, hosts):
+        if not t.is_cuda:
+            host.copy_(t)
+            continue
+        stream = torch.cuda.current_stream(t.device)
+        host.copy_(t, non_blocking=True)
+        if freed:
+            t.record_stream(stream)
+    ready = torch.cuda.Event(blocking=True)
+    ready.record(stream)
+    return hosts, ready
 
 
 @dataclass
@@ -96,11 +139,11 @@ class Spill:
             if self.disk.keep_page(key):
                 self._on_disk("pages")
                 return
-            rows = page_rows(self.pool, page.index)
+            rows, ready = page_rows(self.pool, page.index)
         except Exception as e:             # a folder gone, a device error: the read goes on
             self._failed("page", key, e)
             return
-        self._submit(self._pages, key, self.disk.write_page, key, page.ids, rows)
+        self._submit(self._pages, key, ready, self.disk.write_page, key, page.ids, rows)
 
     def entry(self, entry: GdnEntry) -> None:
         """Before `entry` leaves the GDN table: its states, line and kind queued for writing
@@ -120,12 +163,13 @@ class Spill:
             if self.disk.has_entry(key):
                 self._on_disk("entries")
                 return
-            states = [(c.to("cpu"), r.to("cpu")) for c, r in entry.states]
+            flat, ready = copy_off([x for pair in entry.states for x in pair])
         except Exception as e:
             self._failed("GDN entry", key, e)
             return
-        self._submit(self._entries, key, self.disk.write_entry, key, entry.line, states,
-                     entry.kind)
+        states = list(zip(flat[0::2], flat[1::2]))
+        self._submit(self._entries, key, ready, self.disk.write_entry, key, entry.line,
+                     states, entry.kind)
 
     # -- waiting --------------------------------------------------------------------------------
     def wait_page(self, key: bytes) -> None:
@@ -164,18 +208,22 @@ class Spill:
         if pending.get(key) is fut:
             del pending[key]
 
-    def _submit(self, pending: dict, key: bytes, fn, *args) -> None:
+    def _submit(self, pending: dict, key: bytes, ready, fn, *args) -> None:
+        """fn(*args) queued for a writer thread, which first waits for `ready` (copy_off's
+        event; None: nothing to wait for)."""
         while self._queue and (self._queue[0][2].done() or
                                len(self._queue) >= self.max_pending):
             self._pop()
         if self._threads is None:
             self._threads = ThreadPoolExecutor(WRITERS, thread_name_prefix="shadow-spill")
-        fut = self._threads.submit(self._write, pending is self._pages, key, fn, args)
+        fut = self._threads.submit(self._write, pending is self._pages, key, ready, fn, args)
         pending[key] = fut
         self._queue.append((pending, key, fut))
 
-    def _write(self, is_page: bool, key: bytes, fn, args) -> None:
+    def _write(self, is_page: bool, key: bytes, ready, fn, args) -> None:
         try:
+            if ready is not None:
+                ready.synchronize()          # the copies off the device are done
             wrote = fn(*args)
         except Exception as e:
             self._failed("page" if is_page else "GDN entry", key, e)

@@ -6,7 +6,10 @@ adapter's forward calls (docs/vllm.md, `read_max_forward_ms`). This follows reco
 loop reads them: each round feeds every agent's next prompt (its outputs before it: random
 ids, `--output-ids` a turn, seeded), then `read_batch` over the sessions due until none has a
 chunk due, up to `--batch` sessions' chunks a forward; with a disk folder (as SHADOW_DISK in
-the trial: checkpoints past the cap are written) unless `--no-disk`. Each read's parts: its
+the trial: checkpoints past the cap are written). `--cases` runs, in order, each with a fresh
+reader: `disk`; `no_disk` (nothing written); `disk_sync_copies` (the spill's copies off the
+device made as before 2026-12-07, `.to("cpu")` in the reading thread: the old arm of an A/B).
+Each read's parts: its
 ms, its forward calls (ReadResult.forward_ms), its final wait for the device (sync_ms) and the
 rest, the reader's own bookkeeping. `--sync-audit` turns on torch's sync debug mode
 (torch.cuda.set_sync_debug_mode("warn")) over the reads: every call that waits for the device
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -35,11 +39,13 @@ import numpy as np
 import torch
 
 from adapters.model import load_model
+from block_store import spill
 from evals.run_info import git_commit
 from evals.vllm import agents as agent_scripts
 from shadow_plugin.reader.reader import Reader
 
 REPO = str(Path(__file__).resolve().parents[1])
+CASES = ("disk", "no_disk", "disk_sync_copies")
 
 
 def sync_site(stack: list[traceback.FrameSummary], depth: int = 3) -> str:
@@ -119,16 +125,35 @@ def parts(results: list) -> dict:
                                              r.forward_ms)) if read else None}
 
 
+def sync_copy_off(tensors, always_copy: bool = False):
+    """The spill's copies off the device as they were made before copy_off: `.to("cpu")` in
+    the reading thread, which waits for the work queued before it (the old arm)."""
+    return [t.to("cpu", copy=always_copy) for t in tensors], None
+
+
+@contextlib.contextmanager
+def copies_made(case: str):
+    """For the case disk_sync_copies, block_store.spill's copies made by sync_copy_off."""
+    if case != "disk_sync_copies":
+        yield
+        return
+    saved = spill.copy_off
+    spill.copy_off = sync_copy_off
+    try:
+        yield
+    finally:
+        spill.copy_off = saved
+
+
 def run(args) -> dict:
     by_name = {s.name: s for s in agent_scripts.load(Path(args.agents))}
     scripts = [by_name[n] for n in args.names.split(",")]
     model = load_model(args.model, device=args.device)
     out = {"bench": "read_syncs", "model": args.model, "batch": args.batch,
            "agents": [s.name for s in scripts]}
-    cases = [("disk", True), ("no_disk", False)] if args.both else \
-        [("no_disk" if args.no_disk else "disk", not args.no_disk)]
-    for name, disk in cases:
-        with tempfile.TemporaryDirectory() as tmp:
+    for name in args.cases.split(","):
+        disk = name != "no_disk"
+        with tempfile.TemporaryDirectory() as tmp, copies_made(name):
             reader = Reader(model, grid=args.grid, disk_dir=tmp if disk else None)
             reader.warm_up(batch_sessions=args.batch)
             audit = args.sync_audit and args.device == "cuda"
@@ -160,11 +185,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4, help="sessions' chunks a forward, at most")
     ap.add_argument("--output-ids", type=int, default=64, help="the host's output a turn")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-disk", action="store_true", help="no disk folder (nothing written)")
-    ap.add_argument("--both", action="store_true", help="with a disk folder, then without")
+    ap.add_argument("--cases", default="disk",
+                    help=f"comma-separated, run in order: {', '.join(CASES)}")
     ap.add_argument("--sync-audit", action="store_true",
                     help="count the calls that wait for the device, by call site (CUDA)")
     args = ap.parse_args(argv)
+    for name in args.cases.split(","):     # before the model loads
+        if name not in CASES:
+            ap.error(f"--cases: {name!r} is not one of {', '.join(CASES)}")
     print(json.dumps(run(args)))
     return 0
 

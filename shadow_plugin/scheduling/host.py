@@ -134,6 +134,9 @@ class Host:
                 return Slice("ration", (), 0.0, stop)
             clock = self.scheduler.clock
             t0 = clock()
+            # the whole device: also what the shadow's other threads queued on their stream
+            # (the legacy default; this thread's is the host's): block_store.spill's copies
+            # off a page the slice's chunks may write again, a restore's copies
             sync(self.reader.adapter)
             self.slice_sync_ms += (clock() - t0) * 1e3     # the host's queued device work
             out = self.scheduler.between_rounds(session)

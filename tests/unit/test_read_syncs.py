@@ -3,6 +3,8 @@ import argparse
 import random
 import traceback
 
+import pytest
+import torch
 from helpers import vocab_ids
 
 from evals import read_syncs
@@ -51,3 +53,24 @@ def test_the_agents_are_followed_to_their_last_whole_chunk(tiny, tmp_path):
     assert len(reader.ids("a0")) == 150 + 4 * 90 + 5 * 20 + 4      # prompts, outputs, ends
     assert read_syncs.parts(results)["num_chunks"] == sum(r.num_chunks for r in results)
     reader.close()
+
+
+def test_the_old_arm_copies_in_the_reading_thread_and_the_spill_gets_its_own_back():
+    from block_store import spill
+    own = spill.copy_off
+    with read_syncs.copies_made("disk_sync_copies"):
+        assert spill.copy_off is read_syncs.sync_copy_off
+        x = torch.ones(4)
+        (same,), ready = spill.copy_off([x])
+        assert same is x and ready is None
+        (copied,), _ = spill.copy_off([x], always_copy=True)
+        assert copied is not x and torch.equal(copied, x)
+    assert spill.copy_off is own
+    with read_syncs.copies_made("disk"):
+        assert spill.copy_off is own
+
+
+def test_a_case_not_known_is_refused_before_the_model_loads(capsys):
+    with pytest.raises(SystemExit):
+        read_syncs.main(["--cases", "disk,disc", "--model", "random:no-such-model"])
+    assert "'disc' is not one of disk, no_disk, disk_sync_copies" in capsys.readouterr().err
