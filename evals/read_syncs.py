@@ -1,19 +1,20 @@
 """Where a read's host time goes, and which of its calls wait for the device (issue 36).
 
-Inside vLLM the longest read of a live follow spent most of its host part outside the
-adapter's forward calls (docs/vllm.md, `read_max_forward_ms`). This follows recorded agents
-(evals/vllm/agents.py's .npz) with one Reader on a device and no host, as the serving idle
-loop reads them: each round feeds every agent's next prompt (its outputs before it: random
-ids, `--output-ids` a turn, seeded), then `read_batch` over the sessions due until none has a
-chunk due, up to `--batch` sessions' chunks a forward; with a disk folder (as SHADOW_DISK in
-the trial: checkpoints past the cap are written). `--cases` runs, in order, each with a fresh
+Inside vLLM the longest read of a live follow spent most of its host part outside the adapter's
+forward calls (docs/vllm.md, `read_max_forward_ms`). This follows recorded agents
+(evals/vllm/agents.py's .npz) with one Reader on a device and no host, as the serving idle loop
+reads them: each round feeds every agent's next prompt (its outputs before it: random ids,
+`--output-ids` a turn, seeded), then `read_batch` over the sessions due until none has a chunk
+due, up to `--batch` sessions' chunks a forward; with a disk folder (as SHADOW_DISK in the
+trial: checkpoints past the cap are written). `--cases` runs, in order, each with a fresh
 reader: `disk`; `no_disk` (nothing written); `disk_sync_copies` (the spill's copies off the
 device made as before 2026-12-07, `.to("cpu")` in the reading thread: the old arm of an A/B).
-Each read's parts: its
-ms, its forward calls (ReadResult.forward_ms), its final wait for the device (sync_ms) and the
-rest, the reader's own bookkeeping. `--sync-audit` turns on torch's sync debug mode
-(torch.cuda.set_sync_debug_mode("warn")) over the reads: every call that waits for the device
-is counted by its call site (the innermost frames inside this repository).
+Each read's parts: its ms, its forward calls (ReadResult.forward_ms), its final wait for the
+device (sync_ms) and the rest, the reader's own bookkeeping, and the garbage collections during
+it (timed as inside vLLM: shadow_plugin.engine.gc_pauses, the heap frozen after the warm-up).
+`--sync-audit` turns on torch's sync debug mode (torch.cuda.set_sync_debug_mode("warn")) over
+the reads: every call that waits for the device is counted by its call site (the innermost
+frames inside this repository).
 
     python -m evals.read_syncs --model random:qwen3.5-0.8b --device cuda --sync-audit
 
@@ -26,6 +27,7 @@ import argparse
 import collections
 import contextlib
 import datetime
+import gc
 import json
 import os
 import platform
@@ -42,6 +44,7 @@ from adapters.model import load_model
 from block_store import spill
 from evals.run_info import git_commit
 from evals.vllm import agents as agent_scripts
+from shadow_plugin.engine.gc_pauses import GcPauses
 from shadow_plugin.reader.reader import Reader
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -112,7 +115,8 @@ def parts(results: list) -> dict:
     def split(r) -> dict:
         return {"ms": round(r.ms, 3), "num_chunks": r.num_chunks,
                 "forward_ms": round(r.forward_ms, 3), "sync_ms": round(r.sync_ms, 3),
-                "bookkeeping_ms": round(r.ms - r.sync_ms - r.forward_ms, 3)}
+                "bookkeeping_ms": round(r.ms - r.sync_ms - r.forward_ms, 3),
+                "gc_ms": round(r.gc_ms, 3)}
     read = [r for r in results if r.num_chunks]
     books = sorted(r.ms - r.sync_ms - r.forward_ms for r in read)
     return {"num_reads": len(read), "num_chunks": sum(r.num_chunks for r in read),
@@ -153,18 +157,25 @@ def run(args) -> dict:
            "agents": [s.name for s in scripts]}
     for name in args.cases.split(","):
         disk = name != "no_disk"
+        pauses = GcPauses().install()      # as inside vLLM: timed, the warm-up's heap frozen
         with tempfile.TemporaryDirectory() as tmp, copies_made(name):
-            reader = Reader(model, grid=args.grid, disk_dir=tmp if disk else None)
+            reader = Reader(model, grid=args.grid, disk_dir=tmp if disk else None,
+                            gc_ms=lambda: pauses.total_ms)
             reader.warm_up(batch_sessions=args.batch)
+            pauses.freeze_heap()
             audit = args.sync_audit and args.device == "cuda"
             results, syncs = follow(reader, scripts, args, audit)
             counters = reader.stats()
+            pauses.remove()
+            gc.unfreeze()                  # the next case freezes its own
             out[name] = {**parts(results),
                          "gdn_entries_evicted": counters.get("gdn_entries_evicted"),
                          "evicted_written": counters.get("evicted_written"),
                          "gdn_entries_not_written": counters.get("gdn_entries_not_written"),
                          "syncs_by_site": dict(syncs.most_common(12)) if audit else None,
-                         "num_syncs": sum(syncs.values()) if audit else None}
+                         "num_syncs": sum(syncs.values()) if audit else None,
+                         "num_gc_pauses": pauses.num_pauses, "gc_pauses_ms":
+                         round(pauses.pauses_ms, 1), "gc_pause_max_ms": round(pauses.max_ms, 3)}
             reader.close()
         print(name, json.dumps(out[name])[:3000], flush=True)
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "none"
