@@ -13,7 +13,8 @@ Each read's parts: its ms, its forward calls (ReadResult.forward_ms), its final 
 device (sync_ms) and the rest, the reader's own bookkeeping, and the garbage collections during
 it (timed as inside vLLM: shadow_plugin.engine.gc_pauses, the heap frozen after the warm-up).
 `--sync-audit` turns on torch's sync debug mode (torch.cuda.set_sync_debug_mode("warn")) over
-the reads: every call that waits for the device is counted by its call site (the innermost
+the feeds and the reads: every call that waits for the device and that the mode sees (not
+torch.cuda.synchronize, so not a read's final wait) is counted by its call site (the innermost
 frames inside this repository).
 
     python -m evals.read_syncs --model random:qwen3.5-0.8b --device cuda --sync-audit
@@ -54,15 +55,17 @@ CASES = ("disk", "no_disk", "disk_sync_copies")
 def sync_site(stack: list[traceback.FrameSummary], depth: int = 3) -> str:
     """The innermost `depth` frames of `stack` inside this repository (evals/read_syncs.py
     left out), innermost first, as 'path:line function' joined by ' < '."""
-    own = [f for f in reversed(stack) if f.filename.startswith(REPO)
-           and os.path.abspath(f.filename) != os.path.abspath(__file__)]
+    own = [f for f in reversed(stack) if f.filename.startswith(REPO + os.sep)
+           and os.path.abspath(f.filename) != os.path.abspath(__file__)
+           and not os.path.relpath(f.filename, REPO).startswith(".")]    # staged sites
     return " < ".join(f"{os.path.relpath(f.filename, REPO)}:{f.lineno} {f.name}"
                       for f in own[:depth]) or "(outside the repository)"
 
 
 def follow(reader: Reader, scripts, args, audit: bool) -> tuple[list, collections.Counter]:
     """The agents followed round by round; returns every read's ReadResult and, with audit,
-    the syncs by site."""
+    the syncs by site, those inside the feeds (inside vLLM: the events thread's hold) keyed
+    "feed", those inside the reads "read"."""
     rng = np.random.default_rng(args.seed)
     vocab = reader.adapter.vocab_size
     prompt = {s.name: list(s.first_prompt) for s in scripts}
@@ -76,38 +79,42 @@ def follow(reader: Reader, scripts, args, audit: bool) -> tuple[list, collection
                 prompt[s.name] = list(s.rerender_prompt) if turn == s.rerender_turn else \
                     agent_scripts.next_prompt(prompt[s.name], out_of[s.name],
                                               s.suffixes[turn - 1])
-            reader.feed(s.name, prompt[s.name], "prompt")
             out_of[s.name] = rng.integers(0, vocab, args.output_ids).tolist()
-            reader.feed(s.name, out_of[s.name], "output")
+            for ids, kind in ((prompt[s.name], "prompt"), (out_of[s.name], "output")):
+                audited(audit, "feed", syncs, reader.feed, s.name, ids, kind)
         while True:
             due = [s.name for s in scripts
                    if reader.backlog(s.name) >= reader.config.grid]
             if not due:
                 break
-            if audit:
-                result = audited(reader, due[:args.batch], syncs)
-            else:
-                result = reader.read_batch(due[:args.batch])
-            results.append(result)
+            results.append(audited(audit, "read", syncs, reader.read_batch, due[:args.batch]))
     return results, syncs
 
 
-def audited(reader: Reader, sessions: list[str], syncs: collections.Counter):
-    """reader.read_batch(sessions) with torch's sync debug mode on: each call that waits for
-    the device warns, and the warning's hook (run in the warning thread, at the call) counts
-    its site in syncs, keyed by the thread's name (a spill's writer thread may warn too)."""
+def audited(audit: bool, label: str, syncs: collections.Counter, fn, *args):
+    """fn(*args); with audit, under torch's sync debug mode: each call that waits for the
+    device and that the mode sees warns (not torch.cuda.synchronize nor Event.synchronize, so
+    not the read's final wait), and the warning's hook (run at the call, in its thread) counts
+    its site in syncs as "label, thread: site" (a spill's writer thread may warn too); other
+    warnings are shown as usual. The mode is set back as it was."""
+    if not audit:
+        return fn(*args)
+    shown = warnings.showwarning
+
     def hook(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
-            where = sync_site(traceback.extract_stack())
-            syncs[f"{threading.current_thread().name}: {where}"] += 1
+        if "synchroniz" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        where = sync_site(traceback.extract_stack())
+        syncs[f"{label}, {threading.current_thread().name}: {where}"] += 1
+    before = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = hook
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            return reader.read_batch(sessions)
+            return fn(*args)
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.set_sync_debug_mode(before)
 
 
 def parts(results: list) -> dict:
@@ -129,9 +136,10 @@ def parts(results: list) -> dict:
                                              r.forward_ms)) if read else None}
 
 
-def sync_copy_off(tensors, always_copy: bool = False):
+def sync_copy_off(tensors, always_copy: bool = False, freed: bool = True):
     """The spill's copies off the device as they were made before copy_off: `.to("cpu")` in
-    the reading thread, which waits for the work queued before it (the old arm)."""
+    the reading thread, which waits for the work queued before it (the old arm; `freed`
+    changes nothing here)."""
     return [t.to("cpu", copy=always_copy) for t in tensors], None
 
 
@@ -172,6 +180,7 @@ def run(args) -> dict:
                          "gdn_entries_evicted": counters.get("gdn_entries_evicted"),
                          "evicted_written": counters.get("evicted_written"),
                          "gdn_entries_not_written": counters.get("gdn_entries_not_written"),
+                         "write_errors": counters.get("write_errors"),
                          "syncs_by_site": dict(syncs.most_common(12)) if audit else None,
                          "num_syncs": sum(syncs.values()) if audit else None,
                          "num_gc_pauses": pauses.num_pauses, "gc_pauses_ms":

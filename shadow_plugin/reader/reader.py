@@ -66,7 +66,8 @@ class ReadResult:
     garbage collections during it, ms (the reader's gc_ms clock; 0 without one); forward_ms:
     of ms, the host's time inside the adapter's forward calls (launches, staging, any wait
     for the device inside them; the rest of the host part is the reader's own bookkeeping:
-    lookups, restores, commits, checkpoints)."""
+    lookups, restores, commits, checkpoints, and any wait for the device there, which pays
+    for the forward's GPU work still running)."""
 
     num_read_tokens: int
     num_chunks: int

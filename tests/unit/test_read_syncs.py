@@ -1,5 +1,6 @@
 """evals.read_syncs: agents followed as the idle loop reads them, each read's parts split."""
 import argparse
+import collections
 import random
 import traceback
 
@@ -65,6 +66,9 @@ def test_the_old_arm_copies_in_the_reading_thread_and_the_spill_gets_its_own_bac
         assert same is x and ready is None
         (copied,), _ = spill.copy_off([x], always_copy=True)
         assert copied is not x and torch.equal(copied, x)
+        pool = torch.arange(24.0).view(2, 3, 4)          # a page's rows, as spill.page_rows
+        (rows,), _ = spill.copy_off([pool[:, 1]], always_copy=True, freed=False)
+        assert torch.equal(rows, pool[:, 1])
     assert spill.copy_off is own
     with read_syncs.copies_made("disk"):
         assert spill.copy_off is own
@@ -74,3 +78,9 @@ def test_a_case_not_known_is_refused_before_the_model_loads(capsys):
     with pytest.raises(SystemExit):
         read_syncs.main(["--cases", "disk,disc", "--model", "random:no-such-model"])
     assert "'disc' is not one of disk, no_disk, disk_sync_copies" in capsys.readouterr().err
+
+
+def test_without_the_audit_a_call_runs_as_it_is_and_counts_nothing():
+    syncs = collections.Counter()
+    assert read_syncs.audited(False, "read", syncs, lambda a, b: a + b, 2, 3) == 5
+    assert not syncs
