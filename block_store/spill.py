@@ -93,6 +93,15 @@ def copy_off(tensors, always_copy: bool = False, freed: bool = True
     return hosts, ready
 
 
+def bind_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current CUDA device (nothing for another kind): a
+    new thread's CUDA calls would otherwise set up a context on cuda:0, another rank's GPU
+    where the shadow runs on a later one. A "cuda" without an index is the current device,
+    which the thread has already."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 @dataclass
 class SpillCounters:
     """Since start: pages and GDN entries written on eviction (files that existed already are
@@ -214,8 +223,11 @@ class Spill:
         while self._queue and (self._queue[0][2].done() or
                                len(self._queue) >= self.max_pending):
             self._pop()
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(WRITERS, thread_name_prefix="shadow-spill")
+        if self._threads is None:          # each writer on the pool's device (its CUDA
+            #                                  calls: the copies' events, page-locked frees)
+            self._threads = ThreadPoolExecutor(WRITERS, thread_name_prefix="shadow-spill",
+                                               initializer=bind_device,
+                                               initargs=(self.pool.spec.device,))
         fut = self._threads.submit(self._write, pending is self._pages, key, ready, fn, args)
         pending[key] = fut
         self._queue.append((pending, key, fut))
