@@ -117,23 +117,26 @@ def audited(audit: bool, label: str, syncs: collections.Counter, fn, *args):
             torch.cuda.set_sync_debug_mode(before)
 
 
+def bookkeeping_ms(r) -> float:
+    """A ReadResult's ms outside its forward calls and its final wait for the device."""
+    return r.ms - r.sync_ms - r.forward_ms
+
+
 def parts(results: list) -> dict:
     """The reads' totals, and the longest read's and the longest bookkeeping's parts (ms)."""
     def split(r) -> dict:
         return {"ms": round(r.ms, 3), "num_chunks": r.num_chunks,
                 "forward_ms": round(r.forward_ms, 3), "sync_ms": round(r.sync_ms, 3),
-                "bookkeeping_ms": round(r.ms - r.sync_ms - r.forward_ms, 3),
-                "gc_ms": round(r.gc_ms, 3)}
+                "bookkeeping_ms": round(bookkeeping_ms(r), 3), "gc_ms": round(r.gc_ms, 3)}
     read = [r for r in results if r.num_chunks]
-    books = sorted(r.ms - r.sync_ms - r.forward_ms for r in read)
+    books = sorted(bookkeeping_ms(r) for r in read)
     return {"num_reads": len(read), "num_chunks": sum(r.num_chunks for r in read),
             "read_ms": round(sum(r.ms for r in read), 1),
             "bookkeeping_ms": round(sum(books), 1),
             "bookkeeping_p50_ms": round(books[len(books) // 2], 3) if books else None,
             "bookkeeping_max_ms": round(books[-1], 3) if books else None,
             "longest": split(max(read, key=lambda r: r.ms)) if read else None,
-            "longest_bookkeeping": split(max(read, key=lambda r: r.ms - r.sync_ms -
-                                             r.forward_ms)) if read else None}
+            "longest_bookkeeping": split(max(read, key=bookkeeping_ms)) if read else None}
 
 
 def sync_copy_off(tensors, always_copy: bool = False, freed: bool = True):

@@ -25,7 +25,7 @@ def device_counts(device: torch.device | None) -> dict[str, int]:
     return {k: int(stats.get(k, 0)) for k in COUNTERS}
 
 
-class AllocatorCalls:
+class AllocatorCounters:
     """COUNTERS since `mark` (the shadow is up: serving), for status as
     cuda_<counter>: e.g. cuda_num_device_free, the cudaFree calls during serving, each a
     wait for the whole device. All 0 on the CPU and before mark."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shadow_plugin.engine.allocator import AllocatorCalls
+from shadow_plugin.engine.allocator import AllocatorCounters
 from shadow_plugin.engine.follow import START, Follower, RequestEvent
 from shadow_plugin.engine.gc_pauses import GcPauses
 from shadow_plugin.engine.turnstile import StepBudget, Turnstile
@@ -82,7 +82,7 @@ class EmbeddedShadow:
         self.cfg = cfg
         self.host = dict(host or {})
         self.gc_pauses = GcPauses()            # the process's collections (a stall's cause?)
-        self.allocator = AllocatorCalls()      # ... and the CUDA allocator's device calls
+        self.allocator = AllocatorCounters()      # ... and the CUDA allocator's device calls
         self.service = Service(cfg, gc_ms=lambda: self.gc_pauses.total_ms)
         self.budget = StepBudget(cfg.scheduler.share, burst_ms=cfg.scheduler.slice_ms)
         self.turnstile: Turnstile | None = None
@@ -331,7 +331,7 @@ class EmbeddedShadow:
         - the longest hold through the turnstile (Turnstile): gate_hold_max_ms, _kind,
           _cpu_ms, _gc_ms;
         - the process's garbage collections (GcPauses.stats), serving and the start's;
-        - the CUDA allocator's device calls during serving (AllocatorCalls.stats)."""
+        - the CUDA allocator's device calls during serving (AllocatorCounters.stats)."""
         ts = self.turnstile or Turnstile(threading.RLock())   # none yet: no hold, zeros
         waits = {"start_wait_ms": self.start_wait_ms, "gate_wait_ms": self.gate_wait_ms,
                  "gate_wait_max_ms": self.gate_wait_max_ms,
