@@ -15,7 +15,9 @@ it (timed as inside vLLM: shadow_plugin.engine.gc_pauses, the heap frozen after 
 `--sync-audit` turns on torch's sync debug mode (torch.cuda.set_sync_debug_mode("warn")) over
 the feeds and the reads: every call that waits for the device and that the mode sees (not
 torch.cuda.synchronize, so not a read's final wait) is counted by its call site (the innermost
-frames inside this repository).
+frames inside this repository). `--profile` runs every read under cProfile and keeps the one
+whose bookkeeping was the longest: its functions by cumulative time (cProfile's own cost lands
+in every read, so its times are for finding where, not how long).
 
     python -m evals.read_syncs --model random:qwen3.5-0.8b --device cuda --sync-audit
 
@@ -27,11 +29,13 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import cProfile
 import datetime
 import gc
 import json
 import os
 import platform
+import pstats
 import tempfile
 import threading
 import traceback
@@ -62,10 +66,11 @@ def sync_site(stack: list[traceback.FrameSummary], depth: int = 3) -> str:
                       for f in own[:depth]) or "(outside the repository)"
 
 
-def follow(reader: Reader, scripts, args, audit: bool) -> tuple[list, collections.Counter]:
+def follow(reader: Reader, scripts, args, audit: bool,
+           profile: "LongestProfile | None" = None) -> tuple[list, collections.Counter]:
     """The agents followed round by round; returns every read's ReadResult and, with audit,
     the syncs by site, those inside the feeds (inside vLLM: the events thread's hold) keyed
-    "feed", those inside the reads "read"."""
+    "feed", those inside the reads "read"; with `profile`, every read run under it."""
     rng = np.random.default_rng(args.seed)
     vocab = reader.adapter.vocab_size
     prompt = {s.name: list(s.first_prompt) for s in scripts}
@@ -87,7 +92,8 @@ def follow(reader: Reader, scripts, args, audit: bool) -> tuple[list, collection
                    if reader.backlog(s.name) >= reader.config.grid]
             if not due:
                 break
-            results.append(audited(audit, "read", syncs, reader.read_batch, due[:args.batch]))
+            read = reader.read_batch if profile is None else profile.wrap(reader.read_batch)
+            results.append(audited(audit, "read", syncs, read, due[:args.batch]))
     return results, syncs
 
 
@@ -117,26 +123,72 @@ def audited(audit: bool, label: str, syncs: collections.Counter, fn, *args):
             torch.cuda.set_sync_debug_mode(before)
 
 
+class LongestProfile:
+    """cProfile of each read wrapped, the one kept whose bookkeeping (bookkeeping_ms) was the
+    longest; `top` lists its functions."""
+
+    def __init__(self):
+        self.bookkeeping_ms, self.index, self.num_reads = -1.0, None, 0
+        self.profile: cProfile.Profile | None = None
+
+    def wrap(self, read):
+        """`read` (returning a ReadResult) run under a profiler of its own."""
+        def profiled(*args):
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                result = read(*args)
+            finally:
+                prof.disable()
+            if result.num_chunks and bookkeeping_ms(result) > self.bookkeeping_ms:
+                self.bookkeeping_ms, self.index = bookkeeping_ms(result), self.num_reads
+                self.profile = prof
+            self.num_reads += 1
+            return result
+        return profiled
+
+    def top(self, n: int = 30) -> dict:
+        """The kept read's index among the reads, its bookkeeping (ms) and its `n` functions of
+        the longest cumulative time, each {"fn": "path:line name" (paths inside this
+        repository relative to it), "calls", "tottime_ms", "cumtime_ms"}."""
+        if self.profile is None:
+            return {"read_index": None, "functions": []}
+        stats = pstats.Stats(self.profile).stats       # (file, line, name): (cc, nc, tt, ct, ..)
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:n]
+
+        def where(file, line, name):
+            if file.startswith(REPO + os.sep):
+                file = os.path.relpath(file, REPO)
+            return f"{file}:{line} {name}"
+        return {"read_index": self.index, "bookkeeping_ms": round(self.bookkeeping_ms, 3),
+                "functions": [{"fn": where(*key), "calls": v[1], "tottime_ms":
+                               round(v[2] * 1e3, 3), "cumtime_ms": round(v[3] * 1e3, 3)}
+                              for key, v in rows]}
+
+
 def bookkeeping_ms(r) -> float:
     """A ReadResult's ms outside its forward calls and its final wait for the device."""
     return r.ms - r.sync_ms - r.forward_ms
 
 
 def parts(results: list) -> dict:
-    """The reads' totals, and the longest read's and the longest bookkeeping's parts (ms)."""
-    def split(r) -> dict:
-        return {"ms": round(r.ms, 3), "num_chunks": r.num_chunks,
+    """The reads' totals, and the longest read's and the longest bookkeeping's parts (ms;
+    read_index: its index in `results`)."""
+    def split(i: int) -> dict:
+        r = results[i]
+        return {"read_index": i, "ms": round(r.ms, 3), "num_chunks": r.num_chunks,
                 "forward_ms": round(r.forward_ms, 3), "sync_ms": round(r.sync_ms, 3),
                 "bookkeeping_ms": round(bookkeeping_ms(r), 3), "gc_ms": round(r.gc_ms, 3)}
-    read = [r for r in results if r.num_chunks]
-    books = sorted(bookkeeping_ms(r) for r in read)
-    return {"num_reads": len(read), "num_chunks": sum(r.num_chunks for r in read),
-            "read_ms": round(sum(r.ms for r in read), 1),
+    read = [i for i, r in enumerate(results) if r.num_chunks]
+    books = sorted(bookkeeping_ms(results[i]) for i in read)
+    return {"num_reads": len(read), "num_chunks": sum(results[i].num_chunks for i in read),
+            "read_ms": round(sum(results[i].ms for i in read), 1),
             "bookkeeping_ms": round(sum(books), 1),
             "bookkeeping_p50_ms": round(books[len(books) // 2], 3) if books else None,
             "bookkeeping_max_ms": round(books[-1], 3) if books else None,
-            "longest": split(max(read, key=lambda r: r.ms)) if read else None,
-            "longest_bookkeeping": split(max(read, key=bookkeeping_ms)) if read else None}
+            "longest": split(max(read, key=lambda i: results[i].ms)) if read else None,
+            "longest_bookkeeping": split(max(read, key=lambda i: bookkeeping_ms(results[i])))
+            if read else None}
 
 
 def sync_copy_off(tensors, always_copy: bool = False, freed: bool = True):
@@ -175,7 +227,8 @@ def run(args) -> dict:
             reader.warm_up(batch_sessions=args.batch)
             pauses.freeze_heap()
             audit = args.sync_audit and args.device == "cuda"
-            results, syncs = follow(reader, scripts, args, audit)
+            profile = LongestProfile() if args.profile else None
+            results, syncs = follow(reader, scripts, args, audit, profile)
             counters = reader.stats()
             pauses.remove()
             gc.unfreeze()                  # the next case freezes its own
@@ -186,6 +239,7 @@ def run(args) -> dict:
                          "write_errors": counters.get("write_errors"),
                          "syncs_by_site": dict(syncs.most_common(12)) if audit else None,
                          "num_syncs": sum(syncs.values()) if audit else None,
+                         "profile": profile.top() if profile else None,
                          "num_gc_pauses": pauses.num_pauses, "gc_pauses_ms":
                          round(pauses.pauses_ms, 1), "gc_pause_max_ms": round(pauses.max_ms, 3)}
             reader.close()
@@ -212,6 +266,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated, run in order: {', '.join(CASES)}")
     ap.add_argument("--sync-audit", action="store_true",
                     help="count the calls that wait for the device, by call site (CUDA)")
+    ap.add_argument("--profile", action="store_true",
+                    help="every read under cProfile: the longest bookkeeping's functions")
     args = ap.parse_args(argv)
     for name in args.cases.split(","):     # before the model loads
         if name not in CASES:

@@ -22,9 +22,10 @@ def test_the_parts_name_the_longest_read_and_the_longest_bookkeeping():
     out = read_syncs.parts(reads)
     assert (out["num_reads"], out["num_chunks"], out["read_ms"]) == (2, 3, 65.0)
     assert out["bookkeeping_ms"] == 21.0 and out["bookkeeping_max_ms"] == 20.0
-    assert out["longest"] == {"ms": 35.0, "num_chunks": 1, "forward_ms": 4.0, "sync_ms": 30.0,
-                              "bookkeeping_ms": 1.0, "gc_ms": 0.5}
+    assert out["longest"] == {"read_index": 1, "ms": 35.0, "num_chunks": 1, "forward_ms": 4.0,
+                              "sync_ms": 30.0, "bookkeeping_ms": 1.0, "gc_ms": 0.5}
     assert out["longest_bookkeeping"]["ms"] == 30.0
+    assert out["longest_bookkeeping"]["read_index"] == 0
     assert read_syncs.parts([])["longest"] is None
 
 
@@ -54,6 +55,32 @@ def test_the_agents_are_followed_to_their_last_whole_chunk(tiny, tmp_path):
     assert len(reader.ids("a0")) == 150 + 4 * 90 + 5 * 20 + 4      # prompts, outputs, ends
     assert read_syncs.parts(results)["num_chunks"] == sum(r.num_chunks for r in results)
     reader.close()
+
+
+def test_the_profile_keeps_the_read_with_the_longest_bookkeeping():
+    """Each read wrapped runs under a profiler; the one kept is the one with the longest
+    bookkeeping (not the longest read), and its functions name the work it did."""
+    def spin(ms: float) -> None:
+        import time
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            pass
+
+    def read(bookkeeping: float, forward: float) -> ReadResult:
+        spin(bookkeeping)
+        return ReadResult(64, 1, bookkeeping + forward + 1.0, sync_ms=1.0, forward_ms=forward)
+    prof = read_syncs.LongestProfile()
+    wrapped = prof.wrap(read)
+    wrapped(2.0, 50.0)
+    kept = wrapped(20.0, 1.0)
+    wrapped(5.0, 0.0)
+    top = prof.top(n=5)
+    assert top["read_index"] == 1 and top["bookkeeping_ms"] == pytest.approx(20.0)
+    assert read_syncs.bookkeeping_ms(kept) == 20.0
+    spun = next(f for f in top["functions"] if f["fn"].endswith(" spin"))
+    assert spun["fn"].startswith("tests/unit/test_read_syncs.py:") and spun["calls"] == 1
+    assert 15.0 <= spun["cumtime_ms"] and len(top["functions"]) <= 5
+    assert read_syncs.LongestProfile().top() == {"read_index": None, "functions": []}
 
 
 def test_the_old_arm_copies_in_the_reading_thread_and_the_spill_gets_its_own_back():
