@@ -37,6 +37,16 @@ def save_server(name: str, server: VllmServer) -> None:
     path.write_text(json.dumps(raw, indent=1))
 
 
+def launch_recorded(name: str, spec: ServerSpec, log: Path) -> VllmServer:
+    """Launch server `name` detached and record it in the state at once, before any wait: a
+    call that ends while it starts (the device tool's limit) leaves it findable, so the next
+    call's `up` waits for it instead of starting a second one beside it (two hosts on one GPU
+    run out of memory: the H100 on 2026-12-07, a restart cut off by the call's limit)."""
+    server = VllmServer.launch(spec, log, detached=True)
+    save_server(name, server)
+    return server
+
+
 def write_result(phase: str, result: dict) -> None:
     (trial_dir() / f"{phase}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({phase: result}), flush=True)

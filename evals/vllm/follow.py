@@ -12,8 +12,8 @@ from evals.vllm.client import (
     HTTP_S,
     check,
     complete,
+    launch_recorded,
     load_servers,
-    save_server,
     shadow_status,
     trial_dir,
     wait_fresh,
@@ -182,8 +182,8 @@ def restart(args, server: VllmServer, scripts, held: dict, before: dict,
     on_disk = {kind: len(list((disk / kind).glob("*.safetensors"))) for kind in ("pages", "gdn")}
     t0 = time.monotonic()
     log = trial_dir() / "logs" / "S-restart.log"
-    new = VllmServer.start(server.spec, log, args.start_timeout_s, detached=True)
-    save_server("S", new)
+    new = launch_recorded("S", server.spec, log)      # recorded before the wait
+    new.wait_ready(args.start_timeout_s)
     start_s = time.monotonic() - t0
     status = shadow_status(new)
     resumed = {n: status["sessions"].get(n, {}).get("committed") for n in before}

@@ -52,12 +52,12 @@ import shutil
 import time
 from pathlib import Path
 
-from evals.vllm.client import load_servers, save_server, server_spec, trial_dir
+from evals.vllm.client import launch_recorded, load_servers, server_spec, trial_dir
 from evals.vllm.cost import cost
 from evals.vllm.follow import follow
 from evals.vllm.moves import moves
 from evals.vllm.peer import peer
-from evals.vllm.server import VllmServer, log_facts
+from evals.vllm.server import log_facts
 
 
 def up(args) -> None:
@@ -75,8 +75,7 @@ def up(args) -> None:
             for folder in ("disk", "state"):
                 shutil.rmtree(trial_dir() / folder, ignore_errors=True)
         log = trial_dir() / "logs" / f"{args.name}{args.log_suffix}.log"
-        server = VllmServer.launch(server_spec(args.name, args), log, detached=True)
-        save_server(args.name, server)
+        server = launch_recorded(args.name, server_spec(args.name, args), log)
     if args.no_wait:
         print(f"{args.name}: launched on {server.url}", flush=True)
         return

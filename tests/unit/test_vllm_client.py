@@ -77,3 +77,36 @@ def test_the_trials_host_with_the_shadow_gets_its_settings_and_the_others_none(m
     args = build_parser().parse_args(["up", "A"])
     assert args.share == 0.005 and not client.server_spec("A", args).env
     assert build_parser().parse_args(["up", "P", "--no-wait"]).no_wait
+
+
+def test_a_launched_server_is_recorded_before_any_wait(tmp_path, monkeypatch):
+    """launch_recorded writes the server into the trial's state before it returns, with no
+    wait for it: a call cut off while the server starts (the restart of `follow`) leaves it
+    findable by pid, and a server in the state that is alive is the one `up` waits for."""
+    import subprocess
+    import sys
+
+    from evals.vllm.server import ServerSpec, VllmServer
+    monkeypatch.setenv("TRIAL_DIR", str(tmp_path))
+    spec = ServerSpec("/models/host", "host", True, 4096, None)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            start_new_session=True)
+    launched = []
+
+    def launch(s, log, detached=False):
+        assert s is spec and detached
+        server = VllmServer(s, log)
+        server.proc = proc
+        launched.append(server)
+        return server
+    monkeypatch.setattr(VllmServer, "launch", staticmethod(launch))
+    try:
+        server = client.launch_recorded("S", spec, tmp_path / "logs" / "S-restart.log")
+        assert launched == [server]
+        found = client.load_servers()["S"]          # as the next call's `up` reads it
+        assert found.pid == proc.pid and found.port == server.port and found.alive()
+        assert found.log == tmp_path / "logs" / "S-restart.log"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not client.load_servers()["S"].alive()
