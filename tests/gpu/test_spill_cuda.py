@@ -19,9 +19,17 @@ def test_copy_off_does_not_wait_for_the_device_and_copies_its_bits():
     warm, ready = copy_off([x, y])
     ready.synchronize()
     del warm
+    # the kernels launched after the sleep loaded first: with lazy module loading (CUDA's
+    # default) a kernel's first launch loads its module, which waits for the device; on the
+    # H100 (2026-12-07) the first mul_ after the sleep waited for it, and the copies' event
+    # was done before it was asked
+    x.mul_(1.0)
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))                  # about a second of the device queued first
     x.mul_(3.0)                                  # ... then the values the copies must see
+    queued = torch.cuda.Event()
+    queued.record()
+    assert not queued.query(), "the device's sleep ended before copy_off was called"
     (hx, hy), ready = copy_off([x, y])
     assert ready is not None and not ready.query()      # the caller did not wait for it
     assert hx.is_pinned() and hy.is_pinned() and hy.dtype == torch.bfloat16
