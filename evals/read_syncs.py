@@ -178,7 +178,8 @@ def parts(results: list) -> dict:
         r = results[i]
         return {"read_index": i, "ms": round(r.ms, 3), "num_chunks": r.num_chunks,
                 "forward_ms": round(r.forward_ms, 3), "sync_ms": round(r.sync_ms, 3),
-                "bookkeeping_ms": round(bookkeeping_ms(r), 3), "gc_ms": round(r.gc_ms, 3)}
+                "bookkeeping_ms": round(bookkeeping_ms(r), 3), "gc_ms": round(r.gc_ms, 3),
+                "cpu_ms": round(r.cpu_ms, 3)}
     read = [i for i, r in enumerate(results) if r.num_chunks]
     books = sorted(bookkeeping_ms(results[i]) for i in read)
     return {"num_reads": len(read), "num_chunks": sum(results[i].num_chunks for i in read),

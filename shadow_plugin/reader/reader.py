@@ -67,7 +67,10 @@ class ReadResult:
     of ms, the host's time inside the adapter's forward calls (launches, staging, any wait
     for the device inside them; the rest of the host part is the reader's own bookkeeping:
     lookups, restores, commits, checkpoints, and any wait for the device there, which pays
-    for the forward's GPU work still running)."""
+    for the forward's GPU work still running); cpu_ms: the reading thread's CPU time over
+    the host part (time.thread_time, ms): the host part less what the thread spent off the
+    CPU, waiting for the GIL, for I/O or for the device (a wait CUDA spins for counts as
+    CPU)."""
 
     num_read_tokens: int
     num_chunks: int
@@ -76,6 +79,7 @@ class ReadResult:
     sync_ms: float = 0.0
     gc_ms: float = 0.0
     forward_ms: float = 0.0
+    cpu_ms: float = 0.0
 
 
 @dataclass
@@ -157,14 +161,15 @@ class Reader:
         # read_sync_max_ms: the longest host part of a read call and the longest final wait,
         # to tell a slow read's cause (the host's thread held up, or the device's work),
         # each the longest of its own; read_max_host_part_ms / read_max_gc_ms /
-        # read_max_forward_ms / read_max_num_chunks: the longest read's own host part, the
-        # garbage collections during it, its time in the adapter's forward calls and its
-        # chunks
+        # read_max_forward_ms / read_max_num_chunks / read_max_cpu_ms: the longest read's own
+        # host part, the garbage collections during it, its time in the adapter's forward
+        # calls, its chunks and its thread's CPU time over its host part
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
                        "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
                        "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
                        "read_max_gc_ms": 0.0, "read_max_forward_ms": 0.0,
-                       "read_max_num_chunks": 0, "num_batched_forwards": 0,
+                       "read_max_num_chunks": 0, "read_max_cpu_ms": 0.0,
+                       "num_batched_forwards": 0,
                        "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
@@ -404,7 +409,7 @@ class Reader:
         max_chunks = validate.count(max_chunks, "max_chunks")
         names = [session] if session is not None else [
             s for s in self.sessions() if s in self.table.resident]
-        t0, gc0, n, forward_ms = time.perf_counter(), self._gc_ms(), 0, 0.0
+        start, n, forward_ms = self._clocks(), 0, 0.0
         for name in names:
             st = self._get(name)
             before = n
@@ -414,7 +419,7 @@ class Reader:
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
             self._settle(name)
-        result = self._synced(n * self.config.grid, n, t0, gc0, forward_ms=forward_ms)
+        result = self._synced(n * self.config.grid, n, start, forward_ms=forward_ms)
         self._count(result)
         return result
 
@@ -436,7 +441,7 @@ class Reader:
         not), KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in validate.items(
             sessions, "sessions must be a list of session ids")))
-        t0, gc0, g = time.perf_counter(), self._gc_ms(), self.config.grid
+        start, g = self._clocks(), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
         if len(due) > 1:          # what one forward takes (one at a time: one chunk a call)
             due = [due[i] for i in self.adapter.chunk_group([self.table.position(n)[1]
@@ -455,7 +460,7 @@ class Reader:
                 self.table.save(name)            # read up: its pages for another server
         self._settle(advanced[0] if advanced else None)
         n = len(advanced)
-        result = self._synced(n * g, n, t0, gc0, advanced, forward_ms)
+        result = self._synced(n * g, n, start, advanced, forward_ms)
         self._count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
@@ -463,15 +468,21 @@ class Reader:
         self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
         return result
 
-    def _synced(self, num_read_tokens: int, num_chunks: int, t0: float, gc0: float,
+    def _clocks(self) -> tuple[float, float, float]:
+        """A read call's start on its three clocks: (time.perf_counter s, the gc_ms clock ms,
+        time.thread_time s)."""
+        return time.perf_counter(), self._gc_ms(), time.thread_time()
+
+    def _synced(self, num_read_tokens: int, num_chunks: int, start: tuple[float, float, float],
                 sessions: tuple[str, ...] = (), forward_ms: float = 0.0) -> ReadResult:
-        """The read call begun at t0 (time.perf_counter, s; gc0: the gc_ms clock then, ms;
-        forward_ms: its time in the adapter's forward calls) once the device is synced."""
-        t_sync = time.perf_counter()
+        """The read call begun at `start` (_clocks; forward_ms: its time in the adapter's
+        forward calls) once the device is synced."""
+        t0, gc0, cpu0 = start
+        t_sync, cpu_ms = time.perf_counter(), (time.thread_time() - cpu0) * 1e3
         self.adapter.sync()
         t1 = time.perf_counter()
         return ReadResult(num_read_tokens, num_chunks, (t1 - t0) * 1e3, sessions,
-                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0, forward_ms)
+                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0, forward_ms, cpu_ms)
 
     def _count(self, result: ReadResult) -> None:
         """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
@@ -485,6 +496,7 @@ class Reader:
             t["read_max_host_part_ms"] = result.ms - result.sync_ms
             t["read_max_forward_ms"] = result.forward_ms
             t["read_max_num_chunks"] = result.num_chunks
+            t["read_max_cpu_ms"] = result.cpu_ms
         t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
         t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)
 

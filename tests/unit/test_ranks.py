@@ -49,7 +49,8 @@ def _status(rank_sessions, read_tokens, disk_bytes=1000, writer="w0"):
                        "read_max_host_part_ms": 0.5 + read_tokens / 256,
                        "read_max_gc_ms": 2.0 - read_tokens / 128,
                        "read_max_forward_ms": read_tokens / 512,
-                       "read_max_num_chunks": read_tokens // 64},
+                       "read_max_num_chunks": read_tokens // 64,
+                       "read_max_cpu_ms": 0.75 - read_tokens / 1024},
             "pages": {"pinned": 2, "cached": 1, "free": 5, "disk": 7},
             "disk_bytes": disk_bytes, "open_turns": ["x"] if read_tokens else [],
             "sessions": rank_sessions,
@@ -73,7 +74,8 @@ def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessi
     # 1.0 ms of collections, 0.25 ms in forwards, 2 chunks; b's belong to a shorter read)
     assert out["totals"] == {"num_chunks": 3, "read_ms": 3.0, "read_max_ms": 3.0,
                              "read_max_host_part_ms": 1.0, "read_max_gc_ms": 1.0,
-                             "read_max_forward_ms": 0.25, "read_max_num_chunks": 2}
+                             "read_max_forward_ms": 0.25, "read_max_num_chunks": 2,
+                             "read_max_cpu_ms": 0.625}
     assert out["pages"] == {"pinned": 4, "cached": 2, "free": 10, "disk": 7}   # disk: once
     assert out["disk_bytes"] == 1200 and out["open_turns"] == ["x", "x"]
     assert out["sessions"]["s"]["rank"] == 1 and out["sessions"]["s"]["num_ids"] == 260

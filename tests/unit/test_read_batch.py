@@ -80,8 +80,9 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     """ReadResult.gc_ms: the reader's gc_ms clock (GcPauses.total_ms inside vLLM) across the
     read call, for read and read_batch; the totals keep the longest read's own host part and
     collections, its time in the adapter's forward calls and its chunks
-    (read_max_host_part_ms, read_max_gc_ms, read_max_forward_ms, read_max_num_chunks), not
-    those of a shorter read after it; a reader given no clock counts none."""
+    (read_max_host_part_ms, read_max_gc_ms, read_max_forward_ms, read_max_num_chunks), and
+    its thread's CPU time (read_max_cpu_ms: a sleep is off the CPU), not those of a shorter
+    read after it; a reader given no clock counts none."""
     import time
     clock = [1000.0]
     r, ids = _fed(tiny, [3 * G, 2 * G], seed=4, gc_ms=lambda: clock[0])
@@ -96,6 +97,8 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     assert long.num_chunks == 2 and long.gc_ms == pytest.approx(5.0)
     # the forward calls: both sleeps, inside the read's host part
     assert 60.0 <= long.forward_ms <= long.ms - long.sync_ms
+    # the thread's CPU time: the host part less the 60 ms asleep
+    assert 0.0 < long.cpu_ms <= long.ms - long.sync_ms - 55.0
     monkeypatch.setattr(r.adapter, "read_chunk", read_chunk)
     monkeypatch.setattr(r.adapter, "read_chunks",
                         lambda items: (clock.__setitem__(0, clock[0] + 8.0), read_chunks(items))[1])
@@ -106,6 +109,7 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     assert t["read_max_ms"] == long.ms and t["read_max_gc_ms"] == pytest.approx(5.0)
     assert t["read_max_host_part_ms"] == pytest.approx(long.ms - long.sync_ms)
     assert (t["read_max_forward_ms"], t["read_max_num_chunks"]) == (long.forward_ms, 2)
+    assert t["read_max_cpu_ms"] == long.cpu_ms
     plain, _ = _fed(tiny, [G], seed=5)
     assert plain.read("s0").gc_ms == 0.0 and plain.totals["read_max_gc_ms"] == 0.0
 

@@ -17,13 +17,15 @@ G = 64
 
 def test_the_parts_name_the_longest_read_and_the_longest_bookkeeping():
     reads = [ReadResult(128, 2, 30.0, sync_ms=2.0, forward_ms=8.0),     # bookkeeping 20
-             ReadResult(64, 1, 35.0, sync_ms=30.0, forward_ms=4.0, gc_ms=0.5),   # 1
+             ReadResult(64, 1, 35.0, sync_ms=30.0, forward_ms=4.0, gc_ms=0.5,   # 1
+                        cpu_ms=3.5),
              ReadResult(0, 0, 50.0)]                                    # read nothing: left out
     out = read_syncs.parts(reads)
     assert (out["num_reads"], out["num_chunks"], out["read_ms"]) == (2, 3, 65.0)
     assert out["bookkeeping_ms"] == 21.0 and out["bookkeeping_max_ms"] == 20.0
     assert out["longest"] == {"read_index": 1, "ms": 35.0, "num_chunks": 1, "forward_ms": 4.0,
-                              "sync_ms": 30.0, "bookkeeping_ms": 1.0, "gc_ms": 0.5}
+                              "sync_ms": 30.0, "bookkeeping_ms": 1.0, "gc_ms": 0.5,
+                              "cpu_ms": 3.5}
     assert out["longest_bookkeeping"]["ms"] == 30.0
     assert out["longest_bookkeeping"]["read_index"] == 0
     assert read_syncs.parts([])["longest"] is None
