@@ -34,7 +34,9 @@ def save_server(name: str, server: VllmServer) -> None:
     raw = json.loads(path.read_text()) if path.exists() else {}
     raw[name] = server.to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(raw, indent=1))
+    tmp = path.with_suffix(".json.tmp")   # replaced whole: a call cut off mid-write keeps the old
+    tmp.write_text(json.dumps(raw, indent=1))
+    os.replace(tmp, path)
 
 
 def launch_recorded(name: str, spec: ServerSpec, log: Path) -> VllmServer:

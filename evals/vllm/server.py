@@ -142,6 +142,11 @@ class VllmServer:
         """Started in a session of its own (or known only by its pid)."""
         return self.proc is None or getattr(self, "_detached", False)
 
+    def present(self) -> bool:
+        """Whether the server or what is left of it may hold the GPU: its API process alive,
+        or a process of its group (alive or group_alive)."""
+        return self.alive() or self.group_alive()
+
     def alive(self) -> bool:
         if self.proc is not None:
             return self.proc.poll() is None
@@ -198,15 +203,17 @@ class VllmServer:
         if self.alive():
             os.kill(self.pid, signal.SIGKILL)
         code = self.proc.wait() if self.proc is not None else None
-        while self._group_alive() and time.monotonic() < deadline:
+        while self.group_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        if self._group_alive():
+        if self.group_alive():
             os.killpg(self.pid, signal.SIGKILL)
         self.close_clients()                      # their connections were to the server
         return code
 
-    def _group_alive(self) -> bool:
-        """Whether a process of the server's own session (detached: its group) is left."""
+    def group_alive(self) -> bool:
+        """Whether a process of the server's own session (detached: its group) is left: its
+        engine outlives the API process for a while after a stop (the shadow writes its
+        sessions), or for good after the API process crashed."""
         if self.proc is not None and not self.detached:
             return False
         try:

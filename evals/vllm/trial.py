@@ -63,10 +63,17 @@ from evals.vllm.server import log_facts
 def up(args) -> None:
     """Start server NAME (detached; recorded in the state at once, so that a call that ends
     while it starts leaves it findable), or wait for the one the state holds while it is
-    alive: a server is never started twice. With --no-wait it returns once the server is
-    launched (or found alive)."""
+    alive: a server is never started twice. What is left of a recorded one that may hold the
+    GPU (its engine after its API process ended, or a server whose shadow failed to load) is
+    stopped first. With --no-wait it returns once the server is launched (or found alive)."""
     t0 = time.monotonic()
     server = load_servers().get(args.name)
+    if server is not None and server.present() and (
+            not server.alive() or server.state() == "failed"):
+        # what is left of it (its engine after the API process, or a shadow that failed to
+        # load) would hold the GPU beside a new one: stopped first
+        print(f"{args.name}: stopping what is left of it (pid {server.pid})", flush=True)
+        server.stop()
     if server is not None and server.alive():
         print(f"{args.name}: {'up' if server.ready() else 'starting'} on {server.url}",
               flush=True)
@@ -90,7 +97,7 @@ def down(args) -> None:
     servers = load_servers()
     for name in args.names:
         server = servers.get(name)
-        if server is None or not server.alive():
+        if server is None or not server.present():
             print(f"{name}: not up", flush=True)
             continue
         server.stop()

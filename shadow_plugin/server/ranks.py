@@ -124,12 +124,14 @@ def merge_stats(per_rank: Sequence[dict]) -> dict:
 
 
 def _longest_read_whole(out: dict, per_rank: Sequence[dict]) -> None:
-    """out's totals get LONGEST_READ from the rank whose read_max_ms is the largest."""
+    """out's totals get LONGEST_READ from the rank whose read_max_ms is the largest; the parts
+    that rank lacks (an older version) are left out, not taken from another rank's read."""
     totals = [s["totals"] for s in per_rank if isinstance(s.get("totals"), dict)]
     if not isinstance(out.get("totals"), dict) or not totals:
         return
     top = max(totals, key=lambda t: t.get("read_max_ms", 0.0))
-    out["totals"] = {**out["totals"], **{k: top[k] for k in LONGEST_READ if k in top}}
+    kept = {k: v for k, v in out["totals"].items() if k not in LONGEST_READ}
+    out["totals"] = {**kept, **{k: top[k] for k in LONGEST_READ if k in top}}
 
 
 def _one_refusal_a_file(out: dict) -> None:

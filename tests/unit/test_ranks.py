@@ -76,6 +76,11 @@ def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessi
                              "read_max_host_part_ms": 1.0, "read_max_gc_ms": 1.0,
                              "read_max_forward_ms": 0.25, "read_max_num_chunks": 2,
                              "read_max_cpu_ms": 0.625}
+    # a longest read from a rank that lacks a part (an older version): that part left out,
+    # not taken from the other rank's shorter read
+    del a["totals"]["read_max_cpu_ms"]
+    mixed = merge_status([("ok", a), ("ok", b)])["totals"]
+    assert mixed["read_max_ms"] == 3.0 and "read_max_cpu_ms" not in mixed
     assert out["pages"] == {"pinned": 4, "cached": 2, "free": 10, "disk": 7}   # disk: once
     assert out["disk_bytes"] == 1200 and out["open_turns"] == ["x", "x"]
     assert out["sessions"]["s"]["rank"] == 1 and out["sessions"]["s"]["num_ids"] == 260

@@ -47,7 +47,7 @@ def test_a_server_keeps_one_client_a_thread_and_its_stop_closes_them(tmp_path, m
     t.join()
     assert other[0] is not mine and not other[0].is_closed
     monkeypatch.setattr(VllmServer, "alive", lambda self: False)
-    monkeypatch.setattr(VllmServer, "_group_alive", lambda self: False)
+    monkeypatch.setattr(VllmServer, "group_alive", lambda self: False)
     assert server.stop() is None                   # known by pid only: no exit status
     assert mine.is_closed and other[0].is_closed
     again = server.http                            # a closed client is replaced
@@ -110,3 +110,68 @@ def test_a_launched_server_is_recorded_before_any_wait(tmp_path, monkeypatch):
         proc.kill()
         proc.wait()
     assert not client.load_servers()["S"].alive()
+
+
+def test_a_restart_cut_off_in_its_wait_leaves_the_new_server_recorded(tmp_path, monkeypatch):
+    """follow.restart: the new S is in the state before the wait for it ends, so a wait that
+    fails (or a call cut off during it) leaves it findable by `up` and `down`."""
+    from evals.vllm import follow
+    from evals.vllm.server import ServerSpec, VllmServer
+    monkeypatch.setenv("TRIAL_DIR", str(tmp_path))
+    spec = ServerSpec("/models/host", "host", True, 4096, None)
+    old = SimpleNamespace(spec=spec, stop=lambda: 0)
+    new = VllmServer(spec, tmp_path / "logs" / "S-restart.log", pid=424242)
+
+    def wait_ready(timeout_s, kill_after=True):
+        assert client.load_servers()["S"].pid == 424242       # recorded before the wait
+        raise TimeoutError("vLLM not ready")
+    new.wait_ready = wait_ready
+    monkeypatch.setattr(VllmServer, "launch", staticmethod(lambda s, log, detached=False: new))
+    with pytest.raises(TimeoutError):
+        follow.restart(SimpleNamespace(start_timeout_s=1.0), old, [], {}, {}, 0)
+    assert client.load_servers()["S"].pid == 424242
+
+
+def test_up_stops_what_is_left_of_a_recorded_server_before_starting_another(tmp_path,
+                                                                            monkeypatch):
+    """A recorded S whose API process is gone but whose engine lives on, or whose shadow
+    failed to load, is stopped before a new S starts beside it; a live, loading one is
+    waited for and never started twice."""
+    from evals.vllm import trial
+    monkeypatch.setenv("TRIAL_DIR", str(tmp_path))     # a fresh S clears the trial's folders
+    events = []
+
+    class Left:
+        pid, url = 7, "http://x"
+
+        def __init__(self, alive, group_alive, state=None):
+            self._alive, self._group, self._state = alive, group_alive, state
+
+        def present(self):
+            return self._alive or self._group
+
+        def alive(self):
+            return self._alive
+
+        def state(self):
+            return self._state
+
+        def ready(self):
+            return self._state == "ready"
+
+        def stop(self):
+            events.append("stop")
+            self._alive = self._group = False
+    launched = SimpleNamespace(url="http://new")
+    monkeypatch.setattr(trial, "server_spec", lambda name, args: "spec")
+    monkeypatch.setattr(trial, "launch_recorded",
+                        lambda name, spec, log: events.append(("launch", name)) or launched)
+    args = SimpleNamespace(name="S", log_suffix="", no_wait=True)
+    for left, expected in ((Left(False, True), ["stop", ("launch", "S")]),       # its engine
+                           (Left(True, True, "failed"), ["stop", ("launch", "S")]),
+                           (Left(False, False), [("launch", "S")]),               # all gone
+                           (Left(True, True, "loading"), [])):                    # waited for
+        events.clear()
+        monkeypatch.setattr(trial, "load_servers", lambda: {"S": left})
+        trial.up(args)
+        assert events == expected
