@@ -147,21 +147,22 @@ class LongestProfile:
             return result
         return profiled
 
-    def top(self, n: int = 30) -> dict:
-        """The kept read's index among the reads, its bookkeeping (ms) and its `n` functions of
-        the longest cumulative time, each {"fn": "path:line name" (paths inside this
-        repository relative to it), "calls", "tottime_ms", "cumtime_ms"}."""
+    def top(self, num_functions: int = 30) -> dict:
+        """The kept read's index among the reads, its bookkeeping (ms) and its functions of the
+        longest cumulative time, at most num_functions, each {"fn": "path:line name" (paths
+        inside this repository relative to it), "num_calls", "tottime_ms", "cumtime_ms"}
+        (read_index and bookkeeping_ms None, no functions, when no read was kept)."""
         if self.profile is None:
-            return {"read_index": None, "functions": []}
+            return {"read_index": None, "bookkeeping_ms": None, "functions": []}
         stats = pstats.Stats(self.profile).stats       # (file, line, name): (cc, nc, tt, ct, ..)
-        rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:n]
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:num_functions]
 
         def where(file, line, name):
             if file.startswith(REPO + os.sep):
                 file = os.path.relpath(file, REPO)
             return f"{file}:{line} {name}"
         return {"read_index": self.index, "bookkeeping_ms": round(self.bookkeeping_ms, 3),
-                "functions": [{"fn": where(*key), "calls": v[1], "tottime_ms":
+                "functions": [{"fn": where(*key), "num_calls": v[1], "tottime_ms":
                                round(v[2] * 1e3, 3), "cumtime_ms": round(v[3] * 1e3, 3)}
                               for key, v in rows]}
 

@@ -69,8 +69,9 @@ class ReadResult:
     lookups, restores, commits, checkpoints, and any wait for the device there, which pays
     for the forward's GPU work still running); cpu_ms: the reading thread's CPU time over
     the host part (time.thread_time, ms): the host part less what the thread spent off the
-    CPU, waiting for the GIL, for I/O or for the device (a wait CUDA spins for counts as
-    CPU)."""
+    CPU, blocked (on the GIL, I/O, a device wait that blocks) or ready but not run (another
+    thread or process had the core); a wait CUDA spins for counts as CPU, work of other
+    threads (torch's intra-op pool, the spill's writers) does not."""
 
     num_read_tokens: int
     num_chunks: int

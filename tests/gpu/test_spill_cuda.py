@@ -31,7 +31,9 @@ def test_copy_off_does_not_wait_for_the_device_and_copies_its_bits():
     queued.record()
     assert not queued.query(), "the device's sleep ended before copy_off was called"
     (hx, hy), ready = copy_off([x, y])
-    assert ready is not None and not ready.query()      # the caller did not wait for it
+    assert ready is not None
+    assert not ready.query(), ("the copies' event was done when copy_off returned; the sleep "
+                               f"queued before them: {'done' if queued.query() else 'running'}")
     assert hx.is_pinned() and hy.is_pinned() and hy.dtype == torch.bfloat16
     ready.synchronize()
     assert torch.equal(hx, x.cpu()) and torch.equal(hy, y.cpu())

@@ -76,13 +76,14 @@ def test_the_profile_keeps_the_read_with_the_longest_bookkeeping():
     wrapped(2.0, 50.0)
     kept = wrapped(20.0, 1.0)
     wrapped(5.0, 0.0)
-    top = prof.top(n=5)
+    top = prof.top(num_functions=5)
     assert top["read_index"] == 1 and top["bookkeeping_ms"] == pytest.approx(20.0)
     assert read_syncs.bookkeeping_ms(kept) == 20.0
     spun = next(f for f in top["functions"] if f["fn"].endswith(" spin"))
-    assert spun["fn"].startswith("tests/unit/test_read_syncs.py:") and spun["calls"] == 1
+    assert spun["fn"].startswith("tests/unit/test_read_syncs.py:") and spun["num_calls"] == 1
     assert 15.0 <= spun["cumtime_ms"] and len(top["functions"]) <= 5
-    assert read_syncs.LongestProfile().top() == {"read_index": None, "functions": []}
+    assert read_syncs.LongestProfile().top() == {"read_index": None, "bookkeeping_ms": None,
+                                                 "functions": []}
 
 
 def test_the_old_arm_copies_in_the_reading_thread_and_the_spill_gets_its_own_back():
