@@ -170,8 +170,7 @@ class Reader:
                        "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
                        "read_max_gc_ms": 0.0, "read_max_forward_ms": 0.0,
                        "read_max_num_chunks": 0, "read_max_cpu_ms": 0.0,
-                       "num_batched_forwards": 0,
-                       "num_batched_chunks": 0}
+                       "num_batched_forwards": 0, "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
         self.tails = Tails(max_tails)

@@ -83,33 +83,24 @@ def test_a_launched_server_is_recorded_before_any_wait(tmp_path, monkeypatch):
     """launch_recorded writes the server into the trial's state before it returns, with no
     wait for it: a call cut off while the server starts (the restart of `follow`) leaves it
     findable by pid, and a server in the state that is alive is the one `up` waits for."""
-    import subprocess
-    import sys
+    import os
 
     from evals.vllm.server import ServerSpec, VllmServer
     monkeypatch.setenv("TRIAL_DIR", str(tmp_path))
     spec = ServerSpec("/models/host", "host", True, 4096, None)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                            start_new_session=True)
     launched = []
 
-    def launch(s, log, detached=False):
+    def launch(s, log, detached=False):          # a live process's pid: this one's
         assert s is spec and detached
-        server = VllmServer(s, log)
-        server.proc = proc
-        launched.append(server)
-        return server
+        launched.append(VllmServer(s, log, pid=os.getpid()))
+        return launched[-1]
     monkeypatch.setattr(VllmServer, "launch", staticmethod(launch))
-    try:
-        server = client.launch_recorded("S", spec, tmp_path / "logs" / "S-restart.log")
-        assert launched == [server]
-        found = client.load_servers()["S"]          # as the next call's `up` reads it
-        assert found.pid == proc.pid and found.port == server.port and found.alive()
-        assert found.log == tmp_path / "logs" / "S-restart.log"
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not client.load_servers()["S"].alive()
+    server = client.launch_recorded("S", spec, tmp_path / "logs" / "S-restart.log")
+    assert launched == [server]
+    found = client.load_servers()["S"]              # as the next call's `up` reads it
+    assert found.pid == os.getpid() and found.port == server.port and found.alive()
+    assert found.log == tmp_path / "logs" / "S-restart.log"
+    assert not (tmp_path / "servers.json.tmp").exists()      # written whole, then replaced
 
 
 def test_a_restart_cut_off_in_its_wait_leaves_the_new_server_recorded(tmp_path, monkeypatch):
