@@ -33,7 +33,10 @@
 # ration's share (read when S starts: a running S keeps its own; `python -m evals.vllm.trial
 # down S` first). BUDGET_S (default 570) bounds the call: a step that would start
 # too late is skipped and said so; a server still starting when a call ends is found and
-# waited for by the next call's step, never started twice.
+# waited for by the next call's step, never started twice. Its clock starts with this script:
+# after `vllm_stage.sh fa4b` in the same call pass less (BUDGET_S=540), and there, where S's
+# start leaves about 150 s, FOLLOW_ARGS=--no-restart (on 2026-12-07 the H100's restart, begun
+# with 167 s left, was cut off by the device tool's 600-s limit).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH TRIAL_DIR=/tmp/trial PYTHONUNBUFFERED=1
