@@ -162,14 +162,17 @@ class Reader:
         # read_sync_max_ms: the longest host part of a read call and the longest final wait,
         # to tell a slow read's cause (the host's thread held up, or the device's work),
         # each the longest of its own; read_max_host_part_ms / read_max_gc_ms /
-        # read_max_forward_ms / read_max_num_chunks / read_max_cpu_ms: the longest read's own
-        # host part, the garbage collections during it, its time in the adapter's forward
-        # calls, its chunks and its thread's CPU time over its host part
+        # read_max_forward_ms / read_max_num_chunks / read_max_cpu_ms /
+        # read_max_num_chunks_before: the longest read's own host part, the garbage
+        # collections during it, its time in the adapter's forward calls, its chunks, its
+        # thread's CPU time over its host part, and the chunks read before it (0: it was the
+        # first read, which pays for what first use costs)
         self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
                        "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
                        "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
                        "read_max_gc_ms": 0.0, "read_max_forward_ms": 0.0,
                        "read_max_num_chunks": 0, "read_max_cpu_ms": 0.0,
+                       "read_max_num_chunks_before": 0,
                        "num_batched_forwards": 0, "num_batched_chunks": 0}
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
@@ -487,6 +490,8 @@ class Reader:
     def _count(self, result: ReadResult) -> None:
         """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
         t = self.totals
+        if result.ms > t["read_max_ms"]:
+            t["read_max_num_chunks_before"] = t["num_chunks"]     # 0: the first read
         t["num_read_tokens"] += result.num_read_tokens
         t["num_chunks"] += result.num_chunks
         t["read_ms"] += result.ms

@@ -38,7 +38,7 @@ SUMMED = ("read_tokens", "totals", "chunks_by_window", "prefix_cache_queried_tok
 # The longest read's own parts (reader.Reader.totals): taken with it from one rank, never
 # merged key by key, which would pair one rank's longest read with another's parts.
 LONGEST_READ = ("read_max_ms", "read_max_host_part_ms", "read_max_gc_ms", "read_max_forward_ms",
-                "read_max_num_chunks", "read_max_cpu_ms")
+                "read_max_num_chunks", "read_max_cpu_ms", "read_max_num_chunks_before")
 # What every rank counts of the one shared folder: taken once (the largest), not summed.
 FOLDER = (("disk_bytes",), ("pages", "disk"), ("gdn_entries", "disk"))
 LISTS = ("open_turns", "refused_sessions", "last_answers")      # concatenated over the ranks

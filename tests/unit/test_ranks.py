@@ -50,7 +50,8 @@ def _status(rank_sessions, read_tokens, disk_bytes=1000, writer="w0"):
                        "read_max_gc_ms": 2.0 - read_tokens / 128,
                        "read_max_forward_ms": read_tokens / 512,
                        "read_max_num_chunks": read_tokens // 64,
-                       "read_max_cpu_ms": 0.75 - read_tokens / 1024},
+                       "read_max_cpu_ms": 0.75 - read_tokens / 1024,
+                       "read_max_num_chunks_before": read_tokens // 128},
             "pages": {"pinned": 2, "cached": 1, "free": 5, "disk": 7},
             "disk_bytes": disk_bytes, "open_turns": ["x"] if read_tokens else [],
             "sessions": rank_sessions,
@@ -75,7 +76,7 @@ def test_the_merged_status_sums_counters_counts_the_folder_once_and_merges_sessi
     assert out["totals"] == {"num_chunks": 3, "read_ms": 3.0, "read_max_ms": 3.0,
                              "read_max_host_part_ms": 1.0, "read_max_gc_ms": 1.0,
                              "read_max_forward_ms": 0.25, "read_max_num_chunks": 2,
-                             "read_max_cpu_ms": 0.625}
+                             "read_max_cpu_ms": 0.625, "read_max_num_chunks_before": 1}
     # a longest read from a rank that lacks a part (an older version): that part left out,
     # not taken from the other rank's shorter read
     del a["totals"]["read_max_cpu_ms"]

@@ -110,6 +110,11 @@ def test_a_read_counts_the_collections_during_it_and_the_totals_keep_the_longest
     assert t["read_max_host_part_ms"] == pytest.approx(long.ms - long.sync_ms)
     assert (t["read_max_forward_ms"], t["read_max_num_chunks"]) == (long.forward_ms, 2)
     assert t["read_max_cpu_ms"] == long.cpu_ms
+    assert t["read_max_num_chunks_before"] == 0              # the first read
+    monkeypatch.setattr(r.adapter, "read_chunk", lambda *a: (time.sleep(0.1), read_chunk(*a))[1])
+    longer = r.read("s1", max_chunks=1)                      # after the 2 + 2 chunks above
+    assert longer.ms > long.ms and t["read_max_ms"] == longer.ms
+    assert (t["read_max_num_chunks"], t["read_max_num_chunks_before"]) == (1, 4)
     plain, _ = _fed(tiny, [G], seed=5)
     assert plain.read("s0").gc_ms == 0.0 and plain.totals["read_max_gc_ms"] == 0.0
 
