@@ -7,7 +7,8 @@ Python API:
 """
 from adapters import load_model
 from shadow_plugin.chat.tokenizer import load_tokenizer
-from shadow_plugin.reader.reader import FeedResult, Reader, ReadResult
+from shadow_plugin.reader.read_stats import ReadResult
+from shadow_plugin.reader.reader import FeedResult, Reader
 from shadow_plugin.scheduling.host import Host
 
 __all__ = ["FeedResult", "Host", "ReadResult", "Reader", "load_model", "load_tokenizer"]

@@ -27,6 +27,7 @@ from shadow_plugin.chat import questions
 from shadow_plugin.chat.tokenizer import load_tokenizer
 from shadow_plugin.reader import exact, fork, lines, rewrites
 from shadow_plugin.reader.conflicts import StaleSession
+from shadow_plugin.reader.read_stats import ReadClock, ReadResult, ReadTotals
 from shadow_plugin.reader.step import ReaderConfig, read_chunk, read_chunks
 from shadow_plugin.reader.tails import Tails, base_key
 
@@ -55,32 +56,6 @@ class FeedResult:
 def _no_collections() -> float:
     """The gc_ms clock of a reader given none: no collections counted (ms)."""
     return 0.0
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    """num_read_tokens: ids committed (num_chunks x G); ms: wall time including a device sync;
-    sessions: (read_batch) the sessions that advanced a chunk, in order; sync_ms: of ms, the
-    final wait for the device (Adapter.sync; about 0 on the CPU), the rest being the host's
-    own part (launches, staging, restores, any blocking copy within); gc_ms: the process's
-    garbage collections during it, ms (the reader's gc_ms clock; 0 without one); forward_ms:
-    of ms, the host's time inside the adapter's forward calls (launches, staging, any wait
-    for the device inside them; the rest of the host part is the reader's own bookkeeping:
-    lookups, restores, commits, checkpoints, and any wait for the device there, which pays
-    for the forward's GPU work still running); cpu_ms: the reading thread's CPU time over
-    the host part (time.thread_time, ms): the host part less what the thread spent off the
-    CPU, blocked (on the GIL, I/O, a device wait that blocks) or ready but not run (another
-    thread or process had the core); a wait CUDA spins for counts as CPU, work of other
-    threads (torch's intra-op pool, the spill's writers) does not."""
-
-    num_read_tokens: int
-    num_chunks: int
-    ms: float
-    sessions: tuple[str, ...] = ()
-    sync_ms: float = 0.0
-    gc_ms: float = 0.0
-    forward_ms: float = 0.0
-    cpu_ms: float = 0.0
 
 
 @dataclass
@@ -153,27 +128,7 @@ class Reader:
                                         gdn_bytes, disk_shared, disk_grace_s, prefetch_bytes)
         self._tokenizer = tokenizer
         self._gc_ms = gc_ms or _no_collections
-        # since start; read_max_ms: the longest one read or read_batch call (a service's
-        # idle loop reads one chunk or one batched forward a call, under the lock: a host
-        # step's start waits for at most one); num_batched_forwards / num_batched_chunks:
-        # forwards that read chunks of two or more sessions at once (read_batch) and the
-        # chunks they read; read_sync_ms: of read_ms, the final waits for the device
-        # (ReadResult.sync_ms: the rest is the host's own part); read_host_max_ms /
-        # read_sync_max_ms: the longest host part of a read call and the longest final wait,
-        # to tell a slow read's cause (the host's thread held up, or the device's work),
-        # each the longest of its own; read_max_host_part_ms / read_max_gc_ms /
-        # read_max_forward_ms / read_max_num_chunks / read_max_cpu_ms /
-        # read_max_num_chunks_before: the longest read's own host part, the garbage
-        # collections during it, its time in the adapter's forward calls, its chunks, its
-        # thread's CPU time over its host part, and the chunks read before it (0: it was the
-        # first read, which pays for what first use costs)
-        self.totals = {"num_read_tokens": 0, "num_chunks": 0, "read_ms": 0.0,
-                       "read_sync_ms": 0.0, "read_max_ms": 0.0, "read_host_max_ms": 0.0,
-                       "read_sync_max_ms": 0.0, "read_max_host_part_ms": 0.0,
-                       "read_max_gc_ms": 0.0, "read_max_forward_ms": 0.0,
-                       "read_max_num_chunks": 0, "read_max_cpu_ms": 0.0,
-                       "read_max_num_chunks_before": 0,
-                       "num_batched_forwards": 0, "num_batched_chunks": 0}
+        self.totals = ReadTotals()          # read calls' ids, chunks and ms (read_stats)
         # questions' tails, by content (reader.tails): counted against the cap, and past it
         # given up before any session is parked
         self.tails = Tails(max_tails)
@@ -412,7 +367,7 @@ class Reader:
         max_chunks = validate.count(max_chunks, "max_chunks")
         names = [session] if session is not None else [
             s for s in self.sessions() if s in self.table.resident]
-        start, n, forward_ms = self._clocks(), 0, 0.0
+        clock, n, forward_ms = ReadClock(self._gc_ms), 0, 0.0
         for name in names:
             st = self._get(name)
             before = n
@@ -422,8 +377,8 @@ class Reader:
             if n > before and st.backlog < self.config.grid and self.store_config.disk_shared:
                 self.table.save(name)            # read up: its pages for another server
             self._settle(name)
-        result = self._synced(n * self.config.grid, n, start, forward_ms=forward_ms)
-        self._count(result)
+        result = clock.result(n * self.config.grid, n, self.adapter.sync, forward_ms=forward_ms)
+        self.totals.count(result)
         return result
 
     def read_batch(self, sessions) -> ReadResult:
@@ -444,7 +399,7 @@ class Reader:
         not), KeyError for an unknown one (nothing read)."""
         names = list(dict.fromkeys(validate.session_id(s) for s in validate.items(
             sessions, "sessions must be a list of session ids")))
-        start, g = self._clocks(), self.config.grid
+        clock, g = ReadClock(self._gc_ms), self.config.grid
         due = [n for n in names if self._backlog_held(n) >= g]
         if len(due) > 1:          # what one forward takes (one at a time: one chunk a call)
             due = [due[i] for i in self.adapter.chunk_group([self.table.position(n)[1]
@@ -463,47 +418,13 @@ class Reader:
                 self.table.save(name)            # read up: its pages for another server
         self._settle(advanced[0] if advanced else None)
         n = len(advanced)
-        result = self._synced(n * g, n, start, advanced, forward_ms)
-        self._count(result)
+        result = clock.result(n * g, n, self.adapter.sync, advanced, forward_ms)
+        self.totals.count(result)
         # forwards of several sessions' chunks as the adapter ran them (a batch whose row
         # counts change the bits is read one at a time: adapters.eager)
-        self.totals["num_batched_forwards"] += self.adapter.num_batched_forwards - batched[0]
-        self.totals["num_batched_chunks"] += self.adapter.num_batched_chunks - batched[1]
+        self.totals.count_batched(self.adapter.num_batched_forwards - batched[0],
+                                  self.adapter.num_batched_chunks - batched[1])
         return result
-
-    def _clocks(self) -> tuple[float, float, float]:
-        """A read call's start on its three clocks: (time.perf_counter s, the gc_ms clock ms,
-        time.thread_time s)."""
-        return time.perf_counter(), self._gc_ms(), time.thread_time()
-
-    def _synced(self, num_read_tokens: int, num_chunks: int, start: tuple[float, float, float],
-                sessions: tuple[str, ...] = (), forward_ms: float = 0.0) -> ReadResult:
-        """The read call begun at `start` (_clocks; forward_ms: its time in the adapter's
-        forward calls) once the device is synced."""
-        t0, gc0, cpu0 = start
-        t_sync, cpu_ms = time.perf_counter(), (time.thread_time() - cpu0) * 1e3
-        self.adapter.sync()
-        t1 = time.perf_counter()
-        return ReadResult(num_read_tokens, num_chunks, (t1 - t0) * 1e3, sessions,
-                          (t1 - t_sync) * 1e3, self._gc_ms() - gc0, forward_ms, cpu_ms)
-
-    def _count(self, result: ReadResult) -> None:
-        """A read call's ids, chunks and ms into totals (reads that read nothing too)."""
-        t = self.totals
-        if result.ms > t["read_max_ms"]:
-            t["read_max_num_chunks_before"] = t["num_chunks"]     # 0: the first read
-        t["num_read_tokens"] += result.num_read_tokens
-        t["num_chunks"] += result.num_chunks
-        t["read_ms"] += result.ms
-        t["read_sync_ms"] += result.sync_ms
-        if result.ms > t["read_max_ms"]:
-            t["read_max_ms"], t["read_max_gc_ms"] = result.ms, result.gc_ms
-            t["read_max_host_part_ms"] = result.ms - result.sync_ms
-            t["read_max_forward_ms"] = result.forward_ms
-            t["read_max_num_chunks"] = result.num_chunks
-            t["read_max_cpu_ms"] = result.cpu_ms
-        t["read_host_max_ms"] = max(t["read_host_max_ms"], result.ms - result.sync_ms)
-        t["read_sync_max_ms"] = max(t["read_sync_max_ms"], result.sync_ms)
 
     def _backlog_held(self, session: str) -> int:
         """len(ids) - C without restoring the session (Reader.position). KeyError when

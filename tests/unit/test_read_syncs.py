@@ -10,7 +10,8 @@ from helpers import vocab_ids
 
 from evals import read_syncs
 from evals.vllm.agents import AgentScript
-from shadow_plugin.reader.reader import Reader, ReadResult
+from shadow_plugin.reader.read_stats import ReadResult
+from shadow_plugin.reader.reader import Reader
 
 G = 64
 
